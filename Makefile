@@ -1,0 +1,37 @@
+# Two commands do all the set-up: `make run` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+## Start the node with embedded defaults: data in ./data, file journal, on 127.0.0.1:8080.
+run: $(STAMP)
+	$(PY) -m node serve
+
+## Lint, type-check and run the whole test suite.
+test: $(STAMP)
+	$(PY) -m ruff check node tests
+	$(PY) -m mypy
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check node tests
+	$(PY) -m ruff format --check node tests
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+bench: $(STAMP)
+	$(PY) -m node bench write
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

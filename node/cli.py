@@ -1,0 +1,111 @@
+"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from node.settings import SettingsError, load
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        event: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            event["exc"] = self.formatException(record.exc_info)
+        return json.dumps(event)
+
+
+def _setup_logging(level: str, as_json: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if as_json:
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.Formatter.converter = time.gmtime
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from node.http.app import serve
+
+    settings = load(args.config, data_dir=args.data_dir, http_host=args.host, http_port=args.port)
+    if settings.http_host not in ("127.0.0.1", "::1", "localhost"):
+        logging.getLogger("node").warning(
+            "listening on %s, which is not loopback: anyone who can reach it can write",
+            settings.http_host,
+        )
+    _run(serve(settings))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from node.bench import main as bench_main  # imported late: keeps `serve` start-up light
+
+    return bench_main(args)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from node.inspect import main as inspect_main
+
+    return inspect_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m node", description=__doc__)
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the node")
+    serve.add_argument("--config", type=Path, help="TOML or JSON file with settings")
+    serve.add_argument("--data-dir", type=Path, help="overrides NODE_DATA_DIR")
+    serve.add_argument("--host", help="overrides NODE_HTTP_HOST")
+    serve.add_argument("--port", type=int, help="overrides NODE_HTTP_PORT")
+    serve.set_defaults(func=_cmd_serve)
+
+    bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
+    bench.add_argument("what", choices=["write"], help="write: the engine in-process")
+    bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
+    bench.add_argument("--writers", type=int, default=16, help="concurrent writers")
+    bench.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
+    bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
+    bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")
+    bench.set_defaults(func=_cmd_bench)
+
+    inspect = sub.add_parser("inspect", help="print and check a journal, entry log or index")
+    inspect.add_argument("kind", choices=["journal", "entrylog", "index"])
+    inspect.add_argument("path", type=Path, help="a .txn or .log file, or the index directory")
+    inspect.add_argument("--records", action="store_true", help="print every record")
+    inspect.set_defaults(func=_cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level, args.log_json)
+    try:
+        return int(args.func(args))
+    except SettingsError as e:
+        print(f"refusing to start: {e}", file=sys.stderr)
+        return 2

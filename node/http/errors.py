@@ -1,0 +1,81 @@
+"""Every error leaves the node as ``{"code": "<stable code>", "message": "..."}``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from node.storage import errors as storage_errors
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[type[storage_errors.StorageError], int] = {
+    storage_errors.LedgerNotFound: 404,
+    storage_errors.EntryNotFound: 404,
+    storage_errors.LedgerExists: 409,
+    storage_errors.LedgerClosed: 409,
+    storage_errors.LedgerFenced: 409,
+    storage_errors.EntryConflict: 409,
+    storage_errors.EntryTooLarge: 413,
+    storage_errors.InvalidArgument: 400,
+    storage_errors.WriteTokenMismatch: 403,
+    storage_errors.Backpressure: 503,
+    storage_errors.StorageClosed: 503,
+    storage_errors.JournalFailed: 500,
+    storage_errors.CorruptRecord: 500,
+}
+RETRY_AFTER_S = "1"  # Backpressure clears within a checkpoint, a second or so
+
+
+class ApiError(Exception):
+    """An error raised by the HTTP layer itself (bad ids, frames, content types)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def error_response(status: int, code: str, message: str) -> web.Response:
+    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+    return web.Response(
+        status=status,
+        text=json.dumps({"code": code, "message": message}),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+}
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e.status, e.code, e.message)
+    except storage_errors.StorageError as e:
+        status = STATUS.get(type(e), 500)
+        if status >= 500 and not isinstance(
+            e, storage_errors.Backpressure | storage_errors.StorageClosed
+        ):
+            log.error("request %s %s failed: %s", request.method, request.path, e)
+        return error_response(status, e.code, e.message)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = _HTTP_CODES.get(e.status, f"http_{e.status}")
+        return error_response(e.status, code, e.reason or code)

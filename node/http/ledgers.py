@@ -1,0 +1,235 @@
+"""Ledger routes (SPEC.md section 10): create, metadata, close, fence, delete, add, read,
+range, long-poll LAC."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+from node.http.errors import ApiError
+from node.http.frames import (
+    BATCH_CONTENT_TYPE,
+    RANGE_CONTENT_TYPE,
+    FrameError,
+    decode_batch,
+    encode_range_frame,
+)
+from node.http.state import STORAGE
+from node.storage.index import MAX_ID, LedgerMeta
+from node.storage.ledgers import LedgerStorage
+
+WRITE_TOKEN_HEADER = "X-Write-Token"
+MAX_LONG_POLL_MS = 60_000  # a long-poll never holds a connection longer than this
+RANGE_WRITE_CHUNK = 256 * 1024  # frames are gathered into writes of about this size
+_ID = re.compile(r"[0-9]{1,19}")
+_RAW_TYPES = {"application/octet-stream", ""}
+
+routes = web.RouteTableDef()
+
+
+def parse_id(text: str | None, what: str, default: int | None = None) -> int:
+    if text is None:
+        if default is None:
+            raise ApiError(400, "invalid_id", f"{what} is required")
+        return default
+    if not _ID.fullmatch(text) or int(text) > MAX_ID:
+        raise ApiError(400, "invalid_id", f"{what} must be an integer in [0, 2^63): {text[:40]!r}")
+    return int(text)
+
+
+def _storage(request: web.Request) -> LedgerStorage:
+    return request.app[STORAGE]
+
+
+def meta_json(meta: LedgerMeta) -> dict[str, Any]:
+    return {
+        "ledgerId": meta.ledger_id,
+        "state": meta.state.name.lower(),
+        "lac": meta.lac,
+        "lastEntryId": meta.last_entry_id,
+        "entries": meta.entries,
+        "bytes": meta.payload_bytes,
+        "createdTime": meta.created_ms,
+        "closedTime": meta.closed_ms or None,
+        "properties": meta.properties,
+        "hasWriteToken": bool(meta.token_digest),
+    }
+
+
+async def _create_options(request: web.Request) -> tuple[dict[str, str], str | None]:
+    body = await request.read()
+    if not body:
+        return {}, None
+    try:
+        options = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
+    if not isinstance(options, dict) or set(options) - {"properties", "writeToken"}:
+        raise ApiError(
+            400, "invalid_body", 'body must be {"properties": {...}, "writeToken": "..."}'
+        )
+    properties = options.get("properties") or {}
+    if not isinstance(properties, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
+    ):
+        raise ApiError(400, "invalid_body", "properties must map strings to strings")
+    token = options.get("writeToken")
+    if token is not None and (not isinstance(token, str) or not token):
+        raise ApiError(400, "invalid_body", "writeToken must be a non-empty string")
+    return properties, token
+
+
+@routes.get("/api/v1/ledgers")
+async def list_ledgers(request: web.Request) -> web.Response:
+    return web.json_response(
+        {
+            "ledgers": [
+                meta_json(m) for m in sorted(_storage(request).ledgers(), key=lambda m: m.ledger_id)
+            ]
+        }
+    )
+
+
+@routes.post("/api/v1/ledgers")
+async def create_ledger(request: web.Request) -> web.Response:
+    properties, token = await _create_options(request)
+    meta, _ = await _storage(request).create_ledger(None, properties, token)
+    return web.json_response(meta_json(meta), status=201)
+
+
+@routes.put("/api/v1/ledgers/{lid}")
+async def create_ledger_with_id(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    properties, token = await _create_options(request)
+    meta, created = await _storage(request).create_ledger(ledger_id, properties, token)
+    return web.json_response(meta_json(meta), status=201 if created else 200)
+
+
+@routes.get("/api/v1/ledgers/{lid}")
+async def get_ledger(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    return web.json_response(meta_json(_storage(request).ledger(ledger_id)))
+
+
+@routes.delete("/api/v1/ledgers/{lid}")
+async def delete_ledger(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    await _storage(request).delete_ledger(ledger_id)
+    return web.Response(status=204)
+
+
+@routes.post("/api/v1/ledgers/{lid}/close")
+async def close_ledger(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id)))
+
+
+@routes.post("/api/v1/ledgers/{lid}/fence")
+async def fence_ledger(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    storage = _storage(request)
+    await storage.fence(ledger_id)
+    return web.json_response(meta_json(storage.ledger(ledger_id)))
+
+
+def _content_type(request: web.Request) -> str:
+    return request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+
+
+async def _payload(request: web.Request) -> bytes:
+    if _content_type(request) not in _RAW_TYPES:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"entries are sent as application/octet-stream, not {_content_type(request)!r}",
+        )
+    return await request.read()
+
+
+@routes.put("/api/v1/ledgers/{lid}/entries/{eid}")
+async def put_entry(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    entry_id = parse_id(request.match_info["eid"], "entry id")
+    payload = await _payload(request)
+    storage = _storage(request)
+    await storage.add_entry(ledger_id, entry_id, payload, request.headers.get(WRITE_TOKEN_HEADER))
+    lac = storage.ledger(ledger_id).lac
+    return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
+
+
+@routes.post("/api/v1/ledgers/{lid}/entries")
+async def append_entries(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    storage = _storage(request)
+    token = request.headers.get(WRITE_TOKEN_HEADER)
+    if _content_type(request) == BATCH_CONTENT_TYPE:
+        try:
+            payloads = decode_batch(await request.read())
+        except FrameError as e:
+            raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        ids = await storage.add_entries(ledger_id, payloads, token)
+        return web.json_response(
+            {
+                "ledgerId": ledger_id,
+                "firstEntryId": ids[0] if ids else None,
+                "lastEntryId": ids[-1] if ids else None,
+                "entryIds": ids,
+                "lac": storage.ledger(ledger_id).lac,
+            },
+            status=201,
+        )
+    entry_id = await storage.add_entry(ledger_id, None, await _payload(request), token)
+    lac = storage.ledger(ledger_id).lac
+    return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
+
+
+@routes.get("/api/v1/ledgers/{lid}/entries/{eid}")
+async def read_entry(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    entry_id = parse_id(request.match_info["eid"], "entry id")
+    payload = await _storage(request).read_entry(ledger_id, entry_id)
+    return web.Response(body=payload, content_type="application/octet-stream")
+
+
+@routes.get("/api/v1/ledgers/{lid}/entries")
+async def read_range(request: web.Request) -> web.StreamResponse:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    first = parse_id(request.query.get("from"), "from", default=0)
+    last = parse_id(request.query["to"], "to") if "to" in request.query else None
+    if last is not None and last < first:
+        raise ApiError(400, "invalid_range", f"to ({last}) is below from ({first})")
+    storage = _storage(request)
+    storage.ledger(ledger_id)  # 404 before the stream starts
+    response = web.StreamResponse(headers={"Content-Type": RANGE_CONTENT_TYPE})
+    await response.prepare(request)
+    pending: list[bytes] = []
+    size = 0
+    async for entry_id, payload in storage.read_range(ledger_id, first, last):
+        pending.append(encode_range_frame(entry_id, payload))
+        size += len(pending[-1])
+        if size >= RANGE_WRITE_CHUNK:
+            await response.write(b"".join(pending))
+            pending, size = [], 0
+    if pending:
+        await response.write(b"".join(pending))
+    await response.write_eof()
+    return response
+
+
+@routes.get("/api/v1/ledgers/{lid}/lac")
+async def long_poll_lac(request: web.Request) -> web.Response:
+    ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    storage = _storage(request)
+    if "after" in request.query:
+        raw = request.query["after"]
+        after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
+        timeout_ms = min(
+            parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0), MAX_LONG_POLL_MS
+        )
+        lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
+    else:
+        lac = storage.ledger(ledger_id).lac
+    return web.json_response({"ledgerId": ledger_id, "lac": lac})

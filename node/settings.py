@@ -1,0 +1,247 @@
+"""The one settings object: every knob of the node, its default and its variable.
+
+Names follow the keys of the systems operators already know (BookKeeper first, then
+RocketMQ, AutoMQ and Pulsar) in snake case; the environment variable is ``NODE_`` plus the
+name in upper case (``logSizeLimit`` -> ``log_size_limit`` -> ``NODE_LOG_SIZE_LIMIT``).
+Sizes are bytes. Durations keep BookKeeper's unit, written in the name where BookKeeper
+writes it (``_ms``, ``_msec``) and in the comment otherwise.
+
+Precedence: explicit arguments (the CLI's ``--data-dir`` ...) > environment > config file
+(TOML or JSON, the same names) > defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+class SettingsError(ValueError):
+    """Settings that the node refuses to start with; the message names the setting."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NODE_", extra="forbid", validate_default=True)
+
+    # --- node and HTTP -------------------------------------------------------------------
+    data_dir: Path = Path("./data")  # journal/, ledgers/ (entry logs), index/ (RocksDB)
+    http_host: str = "127.0.0.1"  # listen address; loopback unless you mean it
+    http_port: int = Field(8080, ge=0, le=65535)  # BookKeeper httpServerPort
+    max_entry_size: int = Field(5 * MiB, gt=0)  # largest payload (BookKeeper nettyMaxFrameSize)
+    max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
+    range_read_chunk_entries: int = Field(256, gt=0)  # entries fetched per step of a range read
+    node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
+
+    # --- write-ahead log -----------------------------------------------------------------
+    wal_kind: Literal["journal", "blockdev"] = "journal"  # file journal or raw-device ring
+    wal_path: Path | None = None  # the raw-device WAL's device or file (blockdev only)
+    wal_capacity: int = Field(2 * GiB, gt=0)  # raw-device ring capacity, fixed at creation
+
+    # --- journal (BookKeeper) ------------------------------------------------------------
+    journal_max_group_wait_msec: float = Field(2.0, ge=0)  # group commit: max age of a group
+    journal_buffered_writes_threshold: int = Field(512 * KiB, gt=0)  # group commit: max bytes
+    journal_flush_when_queue_empty: bool = False  # also commit whenever the queue runs empty
+    journal_alignment_size: int = Field(512, gt=0)  # group writes are padded to this boundary
+    journal_pre_alloc_size: int = Field(16 * MiB, gt=0)  # preallocation step of journal files
+    journal_max_size: int = Field(2 * GiB, gt=0)  # rotate a journal file past this size
+    journal_max_backups: int = Field(5, ge=0)  # journals before the mark kept for forensics
+    journal_sync_data: bool = True  # fdatasync each group (never turn off outside benchmarks)
+    skip_replay_journal_invalid_record: bool = False  # replay past corrupt records (data loss)
+
+    # --- entry logs and caches (BookKeeper DbLedgerStorage) -------------------------------
+    log_size_limit: int = Field(1 * GiB, gt=0)  # roll an entry log past this size
+    flush_interval: int = Field(10_000, gt=0)  # checkpoint period, ms
+    db_storage_write_cache_max_size: int = Field(64 * MiB, gt=0)  # both halves of the cache
+    db_storage_read_ahead_cache_max_size: int = Field(64 * MiB, gt=0)  # read cache bytes
+    db_storage_read_cache_segments: int = Field(8, ge=2)  # ring segments of the read cache
+    db_storage_read_ahead_cache_batch_size: int = Field(1000, ge=0)  # read-ahead max entries
+    db_storage_read_ahead_cache_batch_bytes_size: int = Field(4 * MiB, gt=0)  # read-ahead bytes
+    db_storage_max_throttle_time_ms: int = Field(10_000, ge=0)  # add wait on a full cache
+    open_file_limit: int = Field(256, gt=0)  # entry log read handles kept open
+
+    # --- garbage collection and compaction (BookKeeper) -----------------------------------
+    gc_wait_time: int = Field(600_000, gt=0)  # GC period, ms
+    minor_compaction_threshold: float = Field(0.2, ge=0)  # minor compacts logs below this usage
+    minor_compaction_interval: int = Field(3600, ge=0)  # seconds between minor compactions
+    major_compaction_threshold: float = Field(0.8, ge=0)  # major compacts logs below this usage
+    major_compaction_interval: int = Field(86_400, ge=0)  # seconds between major compactions
+    major_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
+    minor_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
+    compaction_rate_by_entries: int = Field(1000, gt=0)  # throttle, entries/s
+    compaction_rate_by_bytes: int = Field(1_000_000, gt=0)  # throttle, bytes/s (read + written)
+    is_throttle_by_bytes: bool = False  # throttle by bytes instead of entries
+    destroy_maped_file_interval_forcibly: int = Field(120_000, ge=0)  # RocketMQ, ms
+
+    # --- disks (BookKeeper LedgerDirsMonitor, RocketMQ) ------------------------------------
+    disk_check_interval: int = Field(10_000, gt=0)  # ms between disk usage checks
+    gc_disk_usage_threshold: float = Field(0.85, ge=0)  # above: GC runs at once
+    disk_usage_warn_threshold: float = Field(0.90, ge=0)  # above: warning and metric
+    disk_usage_threshold: float = Field(0.95, ge=0)  # above: read-only
+    disk_usage_lwm_threshold: float = Field(0.90, ge=0)  # below: writable again
+    disk_max_used_space_ratio: float = Field(0.75, ge=0)  # RocketMQ: retention cleans above
+    disk_space_clean_forcibly_ratio: float = Field(0.85, ge=0)  # RocketMQ: forced cleaning
+
+    # --- streams and retention (Pulsar, RocketMQ) ------------------------------------------
+    managed_ledger_min_ledger_rollover_time_minutes: int = Field(10, ge=0)
+    managed_ledger_max_ledger_rollover_time_minutes: int = Field(240, ge=0)
+    managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)
+    managed_ledger_max_size_per_ledger_mbytes: int = Field(2048, gt=0)
+    default_retention_time_in_minutes: int = Field(72 * 60, ge=-1)  # RocketMQ fileReservedTime
+    default_retention_size_in_mb: int = Field(-1, ge=-1)  # -1 = unlimited
+    delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
+    delete_commit_log_files_interval: int = Field(100, ge=0)  # ms between deletions
+
+    # --- offload (Pulsar tiered storage) ---------------------------------------------------
+    offload_store_url: str = ""  # s3://bucket/prefix or a local directory; "" = data_dir/offload
+    managed_ledger_offload_threshold_in_bytes: int = Field(-1, ge=-1)  # -1 = by age only
+    managed_ledger_offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=0)
+    managed_ledger_offload_max_block_size_in_bytes: int = Field(64 * MiB, gt=0)
+
+    # --- tests only ---------------------------------------------------------------------
+    crash_points: frozenset[str] = frozenset()  # named points where the node SIGKILLs itself
+
+    @model_validator(mode="after")
+    def _check_relations(self) -> Settings:
+        for name in (
+            "minor_compaction_threshold",
+            "major_compaction_threshold",
+            "gc_disk_usage_threshold",
+            "disk_usage_warn_threshold",
+            "disk_usage_threshold",
+            "disk_usage_lwm_threshold",
+            "disk_max_used_space_ratio",
+            "disk_space_clean_forcibly_ratio",
+        ):
+            if getattr(self, name) > 1.0:
+                raise ValueError(f"{name} must be at most 1.0, got {getattr(self, name)}")
+        if self.minor_compaction_threshold > self.major_compaction_threshold:
+            raise ValueError(
+                "minor_compaction_threshold must not exceed major_compaction_threshold "
+                f"({self.minor_compaction_threshold} > {self.major_compaction_threshold})"
+            )
+        if (
+            self.minor_compaction_interval > 0
+            and self.major_compaction_interval > 0
+            and self.minor_compaction_interval >= self.major_compaction_interval
+        ):
+            raise ValueError(
+                "minor_compaction_interval must be below major_compaction_interval "
+                f"({self.minor_compaction_interval} >= {self.major_compaction_interval})"
+            )
+        if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
+            raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")
+        if self.disk_usage_warn_threshold > self.disk_usage_threshold:
+            raise ValueError("disk_usage_warn_threshold must not exceed disk_usage_threshold")
+        if self.journal_alignment_size & (self.journal_alignment_size - 1):
+            raise ValueError("journal_alignment_size must be a power of two")
+        if self.journal_pre_alloc_size % self.journal_alignment_size:
+            raise ValueError("journal_pre_alloc_size must be a multiple of journal_alignment_size")
+        if self.max_entry_size > self.log_size_limit // 2:
+            raise ValueError("max_entry_size must be at most half of log_size_limit")
+        if self.max_entry_size > self.db_storage_write_cache_max_size // 2:
+            raise ValueError("max_entry_size must fit in half of db_storage_write_cache_max_size")
+        if self.log_size_limit > 0xFFFF_FFFF:
+            raise ValueError("log_size_limit must fit an entry location's 32-bit offset")
+        if self.wal_kind == "blockdev" and self.wal_path is None:
+            raise ValueError("wal_path must name a block device or file when wal_kind=blockdev")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The config file is passed as init values by load(); explicit arguments win over it
+        # only because load() merges them first, so env must sit between the two.
+        return (init_settings, env_settings)
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.data_dir / "journal"
+
+    @property
+    def ledgers_dir(self) -> Path:
+        return self.data_dir / "ledgers"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise SettingsError(f"cannot read config file {path}: {e.strerror}") from e
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SettingsError(f"config file {path} is not valid TOML/JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a table of settings")
+    return data
+
+
+def load(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings: overrides > NODE_* environment > config file > defaults.
+
+    Raises SettingsError with a message that names each offending setting.
+    """
+    file_values = _read_config_file(config_file) if config_file else {}
+    explicit = {k: v for k, v in overrides.items() if v is not None}
+
+    class _FromFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _DictSource(settings_cls, file_values))
+
+    try:
+        built = _FromFile(**explicit)
+    except ValidationError as e:
+        raise SettingsError(_describe(e)) from None
+    return Settings.model_construct(**built.model_dump())
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._values = values
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        name = ".".join(str(p) for p in item["loc"]) or "settings"
+        variable = f" (NODE_{name.upper()})" if item["loc"] else ""
+        lines.append(f"invalid setting {name}{variable}: {item['msg']}")
+    return "; ".join(lines)

@@ -1,0 +1,100 @@
+"""The write cache and the read cache (BookKeeper's WriteCache and ReadCache).
+
+Both live on the event loop thread only. A write cache that has been swapped out for a
+checkpoint is frozen (nothing writes to it any more), so the checkpoint thread may read it
+while the loop keeps serving reads from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from node.storage.entrylog import RECORD_OVERHEAD
+
+
+class WriteCache:
+    """Entries added since the last swap, by ledger then entry id."""
+
+    __slots__ = ("_ledgers", "count", "size")
+
+    def __init__(self) -> None:
+        self._ledgers: dict[int, dict[int, tuple[int, bytes]]] = {}
+        self.size = 0  # bytes as they will take in the entry log
+        self.count = 0
+
+    def put(self, ledger_id: int, entry_id: int, crc: int, payload: bytes) -> None:
+        entries = self._ledgers.get(ledger_id)
+        if entries is None:
+            entries = self._ledgers[ledger_id] = {}
+        if entry_id not in entries:
+            self.count += 1
+            self.size += RECORD_OVERHEAD + len(payload)
+        entries[entry_id] = (crc, payload)
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        entries = self._ledgers.get(ledger_id)
+        if entries is None:
+            return None
+        found = entries.get(entry_id)
+        return None if found is None else found[1]
+
+    def entry_ids(self, ledger_id: int) -> list[int]:
+        return sorted(self._ledgers.get(ledger_id, ()))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def sorted_entries(
+        self, skip: frozenset[int] = frozenset()
+    ) -> Iterator[tuple[int, int, int, bytes]]:
+        """(ledger id, entry id, crc, payload) sorted by (ledger, entry), so that a ledger's
+        entries land contiguous and in order in the entry log (read-ahead relies on it).
+        Ledgers in ``skip`` (deleted since they were cached) are left out."""
+        for ledger_id in sorted(self._ledgers):
+            if ledger_id in skip:
+                continue
+            entries = self._ledgers[ledger_id]
+            for entry_id in sorted(entries):
+                crc, payload = entries[entry_id]
+                yield ledger_id, entry_id, crc, payload
+
+
+class ReadCache:
+    """A ring of segments: new entries go to the current segment; when it is full the ring
+    moves on and the oldest segment is cleared whole (no per-entry LRU bookkeeping)."""
+
+    __slots__ = ("_current", "_segment_size", "_segments", "_sizes", "hits", "misses")
+
+    def __init__(self, max_size: int, segments: int) -> None:
+        self._segment_size = max(1, max_size // segments)
+        self._segments: list[dict[tuple[int, int], bytes]] = [{} for _ in range(segments)]
+        self._sizes = [0] * segments
+        self._current = 0
+        self.hits = 0
+        self.misses = 0
+
+    def put(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
+        length = len(payload)
+        if length > self._segment_size:
+            return
+        if self._sizes[self._current] + length > self._segment_size:
+            self._current = (self._current + 1) % len(self._segments)
+            self._segments[self._current].clear()
+            self._sizes[self._current] = 0
+        self._segments[self._current][(ledger_id, entry_id)] = payload
+        self._sizes[self._current] += length
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        key = (ledger_id, entry_id)
+        n = len(self._segments)
+        for step in range(n):
+            found = self._segments[(self._current - step) % n].get(key)
+            if found is not None:
+                self.hits += 1
+                return found
+        self.misses += 1
+        return None
+
+    @property
+    def size(self) -> int:
+        return sum(self._sizes)

@@ -1,0 +1,386 @@
+"""Entry logs (BookKeeper's DefaultEntryLogger): large append-only files where the entries
+of many ledgers are interleaved, written in sorted batches at checkpoints.
+
+Entry log file ``<id in hex>.log``::
+
+    offset  size   field
+    0       4      magic "BKLO"
+    4       4      version u32 = 1
+    8       8      ledgers map offset u64   (0 until the log is rolled)
+    16      4      ledgers map count u32    (ledgers in the map)
+    20      1004   zero padding
+    1024    ...    records
+
+Record::
+
+    0   4     size u32       bytes after this field: 20 + payload length
+    4   8     ledger id i64  (-1: a ledgers-map record)
+    12  8     entry id i64   (-2 in a ledgers-map record)
+    20  4     crc32c u32     over ledger id | entry id | payload (wal.record_crc)
+    24  ...   payload
+
+Ledgers map record payload (at most 10,000 ledgers per record, as BookKeeper)::
+
+    count u32, then count x (ledger id u64, bytes of that ledger in this log u64)
+
+A location is ``(log id << 32) | offset of the record``. ``lastId`` holds the last
+allocated log id in hex. A log is never appended to after a restart: the writer always
+starts a new one, so a log that has no map (a crash before its roll) is simply scanned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.settings import Settings
+from node.storage.errors import CorruptRecord
+from node.storage.fsutil import fsync_dir, write_file_atomically
+from node.storage.wal import record_crc
+
+MAGIC = b"BKLO"
+VERSION = 1
+HEADER_SIZE = 1024
+HEADER = struct.Struct(">4sIQI")
+MAP_FIELDS = struct.Struct(">QI")  # the patched part of the header, at offset 8
+MAP_FIELDS_OFFSET = 8
+RECORD_HEADER = struct.Struct(">IqqI")
+RECORD_OVERHEAD = RECORD_HEADER.size
+SIZE_FIELD = 4
+LEDGERS_MAP_LEDGER_ID = -1
+LEDGERS_MAP_ENTRY_ID = -2
+LEDGERS_MAP_COUNT = struct.Struct(">I")
+LEDGERS_MAP_ITEM = struct.Struct(">QQ")
+LEDGERS_MAP_MAX_BATCH = 10_000
+LAST_ID_FILE = "lastId"
+SUFFIX = ".log"
+
+
+def location(log_id: int, offset: int) -> int:
+    return (log_id << 32) | offset
+
+
+def split_location(loc: int) -> tuple[int, int]:
+    return loc >> 32, loc & 0xFFFF_FFFF
+
+
+def encode_header(map_offset: int = 0, map_count: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, map_offset, map_count).ljust(HEADER_SIZE, b"\0")
+
+
+def decode_header(data: bytes) -> tuple[int, int, int]:
+    """(version, ledgers map offset, ledgers map count); ValueError if not an entry log."""
+    magic, version, map_offset, map_count = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise ValueError(f"unsupported entry log version {version}")
+    return version, map_offset, map_count
+
+
+def encode_record(ledger_id: int, entry_id: int, crc: int, payload: bytes) -> bytes:
+    return (
+        RECORD_HEADER.pack(RECORD_OVERHEAD - SIZE_FIELD + len(payload), ledger_id, entry_id, crc)
+        + payload
+    )
+
+
+def decode_record_header(data: bytes | memoryview, pos: int = 0) -> tuple[int, int, int, int]:
+    """(payload length, ledger id, entry id, crc) of the record at ``pos``."""
+    size, ledger_id, entry_id, crc = RECORD_HEADER.unpack_from(data, pos)
+    return size - (RECORD_OVERHEAD - SIZE_FIELD), ledger_id, entry_id, crc
+
+
+def encode_ledgers_map(sizes: dict[int, int]) -> bytes:
+    """The ledgers map as records with ledger id -1, at most 10,000 ledgers each."""
+    items = sorted(sizes.items())
+    records = []
+    for start in range(0, len(items), LEDGERS_MAP_MAX_BATCH):
+        batch = items[start : start + LEDGERS_MAP_MAX_BATCH]
+        payload = LEDGERS_MAP_COUNT.pack(len(batch)) + b"".join(
+            LEDGERS_MAP_ITEM.pack(lid, size) for lid, size in batch
+        )
+        crc = record_crc(LEDGERS_MAP_LEDGER_ID, LEDGERS_MAP_ENTRY_ID, payload)
+        records.append(encode_record(LEDGERS_MAP_LEDGER_ID, LEDGERS_MAP_ENTRY_ID, crc, payload))
+    return b"".join(records)
+
+
+def decode_ledgers_map(payload: bytes) -> dict[int, int]:
+    (count,) = LEDGERS_MAP_COUNT.unpack_from(payload)
+    if len(payload) != LEDGERS_MAP_COUNT.size + count * LEDGERS_MAP_ITEM.size:
+        raise ValueError("ledgers map length does not match its count")
+    return dict(LEDGERS_MAP_ITEM.iter_unpack(payload[LEDGERS_MAP_COUNT.size :]))
+
+
+def log_path(directory: Path, log_id: int) -> Path:
+    return directory / f"{log_id:x}{SUFFIX}"
+
+
+def list_logs(directory: Path) -> list[int]:
+    ids = []
+    for path in directory.glob(f"*{SUFFIX}"):
+        with contextlib.suppress(ValueError):
+            ids.append(int(path.stem, 16))
+    return sorted(ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    offset: int
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    crc_ok: bool
+
+
+def scan(path: Path) -> Iterator[ScannedRecord]:
+    """Every record of a log in file order, ledgers-map records included, with its CRC
+    verdict. Stops at the end of data (zeros, EOF or a record that cannot fit)."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_SIZE)
+        try:
+            decode_header(header)
+        except (ValueError, struct.error) as e:
+            raise CorruptRecord(str(path), 0, f"bad entry log header: {e}") from None
+        size = os.fstat(f.fileno()).st_size
+        offset = HEADER_SIZE
+        while offset + RECORD_OVERHEAD <= size:
+            head = f.read(RECORD_OVERHEAD)
+            length, ledger_id, entry_id, crc = decode_record_header(head)
+            if length < 0 or offset + RECORD_OVERHEAD + length > size:
+                return
+            payload = f.read(length)
+            ok = record_crc(ledger_id, entry_id, payload) == crc
+            if not ok and length == 0 and ledger_id == 0 and entry_id == 0:
+                return  # zeros: end of data
+            yield ScannedRecord(offset, ledger_id, entry_id, payload, ok)
+            offset += RECORD_OVERHEAD + length
+
+
+@dataclass(slots=True)
+class _OpenLog:
+    log_id: int
+    fd: int
+    position: int
+    ledger_sizes: dict[int, int] = field(default_factory=dict)
+
+
+class EntryLogWriter:
+    """Appends sorted batches to the current log and rolls it at ``log_size_limit``.
+    Used by one thread at a time (the checkpoint, serialized by the ledger storage)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._dir = settings.ledgers_dir
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._limit = settings.log_size_limit
+        self._current: _OpenLog | None = None
+        self._rotated: list[_OpenLog] = []
+
+    @property
+    def current_log_id(self) -> int | None:
+        return self._current.log_id if self._current else None
+
+    def _last_id(self) -> int:
+        try:
+            return int((self._dir / LAST_ID_FILE).read_text().strip(), 16)
+        except FileNotFoundError:
+            existing = list_logs(self._dir)
+            return existing[-1] if existing else 0
+
+    def _new_log(self) -> _OpenLog:
+        log_id = max(self._last_id(), *list_logs(self._dir), 0) + 1
+        if log_id >= 1 << 31:
+            raise OSError("entry log ids exhausted (31 bits)")
+        write_file_atomically(self._dir / LAST_ID_FILE, f"{log_id:x}\n".encode())
+        fd = os.open(log_path(self._dir, log_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        os.pwrite(fd, encode_header(), 0)
+        os.fdatasync(fd)
+        fsync_dir(self._dir)
+        return _OpenLog(log_id, fd, HEADER_SIZE)
+
+    def append(self, records: Iterable[tuple[int, int, int, bytes]]) -> list[int]:
+        """Append records ``(ledger id, entry id, crc, payload)``; return their locations.
+        Data reaches the OS, not the disk: call flush() before indexing them."""
+        locations: list[int] = []
+        parts: list[bytes] = []
+        log = self._current or self._start()
+        start = log.position
+        position = start
+        sizes = log.ledger_sizes
+        pack = RECORD_HEADER.pack
+        overhead = RECORD_OVERHEAD - SIZE_FIELD
+        for ledger_id, entry_id, crc, payload in records:
+            length = RECORD_OVERHEAD + len(payload)
+            if position + length > self._limit and position > HEADER_SIZE:
+                self._write(log, parts, start)
+                log.position = position
+                log = self._roll()
+                parts, start, position, sizes = [], log.position, log.position, log.ledger_sizes
+            parts.append(pack(overhead + len(payload), ledger_id, entry_id, crc))
+            parts.append(payload)
+            locations.append((log.log_id << 32) | position)
+            sizes[ledger_id] = sizes.get(ledger_id, 0) + length
+            position += length
+        self._write(log, parts, start)
+        log.position = position
+        return locations
+
+    def _start(self) -> _OpenLog:
+        self._current = self._new_log()
+        return self._current
+
+    @staticmethod
+    def _write(log: _OpenLog, parts: list[bytes], start: int) -> None:
+        if not parts:
+            return
+        data = b"".join(parts)
+        view = memoryview(data)
+        offset = start
+        while view:
+            written = os.pwrite(log.fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def _roll(self) -> _OpenLog:
+        """Close the current log with its ledgers map and start the next one."""
+        self._seal_current()
+        return self._start()
+
+    def _seal_current(self) -> None:
+        """Append the ledgers map and patch the header; the fsync comes with flush()."""
+        log = self._current
+        assert log is not None
+        ledgers_map = encode_ledgers_map(log.ledger_sizes)
+        os.pwrite(log.fd, ledgers_map, log.position)
+        os.pwrite(log.fd, MAP_FIELDS.pack(log.position, len(log.ledger_sizes)), MAP_FIELDS_OFFSET)
+        log.position += len(ledgers_map)
+        self._rotated.append(log)
+        self._current = None
+
+    def roll(self) -> None:
+        """Seal the current log now (at shutdown, so that a clean log carries its map)."""
+        if self._current is not None and self._current.position > HEADER_SIZE:
+            self._seal_current()
+
+    def flush(self) -> list[int]:
+        """fsync the current and rotated logs; return the ids of logs now closed for good."""
+        if self._current is not None:
+            os.fdatasync(self._current.fd)
+        closed = []
+        for log in self._rotated:
+            os.fsync(log.fd)
+            os.close(log.fd)
+            closed.append(log.log_id)
+        self._rotated.clear()
+        return closed
+
+    def close(self) -> None:
+        self.flush()
+        if self._current is not None:
+            os.fsync(self._current.fd)
+            os.close(self._current.fd)
+            self._current = None
+
+
+class EntryLogReader:
+    """Reads records by location through a bounded cache of open file handles.
+
+    Thread safe: many reader threads share it. A handle is closed only when no reader uses
+    it (the GC issue extends this into RocketMQ-style reference counting).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._dir = settings.ledgers_dir
+        self._max_open = settings.open_file_limit
+        self._lock = threading.Lock()
+        self._handles: OrderedDict[int, list[int]] = OrderedDict()  # id -> [fd, users]
+
+    @contextlib.contextmanager
+    def _open(self, log_id: int) -> Iterator[int]:
+        with self._lock:
+            handle = self._handles.get(log_id)
+            if handle is None:
+                fd = os.open(log_path(self._dir, log_id), os.O_RDONLY)
+                handle = self._handles[log_id] = [fd, 0]
+                self._evict()
+            else:
+                self._handles.move_to_end(log_id)
+            handle[1] += 1
+        try:
+            yield handle[0]
+        finally:
+            with self._lock:
+                handle[1] -= 1
+                if log_id not in self._handles and handle[1] == 0:
+                    os.close(handle[0])
+
+    def _evict(self) -> None:
+        while len(self._handles) > self._max_open:
+            log_id, handle = next(iter(self._handles.items()))
+            del self._handles[log_id]
+            if handle[1] == 0:
+                os.close(handle[0])
+
+    def read_run(
+        self,
+        loc: int,
+        ledger_id: int,
+        entry_id: int,
+        max_entries: int,
+        max_bytes: int,
+    ) -> list[tuple[int, bytes]]:
+        """The entry at ``loc`` (checked: CRC, ledger and entry id) followed by read-ahead:
+        the next records of the same ledger with rising entry ids, up to ``max_entries``
+        more, ``max_bytes`` or the end of the file. Raises CorruptRecord for a bad entry;
+        read-ahead stops silently at the first record it cannot trust."""
+        log_id, offset = split_location(loc)
+        path = log_path(self._dir, log_id)
+        with self._open(log_id) as fd:
+            head = os.pread(fd, RECORD_OVERHEAD, offset)
+            if len(head) < RECORD_OVERHEAD:
+                raise CorruptRecord(str(path), offset, "record header past the end of the log")
+            length, lid, eid, crc = decode_record_header(head)
+            if (lid, eid) != (ledger_id, entry_id):
+                raise CorruptRecord(
+                    str(path), offset, f"holds ({lid}, {eid}), not ({ledger_id}, {entry_id})"
+                )
+            want = RECORD_OVERHEAD + length + (max_bytes if max_entries > 0 else 0)
+            data = os.pread(fd, want, offset)
+        if len(data) < RECORD_OVERHEAD + length or length < 0:
+            raise CorruptRecord(str(path), offset, f"record of {length} bytes is cut short")
+        view = memoryview(data)
+        payload = bytes(view[RECORD_OVERHEAD : RECORD_OVERHEAD + length])
+        if record_crc(ledger_id, entry_id, payload) != crc:
+            raise CorruptRecord(str(path), offset, "CRC32C mismatch")
+        run = [(entry_id, payload)]
+        pos = RECORD_OVERHEAD + length
+        last = entry_id
+        while len(run) <= max_entries and pos + RECORD_OVERHEAD <= len(data):
+            length, lid, eid, crc = decode_record_header(view, pos)
+            end = pos + RECORD_OVERHEAD + length
+            if lid != ledger_id or eid <= last or length < 0 or end > len(data):
+                break
+            payload = bytes(view[pos + RECORD_OVERHEAD : end])
+            if record_crc(lid, eid, payload) != crc:
+                break
+            run.append((eid, payload))
+            last, pos = eid, end
+        return run
+
+    def forget(self, log_id: int) -> None:
+        """Drop the cached handle of a log (before it is deleted)."""
+        with self._lock:
+            handle = self._handles.pop(log_id, None)
+            if handle is not None and handle[1] == 0:
+                os.close(handle[0])
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _users in self._handles.values():
+                os.close(fd)
+            self._handles.clear()

@@ -1,0 +1,79 @@
+"""Errors of the storage engine. Each carries a stable code that the HTTP layer returns."""
+
+from __future__ import annotations
+
+
+class StorageError(Exception):
+    code = "storage_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class LedgerNotFound(StorageError):
+    code = "ledger_not_found"
+
+
+class EntryNotFound(StorageError):
+    code = "entry_not_found"
+
+
+class LedgerExists(StorageError):
+    """A ledger id that is taken by a ledger with other properties, or a deleted one."""
+
+    code = "ledger_exists"
+
+
+class LedgerClosed(StorageError):
+    code = "ledger_closed"
+
+
+class LedgerFenced(StorageError):
+    code = "ledger_fenced"
+
+
+class EntryConflict(StorageError):
+    """The same (ledger, entry) was added before with different bytes."""
+
+    code = "entry_conflict"
+
+
+class EntryTooLarge(StorageError):
+    code = "entry_too_large"
+
+
+class InvalidArgument(StorageError):
+    code = "invalid_argument"
+
+
+class WriteTokenMismatch(StorageError):
+    code = "write_token_mismatch"
+
+
+class Backpressure(StorageError):
+    """The write cache stayed full for maxThrottleTime; the client should retry."""
+
+    code = "backpressure"
+
+
+class CorruptRecord(StorageError):
+    """A record whose CRC, magic or framing does not check out; names the file and offset."""
+
+    code = "corrupt_record"
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"{path} at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class StorageClosed(StorageError):
+    code = "storage_closed"
+
+
+class JournalFailed(StorageError):
+    """The WAL could not write or fsync; nothing more is acknowledged."""
+
+    code = "journal_failed"

@@ -1,0 +1,30 @@
+"""Small durable file-system steps used by every on-disk structure."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a created, renamed or deleted name in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

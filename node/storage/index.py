@@ -1,0 +1,194 @@
+"""The RocksDB index (BookKeeper's EntryLocationIndex and LedgerMetadataIndex).
+
+Two column families in one database, so that a checkpoint updates both in one write batch:
+
+``locations``  key ``ledger id u64 | entry id u64`` (big-endian: a ledger's entries are
+               contiguous and its last entry is a reverse seek), value ``location u64``.
+``ledgers``    key ``ledger id u64``, value a ``LedgerMeta`` (layout below); loaded into
+               memory at start.
+
+LedgerMeta value, version 1::
+
+    0   1   version u8 = 1
+    1   1   state u8 (0 open, 1 fenced, 2 closed, 3 deleted)
+    2   8   lac i64                 last add confirmed, -1 = none
+    10  8   last entry id i64       highest entry id added, -1 = none
+    18  8   entries u64
+    26  8   bytes u64               payload bytes
+    34  8   created ms u64
+    42  8   closed ms u64           0 = not closed
+    50  2   write token length u16, then the token's SHA-256 digest (or nothing)
+    ..  4   properties length u32, then properties as UTF-8 JSON
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+LOCATION_KEY = struct.Struct(">QQ")
+LOCATION_VALUE = struct.Struct(">Q")
+LEDGER_KEY = struct.Struct(">Q")
+META_FIXED = struct.Struct(">BBqqQQQQ")
+U16 = struct.Struct(">H")
+U32 = struct.Struct(">I")
+META_VERSION = 1
+MAX_ID = (1 << 63) - 1
+
+
+class LedgerState(enum.IntEnum):
+    OPEN = 0
+    FENCED = 1
+    CLOSED = 2
+    DELETED = 3
+
+
+@dataclass(slots=True)
+class LedgerMeta:
+    ledger_id: int
+    state: LedgerState = LedgerState.OPEN
+    lac: int = -1
+    last_entry_id: int = -1
+    entries: int = 0
+    payload_bytes: int = 0
+    created_ms: int = 0
+    closed_ms: int = 0
+    token_digest: bytes = b""
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        props = json.dumps(self.properties, separators=(",", ":"), sort_keys=True).encode()
+        return b"".join(
+            (
+                META_FIXED.pack(
+                    META_VERSION,
+                    self.state,
+                    self.lac,
+                    self.last_entry_id,
+                    self.entries,
+                    self.payload_bytes,
+                    self.created_ms,
+                    self.closed_ms,
+                ),
+                U16.pack(len(self.token_digest)),
+                self.token_digest,
+                U32.pack(len(props)),
+                props,
+            )
+        )
+
+    @classmethod
+    def decode(cls, ledger_id: int, data: bytes) -> LedgerMeta:
+        version, state, lac, last, entries, size, created, closed = META_FIXED.unpack_from(data)
+        if version != META_VERSION:
+            raise ValueError(f"unsupported ledger metadata version {version}")
+        pos = META_FIXED.size
+        (token_len,) = U16.unpack_from(data, pos)
+        pos += U16.size
+        token = bytes(data[pos : pos + token_len])
+        pos += token_len
+        (props_len,) = U32.unpack_from(data, pos)
+        pos += U32.size
+        if pos + props_len != len(data):
+            raise ValueError("ledger metadata length does not match its fields")
+        props = json.loads(data[pos : pos + props_len]) if props_len else {}
+        return cls(
+            ledger_id, LedgerState(state), lac, last, entries, size, created, closed, token, props
+        )
+
+
+def location_key(ledger_id: int, entry_id: int) -> bytes:
+    return LOCATION_KEY.pack(ledger_id, entry_id)
+
+
+class Index:
+    """Thread safe: RocksDB serializes writers itself; reads run on reader threads."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        self._db = Rdict(
+            str(path),
+            options=options,
+            column_families={
+                "locations": Options(raw_mode=True),
+                "ledgers": Options(raw_mode=True),
+            },
+        )
+        self._locations = self._db.get_column_family("locations")
+        self._ledgers = self._db.get_column_family("ledgers")
+        self._locations_cf = self._db.get_column_family_handle("locations")
+        self._ledgers_cf = self._db.get_column_family_handle("ledgers")
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._lock = threading.Lock()  # close() must not race a reader
+        self._closed = False
+
+    def get_location(self, ledger_id: int, entry_id: int) -> int | None:
+        value = self._locations.get(LOCATION_KEY.pack(ledger_id, entry_id))
+        return None if value is None else int(LOCATION_VALUE.unpack(value)[0])
+
+    def entry_ids(self, ledger_id: int, first: int = 0, last: int = MAX_ID) -> Iterator[int]:
+        """Entry ids of a ledger present in the index, ascending, within [first, last]."""
+        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        upper = LOCATION_KEY.pack(ledger_id + 1, 0) if last == MAX_ID else None
+        if upper is not None:
+            read_options.set_iterate_upper_bound(upper)
+        iterator = self._locations.iter(read_options)
+        iterator.seek(LOCATION_KEY.pack(ledger_id, first))
+        while iterator.valid():
+            lid, eid = LOCATION_KEY.unpack(iterator.key())
+            if lid != ledger_id or eid > last:
+                break
+            yield eid
+            iterator.next()
+        del iterator, read_options
+
+    def locations(self) -> Iterator[tuple[int, int, int]]:
+        """Every (ledger id, entry id, location), in key order (for inspect and audits)."""
+        for key, value in self._locations.items():
+            lid, eid = LOCATION_KEY.unpack(cast(bytes, key))
+            yield lid, eid, LOCATION_VALUE.unpack(cast(bytes, value))[0]
+
+    def load_ledgers(self) -> dict[int, LedgerMeta]:
+        ledgers = {}
+        for key, value in self._ledgers.items():
+            (ledger_id,) = LEDGER_KEY.unpack(cast(bytes, key))
+            ledgers[ledger_id] = LedgerMeta.decode(ledger_id, cast(bytes, value))
+        return ledgers
+
+    def write(
+        self,
+        locations: Iterable[tuple[int, int, int]],
+        ledgers: Iterable[LedgerMeta],
+    ) -> None:
+        """One synchronous write batch: new locations and changed ledger metadata."""
+        batch = WriteBatch(raw_mode=True)
+        put = batch.put
+        pack_key = LOCATION_KEY.pack
+        pack_value = LOCATION_VALUE.pack
+        cf = self._locations_cf
+        for ledger_id, entry_id, loc in locations:
+            put(pack_key(ledger_id, entry_id), pack_value(loc), cf)
+        for meta in ledgers:
+            put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
+        self._db.write(batch, self._sync)
+
+    def estimated_entries(self) -> int:
+        return int(self._locations.property_int_value("rocksdb.estimate-num-keys") or 0)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()

@@ -1,0 +1,451 @@
+"""The file journal (BookKeeper's Journal, JournalChannel and LogMark).
+
+Journal file ``<id in hex>.txn``::
+
+    offset  size  field
+    0       4     magic "BKLG"
+    4       4     version (u32) = 1
+    8       504   zero padding                         (header: one 512-byte sector)
+    512     ...   records, then zeros (preallocated space; a zero length is "end of data")
+
+Record::
+
+    0   4   len u32       payload length; 0xFFFFFF00 marks a padding record
+    4   8   ledger id i64
+    12  8   entry id i64  (negative: a metadata record, see wal.py)
+    20  4   crc32c u32    over ledger id | entry id | payload (wal.record_crc)
+    24  len payload
+
+Padding record (closes every group write at a 512-byte boundary)::
+
+    0   4   0xFFFFFF00
+    4   4   pad len u32
+    8   ... pad len zero bytes
+
+``lastMark`` (16 bytes, in the ledgers dir): journal id u64 | offset u64.
+
+One writer task commits groups: it waits until the oldest queued record is
+``journal_max_group_wait_msec`` old or ``journal_buffered_writes_threshold`` bytes are
+queued, writes the group with one ``pwrite`` on a dedicated thread, fdatasyncs once, and only
+then completes the group's future, which every append of the group shares (no per-entry
+future or callback on the hot path).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from node.settings import Settings
+from node.storage.clock import Clock
+from node.storage.errors import CorruptRecord, JournalFailed
+from node.storage.faults import CrashPoints
+from node.storage.fsutil import fsync_dir, write_file_atomically
+from node.storage.wal import LogMark, WalRecord, record_crc
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"BKLG"
+VERSION = 1
+HEADER_SIZE = 512
+HEADER = struct.Struct(">4sI")
+RECORD_HEADER = struct.Struct(">IqqI")
+PADDING_MASK = 0xFFFFFF00
+PADDING_HEADER = struct.Struct(">II")
+LAST_MARK = struct.Struct(">QQ")
+LAST_MARK_FILE = "lastMark"
+SUFFIX = ".txn"
+
+
+def encode_header() -> bytes:
+    return HEADER.pack(MAGIC, VERSION).ljust(HEADER_SIZE, b"\0")
+
+
+def decode_header(data: bytes) -> int:
+    """The header's version; raises ValueError for a header that is not a journal's."""
+    magic, version = HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError(f"bad magic {magic!r}")
+    if version != VERSION:
+        raise ValueError(f"unsupported journal version {version}")
+    return int(version)
+
+
+def encode_record(ledger_id: int, entry_id: int, crc: int, payload: bytes) -> bytes:
+    return RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc) + payload
+
+
+def decode_record(buf: bytes | mmap.mmap, pos: int) -> tuple[int, int, int, int]:
+    """(len, ledger id, entry id, crc) of the record header at ``pos``."""
+    length, ledger_id, entry_id, crc = RECORD_HEADER.unpack_from(buf, pos)
+    return length, ledger_id, entry_id, crc
+
+
+def padding(length: int, alignment: int) -> bytes:
+    """The padding record that brings ``length`` bytes up to the next ``alignment`` boundary."""
+    remainder = length % alignment
+    if remainder == 0:
+        return b""
+    pad = alignment - remainder
+    if pad < PADDING_HEADER.size:
+        pad += alignment
+    return PADDING_HEADER.pack(PADDING_MASK, pad - PADDING_HEADER.size) + bytes(
+        pad - PADDING_HEADER.size
+    )
+
+
+def journal_path(directory: Path, journal_id: int) -> Path:
+    return directory / f"{journal_id:x}{SUFFIX}"
+
+
+def list_journals(directory: Path) -> list[int]:
+    ids = []
+    for path in directory.glob(f"*{SUFFIX}"):
+        with contextlib.suppress(ValueError):
+            ids.append(int(path.stem, 16))
+    return sorted(ids)
+
+
+def read_last_mark(ledgers_dir: Path) -> LogMark:
+    try:
+        data = (ledgers_dir / LAST_MARK_FILE).read_bytes()
+    except FileNotFoundError:
+        return LogMark(0, 0)
+    if len(data) != LAST_MARK.size:
+        raise CorruptRecord(str(ledgers_dir / LAST_MARK_FILE), 0, f"{len(data)} bytes, not 16")
+    return LogMark(*LAST_MARK.unpack(data))
+
+
+class _Group:
+    """Records queued for one group commit; all of them share one future."""
+
+    __slots__ = ("first_at", "future", "parts", "size")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.first_at = 0.0
+        self.future: asyncio.Future[LogMark] = loop.create_future()
+
+
+class Journal:
+    def __init__(self, settings: Settings, clock: Clock, crash: CrashPoints) -> None:
+        self._settings = settings
+        self._clock = clock
+        self._crash = crash
+        self._dir = settings.journal_dir
+        self._dir.mkdir(parents=True, exist_ok=True)
+        settings.ledgers_dir.mkdir(parents=True, exist_ok=True)
+        self._fd = -1
+        self._file_id = 0
+        self._position = 0
+        self._preallocated = 0
+        self._durable = LogMark(0, 0)
+        self._failed: BaseException | None = None
+        self._group: _Group | None = None  # the group taking appends
+        self._sealed: list[_Group] = []  # groups closed by sync_point(), not yet written
+        self._kick: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._writing: asyncio.Future[LogMark] | None = None  # the group being written
+        self._closing = False
+        # One thread: group writes must reach the file in order.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal-writer")
+        # Figures for metrics and benchmarks.
+        self.groups_written = 0
+        self.bytes_written = 0
+
+    # --- recovery (blocking, before start) -------------------------------------------------
+
+    def last_mark(self) -> LogMark:
+        return read_last_mark(self._settings.ledgers_dir)
+
+    def recover(self, mark: LogMark) -> Iterator[WalRecord]:
+        ids = [i for i in list_journals(self._dir) if i >= mark.log_id]
+        if mark.log_id > 0 and (not ids or ids[0] != mark.log_id):
+            raise CorruptRecord(
+                str(journal_path(self._dir, mark.log_id)),
+                mark.offset,
+                "the journal named by lastMark is missing; restore it or remove lastMark "
+                "to replay from the oldest journal",
+            )
+        for n, journal_id in enumerate(ids):
+            start = mark.offset if journal_id == mark.log_id else HEADER_SIZE
+            yield from self._scan_file(journal_id, max(start, HEADER_SIZE), last=n == len(ids) - 1)
+
+    def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[WalRecord]:
+        path = journal_path(self._dir, journal_id)
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER_SIZE:
+                if last:  # a crash while the file was being created
+                    return
+                raise CorruptRecord(str(path), 0, "journal shorter than its header")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                try:
+                    decode_header(mm[:HEADER_SIZE])
+                except ValueError as e:
+                    if last and not any(mm[:HEADER_SIZE]):
+                        return  # header never reached the disk: nothing was acknowledged
+                    raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
+                pos = start
+                while True:
+                    result = self._next_record(mm, pos, size)
+                    if result is None:
+                        return
+                    if isinstance(result, str):
+                        pos = self._on_invalid(path, mm, pos, size, result, last)
+                        if pos < 0:
+                            mm.close()
+                            self._cut_tail(f, -pos - 1)
+                            return
+                        continue
+                    record, pos = result
+                    if record is not None:
+                        yield record
+
+    def _next_record(
+        self, mm: mmap.mmap, pos: int, size: int
+    ) -> tuple[WalRecord | None, int] | str | None:
+        """The record at ``pos`` and the next position; None at the end of data; a reason
+        string for an invalid record."""
+        if pos + PADDING_HEADER.size > size:
+            return None if not any(mm[pos:size]) else "truncated record header"
+        head = PADDING_HEADER.unpack_from(mm, pos)
+        if head[0] == PADDING_MASK:
+            end = pos + PADDING_HEADER.size + head[1]
+            return (None, end) if end <= size else "padding past the end of file"
+        if pos + RECORD_HEADER.size > size:
+            return None if not any(mm[pos:size]) else "truncated record header"
+        length, ledger_id, entry_id, crc = decode_record(mm, pos)
+        if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
+            return None  # preallocated zeros: end of data
+        end = pos + RECORD_HEADER.size + length
+        if length > self._settings.max_entry_size + 4096 or end > size:
+            return f"record length {length} is not plausible"
+        payload = mm[pos + RECORD_HEADER.size : end]
+        if record_crc(ledger_id, entry_id, payload) != crc:
+            return "CRC32C mismatch"
+        return WalRecord(ledger_id, entry_id, payload), end
+
+    def _on_invalid(
+        self, path: Path, mm: mmap.mmap, pos: int, size: int, reason: str, last: bool
+    ) -> int:
+        """Where to go on from an invalid record at ``pos``: a later valid group means
+        corruption (stop, or skip there when allowed); none in the last file means a torn
+        tail, returned as ``-pos - 1`` to be cut off."""
+        align = self._settings.journal_alignment_size
+        candidate = (pos // align + 1) * align
+        while candidate < size:
+            if isinstance(self._next_record(mm, candidate, size), tuple):
+                if self._settings.skip_replay_journal_invalid_record:
+                    log.error("skipping corrupt journal data %s at %d: %s", path, pos, reason)
+                    return candidate
+                raise CorruptRecord(
+                    str(path),
+                    pos,
+                    f"{reason}, with valid records after it; set "
+                    "skip_replay_journal_invalid_record=true to replay past it (losing it)",
+                )
+            candidate += align
+        if not last:
+            raise CorruptRecord(str(path), pos, f"{reason} in a journal that is not the last")
+        log.warning("cutting torn journal tail %s at %d (%s)", path, pos, reason)
+        return -pos - 1
+
+    def _cut_tail(self, f: object, pos: int) -> None:
+        fd = f.fileno()  # type: ignore[attr-defined]
+        os.ftruncate(fd, pos)
+        os.fsync(fd)
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        existing = list_journals(self._dir)
+        self._open_file(existing[-1] + 1 if existing else 1)
+        self._durable = LogMark(self._file_id, self._position)
+        self._group = _Group(loop)
+        self._kick = asyncio.Event()
+        self._writer = loop.create_task(self._write_loop(), name="journal-writer")
+
+    def _open_file(self, journal_id: int) -> None:
+        path = journal_path(self._dir, journal_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, self._settings.journal_pre_alloc_size)
+            os.pwrite(fd, encode_header(), 0)
+            os.fdatasync(fd)
+            fsync_dir(self._dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._file_id = fd, journal_id
+        self._position = HEADER_SIZE
+        self._preallocated = self._settings.journal_pre_alloc_size
+
+    def append(
+        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        group = self._group
+        if group is None or self._closing or self._failed is not None:
+            raise JournalFailed(f"journal is not accepting appends: {self._failed or 'closed'}")
+        if not group.parts:
+            group.first_at = self._clock.monotonic()
+            assert self._kick is not None
+            self._kick.set()
+        group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
+        group.parts.append(payload)
+        group.size += RECORD_HEADER.size + len(payload)
+        if group.size >= self._settings.journal_buffered_writes_threshold:
+            assert self._kick is not None
+            self._kick.set()
+        return group.future
+
+    def sync_point(self) -> asyncio.Future[LogMark]:
+        """Seal the group taking appends, so that its mark falls exactly after every record
+        appended so far and before any later one (a checkpoint swaps its cache here)."""
+        group = self._group
+        if group is not None and group.parts:
+            self._sealed.append(group)
+            self._group = _Group(asyncio.get_running_loop())
+            assert self._kick is not None
+            self._kick.set()
+            return group.future
+        if self._sealed:
+            return self._sealed[-1].future
+        if self._writing is not None:
+            return self._writing
+        done: asyncio.Future[LogMark] = asyncio.get_running_loop().create_future()
+        if self._failed is not None:
+            done.set_exception(JournalFailed(f"journal write failed: {self._failed}"))
+        else:
+            done.set_result(self._durable)
+        return done
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        kick = self._kick
+        assert kick is not None
+        max_wait = self._settings.journal_max_group_wait_msec / 1000
+        threshold = self._settings.journal_buffered_writes_threshold
+        while True:
+            await kick.wait()
+            kick.clear()
+            group = self._group
+            assert group is not None
+            if not group.parts and not self._sealed:
+                if self._closing:
+                    return
+                continue
+            waiting = not (self._closing or self._sealed or group.size >= threshold)
+            if waiting and not self._settings.journal_flush_when_queue_empty:
+                remaining = max_wait - (self._clock.monotonic() - group.first_at)
+                if remaining > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(kick.wait(), remaining)
+                    kick.clear()
+            current = self._group
+            assert current is not None
+            groups = [*self._sealed, current] if current.parts else self._sealed
+            self._sealed = []
+            if current.parts:
+                self._group = _Group(loop)
+            self._writing = groups[-1].future
+            try:
+                marks = await loop.run_in_executor(self._executor, self._write_groups, groups)
+            except BaseException as e:
+                self._failed = e
+                log.exception("journal write failed; the node stops acknowledging")
+                failure = JournalFailed(f"journal write failed: {e}")
+                for pending in [*groups, *self._sealed, self._taking()]:
+                    pending.future.set_exception(failure)
+                    pending.future.exception()  # retrieved here; awaiting appends still get it
+                return
+            finally:
+                self._writing = None
+            self._durable = marks[-1]
+            for done, mark in zip(groups, marks, strict=True):
+                done.future.set_result(mark)
+            if self._taking().parts or self._sealed:
+                kick.set()
+
+    def _taking(self) -> _Group:
+        """The group taking appends (set from start() on)."""
+        assert self._group is not None
+        return self._group
+
+    def _write_groups(self, groups: list[_Group]) -> list[LogMark]:
+        """Blocking: one pwrite of the groups plus padding, one fdatasync, maybe a rotation.
+        Returns each group's mark: the offset just after its last record."""
+        marks = []
+        end = self._position
+        parts: list[bytes] = []
+        for group in groups:
+            parts.extend(group.parts)
+            end += group.size
+            marks.append(LogMark(self._file_id, end))
+        tail = padding(end - self._position, self._settings.journal_alignment_size)
+        parts.append(tail)
+        data = b"".join(parts)
+        end += len(tail)
+        if end > self._preallocated:
+            step = self._settings.journal_pre_alloc_size
+            self._preallocated = (end // step + 1) * step
+            os.posix_fallocate(self._fd, 0, self._preallocated)
+        written = os.pwrite(self._fd, data, self._position)
+        if written != len(data):
+            raise OSError(f"short journal write: {written} of {len(data)} bytes")
+        if self._settings.journal_sync_data:
+            os.fdatasync(self._fd)
+        self._position = end
+        self.groups_written += 1
+        self.bytes_written += len(data)
+        marks[-1] = LogMark(self._file_id, end)
+        if end >= self._settings.journal_max_size:
+            self._rotate()
+        return marks
+
+    def _rotate(self) -> None:
+        self._crash.hit("journal.rotate.before")
+        old_fd = self._fd
+        os.ftruncate(old_fd, self._position)  # give back the preallocated tail
+        os.fsync(old_fd)
+        os.close(old_fd)
+        self._open_file(self._file_id + 1)
+        self._crash.hit("journal.rotate.after")
+
+    def checkpoint_complete(self, mark: LogMark) -> None:
+        """Persist ``mark`` as lastMark, then delete journals wholly before it beyond
+        ``journal_max_backups`` (BookKeeper keeps the newest ones for forensics)."""
+        write_file_atomically(self._settings.ledgers_dir / LAST_MARK_FILE, LAST_MARK.pack(*mark))
+        older = [i for i in list_journals(self._dir) if i < mark.log_id]
+        for journal_id in older[: max(0, len(older) - self._settings.journal_max_backups)]:
+            journal_path(self._dir, journal_id).unlink(missing_ok=True)
+
+    async def close(self) -> None:
+        if self._writer is None:
+            return
+        self._closing = True
+        assert self._kick is not None
+        self._kick.set()
+        await self._writer
+        self._writer = None
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._close_file)
+        self._executor.shutdown()
+
+    def _close_file(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._group.size if self._group else 0

@@ -1,0 +1,662 @@
+"""Ledger storage: the engine's one public API (BookKeeper's Bookie + DbLedgerStorage).
+
+Add: validate -> write cache -> WAL append -> await the group fsync -> advance the LAC.
+The cache put and the WAL append happen in one synchronous step on the event loop, so a
+checkpoint's swap (also synchronous) never splits them.
+
+Checkpoint (every ``flush_interval`` and when the write cache is half full):
+swap the cache and seal the WAL group (one step) -> wait for that group's fsync -> on the
+flush thread: write the frozen cache sorted by (ledger, entry) to the entry log, fsync it,
+write locations and changed ledger metadata in one RocksDB batch, persist ``lastMark`` and
+trim the WAL -> drop the frozen cache.
+
+Read: write cache -> cache being flushed -> read cache -> (reader thread) index -> entry
+log, with read-ahead of the following entries of the same ledger into the read cache.
+
+State lives on the event loop thread; blocking work runs on two executors: one flush
+thread (checkpoints are serial) and a small pool of reader threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import hmac
+import logging
+import struct
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from node.settings import Settings
+from node.storage.cache import ReadCache, WriteCache
+from node.storage.clock import Clock, SystemClock
+from node.storage.entrylog import EntryLogReader, EntryLogWriter
+from node.storage.errors import (
+    Backpressure,
+    EntryConflict,
+    EntryNotFound,
+    EntryTooLarge,
+    InvalidArgument,
+    LedgerClosed,
+    LedgerExists,
+    LedgerFenced,
+    LedgerNotFound,
+    StorageClosed,
+    WriteTokenMismatch,
+)
+from node.storage.faults import CrashPoints
+from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState
+from node.storage.journal import Journal
+from node.storage.wal import (
+    CLOSE,
+    DELETE,
+    EXPLICIT_LAC,
+    FENCE,
+    LEDGER_CREATED,
+    LogMark,
+    Wal,
+    WalRecord,
+    record_crc,
+)
+
+log = logging.getLogger(__name__)
+
+I64 = struct.Struct(">q")
+READER_THREADS = 4  # enough to overlap a few cold reads; reads mostly hit the caches
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters of the engine, read by metrics and benchmarks."""
+
+    adds: int = 0
+    add_bytes: int = 0
+    reads: int = 0
+    read_bytes: int = 0
+    throttled_adds: int = 0
+    rejected_adds: int = 0
+    checkpoints: int = 0
+    checkpoint_seconds_total: float = 0.0
+    replayed_records: int = 0
+
+
+class LedgerStorage:
+    def __init__(
+        self, settings: Settings, clock: Clock | None = None, wal: Wal | None = None
+    ) -> None:
+        self.settings = settings
+        self._clock = clock or SystemClock()
+        self._crash = CrashPoints(settings.crash_points)
+        self._wal: Wal = wal or Journal(settings, self._clock, self._crash)
+        self._index: Index | None = None
+        self._writer = EntryLogWriter(settings)
+        self._reader = EntryLogReader(settings)
+        self._ledgers: dict[int, LedgerMeta] = {}
+        self._durable_above_lac: dict[int, set[int]] = {}  # durable ids past a hole
+        self._lac_waiters: dict[int, list[tuple[int, asyncio.Future[int]]]] = {}
+        self._dirty: set[int] = set()  # ledgers whose metadata changed since the last swap
+        self._next_ledger_id = 0
+        self._cache = WriteCache()
+        self._flushing: WriteCache | None = None
+        self._flush_finished: asyncio.Future[None] | None = None
+        self._read_cache = ReadCache(
+            settings.db_storage_read_ahead_cache_max_size, settings.db_storage_read_cache_segments
+        )
+        self._half_cache = settings.db_storage_write_cache_max_size // 2
+        self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_wanted = asyncio.Event()
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        self._read_executor = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
+        self._running = False
+        self.stats = Stats()
+        self.last_checkpoint_mark = LogMark(0, 0)
+
+    # --- start and stop ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the index, load ledger metadata, replay the WAL from the last mark, then
+        checkpoint so that the replayed entries are in entry logs before serving."""
+        loop = asyncio.get_running_loop()
+        self._index = await loop.run_in_executor(
+            self._flush_executor, Index, self.settings.index_dir
+        )
+        await loop.run_in_executor(self._flush_executor, self._recover)
+        self._wal.start()
+        self._running = True
+        await self.checkpoint()
+        self._checkpointer = loop.create_task(self._checkpoint_loop(), name="checkpointer")
+
+    def _recover(self) -> None:
+        """Blocking, before the node serves: nothing else touches the state meanwhile."""
+        assert self._index is not None
+        self._ledgers = self._index.load_ledgers()
+        for meta in self._ledgers.values():
+            if meta.state != LedgerState.DELETED and meta.last_entry_id > meta.lac:
+                for entry_id in self._index.entry_ids(meta.ledger_id, meta.lac + 1):
+                    self._on_durable(meta, entry_id)
+        mark = self._wal.last_mark()
+        self.last_checkpoint_mark = mark
+        for record in self._wal.recover(mark):
+            self._replay(record)
+            self.stats.replayed_records += 1
+            if self._cache.size >= self._half_cache:
+                # Replay of a long journal: flush as we go, keeping the old mark (a crash
+                # now replays again from it, which is idempotent).
+                self._flush(self._cache, self._snapshot_dirty(), frozenset(), None)
+                self._cache = WriteCache()
+        self._next_ledger_id = max(self._ledgers, default=-1) + 1
+        log.info(
+            "recovered %d ledgers, replayed %d WAL records from %s",
+            len(self._ledgers),
+            self.stats.replayed_records,
+            mark,
+        )
+
+    def _replay(self, record: WalRecord) -> None:
+        ledger_id, entry_id, payload = record
+        meta = self._ledgers.get(ledger_id)
+        if entry_id == LEDGER_CREATED:
+            if meta is None:
+                self._ledgers[ledger_id] = LedgerMeta.decode(ledger_id, payload)
+                self._dirty.add(ledger_id)
+            return
+        if meta is None or meta.state == LedgerState.DELETED:
+            return  # deleted since (or its creation was lost with a torn tail)
+        self._dirty.add(ledger_id)
+        if entry_id >= 0:
+            known = entry_id <= meta.last_entry_id and (
+                self._cache.get(ledger_id, entry_id) is not None
+                or self.index.get_location(ledger_id, entry_id) is not None
+            )
+            if not known:
+                crc = record_crc(ledger_id, entry_id, payload)
+                self._cache.put(ledger_id, entry_id, crc, bytes(payload))
+                self._count_entry(meta, entry_id, len(payload))
+            self._on_durable(meta, entry_id)
+        elif entry_id == FENCE:
+            if meta.state == LedgerState.OPEN:
+                meta.state = LedgerState.FENCED
+        elif entry_id == CLOSE:
+            if meta.state != LedgerState.CLOSED:
+                meta.state = LedgerState.CLOSED
+                meta.closed_ms = meta.closed_ms or self._clock.now_ms()
+        elif entry_id == DELETE:
+            meta.state = LedgerState.DELETED
+        elif entry_id == EXPLICIT_LAC:
+            meta.lac = max(meta.lac, I64.unpack(payload)[0])
+        else:
+            log.warning("skipping unknown WAL record kind %d of ledger %d", entry_id, ledger_id)
+
+    async def close(self) -> None:
+        """Graceful stop: a final checkpoint, roll the entry log so it carries its map,
+        close the WAL. The next start replays nothing."""
+        if not self._running:
+            return
+        self._running = False
+        if self._checkpointer is not None:
+            self._checkpointer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpointer
+        await self.checkpoint(force=True)
+        await self._wal.close()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._flush_executor, self._close_files)
+        for waiters in self._lac_waiters.values():
+            for _after, waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(StorageClosed("the node is shutting down"))
+        self._flush_executor.shutdown()
+        self._read_executor.shutdown()
+
+    def _close_files(self) -> None:
+        self._writer.roll()
+        self._writer.close()
+        self._reader.close()
+        if self._index is not None:
+            self._index.close()
+
+    # --- ledgers ---------------------------------------------------------------------------
+
+    async def create_ledger(
+        self,
+        ledger_id: int | None = None,
+        properties: dict[str, str] | None = None,
+        write_token: str | None = None,
+    ) -> tuple[LedgerMeta, bool]:
+        """Create a ledger (node-allocated id when None). Returns (metadata, created):
+        creating an existing open ledger with the same id again is a no-op."""
+        self._check_running()
+        if ledger_id is None:
+            ledger_id = self._next_ledger_id
+        elif not 0 <= ledger_id <= MAX_ID:
+            raise InvalidArgument(f"ledger id {ledger_id} is outside [0, 2^63)")
+        existing = self._ledgers.get(ledger_id)
+        if existing is not None:
+            if existing.state == LedgerState.DELETED:
+                raise LedgerExists(f"ledger {ledger_id} was deleted; its id is not reusable")
+            if (properties or {}) != existing.properties or _digest(write_token) != (
+                existing.token_digest
+            ):
+                raise LedgerExists(f"ledger {ledger_id} exists with other properties or token")
+            return existing, False
+        meta = LedgerMeta(
+            ledger_id,
+            created_ms=self._clock.now_ms(),
+            token_digest=_digest(write_token),
+            properties=dict(properties or {}),
+        )
+        self._ledgers[ledger_id] = meta
+        self._next_ledger_id = max(self._next_ledger_id, ledger_id + 1)
+        self._dirty.add(ledger_id)
+        await self._journal(ledger_id, LEDGER_CREATED, meta.encode())
+        return meta, True
+
+    def ledger(self, ledger_id: int) -> LedgerMeta:
+        meta = self._ledgers.get(ledger_id)
+        if meta is None or meta.state == LedgerState.DELETED:
+            raise LedgerNotFound(f"ledger {ledger_id} does not exist")
+        return meta
+
+    def ledgers(self) -> Iterable[LedgerMeta]:
+        return (m for m in self._ledgers.values() if m.state != LedgerState.DELETED)
+
+    async def fence(self, ledger_id: int) -> int:
+        """No add succeeds after this returns; returns the LAC (BookKeeper's fence read)."""
+        meta = self.ledger(ledger_id)
+        if meta.state == LedgerState.OPEN:
+            meta.state = LedgerState.FENCED
+            self._dirty.add(ledger_id)
+            await self._journal(ledger_id, FENCE, b"")
+        else:
+            await self._wal.sync_point()  # in-flight adds settle before the LAC is read
+        return meta.lac
+
+    async def close_ledger(self, ledger_id: int) -> LedgerMeta:
+        """Seal the ledger: its last entry is fixed (adds in flight finish first)."""
+        meta = self.ledger(ledger_id)
+        if meta.state != LedgerState.CLOSED:
+            meta.state = LedgerState.CLOSED
+            meta.closed_ms = self._clock.now_ms()
+            self._dirty.add(ledger_id)
+            await self._journal(ledger_id, CLOSE, I64.pack(meta.last_entry_id))
+        else:
+            await self._wal.sync_point()
+        return meta
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Entries become unreadable at once; GC reclaims their space later."""
+        meta = self.ledger(ledger_id)
+        meta.state = LedgerState.DELETED
+        self._dirty.add(ledger_id)
+        self._durable_above_lac.pop(ledger_id, None)
+        for _after, waiter in self._lac_waiters.pop(ledger_id, []):
+            if not waiter.done():
+                waiter.set_exception(LedgerNotFound(f"ledger {ledger_id} was deleted"))
+        await self._journal(ledger_id, DELETE, b"")
+
+    async def set_explicit_lac(self, ledger_id: int, lac: int) -> int:
+        """Raise the LAC to ``lac`` (never lowers it); entries up to it must be durable."""
+        meta = self.ledger(ledger_id)
+        if lac > meta.last_entry_id:
+            raise InvalidArgument(f"LAC {lac} is past the last entry {meta.last_entry_id}")
+        await self._journal(ledger_id, EXPLICIT_LAC, I64.pack(lac))
+        if lac > meta.lac:
+            meta.lac = lac
+            self._dirty.add(ledger_id)
+            self._wake_lac_waiters(meta)
+        return meta.lac
+
+    async def _journal(self, ledger_id: int, kind: int, payload: bytes) -> None:
+        await self._wal.append(ledger_id, kind, record_crc(ledger_id, kind, payload), payload)
+
+    # --- adds ------------------------------------------------------------------------------
+
+    async def add_entry(
+        self,
+        ledger_id: int,
+        entry_id: int | None,
+        payload: bytes,
+        write_token: str | None = None,
+    ) -> int:
+        """Add one entry (at the next id when ``entry_id`` is None); returns its id once it
+        is durable. Adding identical bytes again is a no-op; different bytes conflict."""
+        self._check_size(len(payload))
+        await self._reserve()
+        meta = self._writable(ledger_id, write_token)
+        if entry_id is None:
+            entry_id = meta.last_entry_id + 1
+        elif not 0 <= entry_id <= MAX_ID:
+            raise InvalidArgument(f"entry id {entry_id} is outside [0, 2^63)")
+        elif entry_id <= meta.last_entry_id:
+            await self._add_again(meta, entry_id, payload)
+            return entry_id
+        await self._append(meta, entry_id, payload)
+        self._on_durable(meta, entry_id)
+        return entry_id
+
+    async def add_entries(
+        self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
+    ) -> list[int]:
+        """Append a batch at the next ids; one durable acknowledgment for all of them."""
+        for payload in payloads:
+            self._check_size(len(payload))
+        await self._reserve()
+        meta = self._writable(ledger_id, write_token)
+        first = meta.last_entry_id + 1
+        ids = list(range(first, first + len(payloads)))
+        if not payloads:
+            return ids
+        futures = [self._append_now(meta, eid, p) for eid, p in zip(ids, payloads, strict=True)]
+        await futures[-1]  # groups complete in order: the last one covers the batch
+        for entry_id in ids:
+            self._on_durable(meta, entry_id)
+        return ids
+
+    def _append_now(
+        self, meta: LedgerMeta, entry_id: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        ledger_id = meta.ledger_id
+        crc = record_crc(ledger_id, entry_id, payload)
+        self._cache.put(ledger_id, entry_id, crc, payload)
+        future = self._wal.append(ledger_id, entry_id, crc, payload)
+        self._count_entry(meta, entry_id, len(payload))
+        self._dirty.add(ledger_id)
+        if self._cache.size >= self._half_cache:
+            self._checkpoint_wanted.set()
+        return future
+
+    async def _append(self, meta: LedgerMeta, entry_id: int, payload: bytes) -> None:
+        await self._append_now(meta, entry_id, payload)
+
+    def _count_entry(self, meta: LedgerMeta, entry_id: int, size: int) -> None:
+        meta.entries += 1
+        meta.payload_bytes += size
+        if entry_id > meta.last_entry_id:
+            meta.last_entry_id = entry_id
+        self.stats.adds += 1
+        self.stats.add_bytes += size
+
+    async def _add_again(self, meta: LedgerMeta, entry_id: int, payload: bytes) -> None:
+        """An id at or below the last one: a retry (identical bytes), a conflict, or the
+        filling of a hole."""
+        existing = self._cached(meta.ledger_id, entry_id)
+        if existing is None:
+            existing = await self._read_stored(meta.ledger_id, entry_id)
+        if existing is None:
+            meta = self._writable(meta.ledger_id, None)  # re-checked after the await
+            if self._cached(meta.ledger_id, entry_id) is None:
+                await self._append(meta, entry_id, payload)
+                self._on_durable(meta, entry_id)
+                return
+            existing = self._cached(meta.ledger_id, entry_id)
+        if existing != payload:
+            raise EntryConflict(
+                f"entry {entry_id} of ledger {meta.ledger_id} exists with different bytes"
+            )
+        if not self._is_durable(meta, entry_id):
+            await self._wal.sync_point()
+
+    async def _reserve(self) -> None:
+        """Back-pressure: while the write cache is over half full and the previous flush
+        still runs, wait for it up to maxThrottleTime, then refuse (retryable)."""
+        self._check_running()
+        if self._cache.size < self._half_cache:
+            return
+        self._checkpoint_wanted.set()
+        if self._flushing is None:
+            return
+        self.stats.throttled_adds += 1
+        deadline = self._clock.monotonic() + self.settings.db_storage_max_throttle_time_ms / 1000
+        while self._cache.size >= self._half_cache and self._flush_finished is not None:
+            remaining = deadline - self._clock.monotonic()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._flush_finished), max(remaining, 0))
+            except TimeoutError:
+                self.stats.rejected_adds += 1
+                raise Backpressure(
+                    "write cache full while a flush is running; retry later"
+                ) from None
+
+    def _check_size(self, size: int) -> None:
+        if size > self.settings.max_entry_size:
+            raise EntryTooLarge(
+                f"entry of {size} bytes exceeds max_entry_size {self.settings.max_entry_size}"
+            )
+
+    def _writable(self, ledger_id: int, write_token: str | None) -> LedgerMeta:
+        self._check_running()
+        meta = self.ledger(ledger_id)
+        if meta.state == LedgerState.CLOSED:
+            raise LedgerClosed(f"ledger {ledger_id} is closed")
+        if meta.state == LedgerState.FENCED:
+            raise LedgerFenced(f"ledger {ledger_id} is fenced")
+        if meta.token_digest and not hmac.compare_digest(meta.token_digest, _digest(write_token)):
+            raise WriteTokenMismatch(f"wrong or missing write token for ledger {ledger_id}")
+        return meta
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise StorageClosed("the storage is not running")
+
+    # --- LAC -------------------------------------------------------------------------------
+
+    def _on_durable(self, meta: LedgerMeta, entry_id: int) -> None:
+        """LAC = the highest id such that every entry up to it is durable."""
+        if entry_id <= meta.lac:
+            return
+        if entry_id != meta.lac + 1:
+            self._durable_above_lac.setdefault(meta.ledger_id, set()).add(entry_id)
+            return
+        lac = entry_id
+        above = self._durable_above_lac.get(meta.ledger_id)
+        if above:
+            while lac + 1 in above:
+                lac += 1
+                above.discard(lac)
+            if not above:
+                del self._durable_above_lac[meta.ledger_id]
+        meta.lac = lac
+        if meta.ledger_id in self._lac_waiters:
+            self._wake_lac_waiters(meta)
+
+    def _wake_lac_waiters(self, meta: LedgerMeta) -> None:
+        waiters = self._lac_waiters.get(meta.ledger_id)
+        if not waiters:
+            return
+        keep = []
+        for after, waiter in waiters:
+            if waiter.done():
+                continue
+            if meta.lac > after:
+                waiter.set_result(meta.lac)
+            else:
+                keep.append((after, waiter))
+        if keep:
+            self._lac_waiters[meta.ledger_id] = keep
+        else:
+            del self._lac_waiters[meta.ledger_id]
+
+    async def wait_lac(self, ledger_id: int, after: int, timeout_s: float) -> int:
+        """Long-poll: the LAC once it passes ``after``, or the current LAC at the timeout."""
+        meta = self.ledger(ledger_id)
+        if meta.lac > after or timeout_s <= 0:
+            return meta.lac
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._lac_waiters.setdefault(ledger_id, []).append((after, waiter))
+        try:
+            return await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            return self.ledger(ledger_id).lac
+
+    def _is_durable(self, meta: LedgerMeta, entry_id: int) -> bool:
+        if entry_id <= meta.lac:
+            return True
+        above = self._durable_above_lac.get(meta.ledger_id)
+        return above is not None and entry_id in above
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def _cached(self, ledger_id: int, entry_id: int) -> bytes | None:
+        found = self._cache.get(ledger_id, entry_id)
+        if found is None and self._flushing is not None:
+            found = self._flushing.get(ledger_id, entry_id)
+        return found
+
+    async def read_entry(self, ledger_id: int, entry_id: int) -> bytes:
+        """The payload of a durable entry; EntryNotFound for anything not (yet) durable."""
+        meta = self.ledger(ledger_id)
+        if not self._is_durable(meta, entry_id):
+            raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} does not exist")
+        found = self._cached(ledger_id, entry_id) or self._read_cache.get(ledger_id, entry_id)
+        if found is None:
+            found = await self._read_stored(ledger_id, entry_id)
+            self.ledger(ledger_id)  # deleted while we read
+            if found is None:
+                raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} is not indexed")
+        self.stats.reads += 1
+        self.stats.read_bytes += len(found)
+        return found
+
+    async def _read_stored(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """Index -> entry log on a reader thread; read-ahead fills the read cache."""
+        run = await asyncio.get_running_loop().run_in_executor(
+            self._read_executor, self._read_run, ledger_id, entry_id
+        )
+        if not run:
+            return None
+        for eid, payload in run:
+            self._read_cache.put(ledger_id, eid, payload)
+        return run[0][1]
+
+    def _read_run(self, ledger_id: int, entry_id: int) -> list[tuple[int, bytes]]:
+        assert self._index is not None
+        loc = self._index.get_location(ledger_id, entry_id)
+        if loc is None:
+            return []
+        return self._reader.read_run(
+            loc,
+            ledger_id,
+            entry_id,
+            self.settings.db_storage_read_ahead_cache_batch_size,
+            self.settings.db_storage_read_ahead_cache_batch_bytes_size,
+        )
+
+    async def read_range(
+        self, ledger_id: int, first: int, last: int | None = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """Durable entries with ids in [first, last] (last defaults to the LAC), in order,
+        fetched a chunk at a time so that a long range is never held in memory."""
+        meta = self.ledger(ledger_id)
+        above = sorted(self._durable_above_lac.get(ledger_id, ()))
+        top = max(meta.lac, above[-1] if above else -1)
+        last = top if last is None else min(last, top)
+        chunk = self.settings.range_read_chunk_entries
+        entry_id = max(first, 0)
+        while entry_id <= last:
+            meta = self.ledger(ledger_id)
+            end = min(last, entry_id + chunk - 1)
+            ids = [e for e in range(entry_id, end + 1) if self._is_durable(meta, e)]
+            for eid in ids:
+                yield eid, await self.read_entry(ledger_id, eid)
+            entry_id = end + 1
+
+    # --- checkpoint ------------------------------------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        interval = self.settings.flush_interval / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._checkpoint_wanted.wait(), interval)
+            self._checkpoint_wanted.clear()
+            try:
+                await self.checkpoint()
+            except Exception:
+                # The journal still holds everything: retry at the next interval.
+                log.exception("checkpoint failed; retrying at the next interval")
+
+    async def checkpoint(self, force: bool = False) -> None:
+        async with self._checkpoint_lock:
+            if not force and not self._cache.count and not self._dirty:
+                return
+            started = self._clock.monotonic()
+            loop = asyncio.get_running_loop()
+            frozen, self._cache = self._cache, WriteCache()
+            self._flushing = frozen
+            self._flush_finished = loop.create_future()
+            metas = self._snapshot_dirty()
+            deleted = frozenset(
+                lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED
+            )
+            try:
+                mark = await self._wal.sync_point()
+                await loop.run_in_executor(
+                    self._flush_executor, self._flush, frozen, metas, deleted, mark
+                )
+            except BaseException:
+                # Nothing is lost (the WAL holds it); merge back so reads still find it.
+                for lid, eid, crc, payload in frozen.sorted_entries():
+                    if self._cache.get(lid, eid) is None:
+                        self._cache.put(lid, eid, crc, payload)
+                self._dirty.update(m.ledger_id for m in metas)
+                raise
+            finally:
+                self._flushing = None
+                self._flush_finished.set_result(None)
+                self._flush_finished = None
+            self.last_checkpoint_mark = mark
+            self.stats.checkpoints += 1
+            self.stats.checkpoint_seconds_total += self._clock.monotonic() - started
+
+    def _snapshot_dirty(self) -> list[LedgerMeta]:
+        metas = [dataclasses.replace(self._ledgers[lid]) for lid in self._dirty]
+        self._dirty.clear()
+        return metas
+
+    def _flush(
+        self,
+        frozen: WriteCache,
+        metas: list[LedgerMeta],
+        deleted: frozenset[int],
+        mark: LogMark | None,
+    ) -> None:
+        """Blocking (flush thread): entry log, fsync, index batch, then the mark."""
+        assert self._index is not None
+        keys = []
+        records = []
+        for lid, eid, crc, payload in frozen.sorted_entries(deleted):
+            keys.append((lid, eid))
+            records.append((lid, eid, crc, payload))
+        self._crash.hit("checkpoint.before_entrylog")
+        locations = self._writer.append(records)
+        self._writer.flush()
+        self._crash.hit("checkpoint.after_entrylog_fsync")
+        self._index.write(
+            ((lid, eid, loc) for (lid, eid), loc in zip(keys, locations, strict=True)), metas
+        )
+        self._crash.hit("checkpoint.after_index")
+        if mark is not None:
+            self._wal.checkpoint_complete(mark)
+            self._crash.hit("checkpoint.after_mark")
+
+    # --- introspection ---------------------------------------------------------------------
+
+    @property
+    def write_cache_bytes(self) -> int:
+        return self._cache.size + (self._flushing.size if self._flushing else 0)
+
+    @property
+    def read_cache(self) -> ReadCache:
+        return self._read_cache
+
+    @property
+    def index(self) -> Index:
+        assert self._index is not None
+        return self._index
+
+
+def _digest(token: str | None) -> bytes:
+    return hashlib.sha256(token.encode()).digest() if token else b""

@@ -1,0 +1,79 @@
+"""The write-ahead log interface shared by the file journal and the raw-device ring.
+
+Ledger storage sees only this: append a record and get a future that completes once the
+record is durable; ask for a sync point covering everything appended so far; tell the WAL
+that everything up to a mark is safe in entry logs so it can trim; replay from a mark.
+
+A record is ``(ledger id, entry id, crc32c, payload)``. Entry ids >= 0 are entries; the
+negative ids below are metadata records, journaled like entries so that a ledger's state
+changes are exactly as durable as its data (BookKeeper journals fence and LAC the same way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple, Protocol
+
+import crc32c
+
+_ID_PREFIX = struct.Struct(">qq")
+
+# Metadata record kinds, carried in the entry id field (BookKeeper uses -0x1000.. likewise).
+LEDGER_CREATED = -0x1000  # payload: the ledger's metadata (index.LedgerMeta encoding)
+FENCE = -0x2000  # payload: empty
+CLOSE = -0x3000  # payload: i64 last entry id
+DELETE = -0x5000  # payload: empty
+EXPLICIT_LAC = -0x8000  # payload: i64 last add confirmed
+
+
+class LogMark(NamedTuple):
+    """A position in the WAL: (file id, offset) for the journal, (0, offset) for the ring."""
+
+    log_id: int
+    offset: int
+
+
+class WalRecord(NamedTuple):
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+
+
+def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> int:
+    """CRC32C over ``ledger id | entry id | payload``: the same value guards the record in
+    the WAL and in the entry log, and it catches a record read from the wrong place."""
+    return int(crc32c.crc32c(payload, crc32c.crc32c(_ID_PREFIX.pack(ledger_id, entry_id))))
+
+
+class Wal(Protocol):
+    def recover(self, mark: LogMark) -> Iterator[WalRecord]:
+        """Every valid record from ``mark`` on (blocking; called once, before start)."""
+        ...
+
+    def start(self) -> None:
+        """Open for appends (after recovery); runs the writer on the running event loop."""
+        ...
+
+    def append(
+        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        """Queue a record; the future completes after the fsync that covers it."""
+        ...
+
+    def sync_point(self) -> asyncio.Future[LogMark]:
+        """A future completing with a mark at or past every record appended so far."""
+        ...
+
+    def checkpoint_complete(self, mark: LogMark) -> None:
+        """Everything before ``mark`` is in entry logs: persist the mark, trim (blocking)."""
+        ...
+
+    def last_mark(self) -> LogMark:
+        """The persisted checkpoint mark (where replay starts)."""
+        ...
+
+    async def close(self) -> None:
+        """Write what is queued, fsync, stop the writer."""
+        ...

@@ -1,0 +1,46 @@
+"""Shared fixtures: real files, real RocksDB, the real HTTP server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from node.http.app import build_app
+from node.settings import Settings, load
+from node.storage.ledgers import LedgerStorage
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    """Settings for tests: small enough to exercise rolls and swaps quickly."""
+    base: dict[str, Any] = {
+        "data_dir": data_dir,
+        "journal_pre_alloc_size": 1 << 20,
+        "db_storage_write_cache_max_size": 16 << 20,
+        "db_storage_read_ahead_cache_max_size": 4 << 20,
+        "max_entry_size": 1 << 20,
+        "max_request_size": 8 << 20,
+    }
+    base.update(overrides)
+    return load(**base)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return make_settings(tmp_path / "data")
+
+
+@pytest.fixture
+async def storage(settings: Settings) -> AsyncIterator[LedgerStorage]:
+    engine = LedgerStorage(settings)
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+@pytest.fixture
+async def client(settings: Settings, aiohttp_client: Any) -> TestClient[Any, Any]:
+    return await aiohttp_client(build_app(settings))  # type: ignore[no-any-return]
