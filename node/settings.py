@@ -241,7 +241,11 @@ class _DictSource(PydanticBaseSettingsSource):
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        name = ".".join(str(p) for p in item["loc"]) or "settings"
-        variable = f" (NODE_{name.upper()})" if item["loc"] else ""
-        lines.append(f"invalid setting {name}{variable}: {item['msg']}")
+        message = item["msg"].removeprefix("Value error, ")
+        if item["loc"]:  # a single field; a rule between fields names them in its message
+            name = ".".join(str(p) for p in item["loc"])
+            message = f"invalid setting {name} (NODE_{name.upper()}): {message}"
+        else:
+            message = f"invalid settings: {message}"
+        lines.append(message)
     return "; ".join(lines)

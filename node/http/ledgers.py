@@ -4,6 +4,7 @@ range, long-poll LAC."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -18,8 +19,11 @@ from node.http.frames import (
     encode_range_frame,
 )
 from node.http.state import STORAGE
+from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, LedgerMeta
 from node.storage.ledgers import LedgerStorage
+
+log = logging.getLogger(__name__)
 
 WRITE_TOKEN_HEADER = "X-Write-Token"
 MAX_LONG_POLL_MS = 60_000  # a long-poll never holds a connection longer than this
@@ -207,12 +211,22 @@ async def read_range(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     pending: list[bytes] = []
     size = 0
-    async for entry_id, payload in storage.read_range(ledger_id, first, last):
-        pending.append(encode_range_frame(entry_id, payload))
-        size += len(pending[-1])
-        if size >= RANGE_WRITE_CHUNK:
+    try:
+        async for entry_id, payload in storage.read_range(ledger_id, first, last):
+            pending.append(encode_range_frame(entry_id, payload))
+            size += len(pending[-1])
+            if size >= RANGE_WRITE_CHUNK:
+                await response.write(b"".join(pending))
+                pending, size = [], 0
+    except StorageError as e:
+        # The status line is gone: send the good frames, then cut the connection so the
+        # client sees a broken stream instead of a clean end (never a bad payload).
+        log.error("range read of ledger %d cut short: %s", ledger_id, e)
+        if pending:
             await response.write(b"".join(pending))
-            pending, size = [], 0
+        if request.transport is not None:
+            request.transport.close()
+        return response
     if pending:
         await response.write(b"".join(pending))
     await response.write_eof()

@@ -191,4 +191,7 @@ class Index:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                # Column family handles keep the database (and its LOCK) alive: drop them,
+                # or the next open in this process fails.
+                del self._locations, self._ledgers, self._locations_cf, self._ledgers_cf
                 self._db.close()

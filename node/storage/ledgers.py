@@ -511,7 +511,9 @@ class LedgerStorage:
         meta = self.ledger(ledger_id)
         if not self._is_durable(meta, entry_id):
             raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} does not exist")
-        found = self._cached(ledger_id, entry_id) or self._read_cache.get(ledger_id, entry_id)
+        found = self._cached(ledger_id, entry_id)
+        if found is None:
+            found = self._read_cache.get(ledger_id, entry_id)
         if found is None:
             found = await self._read_stored(ledger_id, entry_id)
             self.ledger(ledger_id)  # deleted while we read

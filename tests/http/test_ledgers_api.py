@@ -1,0 +1,177 @@
+"""The ledger routes of SPEC.md section 10 over the real HTTP server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+from typing import Any
+
+import pytest
+
+from node.http.frames import decode_range, encode_batch
+
+OCTET = {"Content-Type": "application/octet-stream"}
+BATCH = {"Content-Type": "application/x-entry-batch"}
+
+
+async def _error(response: Any, status: int, code: str) -> None:
+    assert response.status == status, await response.text()
+    body = await response.json()
+    assert body["code"] == code and isinstance(body["message"], str) and body["message"]
+
+
+async def _ledger(client: Any, **body: Any) -> int:
+    r = await client.post("/api/v1/ledgers", json=body or None)
+    assert r.status == 201, await r.text()
+    return int((await r.json())["ledgerId"])
+
+
+async def test_create_with_node_and_client_ids(client: Any) -> None:
+    r = await client.post("/api/v1/ledgers", json={"properties": {"team": "a"}})
+    assert r.status == 201
+    meta = await r.json()
+    assert meta["state"] == "open" and meta["lac"] == -1 and meta["properties"] == {"team": "a"}
+    assert isinstance(meta["createdTime"], int) and meta["closedTime"] is None
+    r = await client.put("/api/v1/ledgers/1000")
+    assert r.status == 201
+    r = await client.put("/api/v1/ledgers/1000")  # idempotent
+    assert r.status == 200
+    r = await client.put("/api/v1/ledgers/1000", json={"properties": {"x": "y"}})
+    await _error(r, 409, "ledger_exists")
+    assert (await _ledger(client)) == 1001  # allocation skips past client ids
+    r = await client.get("/api/v1/ledgers")
+    assert [m["ledgerId"] for m in (await r.json())["ledgers"]] == [0, 1000, 1001]
+
+
+async def test_add_read_range_and_lac(client: Any) -> None:
+    lid = await _ledger(client)
+    r = await client.put(f"/api/v1/ledgers/{lid}/entries/0", data=b"zero", headers=OCTET)
+    assert r.status == 201 and await r.json() == {"ledgerId": lid, "entryId": 0, "lac": 0}
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"one", headers=OCTET)
+    assert (await r.json())["entryId"] == 1
+    r = await client.post(
+        f"/api/v1/ledgers/{lid}/entries", data=encode_batch([b"two", b"", b"four"]), headers=BATCH
+    )
+    assert r.status == 201
+    body = await r.json()
+    assert body["entryIds"] == [2, 3, 4] and body["lac"] == 4
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries/3")
+    assert r.status == 200 and await r.read() == b""
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=1&to=3")
+    assert r.headers["Content-Type"] == "application/x-entry-range"
+    assert list(decode_range(await r.read())) == [(1, b"one"), (2, b"two"), (3, b"")]
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries")
+    assert [e for e, _ in decode_range(await r.read())] == [0, 1, 2, 3, 4]
+    r = await client.get(f"/api/v1/ledgers/{lid}/lac")
+    assert await r.json() == {"ledgerId": lid, "lac": 4}
+
+
+async def test_range_is_streamed_in_frames(client: Any) -> None:
+    lid = await _ledger(client)
+    payloads = [bytes([i % 256]) * 3000 for i in range(400)]  # > several write chunks
+    body = io.BytesIO(encode_batch(payloads))  # large bodies go as a stream
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=body, headers=BATCH)
+    assert r.status == 201
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=0")
+    assert r.headers.get("Transfer-Encoding") == "chunked"  # not built whole in memory
+    frames = list(decode_range(await r.read()))
+    assert frames == list(enumerate(payloads))
+
+
+async def test_long_poll_lac_wakes_on_add(client: Any) -> None:
+    lid = await _ledger(client)
+    poll = asyncio.create_task(client.get(f"/api/v1/ledgers/{lid}/lac?after=-1&timeoutMs=5000"))
+    await asyncio.sleep(0.05)
+    assert not poll.done()
+    await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x", headers=OCTET)
+    r = await asyncio.wait_for(poll, 5)
+    assert await r.json() == {"ledgerId": lid, "lac": 0}
+    r = await client.get(f"/api/v1/ledgers/{lid}/lac?after=0&timeoutMs=50")  # times out
+    assert await r.json() == {"ledgerId": lid, "lac": 0}
+
+
+async def test_close_fence_delete(client: Any) -> None:
+    lid = await _ledger(client)
+    await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x", headers=OCTET)
+    r = await client.post(f"/api/v1/ledgers/{lid}/fence")
+    assert r.status == 200 and (await r.json())["state"] == "fenced"
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"y", headers=OCTET)
+    await _error(r, 409, "ledger_fenced")
+    r = await client.post(f"/api/v1/ledgers/{lid}/close")
+    meta = await r.json()
+    assert meta["state"] == "closed" and meta["closedTime"] and meta["lac"] == 0
+    r = await client.put(f"/api/v1/ledgers/{lid}/entries/1", data=b"y", headers=OCTET)
+    await _error(r, 409, "ledger_closed")
+    r = await client.delete(f"/api/v1/ledgers/{lid}")
+    assert r.status == 204
+    await _error(await client.get(f"/api/v1/ledgers/{lid}/entries/0"), 404, "ledger_not_found")
+    await _error(await client.get(f"/api/v1/ledgers/{lid}"), 404, "ledger_not_found")
+    await _error(await client.put(f"/api/v1/ledgers/{lid}"), 409, "ledger_exists")
+
+
+async def test_write_token(client: Any) -> None:
+    lid = await _ledger(client, writeToken="s3cret")
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x", headers=OCTET)
+    await _error(r, 403, "write_token_mismatch")
+    r = await client.post(
+        f"/api/v1/ledgers/{lid}/entries", data=b"x", headers={**OCTET, "X-Write-Token": "s3cret"}
+    )
+    assert r.status == 201
+
+
+async def test_conflicts_and_idempotent_retries(client: Any) -> None:
+    lid = await _ledger(client)
+    url = f"/api/v1/ledgers/{lid}/entries/5"
+    assert (await client.put(url, data=b"v", headers=OCTET)).status == 201
+    assert (await client.put(url, data=b"v", headers=OCTET)).status == 201
+    await _error(await client.put(url, data=b"w", headers=OCTET), 409, "entry_conflict")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("get", "/api/v1/ledgers/42", 404, "ledger_not_found"),
+        ("get", "/api/v1/ledgers/42/entries/0", 404, "ledger_not_found"),
+        ("get", "/api/v1/ledgers/-1", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/9223372036854775808", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/99999999999999999999999", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/1e3", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/0/entries/x", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/0/entries?from=abc", 400, "invalid_id"),
+        ("get", "/api/v1/ledgers/0/lac?after=zz", 400, "invalid_id"),
+        ("get", "/api/v1/nothing", 404, "not_found"),
+        ("patch", "/api/v1/ledgers/0", 405, "method_not_allowed"),
+    ],
+)
+async def test_bad_requests_get_json_errors(
+    client: Any, method: str, path: str, status: int, code: str
+) -> None:
+    await _ledger(client)  # ledger 0 exists
+    await _error(await getattr(client, method)(path), status, code)
+    assert (await client.get("/api/v1/ledgers/0")).status == 200  # still serving
+
+
+async def test_bad_bodies(client: Any) -> None:
+    lid = await _ledger(client)
+    base = f"/api/v1/ledgers/{lid}/entries"
+    await _error(await client.get(f"{base}/0"), 404, "entry_not_found")
+    await _error(await client.get(f"{base}?from=5&to=2"), 400, "invalid_range")
+    torn = encode_batch([b"abc"]) + struct.pack(">I", 100) + b"short"
+    await _error(await client.post(base, data=torn, headers=BATCH), 400, "invalid_frame")
+    await _error(await client.post(base, data=b"\x00\x00", headers=BATCH), 400, "invalid_frame")
+    r = await client.post(base, data=b"x", headers={"Content-Type": "text/plain"})
+    await _error(r, 415, "unsupported_media_type")
+    big = bytes((1 << 20) + 1)  # max_entry_size in tests is 1 MiB
+    r = await client.post(base, data=io.BytesIO(big), headers=OCTET)
+    await _error(r, 413, "entry_too_large")
+    huge = bytes((8 << 20) + 1)  # max_request_size in tests is 8 MiB
+    r = await client.post(base, data=io.BytesIO(huge), headers=OCTET)
+    await _error(r, 413, "request_too_large")
+    await _error(await client.post("/api/v1/ledgers", data=b"{nope"), 400, "invalid_json")
+    r = await client.post("/api/v1/ledgers", json={"properties": {"a": 1}})
+    await _error(r, 400, "invalid_body")
+    r = await client.post("/api/v1/ledgers", json=["a"])
+    await _error(r, 400, "invalid_body")
+    r = await client.get(f"/api/v1/ledgers/{lid}")
+    assert (await r.json())["entries"] == 0  # nothing was half-added

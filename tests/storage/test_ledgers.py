@@ -1,0 +1,291 @@
+"""Ledger storage, in-process, on real files and a real RocksDB."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from node.settings import Settings
+from node.storage import entrylog, journal
+from node.storage.errors import (
+    Backpressure,
+    EntryConflict,
+    EntryNotFound,
+    EntryTooLarge,
+    LedgerClosed,
+    LedgerExists,
+    LedgerFenced,
+    LedgerNotFound,
+    WriteTokenMismatch,
+)
+from node.storage.index import LedgerState
+from node.storage.ledgers import LedgerStorage
+from tests.conftest import make_settings
+
+
+async def _reopen(storage: LedgerStorage) -> LedgerStorage:
+    await storage.close()
+    again = LedgerStorage(storage.settings)
+    await again.start()
+    return again
+
+
+async def test_add_read_range_and_metadata(storage: LedgerStorage) -> None:
+    meta, created = await storage.create_ledger(properties={"app": "orders"})
+    assert created and meta.state == LedgerState.OPEN
+    ids = [await storage.add_entry(meta.ledger_id, None, f"e{i}".encode()) for i in range(5)]
+    assert ids == [0, 1, 2, 3, 4]
+    assert await storage.read_entry(meta.ledger_id, 3) == b"e3"
+    got = [(e, p) async for e, p in storage.read_range(meta.ledger_id, 1, 3)]
+    assert got == [(1, b"e1"), (2, b"e2"), (3, b"e3")]
+    assert storage.ledger(meta.ledger_id).lac == 4
+    assert storage.ledger(meta.ledger_id).entries == 5
+    assert storage.ledger(meta.ledger_id).payload_bytes == 10
+
+
+async def test_everything_survives_a_graceful_restart_which_replays_nothing(
+    storage: LedgerStorage,
+) -> None:
+    await storage.create_ledger(7, {"k": "v"}, "secret")
+    await storage.add_entries(7, [bytes([i]) * i for i in range(50)], "secret")
+    await storage.fence(7)
+    other, _ = await storage.create_ledger()
+    await storage.add_entry(other.ledger_id, None, b"x")
+    await storage.close_ledger(other.ledger_id)
+    storage = await _reopen(storage)
+    try:
+        assert storage.stats.replayed_records == 0
+        assert storage.ledger(7).state == LedgerState.FENCED
+        assert storage.ledger(7).lac == 49 and storage.ledger(7).properties == {"k": "v"}
+        assert storage.ledger(other.ledger_id).state == LedgerState.CLOSED
+        for i in range(50):
+            assert await storage.read_entry(7, i) == bytes([i]) * i
+        created, _ = await storage.create_ledger()
+        assert created.ledger_id > other.ledger_id  # ids are never handed out twice
+    finally:
+        await storage.close()
+
+
+async def test_same_bytes_again_is_idempotent_different_bytes_conflict(
+    storage: LedgerStorage,
+) -> None:
+    meta, _ = await storage.create_ledger()
+    lid = meta.ledger_id
+    await storage.add_entry(lid, 0, b"same")
+    assert await storage.add_entry(lid, 0, b"same") == 0  # from the write cache
+    with pytest.raises(EntryConflict):
+        await storage.add_entry(lid, 0, b"other")
+    await storage.checkpoint()
+    assert await storage.add_entry(lid, 0, b"same") == 0  # from the entry log
+    with pytest.raises(EntryConflict):
+        await storage.add_entry(lid, 0, b"other")
+    assert storage.ledger(lid).entries == 1
+
+
+async def test_lac_stops_at_a_hole_and_jumps_when_it_is_filled(storage: LedgerStorage) -> None:
+    meta, _ = await storage.create_ledger()
+    lid = meta.ledger_id
+    await storage.add_entry(lid, 0, b"a")
+    await storage.add_entry(lid, 2, b"c")
+    await storage.add_entry(lid, 3, b"d")
+    assert storage.ledger(lid).lac == 0
+    assert await storage.read_entry(lid, 3) == b"d"  # durable past the hole: readable
+    with pytest.raises(EntryNotFound):
+        await storage.read_entry(lid, 1)
+    await storage.checkpoint()
+    storage = await _reopen(storage)  # the hole survives a restart, as do the ids after it
+    try:
+        assert storage.ledger(lid).lac == 0
+        await storage.add_entry(lid, 1, b"b")
+        assert storage.ledger(lid).lac == 3
+        got = [e async for e, _ in storage.read_range(lid, 0)]
+        assert got == [0, 1, 2, 3]
+    finally:
+        await storage.close()
+
+
+async def test_fence_close_delete_and_write_token(storage: LedgerStorage) -> None:
+    a, _ = await storage.create_ledger()
+    await storage.add_entry(a.ledger_id, None, b"1")
+    assert await storage.fence(a.ledger_id) == 0
+    with pytest.raises(LedgerFenced):
+        await storage.add_entry(a.ledger_id, None, b"2")
+    assert await storage.read_entry(a.ledger_id, 0) == b"1"  # reads still served
+
+    b, _ = await storage.create_ledger()
+    await storage.close_ledger(b.ledger_id)
+    with pytest.raises(LedgerClosed):
+        await storage.add_entry(b.ledger_id, None, b"x")
+
+    c, _ = await storage.create_ledger(write_token="t0ken")
+    with pytest.raises(WriteTokenMismatch):
+        await storage.add_entry(c.ledger_id, None, b"x")
+    with pytest.raises(WriteTokenMismatch):
+        await storage.add_entry(c.ledger_id, None, b"x", "wrong")
+    assert await storage.add_entry(c.ledger_id, None, b"x", "t0ken") == 0
+
+    await storage.delete_ledger(a.ledger_id)
+    with pytest.raises(LedgerNotFound):
+        await storage.read_entry(a.ledger_id, 0)
+    with pytest.raises(LedgerExists):
+        await storage.create_ledger(a.ledger_id)
+    with pytest.raises(EntryTooLarge):
+        await storage.add_entry(
+            c.ledger_id, None, bytes(storage.settings.max_entry_size + 1), "t0ken"
+        )
+
+
+async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "d", flush_interval=3_600_000)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    meta, _ = await storage.create_ledger()
+    await storage.add_entry(meta.ledger_id, None, b"gone")
+    await storage.delete_ledger(meta.ledger_id)
+    # Simulate a crash: drop the engine without its final checkpoint; the journal has it all.
+    await storage._wal.close()
+    storage._close_files()
+    again = LedgerStorage(settings)
+    await again.start()
+    try:
+        assert again.stats.replayed_records >= 3
+        with pytest.raises(LedgerNotFound):
+            again.ledger(meta.ledger_id)
+    finally:
+        await again.close()
+
+
+async def test_entry_logs_roll_with_ledgers_map_and_reads_cross_them(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "d", log_size_limit=64 * 1024, max_entry_size=16 * 1024)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        ledgers = [(await storage.create_ledger())[0].ledger_id for _ in range(3)]
+        for round_ in range(4):
+            for lid in ledgers:
+                await storage.add_entries(lid, [bytes([lid, round_]) * 2000 for _ in range(10)])
+            await storage.checkpoint()
+        logs = entrylog.list_logs(settings.ledgers_dir)
+        assert len(logs) >= 3
+        sealed = entrylog.log_path(settings.ledgers_dir, logs[0])
+        header = sealed.read_bytes()[: entrylog.HEADER_SIZE]  # a small file, in a test
+        _version, map_offset, map_count = entrylog.decode_header(header)
+        assert map_offset > 0 and map_count >= 1
+        scanned: dict[int, int] = {}
+        maps: dict[int, int] = {}
+        for record in entrylog.scan(sealed):
+            assert record.crc_ok
+            if record.ledger_id == entrylog.LEDGERS_MAP_LEDGER_ID:
+                maps.update(entrylog.decode_ledgers_map(record.payload))
+            else:
+                size = entrylog.RECORD_OVERHEAD + len(record.payload)
+                scanned[record.ledger_id] = scanned.get(record.ledger_id, 0) + size
+        assert maps == scanned  # the map tells GC what a scan would
+        storage = await _reopen(storage)
+        for lid in ledgers:
+            got = [p async for _, p in storage.read_range(lid, 0)]
+            assert got == [bytes([lid, r]) * 2000 for r in range(4) for _ in range(10)]
+    finally:
+        await storage.close()
+
+
+async def test_read_ahead_fills_the_read_cache(storage: LedgerStorage) -> None:
+    meta, _ = await storage.create_ledger()
+    await storage.add_entries(meta.ledger_id, [bytes([i % 256]) * 100 for i in range(300)])
+    await storage.checkpoint()
+    storage = await _reopen(storage)
+    try:
+        cache = storage.read_cache
+        assert await storage.read_entry(meta.ledger_id, 0) == bytes([0]) * 100
+        misses = cache.misses
+        for i in range(1, 300):
+            assert await storage.read_entry(meta.ledger_id, i) == bytes([i % 256]) * 100
+        assert cache.misses == misses  # all 299 followers came from one read-ahead
+    finally:
+        await storage.close()
+
+
+async def test_half_full_write_cache_triggers_a_checkpoint(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path / "d", db_storage_write_cache_max_size=2 << 20, flush_interval=3_600_000
+    )
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        meta, _ = await storage.create_ledger()
+        before = storage.stats.checkpoints
+        await storage.add_entries(meta.ledger_id, [bytes(64 * 1024)] * 20)  # 1.25 MiB
+        for _ in range(200):
+            if storage.stats.checkpoints > before:
+                break
+            await asyncio.sleep(0.01)
+        assert storage.stats.checkpoints > before
+        assert storage.write_cache_bytes < settings.db_storage_write_cache_max_size // 2
+    finally:
+        await storage.close()
+
+
+async def test_full_cache_during_a_slow_flush_throttles_then_refuses(tmp_path: Path) -> None:
+    settings = make_settings(
+        tmp_path / "d",
+        db_storage_write_cache_max_size=2 << 20,
+        db_storage_max_throttle_time_ms=200,
+        flush_interval=3_600_000,
+    )
+    storage = LedgerStorage(settings)
+    await storage.start()
+    release = threading.Event()
+    try:
+        meta, _ = await storage.create_ledger()
+        storage._flush_executor.submit(release.wait)  # the flush thread is stuck (slow disk)
+        await storage.add_entries(meta.ledger_id, [bytes(64 * 1024)] * 20)  # swap: flushing
+        await asyncio.sleep(0.05)
+        await storage.add_entries(meta.ledger_id, [bytes(64 * 1024)] * 20)  # fills the other
+        with pytest.raises(Backpressure):
+            await storage.add_entry(meta.ledger_id, None, b"refused")
+        assert storage.stats.rejected_adds == 1
+        waiting = asyncio.create_task(storage.add_entry(meta.ledger_id, None, b"waits"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        release.set()
+        assert await asyncio.wait_for(waiting, 10) == 40  # admitted once the flush is done
+    finally:
+        release.set()
+        await storage.close()
+
+
+async def test_long_poll_lac(storage: LedgerStorage) -> None:
+    meta, _ = await storage.create_ledger()
+    lid = meta.ledger_id
+    assert await storage.wait_lac(lid, -1, 0.05) == -1  # timeout: the current LAC
+    waiter = asyncio.create_task(storage.wait_lac(lid, 1, 5))
+    await storage.add_entry(lid, None, b"0")
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    await storage.add_entry(lid, None, b"1")
+    assert await asyncio.wait_for(waiter, 5) == 1
+
+
+async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
+    settings: Settings = make_settings(
+        tmp_path / "d",
+        journal_max_size=64 * 1024,
+        journal_pre_alloc_size=64 * 1024,
+        journal_max_backups=1,
+    )
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        meta, _ = await storage.create_ledger()
+        for _ in range(10):
+            await storage.add_entries(meta.ledger_id, [bytes(8000)] * 10)
+        assert len(journal.list_journals(settings.journal_dir)) > 5
+        await storage.checkpoint()
+        ids = journal.list_journals(settings.journal_dir)
+        mark = journal.read_last_mark(settings.ledgers_dir)
+        assert [i for i in ids if i < mark.log_id] == [mark.log_id - 1]  # one backup kept
+    finally:
+        await storage.close()
