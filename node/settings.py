@@ -27,6 +27,7 @@ from pydantic_settings import (
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+SECTOR = 512  # the smallest unit a disk writes atomically
 
 
 class SettingsError(ValueError):
@@ -145,8 +146,9 @@ class Settings(BaseSettings):
             raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")
         if self.disk_usage_warn_threshold > self.disk_usage_threshold:
             raise ValueError("disk_usage_warn_threshold must not exceed disk_usage_threshold")
-        if self.journal_alignment_size & (self.journal_alignment_size - 1):
-            raise ValueError("journal_alignment_size must be a power of two")
+        alignment = self.journal_alignment_size
+        if alignment < SECTOR or alignment & (alignment - 1):
+            raise ValueError(f"journal_alignment_size must be a power of two >= {SECTOR}")
         if self.journal_pre_alloc_size % self.journal_alignment_size:
             raise ValueError("journal_pre_alloc_size must be a multiple of journal_alignment_size")
         if self.max_entry_size > self.log_size_limit // 2:

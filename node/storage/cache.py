@@ -26,9 +26,12 @@ class WriteCache:
         entries = self._ledgers.get(ledger_id)
         if entries is None:
             entries = self._ledgers[ledger_id] = {}
-        if entry_id not in entries:
+        previous = entries.get(entry_id)
+        if previous is None:
             self.count += 1
             self.size += RECORD_OVERHEAD + len(payload)
+        else:
+            self.size += len(payload) - len(previous[1])
         entries[entry_id] = (crc, payload)
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
@@ -76,6 +79,8 @@ class ReadCache:
     def put(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
         length = len(payload)
         if length > self._segment_size:
+            for segment in self._segments:  # never leave an older value to be found
+                segment.pop((ledger_id, entry_id), None)
             return
         if self._sizes[self._current] + length > self._segment_size:
             self._current = (self._current + 1) % len(self._segments)

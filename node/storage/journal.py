@@ -16,6 +16,12 @@ Record::
     20  4   crc32c u32    over ledger id | entry id | payload (wal.record_crc)
     24  len payload
 
+Group start record (opens every group write, always at a 512-byte boundary): a record with
+ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
+tagged with the offset it sits at, proves that a later write reached the disk: that is how
+replay tells corruption (a bad record with a later write after it) from a torn tail (a
+crash in the middle of the last write, whose sectors may land in any order).
+
 Padding record (closes every group write at a 512-byte boundary)::
 
     0   4   0xFFFFFF00
@@ -24,11 +30,12 @@ Padding record (closes every group write at a 512-byte boundary)::
 
 ``lastMark`` (16 bytes, in the ledgers dir): journal id u64 | offset u64.
 
-One writer task commits groups: it waits until the oldest queued record is
-``journal_max_group_wait_msec`` old or ``journal_buffered_writes_threshold`` bytes are
-queued, writes the group with one ``pwrite`` on a dedicated thread, fdatasyncs once, and only
-then completes the group's future, which every append of the group shares (no per-entry
-future or callback on the hot path).
+One writer task commits groups. A group is sealed when it reaches
+``journal_buffered_writes_threshold`` bytes (so the disk writes it while the next one
+fills) or when a checkpoint asks for a sync point; the group taking appends is written once
+its oldest record is ``journal_max_group_wait_msec`` old. Each write is one ``pwrite`` on a
+dedicated thread and one fdatasync; only then do the groups' futures complete, each shared
+by every append of its group (no per-entry future or callback on the hot path).
 """
 
 from __future__ import annotations
@@ -59,8 +66,11 @@ HEADER = struct.Struct(">4sI")
 RECORD_HEADER = struct.Struct(">IqqI")
 PADDING_MASK = 0xFFFFFF00
 PADDING_HEADER = struct.Struct(">II")
+GROUP_START_ENTRY_ID = -0x100
+GROUP_START = struct.Struct(">Q")
 LAST_MARK = struct.Struct(">QQ")
 LAST_MARK_FILE = "lastMark"
+METADATA_SLACK = 64 * 1024  # metadata records (ledger properties) may exceed max_entry_size
 SUFFIX = ".txn"
 
 
@@ -86,6 +96,72 @@ def decode_record(buf: bytes | mmap.mmap, pos: int) -> tuple[int, int, int, int]
     """(len, ledger id, entry id, crc) of the record header at ``pos``."""
     length, ledger_id, entry_id, crc = RECORD_HEADER.unpack_from(buf, pos)
     return length, ledger_id, entry_id, crc
+
+
+def encode_group_start(offset: int) -> bytes:
+    payload = GROUP_START.pack(offset)
+    crc = record_crc(0, GROUP_START_ENTRY_ID, payload)
+    return encode_record(0, GROUP_START_ENTRY_ID, crc, payload)
+
+
+Buffer = bytes | mmap.mmap
+
+
+def read_record(
+    buf: Buffer, pos: int, size: int, max_length: int
+) -> tuple[WalRecord | None, int] | str | None:
+    """The record at ``pos`` (None for a padding record) and where the next one starts;
+    None at the end of data (zeros or the end of the file); a reason for an invalid record.
+    Replay and ``inspect`` both read journals through this."""
+    if pos + PADDING_HEADER.size > size:
+        return None if not any(buf[pos:size]) else "truncated record header"
+    mask, pad = PADDING_HEADER.unpack_from(buf, pos)
+    if mask == PADDING_MASK:
+        end = pos + PADDING_HEADER.size + pad
+        return (None, end) if end <= size else "padding past the end of file"
+    if pos + RECORD_HEADER.size > size:
+        return None if not any(buf[pos:size]) else "truncated record header"
+    length, ledger_id, entry_id, crc = decode_record(buf, pos)
+    if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
+        return None  # preallocated zeros: end of data
+    end = pos + RECORD_HEADER.size + length
+    if length > max_length or end > size:
+        return f"record length {length} is not plausible"
+    payload = bytes(buf[pos + RECORD_HEADER.size : end])
+    if record_crc(ledger_id, entry_id, payload) != crc:
+        return "CRC32C mismatch"
+    return WalRecord(ledger_id, entry_id, payload), end
+
+
+def is_group_start(record: WalRecord, pos: int) -> bool:
+    """A group start record that sits where it says it was written."""
+    return (
+        record.entry_id == GROUP_START_ENTRY_ID
+        and len(record.payload) == GROUP_START.size
+        and GROUP_START.unpack(record.payload)[0] == pos
+    )
+
+
+def find_later_write(
+    buf: Buffer, pos: int, size: int, alignment: int, max_length: int
+) -> int | None:
+    """The offset of the first group write after ``pos`` that reached the disk, if any."""
+    candidate = (pos // alignment + 1) * alignment
+    while candidate + RECORD_HEADER.size <= size:
+        found = read_record(buf, candidate, size, max_length)
+        if (
+            isinstance(found, tuple)
+            and found[0] is not None
+            and is_group_start(found[0], candidate)
+        ):
+            return candidate
+        candidate += alignment
+    return None
+
+
+def max_record_length(settings: Settings) -> int:
+    """The longest payload a valid record may have: an entry, or a ledger's metadata."""
+    return settings.max_entry_size + METADATA_SLACK
 
 
 def padding(length: int, alignment: int) -> bytes:
@@ -181,12 +257,14 @@ class Journal:
 
     def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[WalRecord]:
         path = journal_path(self._dir, journal_id)
+        max_length = max_record_length(self._settings)
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER_SIZE:
                 if last:  # a crash while the file was being created
                     return
                 raise CorruptRecord(str(path), 0, "journal shorter than its header")
+            cut: int | None = None
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 try:
                     decode_header(mm[:HEADER_SIZE])
@@ -196,80 +274,53 @@ class Journal:
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
                 pos = start
                 while True:
-                    result = self._next_record(mm, pos, size)
-                    if result is None:
-                        return
-                    if isinstance(result, str):
-                        pos = self._on_invalid(path, mm, pos, size, result, last)
-                        if pos < 0:
-                            mm.close()
-                            self._cut_tail(f, -pos - 1)
-                            return
+                    found = read_record(mm, pos, size, max_length)
+                    if found is None:
+                        break
+                    if isinstance(found, str):
+                        later = self._on_invalid(path, mm, pos, size, found, last)
+                        if later is None:
+                            cut = pos
+                            break
+                        pos = later
                         continue
-                    record, pos = result
-                    if record is not None:
+                    record, pos = found
+                    if record is not None and record.entry_id != GROUP_START_ENTRY_ID:
                         yield record
-
-    def _next_record(
-        self, mm: mmap.mmap, pos: int, size: int
-    ) -> tuple[WalRecord | None, int] | str | None:
-        """The record at ``pos`` and the next position; None at the end of data; a reason
-        string for an invalid record."""
-        if pos + PADDING_HEADER.size > size:
-            return None if not any(mm[pos:size]) else "truncated record header"
-        head = PADDING_HEADER.unpack_from(mm, pos)
-        if head[0] == PADDING_MASK:
-            end = pos + PADDING_HEADER.size + head[1]
-            return (None, end) if end <= size else "padding past the end of file"
-        if pos + RECORD_HEADER.size > size:
-            return None if not any(mm[pos:size]) else "truncated record header"
-        length, ledger_id, entry_id, crc = decode_record(mm, pos)
-        if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
-            return None  # preallocated zeros: end of data
-        end = pos + RECORD_HEADER.size + length
-        if length > self._settings.max_entry_size + 4096 or end > size:
-            return f"record length {length} is not plausible"
-        payload = mm[pos + RECORD_HEADER.size : end]
-        if record_crc(ledger_id, entry_id, payload) != crc:
-            return "CRC32C mismatch"
-        return WalRecord(ledger_id, entry_id, payload), end
+            if cut is not None:
+                os.ftruncate(f.fileno(), cut)
+                os.fsync(f.fileno())
 
     def _on_invalid(
         self, path: Path, mm: mmap.mmap, pos: int, size: int, reason: str, last: bool
-    ) -> int:
-        """Where to go on from an invalid record at ``pos``: a later valid group means
-        corruption (stop, or skip there when allowed); none in the last file means a torn
-        tail, returned as ``-pos - 1`` to be cut off."""
-        align = self._settings.journal_alignment_size
-        candidate = (pos // align + 1) * align
-        while candidate < size:
-            if isinstance(self._next_record(mm, candidate, size), tuple):
-                if self._settings.skip_replay_journal_invalid_record:
-                    log.error("skipping corrupt journal data %s at %d: %s", path, pos, reason)
-                    return candidate
-                raise CorruptRecord(
-                    str(path),
-                    pos,
-                    f"{reason}, with valid records after it; set "
-                    "skip_replay_journal_invalid_record=true to replay past it (losing it)",
-                )
-            candidate += align
-        if not last:
-            raise CorruptRecord(str(path), pos, f"{reason} in a journal that is not the last")
-        log.warning("cutting torn journal tail %s at %d (%s)", path, pos, reason)
-        return -pos - 1
-
-    def _cut_tail(self, f: object, pos: int) -> None:
-        fd = f.fileno()  # type: ignore[attr-defined]
-        os.ftruncate(fd, pos)
-        os.fsync(fd)
+    ) -> int | None:
+        """Where replay goes on after an invalid record at ``pos``: None for a torn tail,
+        to be cut off; else the next write (only if skipping corruption is allowed)."""
+        later = find_later_write(
+            mm, pos, size, self._settings.journal_alignment_size, max_record_length(self._settings)
+        )
+        if later is None and last:
+            log.warning("cutting torn journal tail %s at %d (%s)", path, pos, reason)
+            return None
+        if not self._settings.skip_replay_journal_invalid_record:
+            where = "with a later write after it" if later else "in a journal that is not the last"
+            raise CorruptRecord(
+                str(path),
+                pos,
+                f"{reason}, {where}; set skip_replay_journal_invalid_record=true to replay "
+                "past it (losing what it held)",
+            )
+        log.error("skipping corrupt journal data %s at %d: %s", path, pos, reason)
+        return later if later is not None else size
 
     # --- writing ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         loop = asyncio.get_running_loop()
         existing = list_journals(self._dir)
-        self._open_file(existing[-1] + 1 if existing else 1)
+        await loop.run_in_executor(
+            self._executor, self._open_file, existing[-1] + 1 if existing else 1
+        )
         self._durable = LogMark(self._file_id, self._position)
         self._group = _Group(loop)
         self._kick = asyncio.Event()
@@ -304,20 +355,23 @@ class Journal:
         group.parts.append(payload)
         group.size += RECORD_HEADER.size + len(payload)
         if group.size >= self._settings.journal_buffered_writes_threshold:
-            assert self._kick is not None
-            self._kick.set()
+            self._seal()
         return group.future
+
+    def _seal(self) -> _Group:
+        """Close the group taking appends: it is written next, the next one fills."""
+        group = self._taking()
+        self._sealed.append(group)
+        self._group = _Group(asyncio.get_running_loop())
+        assert self._kick is not None
+        self._kick.set()
+        return group
 
     def sync_point(self) -> asyncio.Future[LogMark]:
         """Seal the group taking appends, so that its mark falls exactly after every record
         appended so far and before any later one (a checkpoint swaps its cache here)."""
-        group = self._group
-        if group is not None and group.parts:
-            self._sealed.append(group)
-            self._group = _Group(asyncio.get_running_loop())
-            assert self._kick is not None
-            self._kick.set()
-            return group.future
+        if self._group is not None and self._group.parts:
+            return self._seal().future
         if self._sealed:
             return self._sealed[-1].future
         if self._writing is not None:
@@ -334,28 +388,25 @@ class Journal:
         kick = self._kick
         assert kick is not None
         max_wait = self._settings.journal_max_group_wait_msec / 1000
-        threshold = self._settings.journal_buffered_writes_threshold
+        eager = self._settings.journal_flush_when_queue_empty
         while True:
-            await kick.wait()
-            kick.clear()
-            group = self._group
-            assert group is not None
-            if not group.parts and not self._sealed:
+            current = self._taking()
+            if not current.parts and not self._sealed:
                 if self._closing:
                     return
+                await kick.wait()
+                kick.clear()
                 continue
-            waiting = not (self._closing or self._sealed or group.size >= threshold)
-            if waiting and not self._settings.journal_flush_when_queue_empty:
-                remaining = max_wait - (self._clock.monotonic() - group.first_at)
-                if remaining > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(kick.wait(), remaining)
-                    kick.clear()
-            current = self._group
-            assert current is not None
-            groups = [*self._sealed, current] if current.parts else self._sealed
-            self._sealed = []
-            if current.parts:
+            age = self._clock.monotonic() - current.first_at
+            if not (self._sealed or self._closing or eager) and age < max_wait:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(kick.wait(), max_wait - age)
+                kick.clear()
+                continue  # sealed meanwhile, or now old enough: look again
+            groups, self._sealed = self._sealed, []
+            due = self._closing or eager or age >= max_wait
+            if current.parts and (due or not groups):
+                groups.append(current)
                 self._group = _Group(loop)
             self._writing = groups[-1].future
             try:
@@ -373,8 +424,6 @@ class Journal:
             self._durable = marks[-1]
             for done, mark in zip(groups, marks, strict=True):
                 done.future.set_result(mark)
-            if self._taking().parts or self._sealed:
-                kick.set()
 
     def _taking(self) -> _Group:
         """The group taking appends (set from start() on)."""
@@ -382,11 +431,12 @@ class Journal:
         return self._group
 
     def _write_groups(self, groups: list[_Group]) -> list[LogMark]:
-        """Blocking: one pwrite of the groups plus padding, one fdatasync, maybe a rotation.
-        Returns each group's mark: the offset just after its last record."""
+        """Blocking: one pwrite (group start record, the groups, padding), one fdatasync,
+        maybe a rotation. Returns each group's mark: the offset just after its records."""
+        start = encode_group_start(self._position)
+        parts = [start]
+        end = self._position + len(start)
         marks = []
-        end = self._position
-        parts: list[bytes] = []
         for group in groups:
             parts.extend(group.parts)
             end += group.size

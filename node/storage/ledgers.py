@@ -125,7 +125,7 @@ class LedgerStorage:
             self._flush_executor, Index, self.settings.index_dir
         )
         await loop.run_in_executor(self._flush_executor, self._recover)
-        self._wal.start()
+        await self._wal.start()
         self._running = True
         await self.checkpoint()
         self._checkpointer = loop.create_task(self._checkpoint_loop(), name="checkpointer")
@@ -325,7 +325,8 @@ class LedgerStorage:
         """Add one entry (at the next id when ``entry_id`` is None); returns its id once it
         is durable. Adding identical bytes again is a no-op; different bytes conflict."""
         self._check_size(len(payload))
-        await self._reserve()
+        if self._cache.size >= self._half_cache:
+            await self._throttle()
         meta = self._writable(ledger_id, write_token)
         if entry_id is None:
             entry_id = meta.last_entry_id + 1
@@ -334,7 +335,7 @@ class LedgerStorage:
         elif entry_id <= meta.last_entry_id:
             await self._add_again(meta, entry_id, payload)
             return entry_id
-        await self._append(meta, entry_id, payload)
+        await self._append_now(meta, entry_id, payload)
         self._on_durable(meta, entry_id)
         return entry_id
 
@@ -344,7 +345,8 @@ class LedgerStorage:
         """Append a batch at the next ids; one durable acknowledgment for all of them."""
         for payload in payloads:
             self._check_size(len(payload))
-        await self._reserve()
+        if self._cache.size >= self._half_cache:
+            await self._throttle()
         meta = self._writable(ledger_id, write_token)
         first = meta.last_entry_id + 1
         ids = list(range(first, first + len(payloads)))
@@ -369,9 +371,6 @@ class LedgerStorage:
             self._checkpoint_wanted.set()
         return future
 
-    async def _append(self, meta: LedgerMeta, entry_id: int, payload: bytes) -> None:
-        await self._append_now(meta, entry_id, payload)
-
     def _count_entry(self, meta: LedgerMeta, entry_id: int, size: int) -> None:
         meta.entries += 1
         meta.payload_bytes += size
@@ -389,7 +388,7 @@ class LedgerStorage:
         if existing is None:
             meta = self._writable(meta.ledger_id, None)  # re-checked after the await
             if self._cached(meta.ledger_id, entry_id) is None:
-                await self._append(meta, entry_id, payload)
+                await self._append_now(meta, entry_id, payload)
                 self._on_durable(meta, entry_id)
                 return
             existing = self._cached(meta.ledger_id, entry_id)
@@ -400,12 +399,10 @@ class LedgerStorage:
         if not self._is_durable(meta, entry_id):
             await self._wal.sync_point()
 
-    async def _reserve(self) -> None:
-        """Back-pressure: while the write cache is over half full and the previous flush
-        still runs, wait for it up to maxThrottleTime, then refuse (retryable)."""
+    async def _throttle(self) -> None:
+        """Back-pressure, once the write cache is half full: while the previous flush still
+        runs, wait for it up to maxThrottleTime, then refuse (retryable)."""
         self._check_running()
-        if self._cache.size < self._half_cache:
-            return
         self._checkpoint_wanted.set()
         if self._flushing is None:
             return

@@ -52,7 +52,7 @@ class Wal(Protocol):
         """Every valid record from ``mark`` on (blocking; called once, before start)."""
         ...
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Open for appends (after recovery); runs the writer on the running event loop."""
         ...
 

@@ -1,0 +1,43 @@
+"""`python -m node bench write` end to end: a short run prints the three rows with figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ROWS = ("engine", "raw disk (same batches)", "rocksdb sync")
+RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
+
+
+def _entries_per_s(output: str) -> dict[str, float]:
+    """Row name -> entries/s, from the markdown table rows ``| name | entries/s | ...``."""
+    figures: dict[str, float] = {}
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0] in ROWS:
+            figures[cells[0]] = float(cells[1].replace(",", ""))
+    return figures
+
+
+def test_bench_write_prints_positive_figures_for_the_three_rows(tmp_path: Path) -> None:
+    scratch = tmp_path / "bench"
+    command = [sys.executable, "-m", "node", "bench", "write", "--seconds", "0.5"]
+    command += ["--writers", "2", "--sizes", "1024", "--dir", str(scratch)]
+    result = subprocess.run(
+        command,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "entry size 1,024 B" in result.stdout
+    figures = _entries_per_s(result.stdout)
+    assert set(figures) == set(ROWS), result.stdout
+    for name, value in figures.items():
+        assert value > 0, f"{name}: {value} entries/s\n{result.stdout}"
+    # It cleans up after itself: nothing left of what it created.
+    assert not scratch.exists() or not any(scratch.iterdir())
