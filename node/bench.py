@@ -45,11 +45,12 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from node.runtime import run, tune_gc
 from node.settings import KiB, MiB, Settings, SettingsError, load
 from node.storage.errors import Backpressure
 from node.storage.journal import RECORD_HEADER as JOURNAL_RECORD_HEADER
@@ -72,16 +73,6 @@ EXIT_USAGE = 2  # exit code for bad arguments (argparse's convention)
 ENGINE = "engine"
 RAW_DISK = "raw disk (same batches)"
 ROCKSDB = "rocksdb sync"
-
-
-def _run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run on uvloop when it is installed (as `serve` does), else on asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    result: T = uvloop.run(coro)
-    return result
 
 
 def _latency_buffer() -> array[float]:
@@ -466,8 +457,9 @@ def _bench_size(
 ) -> SizeReport:
     run_dir = scratch / f"engine-{size}"
     settings = load(data_dir=run_dir)
+    tune_gc()  # as `serve` does
     try:
-        engine, figures = _run_async(_engine_run(settings, size, writers, window, seconds, warmup))
+        engine, figures = run(_engine_run(settings, size, writers, window, seconds, warmup))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     align = settings.journal_alignment_size

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import sys
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from node import runtime
 from node.settings import SettingsError, load
 
 
@@ -37,15 +37,6 @@ def _setup_logging(level: str, as_json: bool) -> None:
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
-def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     from node.http.app import serve
 
@@ -55,7 +46,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "listening on %s, which is not loopback: anyone who can reach it can write",
             settings.http_host,
         )
-    _run(serve(settings))
+    runtime.tune_gc()
+    runtime.run(serve(settings))
     return 0
 
 
