@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
+from blockbuster import blockbuster_ctx
 
 from node.http.app import build_app
 from node.settings import Settings, load
@@ -44,3 +45,12 @@ async def storage(settings: Settings) -> AsyncIterator[LedgerStorage]:
 @pytest.fixture
 async def client(settings: Settings, aiohttp_client: Any) -> TestClient[Any, Any]:
     return await aiohttp_client(build_app(settings))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_io_on_the_loop() -> Iterator[None]:
+    """aiohttp's discipline: a test fails when the node's code blocks the event loop with
+    file or socket I/O, a lock or a sleep (blockbuster patches those calls and raises when
+    they run on a thread with a running loop). Test code itself is exempt."""
+    with blockbuster_ctx(excluded_modules=["tests"]):
+        yield

@@ -177,7 +177,6 @@ class EntryLogWriter:
 
     def __init__(self, settings: Settings) -> None:
         self._dir = settings.ledgers_dir
-        self._dir.mkdir(parents=True, exist_ok=True)
         self._limit = settings.log_size_limit
         self._current: _OpenLog | None = None
         self._rotated: list[_OpenLog] = []
@@ -194,6 +193,7 @@ class EntryLogWriter:
             return existing[-1] if existing else 0
 
     def _new_log(self) -> _OpenLog:
+        self._dir.mkdir(parents=True, exist_ok=True)
         log_id = max(self._last_id(), *list_logs(self._dir), 0) + 1
         if log_id >= 1 << 31:
             raise OSError("entry log ids exhausted (31 bits)")

@@ -217,8 +217,6 @@ class Journal:
         self._clock = clock
         self._crash = crash
         self._dir = settings.journal_dir
-        self._dir.mkdir(parents=True, exist_ok=True)
-        settings.ledgers_dir.mkdir(parents=True, exist_ok=True)
         self._fd = -1
         self._file_id = 0
         self._position = 0
@@ -317,16 +315,18 @@ class Journal:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        existing = list_journals(self._dir)
-        await loop.run_in_executor(
-            self._executor, self._open_file, existing[-1] + 1 if existing else 1
-        )
+        await loop.run_in_executor(self._executor, self._open_next_file)
         self._durable = LogMark(self._file_id, self._position)
         self._group = _Group(loop)
         self._kick = asyncio.Event()
         self._writer = loop.create_task(self._write_loop(), name="journal-writer")
 
+    def _open_next_file(self) -> None:
+        existing = list_journals(self._dir)
+        self._open_file(existing[-1] + 1 if existing else 1)
+
     def _open_file(self, journal_id: int) -> None:
+        self._dir.mkdir(parents=True, exist_ok=True)
         path = journal_path(self._dir, journal_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -474,6 +474,7 @@ class Journal:
     def checkpoint_complete(self, mark: LogMark) -> None:
         """Persist ``mark`` as lastMark, then delete journals wholly before it beyond
         ``journal_max_backups`` (BookKeeper keeps the newest ones for forensics)."""
+        self._settings.ledgers_dir.mkdir(parents=True, exist_ok=True)
         write_file_atomically(self._settings.ledgers_dir / LAST_MARK_FILE, LAST_MARK.pack(*mark))
         older = [i for i in list_journals(self._dir) if i < mark.log_id]
         for journal_id in older[: max(0, len(older) - self._settings.journal_max_backups)]:
@@ -488,7 +489,7 @@ class Journal:
         await self._writer
         self._writer = None
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close_file)
-        self._executor.shutdown()
+        self._executor.shutdown(wait=False)  # idle: its last job was awaited
 
     def _close_file(self) -> None:
         if self._fd >= 0:

@@ -209,8 +209,8 @@ class LedgerStorage:
             for _after, waiter in waiters:
                 if not waiter.done():
                     waiter.set_exception(StorageClosed("the node is shutting down"))
-        self._flush_executor.shutdown()
-        self._read_executor.shutdown()
+        self._flush_executor.shutdown(wait=False)  # idle: last job awaited
+        self._read_executor.shutdown(wait=False)
 
     def _close_files(self) -> None:
         self._writer.roll()

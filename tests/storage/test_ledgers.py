@@ -158,6 +158,27 @@ async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -
         await again.close()
 
 
+def _first_log_contents(
+    ledgers_dir: Path,
+) -> tuple[list[int], tuple[int, int], dict[int, int], dict[int, int]]:
+    """(log ids, the first log's map fields, its ledgers map, bytes per ledger by scan)."""
+    logs = entrylog.list_logs(ledgers_dir)
+    sealed = entrylog.log_path(ledgers_dir, logs[0])
+    _version, map_offset, map_count = entrylog.decode_header(
+        sealed.read_bytes()[: entrylog.HEADER_SIZE]
+    )
+    scanned: dict[int, int] = {}
+    maps: dict[int, int] = {}
+    for record in entrylog.scan(sealed):
+        assert record.crc_ok
+        if record.ledger_id == entrylog.LEDGERS_MAP_LEDGER_ID:
+            maps.update(entrylog.decode_ledgers_map(record.payload))
+        else:
+            size = entrylog.RECORD_OVERHEAD + len(record.payload)
+            scanned[record.ledger_id] = scanned.get(record.ledger_id, 0) + size
+    return logs, (map_offset, map_count), maps, scanned
+
+
 async def test_entry_logs_roll_with_ledgers_map_and_reads_cross_them(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "d", log_size_limit=64 * 1024, max_entry_size=16 * 1024)
     storage = LedgerStorage(settings)
@@ -168,21 +189,12 @@ async def test_entry_logs_roll_with_ledgers_map_and_reads_cross_them(tmp_path: P
             for lid in ledgers:
                 await storage.add_entries(lid, [bytes([lid, round_]) * 2000 for _ in range(10)])
             await storage.checkpoint()
-        logs = entrylog.list_logs(settings.ledgers_dir)
+        logs, map_fields, maps, scanned = await asyncio.to_thread(
+            _first_log_contents, settings.ledgers_dir
+        )
         assert len(logs) >= 3
-        sealed = entrylog.log_path(settings.ledgers_dir, logs[0])
-        header = sealed.read_bytes()[: entrylog.HEADER_SIZE]  # a small file, in a test
-        _version, map_offset, map_count = entrylog.decode_header(header)
+        map_offset, map_count = map_fields
         assert map_offset > 0 and map_count >= 1
-        scanned: dict[int, int] = {}
-        maps: dict[int, int] = {}
-        for record in entrylog.scan(sealed):
-            assert record.crc_ok
-            if record.ledger_id == entrylog.LEDGERS_MAP_LEDGER_ID:
-                maps.update(entrylog.decode_ledgers_map(record.payload))
-            else:
-                size = entrylog.RECORD_OVERHEAD + len(record.payload)
-                scanned[record.ledger_id] = scanned.get(record.ledger_id, 0) + size
         assert maps == scanned  # the map tells GC what a scan would
         storage = await _reopen(storage)
         for lid in ledgers:
@@ -282,10 +294,10 @@ async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
         meta, _ = await storage.create_ledger()
         for _ in range(10):
             await storage.add_entries(meta.ledger_id, [bytes(8000)] * 10)
-        assert len(journal.list_journals(settings.journal_dir)) > 5
+        assert len(await asyncio.to_thread(journal.list_journals, settings.journal_dir)) > 5
         await storage.checkpoint()
-        ids = journal.list_journals(settings.journal_dir)
-        mark = journal.read_last_mark(settings.ledgers_dir)
+        ids = await asyncio.to_thread(journal.list_journals, settings.journal_dir)
+        mark = await asyncio.to_thread(journal.read_last_mark, settings.ledgers_dir)
         assert [i for i in ids if i < mark.log_id] == [mark.log_id - 1]  # one backup kept
     finally:
         await storage.close()
