@@ -35,6 +35,8 @@ def free_port() -> int:
 
 
 class NodeProcess:
+    started: list[NodeProcess] = []  # reaped by the crash tests' conftest, pass or fail
+
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
@@ -66,6 +68,7 @@ class NodeProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+        NodeProcess.started.append(self)
         log.close()
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -126,15 +126,11 @@ async def _run_workload(
         ]
         if kill_after_s is not None:
             await asyncio.sleep(kill_after_s)
-            node.kill()
+            await asyncio.to_thread(node.kill)
         done, _ = await asyncio.wait(writers, timeout=60)
         assert len(done) == WRITERS, "writers did not stop after the node died"
         for task in done:
             task.result()
-        if kill_after_s is None:
-            assert node.proc is not None
-            assert node.proc.wait(10) == -signal.SIGKILL, "the crash point was never reached"
-        node.kill()
 
 
 def _check(node: NodeProcess, acked: Acknowledged) -> None:
@@ -169,6 +165,7 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) ->
         if trial:
             _check(node, acked)  # what survived the previous kill, before new writes
         asyncio.run(_run_workload(node, rng, acked, shared, kill_after_s=rng.uniform(0.2, 1.2)))
+        node.kill()
     node = NodeProcess(data)
     node.start()
     try:
@@ -187,6 +184,8 @@ def test_crash_inside_checkpoint_and_rotation_loses_nothing(tmp_path: Path, poin
     node = NodeProcess(data, env={"NODE_CRASH_POINTS": json.dumps([point])})
     node.start()
     asyncio.run(_run_workload(node, rng, acked, [], kill_after_s=None))
+    assert node.proc is not None
+    assert node.proc.wait(10) == -signal.SIGKILL, "the crash point was never reached"
     node = NodeProcess(data)
     node.start()
     try:
