@@ -207,6 +207,9 @@ class EntryLogWriter:
     def append(self, records: Iterable[tuple[int, int, int, bytes]]) -> list[int]:
         """Append records ``(ledger id, entry id, crc, payload)``; return their locations.
         Data reaches the OS, not the disk: call flush() before indexing them."""
+        records = list(records)
+        if not records:
+            return []  # a checkpoint of metadata only: no empty log file
         locations: list[int] = []
         parts: list[bytes] = []
         log = self._current or self._start()

@@ -146,7 +146,7 @@ class LedgerStorage:
             if self._cache.size >= self._half_cache:
                 # Replay of a long journal: flush as we go, keeping the old mark (a crash
                 # now replays again from it, which is idempotent).
-                self._flush(self._cache, self._snapshot_dirty(), frozenset(), None)
+                self._flush(self._cache, self._snapshot_dirty(), self._deleted_ids(), None)
                 self._cache = WriteCache()
         self._next_ledger_id = max(self._ledgers, default=-1) + 1
         log.info(
@@ -198,9 +198,8 @@ class LedgerStorage:
             return
         self._running = False
         if self._checkpointer is not None:
-            self._checkpointer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpointer
+            self._checkpoint_wanted.set()  # the loop sees _running is off and returns
+            await self._checkpointer
         await self.checkpoint(force=True)
         await self._wal.close()
         loop = asyncio.get_running_loop()
@@ -333,7 +332,7 @@ class LedgerStorage:
         elif not 0 <= entry_id <= MAX_ID:
             raise InvalidArgument(f"entry id {entry_id} is outside [0, 2^63)")
         elif entry_id <= meta.last_entry_id:
-            await self._add_again(meta, entry_id, payload)
+            await self._add_again(meta, entry_id, payload, write_token)
             return entry_id
         await self._append_now(meta, entry_id, payload)
         self._on_durable(meta, entry_id)
@@ -379,14 +378,16 @@ class LedgerStorage:
         self.stats.adds += 1
         self.stats.add_bytes += size
 
-    async def _add_again(self, meta: LedgerMeta, entry_id: int, payload: bytes) -> None:
+    async def _add_again(
+        self, meta: LedgerMeta, entry_id: int, payload: bytes, write_token: str | None
+    ) -> None:
         """An id at or below the last one: a retry (identical bytes), a conflict, or the
         filling of a hole."""
         existing = self._cached(meta.ledger_id, entry_id)
         if existing is None:
             existing = await self._read_stored(meta.ledger_id, entry_id)
         if existing is None:
-            meta = self._writable(meta.ledger_id, None)  # re-checked after the await
+            meta = self._writable(meta.ledger_id, write_token)  # re-checked after the await
             if self._cached(meta.ledger_id, entry_id) is None:
                 await self._append_now(meta, entry_id, payload)
                 self._on_durable(meta, entry_id)
@@ -571,6 +572,8 @@ class LedgerStorage:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._checkpoint_wanted.wait(), interval)
             self._checkpoint_wanted.clear()
+            if not self._running:
+                return  # close() runs the last checkpoint itself
             try:
                 await self.checkpoint()
             except Exception:
@@ -587,9 +590,7 @@ class LedgerStorage:
             self._flushing = frozen
             self._flush_finished = loop.create_future()
             metas = self._snapshot_dirty()
-            deleted = frozenset(
-                lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED
-            )
+            deleted = self._deleted_ids()
             try:
                 mark = await self._wal.sync_point()
                 await loop.run_in_executor(
@@ -609,6 +610,9 @@ class LedgerStorage:
             self.last_checkpoint_mark = mark
             self.stats.checkpoints += 1
             self.stats.checkpoint_seconds_total += self._clock.monotonic() - started
+
+    def _deleted_ids(self) -> frozenset[int]:
+        return frozenset(lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED)
 
     def _snapshot_dirty(self) -> list[LedgerMeta]:
         metas = [dataclasses.replace(self._ledgers[lid]) for lid in self._dirty]

@@ -301,3 +301,14 @@ async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
         assert [i for i in ids if i < mark.log_id] == [mark.log_id - 1]  # one backup kept
     finally:
         await storage.close()
+
+
+async def test_filling_a_hole_of_a_ledger_with_a_write_token(storage: LedgerStorage) -> None:
+    meta, _ = await storage.create_ledger(write_token="t")
+    await storage.add_entry(meta.ledger_id, 0, b"a", "t")
+    await storage.add_entry(meta.ledger_id, 2, b"c", "t")
+    await storage.checkpoint()  # the hole is looked up in the index, not only the cache
+    with pytest.raises(WriteTokenMismatch):
+        await storage.add_entry(meta.ledger_id, 1, b"b", "wrong")
+    await storage.add_entry(meta.ledger_id, 1, b"b", "t")
+    assert storage.ledger(meta.ledger_id).lac == 2
