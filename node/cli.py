@@ -3,47 +3,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from node import runtime
+from node import logs, runtime
 from node.settings import SettingsError, load
 
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        event: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            event["exc"] = self.formatException(record.exc_info)
-        return json.dumps(event)
-
-
-def _setup_logging(level: str, as_json: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if as_json:
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.Formatter.converter = time.gmtime
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from node.http.app import serve
 
     settings = load(args.config, data_dir=args.data_dir, http_host=args.host, http_port=args.port)
-    if settings.http_host not in ("127.0.0.1", "::1", "localhost"):
+    logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
+    if settings.http_host not in LOOPBACK and settings.admin_token is None:
         logging.getLogger("node").warning(
-            "listening on %s, which is not loopback: anyone who can reach it can write",
+            "!!! listening on %s, which is not loopback, WITHOUT an admin token: anyone who "
+            "can reach this port can write, delete ledgers and change the node's state. "
+            "Set NODE_ADMIN_TOKEN. !!!",
             settings.http_host,
         )
     runtime.tune_gc()
@@ -65,8 +44,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m node", description=__doc__)
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
-    parser.add_argument("--log-json", action="store_true", help="one JSON object per log line")
+    parser.add_argument("--log-level", help="debug, info, warning, error (NODE_LOG_LEVEL)")
+    parser.add_argument("--log-json", action="store_true", help="JSON log lines (NODE_LOG_JSON)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the node")
@@ -95,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _setup_logging(args.log_level, args.log_json)
+    logs.setup(args.log_level or "info", args.log_json)
     try:
         return int(args.func(args))
     except SettingsError as e:

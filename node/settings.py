@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
     range_read_chunk_entries: int = Field(256, gt=0)  # entries fetched per step of a range read
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
+    admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/
+    shutdown_timeout_s: float = Field(30.0, gt=0)  # how long SIGTERM waits for requests
+    log_level: str = "info"  # debug, info, warning, error
+    log_json: bool = False  # one JSON object per log line (with request ids)
 
     # --- write-ahead log -----------------------------------------------------------------
     wal_kind: Literal["journal", "blockdev"] = "journal"  # file journal or raw-device ring

@@ -4,42 +4,118 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 from collections.abc import AsyncIterator
+from http import HTTPStatus
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
 
-from node.http import ledgers
-from node.http.errors import error_middleware
-from node.http.state import SETTINGS, STORAGE
+from node.http import admin, ledgers, openapi
+from node.http.errors import HTTP_CODES, error_middleware
+from node.http.middleware import request_context, require_admin_token
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, Lifecycle
+from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
 
 log = logging.getLogger(__name__)
 
+MAX_HEADER_FIELD_SIZE = 16 * 1024  # longer header lines are refused (431/400, as JSON)
+
 
 def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.Application:
     """The application; it starts and closes its own storage unless one is given."""
-    app = web.Application(client_max_size=settings.max_request_size, middlewares=[error_middleware])
+    app = web.Application(
+        client_max_size=settings.max_request_size,
+        middlewares=[request_context, error_middleware, require_admin_token],
+        handler_args={"max_field_size": MAX_HEADER_FIELD_SIZE},
+    )
+    metrics = Metrics(settings)
     app[SETTINGS] = settings
-    app[STORAGE] = storage or LedgerStorage(settings)
-    if storage is None:
-        app.cleanup_ctx.append(_storage_lifecycle)
+    app[METRICS] = metrics
+    app[LIFECYCLE] = Lifecycle()
+    app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
+    app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
+    app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
+    app.add_routes(admin.routes)
+    app.add_routes(openapi.routes)
     return app
 
 
 async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[STORAGE].start()
+    app[LIFECYCLE].started = True
     yield
     await app[STORAGE].close()
 
 
+async def _given_storage(app: web.Application) -> AsyncIterator[None]:
+    app[LIFECYCLE].started = True
+    yield
+
+
+async def _begin_shutdown(app: web.Application) -> None:
+    """Before in-flight requests are awaited: readiness fails and long polls return now
+    instead of holding the shutdown for their whole timeout."""
+    app[LIFECYCLE].shutting_down = True
+    app[STORAGE].release_waiters()
+
+
+class _JsonErrorRequestHandler(RequestHandler):
+    """Errors found before a request reaches the application (a malformed request line,
+    headers too large) get the same JSON error body as every other error."""
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status >= 500:
+            self.log_exception("Error handling request", exc_info=exc)
+        else:
+            log.info("refused a malformed request (%d): %s", status, exc or message)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        code = HTTP_CODES.get(status, f"http_{status}")
+        text = message or (exc and str(exc)) or HTTPStatus(status).phrase
+        response = web.Response(
+            status=status,
+            text=json.dumps({"code": code, "message": str(text)[:500]}),
+            content_type="application/json",
+        )
+        response.force_close()
+        return response
+
+
+class _JsonErrorServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class NodeRunner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # aiohttp builds the Server privately; swapping in the subclass (same layout)
+        # is the one place to change its request handler class.
+        server.__class__ = _JsonErrorServer
+        return server
+
+
 async def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT, then stop accepting, finish requests, checkpoint."""
+    """Run until SIGTERM or SIGINT; then readiness fails at once, the listener closes,
+    in-flight requests finish (up to shutdown_timeout_s), the storage checkpoints and
+    closes its files."""
     app = build_app(settings)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = NodeRunner(
+        app, handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
+    )
     await runner.setup()
     site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
     await site.start()
@@ -54,6 +130,7 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    app[LIFECYCLE].shutting_down = True
     log.info("shutting down: finishing requests, then a final checkpoint")
     await runner.cleanup()
     for sig in (signal.SIGTERM, signal.SIGINT):

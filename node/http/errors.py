@@ -24,6 +24,7 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.WriteTokenMismatch: 403,
     storage_errors.Backpressure: 503,
     storage_errors.StorageClosed: 503,
+    storage_errors.NodeReadOnly: 503,
     storage_errors.JournalFailed: 500,
     storage_errors.CorruptRecord: 500,
 }
@@ -40,8 +41,15 @@ class ApiError(Exception):
         self.message = message
 
 
-def error_response(status: int, code: str, message: str) -> web.Response:
-    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    headers = dict(headers or {})
+    if status == 503:
+        headers["Retry-After"] = RETRY_AFTER_S
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="storage-node"'
+
     return web.Response(
         status=status,
         text=json.dumps({"code": code, "message": message}),
@@ -50,12 +58,15 @@ def error_response(status: int, code: str, message: str) -> web.Response:
     )
 
 
-_HTTP_CODES = {
+HTTP_CODES = {
     400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",
     415: "unsupported_media_type",
+    431: "headers_too_large",
 }
 
 
@@ -77,5 +88,6 @@ async def error_middleware(
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        code = _HTTP_CODES.get(e.status, f"http_{e.status}")
-        return error_response(e.status, code, e.reason or code)
+        code = HTTP_CODES.get(e.status, f"http_{e.status}")
+        kept = {k: v for k, v in e.headers.items() if k == "Allow"}  # 405 must say what works
+        return error_response(e.status, code, e.reason or code, kept)

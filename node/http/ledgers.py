@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import Any
 
 from aiohttp import web
@@ -18,7 +19,7 @@ from node.http.frames import (
     decode_batch,
     encode_range_frame,
 )
-from node.http.state import STORAGE
+from node.http.state import METRICS, STORAGE
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, LedgerMeta
 from node.storage.ledgers import LedgerStorage
@@ -48,6 +49,13 @@ def _storage(request: web.Request) -> LedgerStorage:
     return request.app[STORAGE]
 
 
+def _observe(request: web.Request, operation: str, kind: str, started: float) -> None:
+    """Latency of an add (when it succeeded) or a read (found or not)."""
+    metrics = request.app[METRICS]
+    histogram = metrics.add_latency if operation == "add" else metrics.read_latency
+    histogram.labels(kind).observe(time.perf_counter() - started)
+
+
 def meta_json(meta: LedgerMeta) -> dict[str, Any]:
     return {
         "ledgerId": meta.ledger_id,
@@ -75,13 +83,13 @@ async def _create_options(request: web.Request) -> tuple[dict[str, str], str | N
         raise ApiError(
             400, "invalid_body", 'body must be {"properties": {...}, "writeToken": "..."}'
         )
-    properties = options.get("properties") or {}
+    properties = options.get("properties", {})
     if not isinstance(properties, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
     ):
         raise ApiError(400, "invalid_body", "properties must map strings to strings")
     token = options.get("writeToken")
-    if token is not None and (not isinstance(token, str) or not token):
+    if "writeToken" in options and (not isinstance(token, str) or not token):
         raise ApiError(400, "invalid_body", "writeToken must be a non-empty string")
     return properties, token
 
@@ -159,7 +167,9 @@ async def put_entry(request: web.Request) -> web.Response:
     entry_id = parse_id(request.match_info["eid"], "entry id")
     payload = await _payload(request)
     storage = _storage(request)
+    started = time.perf_counter()
     await storage.add_entry(ledger_id, entry_id, payload, request.headers.get(WRITE_TOKEN_HEADER))
+    _observe(request, "add", "single", started)
     lac = storage.ledger(ledger_id).lac
     return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
 
@@ -174,7 +184,9 @@ async def append_entries(request: web.Request) -> web.Response:
             payloads = decode_batch(await request.read())
         except FrameError as e:
             raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        started = time.perf_counter()
         ids = await storage.add_entries(ledger_id, payloads, token)
+        _observe(request, "add", "batch", started)
         return web.json_response(
             {
                 "ledgerId": ledger_id,
@@ -185,7 +197,10 @@ async def append_entries(request: web.Request) -> web.Response:
             },
             status=201,
         )
-    entry_id = await storage.add_entry(ledger_id, None, await _payload(request), token)
+    payload = await _payload(request)
+    started = time.perf_counter()
+    entry_id = await storage.add_entry(ledger_id, None, payload, token)
+    _observe(request, "add", "single", started)
     lac = storage.ledger(ledger_id).lac
     return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
 
@@ -194,7 +209,11 @@ async def append_entries(request: web.Request) -> web.Response:
 async def read_entry(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
-    payload = await _storage(request).read_entry(ledger_id, entry_id)
+    started = time.perf_counter()
+    try:
+        payload = await _storage(request).read_entry(ledger_id, entry_id)
+    finally:
+        _observe(request, "read", "entry", started)
     return web.Response(body=payload, content_type="application/octet-stream")
 
 
@@ -203,12 +222,11 @@ async def read_range(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     first = parse_id(request.query.get("from"), "from", default=0)
     last = parse_id(request.query["to"], "to") if "to" in request.query else None
-    if last is not None and last < first:
-        raise ApiError(400, "invalid_range", f"to ({last}) is below from ({first})")
     storage = _storage(request)
     storage.ledger(ledger_id)  # 404 before the stream starts
     response = web.StreamResponse(headers={"Content-Type": RANGE_CONTENT_TYPE})
     await response.prepare(request)
+    started = time.perf_counter()
     pending: list[bytes] = []
     size = 0
     try:
@@ -230,6 +248,7 @@ async def read_range(request: web.Request) -> web.StreamResponse:
     if pending:
         await response.write(b"".join(pending))
     await response.write_eof()
+    _observe(request, "read", "range", started)
     return response
 
 

@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
+from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
 
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Where the node is in its life, as the readiness probe and /state report it."""
+
+    started: bool = False
+    shutting_down: bool = False
+
+
 STORAGE = web.AppKey("storage", LedgerStorage)
 SETTINGS = web.AppKey("settings", Settings)
+METRICS = web.AppKey("metrics", Metrics)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)

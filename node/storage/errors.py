@@ -69,6 +69,12 @@ class CorruptRecord(StorageError):
         self.reason = reason
 
 
+class NodeReadOnly(StorageError):
+    """Adds and new ledgers are refused: an operator asked for it, or a disk is full."""
+
+    code = "read_only"
+
+
 class StorageClosed(StorageError):
     code = "storage_closed"
 

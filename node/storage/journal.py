@@ -46,6 +46,7 @@ import logging
 import mmap
 import os
 import struct
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -55,6 +56,7 @@ from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, JournalFailed
 from node.storage.faults import CrashPoints
 from node.storage.fsutil import fsync_dir, write_file_atomically
+from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import LogMark, WalRecord, record_crc
 
 log = logging.getLogger(__name__)
@@ -212,8 +214,15 @@ class _Group:
 
 
 class Journal:
-    def __init__(self, settings: Settings, clock: Clock, crash: CrashPoints) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        crash: CrashPoints,
+        probe: StorageProbe | None = None,
+    ) -> None:
         self._settings = settings
+        self._probe: StorageProbe = probe or NullProbe()
         self._clock = clock
         self._crash = crash
         self._dir = settings.journal_dir
@@ -433,6 +442,7 @@ class Journal:
     def _write_groups(self, groups: list[_Group]) -> list[LogMark]:
         """Blocking: one pwrite (group start record, the groups, padding), one fdatasync,
         maybe a rotation. Returns each group's mark: the offset just after its records."""
+        records = sum(len(group.parts) for group in groups) // 2  # header + payload each
         start = encode_group_start(self._position)
         parts = [start]
         end = self._position + len(start)
@@ -449,11 +459,14 @@ class Journal:
             step = self._settings.journal_pre_alloc_size
             self._preallocated = (end // step + 1) * step
             os.posix_fallocate(self._fd, 0, self._preallocated)
+        began = time.perf_counter()
         written = os.pwrite(self._fd, data, self._position)
         if written != len(data):
             raise OSError(f"short journal write: {written} of {len(data)} bytes")
+        wrote = time.perf_counter()
         if self._settings.journal_sync_data:
             os.fdatasync(self._fd)
+        self._probe.journal_write(records, len(data), wrote - began, time.perf_counter() - wrote)
         self._position = end
         self.groups_written += 1
         self.bytes_written += len(data)

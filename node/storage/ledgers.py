@@ -44,12 +44,14 @@ from node.storage.errors import (
     LedgerExists,
     LedgerFenced,
     LedgerNotFound,
+    NodeReadOnly,
     StorageClosed,
     WriteTokenMismatch,
 )
 from node.storage.faults import CrashPoints
 from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState
 from node.storage.journal import Journal
+from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import (
     CLOSE,
     DELETE,
@@ -85,12 +87,17 @@ class Stats:
 
 class LedgerStorage:
     def __init__(
-        self, settings: Settings, clock: Clock | None = None, wal: Wal | None = None
+        self,
+        settings: Settings,
+        clock: Clock | None = None,
+        wal: Wal | None = None,
+        probe: StorageProbe | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock or SystemClock()
         self._crash = CrashPoints(settings.crash_points)
-        self._wal: Wal = wal or Journal(settings, self._clock, self._crash)
+        self._probe: StorageProbe = probe or NullProbe()
+        self._wal: Wal = wal or Journal(settings, self._clock, self._crash, self._probe)
         self._index: Index | None = None
         self._writer = EntryLogWriter(settings)
         self._reader = EntryLogReader(settings)
@@ -112,6 +119,7 @@ class LedgerStorage:
         self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._read_executor = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
         self._running = False
+        self._read_only_reason: str | None = None  # why adds are refused, None = writable
         self.stats = Stats()
         self.last_checkpoint_mark = LogMark(0, 0)
 
@@ -228,9 +236,9 @@ class LedgerStorage:
     ) -> tuple[LedgerMeta, bool]:
         """Create a ledger (node-allocated id when None). Returns (metadata, created):
         creating an existing open ledger with the same id again is a no-op."""
-        self._check_running()
+        self._check_writable()
         if ledger_id is None:
-            ledger_id = self._next_ledger_id
+            ledger_id = self._allocate_ledger_id()
         elif not 0 <= ledger_id <= MAX_ID:
             raise InvalidArgument(f"ledger id {ledger_id} is outside [0, 2^63)")
         existing = self._ledgers.get(ledger_id)
@@ -254,6 +262,16 @@ class LedgerStorage:
         await self._journal(ledger_id, LEDGER_CREATED, meta.encode())
         return meta, True
 
+    def _allocate_ledger_id(self) -> int:
+        """One past the highest id in use; once a client has taken the highest possible
+        id, the lowest free one (ids of deleted ledgers stay taken until GC)."""
+        if self._next_ledger_id <= MAX_ID:
+            return self._next_ledger_id
+        ledger_id = 0
+        while ledger_id in self._ledgers:
+            ledger_id += 1
+        return ledger_id
+
     def ledger(self, ledger_id: int) -> LedgerMeta:
         meta = self._ledgers.get(ledger_id)
         if meta is None or meta.state == LedgerState.DELETED:
@@ -262,6 +280,10 @@ class LedgerStorage:
 
     def ledgers(self) -> Iterable[LedgerMeta]:
         return (m for m in self._ledgers.values() if m.state != LedgerState.DELETED)
+
+    def all_ledgers(self) -> Iterable[LedgerMeta]:
+        """Every ledger the node knows, deleted ones (tombstones until GC) included."""
+        return self._ledgers.values()
 
     async def fence(self, ledger_id: int) -> int:
         """No add succeeds after this returns; returns the LAC (BookKeeper's fence read)."""
@@ -426,7 +448,7 @@ class LedgerStorage:
             )
 
     def _writable(self, ledger_id: int, write_token: str | None) -> LedgerMeta:
-        self._check_running()
+        self._check_writable()
         meta = self.ledger(ledger_id)
         if meta.state == LedgerState.CLOSED:
             raise LedgerClosed(f"ledger {ledger_id} is closed")
@@ -439,6 +461,26 @@ class LedgerStorage:
     def _check_running(self) -> None:
         if not self._running:
             raise StorageClosed("the storage is not running")
+
+    def _check_writable(self) -> None:
+        self._check_running()
+        if self._read_only_reason is not None:
+            raise NodeReadOnly(f"the node is read-only: {self._read_only_reason}")
+
+    def set_read_only(self, reason: str | None) -> None:
+        """Refuse adds and new ledgers (with ``reason``), or accept them again (None).
+        Reads, fence, close and delete go on: they are how a full node recovers."""
+        if reason != self._read_only_reason:
+            log.warning("node is now %s", f"read-only: {reason}" if reason else "writable")
+        self._read_only_reason = reason
+
+    @property
+    def read_only_reason(self) -> str | None:
+        return self._read_only_reason
+
+    @property
+    def running(self) -> bool:
+        return self._running
 
     # --- LAC -------------------------------------------------------------------------------
 
@@ -489,6 +531,15 @@ class LedgerStorage:
             return await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
             return self.ledger(ledger_id).lac
+
+    def release_waiters(self) -> None:
+        """Answer every long poll now with the current LAC (at shutdown)."""
+        waiters, self._lac_waiters = self._lac_waiters, {}
+        for ledger_id, pending in waiters.items():
+            lac = self._ledgers[ledger_id].lac
+            for _after, waiter in pending:
+                if not waiter.done():
+                    waiter.set_result(lac)
 
     def _is_durable(self, meta: LedgerMeta, entry_id: int) -> bool:
         if entry_id <= meta.lac:
@@ -608,8 +659,10 @@ class LedgerStorage:
                 self._flush_finished.set_result(None)
                 self._flush_finished = None
             self.last_checkpoint_mark = mark
+            elapsed = self._clock.monotonic() - started
             self.stats.checkpoints += 1
-            self.stats.checkpoint_seconds_total += self._clock.monotonic() - started
+            self.stats.checkpoint_seconds_total += elapsed
+            self._probe.checkpoint(elapsed, frozen.count, frozen.size)
 
     def _deleted_ids(self) -> frozenset[int]:
         return frozenset(lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED)
@@ -650,6 +703,14 @@ class LedgerStorage:
     @property
     def write_cache_bytes(self) -> int:
         return self._cache.size + (self._flushing.size if self._flushing else 0)
+
+    @property
+    def wal_queued_bytes(self) -> int:
+        """Bytes waiting for the next WAL write (0 for a WAL that does not say)."""
+        return int(getattr(self._wal, "queued_bytes", 0))
+
+    def index_entries_estimate(self) -> int:
+        return self.index.estimated_entries()
 
     @property
     def read_cache(self) -> ReadCache:

@@ -312,3 +312,10 @@ async def test_filling_a_hole_of_a_ledger_with_a_write_token(storage: LedgerStor
         await storage.add_entry(meta.ledger_id, 1, b"b", "wrong")
     await storage.add_entry(meta.ledger_id, 1, b"b", "t")
     assert storage.ledger(meta.ledger_id).lac == 2
+
+
+async def test_allocation_after_a_client_took_the_highest_id(storage: LedgerStorage) -> None:
+    await storage.create_ledger((1 << 63) - 1)
+    first, _ = await storage.create_ledger()
+    second, _ = await storage.create_ledger()
+    assert (first.ledger_id, second.ledger_id) == (0, 1)

@@ -1,0 +1,172 @@
+"""The admin API at BookKeeper's paths and in its response shapes (bookkeeper-server
+``server/http/service/*``), plus /metrics. Garbage collection routes are reserved here and
+answered by the GC issue's work."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from node.http.errors import ApiError
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE
+from node.metrics import CONTENT_TYPE, data_dirs
+from node.settings import Settings
+from node.storage import entrylog, journal
+
+routes = web.RouteTableDef()
+
+READ_ONLY_BY_OPERATOR = "set by an operator (PUT /api/v1/bookie/state/readonly)"
+NOT_READY = "Bookie is not fully started yet"
+# BookKeeper's list_disk_file keys, by file_type.
+DISK_FILE_KINDS = {"journal": "journal files", "entrylog": "entrylog files", "index": "index files"}
+RESERVED_GC_PATHS = (
+    "/api/v1/bookie/gc",
+    "/api/v1/bookie/gc_details",
+    "/api/v1/bookie/gc/suspend_compaction",
+    "/api/v1/bookie/gc/resume_compaction",
+)
+
+
+@routes.get("/heartbeat")
+async def heartbeat(request: web.Request) -> web.Response:
+    return web.Response(text="OK\n")
+
+
+@routes.get("/api/v1/bookie/info")
+async def bookie_info(request: web.Request) -> web.Response:
+    free, total = await asyncio.to_thread(_space, request.app[SETTINGS])
+    return web.json_response({"freeSpace": free, "totalSpace": total})
+
+
+def _space(settings: Settings) -> tuple[int, int]:
+    """Free and total bytes over the distinct file systems of the data dirs (as
+    BookKeeper sums over distinct FileStores)."""
+    seen: dict[int, tuple[int, int]] = {}
+    for path in data_dirs(settings).values():
+        existing = path if path.exists() else settings.data_dir
+        if not existing.exists():
+            continue
+        stat = os.statvfs(existing)
+        seen[os.stat(existing).st_dev] = (
+            stat.f_bavail * stat.f_frsize,
+            stat.f_blocks * stat.f_frsize,
+        )
+    return sum(f for f, _ in seen.values()), sum(t for _, t in seen.values())
+
+
+def _state(request: web.Request) -> dict[str, bool]:
+    storage = request.app[STORAGE]
+    lifecycle = request.app[LIFECYCLE]
+    running = lifecycle.started and storage.running and not lifecycle.shutting_down
+    read_only = storage.read_only_reason is not None
+    return {
+        "running": running,
+        "readOnly": read_only,
+        "shuttingDown": lifecycle.shutting_down,
+        "availableForHighPriorityWrites": running and not read_only,
+    }
+
+
+@routes.get("/api/v1/bookie/state")
+async def bookie_state(request: web.Request) -> web.Response:
+    return web.json_response(_state(request))
+
+
+@routes.get("/api/v1/bookie/state/readonly")
+async def get_read_only(request: web.Request) -> web.Response:
+    return web.json_response({"readOnly": request.app[STORAGE].read_only_reason is not None})
+
+
+@routes.put("/api/v1/bookie/state/readonly")
+async def put_read_only(request: web.Request) -> web.Response:
+    try:
+        body = json.loads(await request.read())
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("readOnly"), bool):
+        raise ApiError(
+            400, "invalid_body", 'body must be {"readOnly": true} or {"readOnly": false}'
+        )
+    storage = request.app[STORAGE]
+    storage.set_read_only(READ_ONLY_BY_OPERATOR if body["readOnly"] else None)
+    return web.json_response({"readOnly": storage.read_only_reason is not None})
+
+
+@routes.get("/api/v1/bookie/is_ready")
+async def is_ready(request: web.Request) -> web.Response:
+    if not _state(request)["running"]:
+        raise ApiError(503, "not_ready", NOT_READY)
+    return web.Response(text="OK")
+
+
+@routes.get("/api/v1/bookie/list_disk_file")
+async def list_disk_file(request: web.Request) -> web.Response:
+    kind = request.query.get("file_type")
+    if kind is not None and kind not in DISK_FILE_KINDS:
+        raise ApiError(
+            400, "invalid_file_type", f"file_type must be one of {', '.join(DISK_FILE_KINDS)}"
+        )
+    kinds = [kind] if kind else list(DISK_FILE_KINDS)
+    listing = await asyncio.to_thread(_list_files, request.app[SETTINGS], kinds)
+    return web.json_response(listing)
+
+
+def _list_files(settings: Settings, kinds: list[str]) -> dict[str, str]:
+    """File names only, from the node's own directories: nothing from the request names a
+    path. Tab separated with a trailing tab, as BookKeeper prints them."""
+    where: dict[str, tuple[Path, str]] = {
+        "journal": (settings.journal_dir, journal.SUFFIX),
+        "entrylog": (settings.ledgers_dir, entrylog.SUFFIX),
+        "index": (settings.index_dir, ""),
+    }
+    listing = {}
+    for kind in kinds:
+        directory, suffix = where[kind]
+        try:
+            names = sorted(
+                e.name for e in os.scandir(directory) if e.is_file() and e.name.endswith(suffix)
+            )
+        except FileNotFoundError:
+            names = []
+        listing[DISK_FILE_KINDS[kind]] = "".join(f"{name}\t" for name in names)
+    return listing
+
+
+@routes.get("/api/v1/bookie/last_log_mark")
+async def last_log_mark(request: web.Request) -> web.Response:
+    mark = await asyncio.to_thread(journal.read_last_mark, request.app[SETTINGS].ledgers_dir)
+    key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journal.SUFFIX})"
+    return web.json_response({key: f"Pos - {mark.offset}"})
+
+
+@routes.get("/api/v1/config/server_config")
+async def server_config(request: web.Request) -> web.Response:
+    settings = request.app[SETTINGS]
+    config: dict[str, Any] = settings.model_dump(mode="json")
+    if settings.admin_token is not None:
+        config["admin_token"] = "******"  # never echo a secret
+    config["crash_points"] = sorted(settings.crash_points)
+    return web.json_response(config)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[METRICS]
+    registry.take_snapshot(request.app[STORAGE], request.app[LIFECYCLE].shutting_down)
+    body = await asyncio.to_thread(registry.render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def reserved(request: web.Request) -> web.Response:
+    raise ApiError(
+        501, "not_implemented", f"{request.path} is reserved for garbage collection (coming)"
+    )
+
+
+for _path in RESERVED_GC_PATHS:
+    routes.route("*", _path)(reserved)

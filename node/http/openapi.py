@@ -1,0 +1,405 @@
+"""The OpenAPI 3 document of the whole HTTP API, served at /openapi.json.
+
+A test checks that it names exactly the routes the application registers, and
+schemathesis fuzzes the live server against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from node import __version__
+
+routes = web.RouteTableDef()
+
+MAX_ID = (1 << 63) - 1
+JSON = "application/json"
+OCTET = "application/octet-stream"
+BATCH = "application/x-entry-batch"
+RANGE = "application/x-entry-range"
+TEXT = "text/plain"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {JSON: {"schema": schema}}}
+
+
+def _errors(*statuses: int) -> dict[str, Any]:
+    """Error responses: the listed statuses, and any other as the same JSON shape."""
+    described = {
+        400: "Malformed id, query, body or frame",
+        401: "Missing bearer token (when an admin token is configured)",
+        403: "Wrong bearer token or write token",
+        404: "No such ledger, entry or route",
+        409: "Closed or fenced ledger, conflicting entry, or an existing ledger",
+        413: "Entry or request too large",
+        415: "Unsupported content type",
+        500: "An entry failed its CRC check, or the WAL failed",
+        501: "Reserved, not implemented yet",
+        503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
+    }
+    responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
+    responses["default"] = _json(_ref("Error"), "Any other error")
+    return responses
+
+
+def _id(name: str, where: str = "path", description: str = "", minimum: int = 0) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "description": description,
+        "schema": {"type": "integer", "minimum": minimum, "maximum": MAX_ID},
+        "example": 0,
+    }
+
+
+LID = _id("lid", description="Ledger id")
+EID = _id("eid", description="Entry id")
+WRITE_TOKEN = {
+    "name": "X-Write-Token",
+    "in": "header",
+    "required": False,
+    "description": "The ledger's write token, when it was created with one",
+    "schema": {"type": "string"},
+}
+MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503)
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["code", "message"],
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+    },
+    "Ledger": {
+        "type": "object",
+        "required": [
+            "ledgerId", "state", "lac", "lastEntryId", "entries", "bytes",
+            "createdTime", "closedTime", "properties", "hasWriteToken",
+        ],
+        "properties": {
+            "ledgerId": {"type": "integer", "minimum": 0},
+            "state": {"type": "string", "enum": ["open", "fenced", "closed", "deleted"]},
+            "lac": {"type": "integer", "minimum": -1},
+            "lastEntryId": {"type": "integer", "minimum": -1},
+            "entries": {"type": "integer", "minimum": 0},
+            "bytes": {"type": "integer", "minimum": 0},
+            "createdTime": {"type": "integer", "description": "ms since the epoch"},
+            "closedTime": {"type": ["integer", "null"], "description": "ms since the epoch"},
+            "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+            "hasWriteToken": {"type": "boolean"},
+        },
+    },
+    "CreateLedger": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+            "writeToken": {"type": "string", "minLength": 1},
+        },
+    },
+    "AddResult": {
+        "type": "object",
+        "required": ["ledgerId", "entryId", "lac"],
+        "properties": {
+            "ledgerId": {"type": "integer"},
+            "entryId": {"type": "integer"},
+            "lac": {"type": "integer"},
+        },
+    },
+    "BatchResult": {
+        "type": "object",
+        "required": ["ledgerId", "firstEntryId", "lastEntryId", "entryIds", "lac"],
+        "properties": {
+            "ledgerId": {"type": "integer"},
+            "firstEntryId": {"type": ["integer", "null"]},
+            "lastEntryId": {"type": ["integer", "null"]},
+            "entryIds": {"type": "array", "items": {"type": "integer"}},
+            "lac": {"type": "integer"},
+        },
+    },
+    "Lac": {
+        "type": "object",
+        "required": ["ledgerId", "lac"],
+        "properties": {"ledgerId": {"type": "integer"}, "lac": {"type": "integer"}},
+    },
+}  # fmt: skip
+
+
+def _ledger_paths() -> dict[str, Any]:
+    ledger = _json(_ref("Ledger"), "Ledger metadata")
+    create_body = {"required": False, "content": {JSON: {"schema": _ref("CreateLedger")}}}
+    octet_body = {
+        "required": True,
+        "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
+    }
+    return {
+        "/api/v1/ledgers": {
+            "get": {
+                "summary": "List ledgers",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["ledgers"],
+                            "properties": {"ledgers": {"type": "array", "items": _ref("Ledger")}},
+                        },
+                        "Ledgers",
+                    ),
+                    **_errors(),
+                },
+            },
+            "post": {
+                "summary": "Create a ledger with a node-allocated id",
+                "requestBody": create_body,
+                "responses": {"201": ledger, **_errors(*MUTATION_ERRORS)},
+            },
+        },
+        "/api/v1/ledgers/{lid}": {
+            "parameters": [LID],
+            "get": {
+                "summary": "Ledger metadata",
+                "responses": {"200": ledger, **_errors(400, 404)},
+            },
+            "put": {
+                "summary": "Create a ledger with a client-chosen id (idempotent)",
+                "requestBody": create_body,
+                "responses": {
+                    "200": ledger,
+                    "201": ledger,
+                    **_errors(*MUTATION_ERRORS),
+                },
+            },
+            "delete": {
+                "summary": "Delete a ledger: its entries are unreadable at once",
+                "responses": {
+                    "204": {"description": "Deleted"},
+                    **_errors(400, 401, 403, 404, 503),
+                },
+            },
+        },
+        "/api/v1/ledgers/{lid}/close": {
+            "parameters": [LID],
+            "post": {
+                "summary": "Seal the ledger",
+                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 503)},
+            },
+        },
+        "/api/v1/ledgers/{lid}/fence": {
+            "parameters": [LID],
+            "post": {
+                "summary": "Fence the ledger: no more adds",
+                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 503)},
+            },
+        },
+        "/api/v1/ledgers/{lid}/entries/{eid}": {
+            "parameters": [LID, EID],
+            "put": {
+                "summary": "Add an entry at a chosen id; 201 once durable",
+                "parameters": [WRITE_TOKEN],
+                "requestBody": octet_body,
+                "responses": {
+                    "201": _json(_ref("AddResult"), "Durable"),
+                    **_errors(*MUTATION_ERRORS),
+                },
+            },
+            "get": {
+                "summary": "The entry's payload",
+                "responses": {
+                    "200": {
+                        "description": "Payload",
+                        "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    **_errors(400, 404, 500),
+                },
+            },
+        },
+        "/api/v1/ledgers/{lid}/entries": {
+            "parameters": [LID],
+            "post": {
+                "summary": "Append one entry, or a batch (len u32 | payload, repeated)",
+                "parameters": [WRITE_TOKEN],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        OCTET: {"schema": {"type": "string", "format": "binary"}},
+                        BATCH: {"schema": {"type": "string", "format": "binary"}},
+                    },
+                },
+                "responses": {
+                    "201": _json(
+                        {"oneOf": [_ref("AddResult"), _ref("BatchResult")]},
+                        "Durable: the entry id, or every entry id of the batch",
+                    ),
+                    **_errors(*MUTATION_ERRORS),
+                },
+            },
+            "get": {
+                "summary": "A range of entries as frames (entry id u64 | len u32 | payload)",
+                "parameters": [
+                    _id("from", "query", "First entry id (default 0)"),
+                    _id("to", "query", "Last entry id (default: the LAC)"),
+                ],
+                "responses": {
+                    "200": {
+                        "description": "Frames, streamed",
+                        "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
+                    },
+                    **_errors(400, 404),
+                },
+            },
+        },
+        "/api/v1/ledgers/{lid}/lac": {
+            "parameters": [LID],
+            "get": {
+                "summary": "The LAC; with `after`, wait until it passes `after`",
+                "parameters": [
+                    _id("after", "query", "Wait for the LAC to pass this id", minimum=-1),
+                    _id("timeoutMs", "query", "At most this long (capped at 60 s)"),
+                ],
+                "responses": {"200": _json(_ref("Lac"), "The LAC"), **_errors(400, 404)},
+            },
+        },
+    }
+
+
+def _admin_paths() -> dict[str, Any]:
+    boolean = {"type": "boolean"}
+    text = {"description": "Text", "content": {TEXT: {"schema": {"type": "string"}}}}
+    read_only = _json(
+        {"type": "object", "required": ["readOnly"], "properties": {"readOnly": boolean}},
+        "Read-only mode",
+    )
+    string_map = {"type": "object", "additionalProperties": {"type": "string"}}
+    return {
+        "/heartbeat": {"get": {"summary": "Liveness", "responses": {"200": text}}},
+        "/api/v1/bookie/info": {
+            "get": {
+                "summary": "Free and total bytes of the data disks",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["freeSpace", "totalSpace"],
+                            "properties": {
+                                "freeSpace": {"type": "integer"},
+                                "totalSpace": {"type": "integer"},
+                            },
+                        },
+                        "Space",
+                    ),
+                    **_errors(),
+                },
+            }
+        },
+        "/api/v1/bookie/state": {
+            "get": {
+                "summary": "The node's state",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": [
+                                "running",
+                                "readOnly",
+                                "shuttingDown",
+                                "availableForHighPriorityWrites",
+                            ],
+                            "properties": {
+                                "running": boolean,
+                                "readOnly": boolean,
+                                "shuttingDown": boolean,
+                                "availableForHighPriorityWrites": boolean,
+                            },
+                        },
+                        "State",
+                    ),
+                    **_errors(),
+                },
+            }
+        },
+        "/api/v1/bookie/state/readonly": {
+            "get": {"summary": "Read-only mode", "responses": {"200": read_only, **_errors()}},
+            "put": {
+                "summary": "Turn read-only mode on or off",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["readOnly"],
+                                "properties": {"readOnly": boolean},
+                            }
+                        }
+                    },
+                },
+                "responses": {"200": read_only, **_errors(400, 401, 403)},
+            },
+        },
+        "/api/v1/bookie/is_ready": {
+            "get": {"summary": "Readiness", "responses": {"200": text, **_errors(503)}}
+        },
+        "/api/v1/bookie/list_disk_file": {
+            "get": {
+                "summary": "The node's files, tab separated, by kind",
+                "parameters": [
+                    {
+                        "name": "file_type",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["journal", "entrylog", "index"]},
+                    }
+                ],
+                "responses": {"200": _json(string_map, "Files"), **_errors(400)},
+            }
+        },
+        "/api/v1/bookie/last_log_mark": {
+            "get": {
+                "summary": "The checkpoint mark of the journal",
+                "responses": {"200": _json(string_map, "Mark"), **_errors()},
+            }
+        },
+        "/api/v1/config/server_config": {
+            "get": {
+                "summary": "Every setting (secrets masked)",
+                "responses": {"200": _json({"type": "object"}, "Settings"), **_errors()},
+            }
+        },
+        "/metrics": {
+            "get": {"summary": "Prometheus metrics", "responses": {"200": text, **_errors()}}
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3")},
+            }
+        },
+    }
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "storage-node",
+            "version": __version__,
+            "description": "Ledgers of append-only entries over HTTP (a BookKeeper-style "
+            "bookie), and its admin API at BookKeeper's paths.",
+        },
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "paths": {**_ledger_paths(), **_admin_paths()},
+    }
+
+
+@routes.get("/openapi.json")
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(document())

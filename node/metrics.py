@@ -1,0 +1,292 @@
+"""Every Prometheus metric of the node, named once (prefix ``storage_node_``, base units).
+
+Three kinds of sources:
+- histograms observed as things happen: HTTP requests (by method, route template and
+  status), adds and reads, journal group writes, checkpoints (the engine reports the
+  last two through the StorageProbe protocol);
+- a snapshot of the engine's state taken on the event loop when /metrics is scraped
+  (caches, counters, ledgers, node state): the engine's structures belong to the loop;
+- the file system, read at scrape time on a worker thread: entry logs, index size, disks.
+
+Labels are bounded: route templates (never ids), ledger states, data dir kinds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from node.settings import Settings
+from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
+from node.storage.index import LedgerState
+from node.storage.ledgers import LedgerStorage
+
+PREFIX = "storage_node"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Latencies from 100 µs (a cache hit) to 10 s (maxThrottleTime).
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+)  # fmt: skip
+# Journal groups: from one small record to the 512 KiB threshold and a few times over.
+GROUP_RECORD_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+GROUP_BYTE_BUCKETS = tuple(float(512 * 4**i) for i in range(10))  # 512 B .. 128 MiB
+
+
+@dataclass(slots=True)
+class EngineSnapshot:
+    """What the engine looks like at scrape time, copied on the event loop."""
+
+    adds: int = 0
+    add_bytes: int = 0
+    reads: int = 0
+    read_bytes: int = 0
+    throttled_adds: int = 0
+    rejected_adds: int = 0
+    checkpoints: int = 0
+    replayed_records: int = 0
+    write_cache_bytes: int = 0
+    read_cache_bytes: int = 0
+    read_cache_hits: int = 0
+    read_cache_misses: int = 0
+    journal_queue_bytes: int = 0
+    index_entries: int = 0
+    ledgers_by_state: dict[str, int] = field(default_factory=dict)
+    state: str = "writable"
+
+
+class Metrics:
+    """The node's metrics on their own registry (one per application, so tests can run
+    several nodes in one process). Implements the engine's StorageProbe."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry()
+        self._settings = settings
+        self._snapshot = EngineSnapshot()
+
+        def histogram(
+            name: str,
+            doc: str,
+            labels: tuple[str, ...] = (),
+            buckets: tuple[float, ...] = LATENCY_BUCKETS,
+        ) -> Histogram:
+            return Histogram(
+                f"{PREFIX}_{name}", doc, labels, registry=self.registry, buckets=buckets
+            )
+
+        self.http_request_duration = histogram(
+            "http_request_duration_seconds",
+            "HTTP requests by method, route template and status, and how long they took.",
+            ("method", "route", "status"),
+        )
+        self.add_latency = histogram(
+            "add_latency_seconds",
+            "Time from receiving an add (one entry or a batch) to its durable acknowledgment.",
+            ("kind",),
+        )
+        self.read_latency = histogram(
+            "read_latency_seconds", "Time to serve a read (one entry or a range).", ("kind",)
+        )
+        self.journal_group_records = histogram(
+            "journal_group_records", "Records per WAL group write.", buckets=GROUP_RECORD_BUCKETS
+        )
+        self.journal_group_bytes = histogram(
+            "journal_group_bytes", "Bytes per WAL group write.", buckets=GROUP_BYTE_BUCKETS
+        )
+        self.journal_write_seconds = histogram(
+            "journal_write_seconds", "Time of the pwrite of a WAL group."
+        )
+        self.journal_fsync_seconds = histogram(
+            "journal_fsync_seconds", "Time of the fdatasync that makes a WAL group durable."
+        )
+        self.checkpoint_seconds = histogram(
+            "checkpoint_duration_seconds",
+            "Checkpoint: write cache to entry log, fsync, index batch, lastMark.",
+        )
+        self.registry.register(_StateCollector(self))
+
+    # --- StorageProbe ----------------------------------------------------------------------
+
+    def journal_write(
+        self, records: int, size_bytes: int, write_seconds: float, sync_seconds: float
+    ) -> None:
+        self.journal_group_records.observe(records)
+        self.journal_group_bytes.observe(size_bytes)
+        self.journal_write_seconds.observe(write_seconds)
+        self.journal_fsync_seconds.observe(sync_seconds)
+
+    def checkpoint(self, seconds: float, entries: int, size_bytes: int) -> None:
+        self.checkpoint_seconds.observe(seconds)
+
+    # --- scraping --------------------------------------------------------------------------
+
+    def take_snapshot(self, storage: LedgerStorage, shutting_down: bool) -> None:
+        """On the event loop: copy what the engine's structures hold."""
+        stats = storage.stats
+        by_state = dict.fromkeys((s.name.lower() for s in LedgerState), 0)
+        for meta in storage.all_ledgers():
+            by_state[meta.state.name.lower()] += 1
+        if shutting_down or not storage.running:
+            state = "shutting_down"
+        elif storage.read_only_reason is not None:
+            state = "read_only"
+        else:
+            state = "writable"
+        self._snapshot = EngineSnapshot(
+            adds=stats.adds,
+            add_bytes=stats.add_bytes,
+            reads=stats.reads,
+            read_bytes=stats.read_bytes,
+            throttled_adds=stats.throttled_adds,
+            rejected_adds=stats.rejected_adds,
+            checkpoints=stats.checkpoints,
+            replayed_records=stats.replayed_records,
+            write_cache_bytes=storage.write_cache_bytes,
+            read_cache_bytes=storage.read_cache.size,
+            read_cache_hits=storage.read_cache.hits,
+            read_cache_misses=storage.read_cache.misses,
+            journal_queue_bytes=storage.wal_queued_bytes,
+            index_entries=storage.index_entries_estimate() if storage.running else 0,
+            ledgers_by_state=by_state,
+            state=state,
+        )
+
+    def render(self) -> bytes:
+        """Blocking (reads the file system): call on a worker thread."""
+        return bytes(generate_latest(self.registry))
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+
+NODE_STATES = ("writable", "read_only", "shutting_down")
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._metrics.snapshot
+        settings = self._metrics.settings
+        counters = {
+            "adds": (s.adds, "Entries added."),
+            "add_payload_bytes": (s.add_bytes, "Payload bytes added."),
+            "reads": (s.reads, "Entries read."),
+            "read_payload_bytes": (s.read_bytes, "Payload bytes read."),
+            "throttled_adds": (s.throttled_adds, "Adds that waited on a full write cache."),
+            "rejected_adds": (s.rejected_adds, "Adds refused after maxThrottleTime."),
+            "checkpoints": (s.checkpoints, "Checkpoints completed."),
+            "replayed_records": (s.replayed_records, "WAL records replayed at start."),
+            "read_cache_hits": (s.read_cache_hits, "Reads served by the read cache."),
+            "read_cache_misses": (s.read_cache_misses, "Reads the read cache could not serve."),
+        }
+        for name, (value, doc) in counters.items():
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        gauges = {
+            "write_cache_bytes": (s.write_cache_bytes, "Bytes in the write cache (both halves)."),
+            "read_cache_bytes": (s.read_cache_bytes, "Bytes in the read cache."),
+            "journal_queue_bytes": (s.journal_queue_bytes, "Bytes queued for the next WAL write."),
+            "index_entries": (s.index_entries, "Entry locations in the index (RocksDB estimate)."),
+        }
+        for name, (value, doc) in gauges.items():
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        ledgers = GaugeMetricFamily(f"{PREFIX}_ledgers", "Ledgers by state.", labels=["state"])
+        for state, count in sorted(s.ledgers_by_state.items()):
+            ledgers.add_metric([state], count)
+        yield ledgers
+        node_state = GaugeMetricFamily(
+            f"{PREFIX}_state", "1 for the node's current state.", labels=["state"]
+        )
+        for state in NODE_STATES:
+            node_state.add_metric([state], 1.0 if state == s.state else 0.0)
+        yield node_state
+        yield GaugeMetricFamily(
+            f"{PREFIX}_read_only", "1 when adds are refused.", value=float(s.state != "writable")
+        )
+        yield from _entry_log_metrics(settings.ledgers_dir)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_index_size_bytes",
+            "Bytes of the RocksDB index on disk.",
+            value=_directory_bytes(settings.index_dir),
+        )
+        yield from _disk_metrics(settings)
+
+
+def _entry_log_metrics(ledgers_dir: Path) -> Iterator[Metric]:
+    sizes = []
+    oldest_mtime = None
+    now = time.time()
+    try:
+        entries = list(os.scandir(ledgers_dir))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if entry.name.endswith(ENTRY_LOG_SUFFIX) and entry.is_file():
+            stat = entry.stat()
+            sizes.append(stat.st_size)
+            oldest_mtime = (
+                stat.st_mtime if oldest_mtime is None else min(oldest_mtime, stat.st_mtime)
+            )
+    yield GaugeMetricFamily(f"{PREFIX}_entry_logs", "Entry log files.", value=len(sizes))
+    yield GaugeMetricFamily(
+        f"{PREFIX}_entry_log_bytes", "Bytes of all entry log files.", value=sum(sizes)
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_entry_log_oldest_age_seconds",
+        "Seconds since the least recently written entry log was last written (0: none).",
+        value=max(0.0, now - oldest_mtime) if oldest_mtime is not None else 0.0,
+    )
+
+
+def _directory_bytes(path: Path) -> int:
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+    except FileNotFoundError:
+        return 0
+
+
+def _disk_metrics(settings: Settings) -> Iterator[Metric]:
+    labels = ["dir"]
+    used = GaugeMetricFamily(f"{PREFIX}_disk_used_bytes", "Used bytes of the disk.", labels=labels)
+    total = GaugeMetricFamily(f"{PREFIX}_disk_total_bytes", "Size of the disk.", labels=labels)
+    ratio = GaugeMetricFamily(
+        f"{PREFIX}_disk_usage_ratio",
+        "Used / total of the disk holding each data dir.",
+        labels=labels,
+    )
+    for name, path in data_dirs(settings).items():
+        try:
+            stat = os.statvfs(path)
+        except FileNotFoundError:
+            continue
+        size = stat.f_blocks * stat.f_frsize
+        free = stat.f_bavail * stat.f_frsize
+        used.add_metric([name], size - free)
+        total.add_metric([name], size)
+        ratio.add_metric([name], (size - free) / size if size else 0.0)
+    yield used
+    yield total
+    yield ratio
+
+
+def data_dirs(settings: Settings) -> dict[str, Path]:
+    return {
+        "journal": settings.journal_dir,
+        "ledgers": settings.ledgers_dir,
+        "index": settings.index_dir,
+    }

@@ -1,0 +1,92 @@
+"""The admin API against BookKeeper's shapes (bookkeeper-server server/http/service/*)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.http.state import LIFECYCLE, STORAGE
+
+OCTET = {"Content-Type": "application/octet-stream"}
+
+
+async def test_heartbeat_and_readiness(client: Any) -> None:
+    r = await client.get("/heartbeat")
+    assert r.status == 200 and await r.text() == "OK\n"
+    r = await client.get("/api/v1/bookie/is_ready")
+    assert r.status == 200 and await r.text() == "OK"
+    client.server.app[LIFECYCLE].shutting_down = True  # what SIGTERM does first
+    r = await client.get("/api/v1/bookie/is_ready")
+    assert r.status == 503 and (await r.json())["code"] == "not_ready"
+    state = await (await client.get("/api/v1/bookie/state")).json()
+    assert state["shuttingDown"] is True and state["running"] is False
+
+
+async def test_info_and_state_shapes(client: Any) -> None:
+    info = await (await client.get("/api/v1/bookie/info")).json()
+    assert set(info) == {"freeSpace", "totalSpace"}
+    assert (
+        all(type(v) is int for v in info.values()) and 0 < info["freeSpace"] <= info["totalSpace"]
+    )
+    state = await (await client.get("/api/v1/bookie/state")).json()
+    assert state == {
+        "running": True,
+        "readOnly": False,
+        "shuttingDown": False,
+        "availableForHighPriorityWrites": True,
+    }
+
+
+async def test_read_only_mode_refuses_adds_and_serves_reads(client: Any) -> None:
+    r = await client.post("/api/v1/ledgers")
+    lid = (await r.json())["ledgerId"]
+    await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"before", headers=OCTET)
+    assert await (await client.get("/api/v1/bookie/state/readonly")).json() == {"readOnly": False}
+    r = await client.put("/api/v1/bookie/state/readonly", json={"readOnly": True})
+    assert r.status == 200 and await r.json() == {"readOnly": True}
+    state = await (await client.get("/api/v1/bookie/state")).json()
+    assert state["readOnly"] is True and state["availableForHighPriorityWrites"] is False
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"refused", headers=OCTET)
+    assert r.status == 503 and (await r.json())["code"] == "read_only"
+    assert (await client.post("/api/v1/ledgers")).status == 503
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
+    assert await r.read() == b"before"
+    assert (await client.post(f"/api/v1/ledgers/{lid}/close")).status == 200  # recovery ops go on
+    r = await client.put("/api/v1/bookie/state/readonly", json={"readOnly": False})
+    assert await r.json() == {"readOnly": False}
+    assert (await client.post("/api/v1/ledgers")).status == 201
+    for bad in (b"", b"{}", b'{"readOnly": "yes"}', b"[true]", b"\xff"):
+        r = await client.put("/api/v1/bookie/state/readonly", data=bad)
+        assert r.status == 400 and (await r.json())["code"] == "invalid_body"
+
+
+async def test_list_disk_file_and_last_log_mark(client: Any) -> None:
+    r = await client.post("/api/v1/ledgers")
+    lid = (await r.json())["ledgerId"]
+    await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x", headers=OCTET)
+    await client.server.app[STORAGE].checkpoint(force=True)  # an entry log, a lastMark
+    listing = await (await client.get("/api/v1/bookie/list_disk_file")).json()
+    assert set(listing) == {"journal files", "entrylog files", "index files"}
+    journals = listing["journal files"]
+    assert journals.endswith("\t") and all(n.endswith(".txn") for n in journals.split("\t")[:-1])
+    assert "CURRENT" in listing["index files"].split("\t")
+    assert listing["entrylog files"].startswith("1.log\t")
+    only = await (await client.get("/api/v1/bookie/list_disk_file?file_type=journal")).json()
+    assert only == {"journal files": journals}
+    r = await client.get("/api/v1/bookie/list_disk_file?file_type=../../etc")
+    assert r.status == 400 and (await r.json())["code"] == "invalid_file_type"
+    mark = await (await client.get("/api/v1/bookie/last_log_mark")).json()
+    ((key, value),) = mark.items()
+    assert key.startswith("LastLogMark: Journal Id - ") and key.endswith(".txn)")
+    assert value.startswith("Pos - ") and int(value.removeprefix("Pos - ")) >= 0
+
+
+async def test_server_config_lists_every_setting(client: Any) -> None:
+    config = await (await client.get("/api/v1/config/server_config")).json()
+    assert config["http_host"] == "127.0.0.1" and config["journal_max_group_wait_msec"] == 2
+    assert config["log_size_limit"] == 1 << 30 and config["admin_token"] is None
+
+
+async def test_gc_paths_are_reserved(client: Any) -> None:
+    for path in ("/api/v1/bookie/gc", "/api/v1/bookie/gc_details"):
+        r = await client.get(path)
+        assert r.status == 501 and (await r.json())["code"] == "not_implemented"
