@@ -31,7 +31,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from node.bench import main as bench_main  # imported late: keeps `serve` start-up light
+    # Imported late: keeps `serve` start-up light.
+    if args.what == "http":
+        from node.bench_http import main as bench_http_main
+
+        return bench_http_main(args)
+    from node.bench import main as bench_main
 
     return bench_main(args)
 
@@ -56,9 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=_cmd_serve)
 
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
-    bench.add_argument("what", choices=["write"], help="write: the engine in-process")
+    bench.add_argument(
+        "what",
+        choices=["write", "http"],
+        help="write: the engine in-process; http: the live server over loopback",
+    )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
-    bench.add_argument("--writers", type=int, default=16, help="concurrent writers")
+    bench.add_argument(
+        "--writers", type=int, default=16, help="concurrent writers (http: connections)"
+    )
     bench.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
     bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")

@@ -41,3 +41,24 @@ def test_bench_write_prints_positive_figures_for_the_three_rows(tmp_path: Path) 
         assert value > 0, f"{name}: {value} entries/s\n{result.stdout}"
     # It cleans up after itself: nothing left of what it created.
     assert not scratch.exists() or not any(scratch.iterdir())
+
+
+HTTP_ROWS = ("http single", "http batch", "http read", "engine single", "engine batch")
+
+
+def test_bench_http_prints_figures_for_every_run(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "node", "bench", "http", "--seconds", "0.5"]
+    command += ["--writers", "4", "--dir", str(tmp_path)]
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {}
+    for line in result.stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and cells[0] in HTTP_ROWS:
+            rows[cells[0]] = float(cells[2].replace(",", ""))  # entries/s
+    assert set(rows) == set(HTTP_ROWS), result.stdout
+    assert all(value > 0 for value in rows.values()), result.stdout
+    assert "batch ingest over HTTP / in-process engine batches:" in result.stdout
+    assert not any(tmp_path.iterdir())  # its scratch directory is gone

@@ -100,6 +100,11 @@ class ReadCache:
         self.misses += 1
         return None
 
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        """Without counting a hit or a miss. Safe from a reader thread: a dict lookup is
+        atomic, and a stale answer only ends a read-ahead early or late."""
+        return any(key in segment for segment in self._segments)
+
     @property
     def size(self) -> int:
         return sum(self._sizes)

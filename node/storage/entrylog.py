@@ -35,7 +35,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,7 @@ LEDGERS_MAP_COUNT = struct.Struct(">I")
 LEDGERS_MAP_ITEM = struct.Struct(">QQ")
 LEDGERS_MAP_MAX_BATCH = 10_000
 LAST_ID_FILE = "lastId"
+READ_AHEAD_STEP = 256 * 1024  # read-ahead reads the log in steps of this size
 SUFFIX = ".log"
 
 
@@ -336,11 +337,15 @@ class EntryLogReader:
         entry_id: int,
         max_entries: int,
         max_bytes: int,
+        already_cached: Callable[[int, int], bool] | None = None,
     ) -> list[tuple[int, bytes]]:
         """The entry at ``loc`` (checked: CRC, ledger and entry id) followed by read-ahead:
         the next records of the same ledger with rising entry ids, up to ``max_entries``
-        more, ``max_bytes`` or the end of the file. Raises CorruptRecord for a bad entry;
-        read-ahead stops silently at the first record it cannot trust."""
+        more, ``max_bytes``, the end of the file, or an entry ``already_cached`` says the
+        read cache holds (what follows it most likely is there too: reading it again
+        would only churn the cache). Read-ahead reads the file in steps of
+        READ_AHEAD_STEP, so a run that stops early costs little. Raises CorruptRecord for
+        a bad entry; read-ahead stops silently at the first record it cannot trust."""
         log_id, offset = split_location(loc)
         path = log_path(self._dir, log_id)
         with self._open(log_id) as fd:
@@ -352,28 +357,47 @@ class EntryLogReader:
                 raise CorruptRecord(
                     str(path), offset, f"holds ({lid}, {eid}), not ({ledger_id}, {entry_id})"
                 )
-            want = RECORD_OVERHEAD + length + (max_bytes if max_entries > 0 else 0)
-            data = os.pread(fd, want, offset)
-        if len(data) < RECORD_OVERHEAD + length or length < 0:
-            raise CorruptRecord(str(path), offset, f"record of {length} bytes is cut short")
-        view = memoryview(data)
-        payload = bytes(view[RECORD_OVERHEAD : RECORD_OVERHEAD + length])
-        if record_crc(ledger_id, entry_id, payload) != crc:
-            raise CorruptRecord(str(path), offset, "CRC32C mismatch")
-        run = [(entry_id, payload)]
-        pos = RECORD_OVERHEAD + length
-        last = entry_id
-        while len(run) <= max_entries and pos + RECORD_OVERHEAD <= len(data):
-            length, lid, eid, crc = decode_record_header(view, pos)
-            end = pos + RECORD_OVERHEAD + length
-            if lid != ledger_id or eid <= last or length < 0 or end > len(data):
-                break
-            payload = bytes(view[pos + RECORD_OVERHEAD : end])
-            if record_crc(lid, eid, payload) != crc:
-                break
-            run.append((eid, payload))
-            last, pos = eid, end
+            ahead = min(max_bytes, READ_AHEAD_STEP) if max_entries > 0 else 0
+            data = os.pread(fd, RECORD_OVERHEAD + length + ahead, offset)
+            if len(data) < RECORD_OVERHEAD + length or length < 0:
+                raise CorruptRecord(str(path), offset, f"record of {length} bytes is cut short")
+            payload = data[RECORD_OVERHEAD : RECORD_OVERHEAD + length]
+            if record_crc(ledger_id, entry_id, payload) != crc:
+                raise CorruptRecord(str(path), offset, "CRC32C mismatch")
+            run = [(entry_id, payload)]
+            base, pos, last = offset, RECORD_OVERHEAD + length, entry_id
+            budget = max_bytes
+            while len(run) <= max_entries and budget > 0:
+                if pos + RECORD_OVERHEAD > len(data):
+                    data, base, pos = self._next_step(fd, data, base, pos, RECORD_OVERHEAD)
+                    if pos + RECORD_OVERHEAD > len(data):
+                        break  # the end of the file
+                length, lid, eid, crc = decode_record_header(data, pos)
+                if lid != ledger_id or eid <= last or length < 0:
+                    break
+                if already_cached is not None and already_cached(lid, eid):
+                    break
+                end = pos + RECORD_OVERHEAD + length
+                if end > len(data):
+                    data, base, pos = self._next_step(fd, data, base, pos, end - pos)
+                    end = pos + RECORD_OVERHEAD + length
+                    if end > len(data):
+                        break
+                payload = data[pos + RECORD_OVERHEAD : end]
+                if record_crc(lid, eid, payload) != crc:
+                    break
+                run.append((eid, payload))
+                budget -= end - pos
+                last, pos = eid, end
         return run
+
+    @staticmethod
+    def _next_step(fd: int, data: bytes, base: int, pos: int, need: int) -> tuple[bytes, int, int]:
+        """Read on: keep ``data[pos:]`` (file offset ``base + pos``) and append at least
+        enough for ``need`` bytes from ``pos``, in steps of READ_AHEAD_STEP."""
+        rest = data[pos:]
+        more = os.pread(fd, max(READ_AHEAD_STEP, need - len(rest)), base + len(data))
+        return rest + more, base + pos, 0
 
     def forget(self, log_id: int) -> None:
         """Drop the cached handle of a log (before it is deleted)."""

@@ -588,12 +588,14 @@ class LedgerStorage:
         loc = self._index.get_location(ledger_id, entry_id)
         if loc is None:
             return []
+        cache = self._read_cache
         return self._reader.read_run(
             loc,
             ledger_id,
             entry_id,
             self.settings.db_storage_read_ahead_cache_batch_size,
             self.settings.db_storage_read_ahead_cache_batch_bytes_size,
+            lambda lid, eid: (lid, eid) in cache,
         )
 
     async def read_range(

@@ -319,3 +319,24 @@ async def test_allocation_after_a_client_took_the_highest_id(storage: LedgerStor
     first, _ = await storage.create_ledger()
     second, _ = await storage.create_ledger()
     assert (first.ledger_id, second.ledger_id) == (0, 1)
+
+
+async def test_read_ahead_over_records_larger_than_its_read_step(tmp_path: Path) -> None:
+    # Read cache segments of 2 MiB, so that every entry here fits in one.
+    settings = make_settings(tmp_path / "d", db_storage_read_ahead_cache_max_size=16 << 20)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    meta, _ = await storage.create_ledger()
+    sizes = [300_000, 10, 700_000, 5, 260_000, 1]  # around and over the 256 KiB step
+    payloads = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
+    await storage.add_entries(meta.ledger_id, payloads)
+    await storage.checkpoint()
+    storage = await _reopen(storage)
+    try:
+        assert await storage.read_entry(meta.ledger_id, 0) == payloads[0]
+        misses = storage.read_cache.misses
+        for i, payload in enumerate(payloads):
+            assert await storage.read_entry(meta.ledger_id, i) == payload
+        assert storage.read_cache.misses == misses  # read ahead, in steps, byte for byte
+    finally:
+        await storage.close()
