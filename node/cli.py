@@ -9,6 +9,7 @@ from pathlib import Path
 
 from node import logs, runtime
 from node.settings import SettingsError, load
+from node.storage.errors import WalDeviceError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -32,6 +33,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     # Imported late: keeps `serve` start-up light.
+    if args.what == "wal":
+        from node.bench_wal import main as bench_wal_main
+
+        return bench_wal_main(args)
     if args.what == "http":
         from node.bench_http import main as bench_http_main
 
@@ -63,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http"],
-        help="write: the engine in-process; http: the live server over loopback",
+        choices=["write", "http", "wal"],
+        help="write: the engine in-process; http: the live server over loopback; "
+        "wal: the raw-device WAL against fio on a loop device and a file",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
@@ -73,11 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
     bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")
+    bench.add_argument(
+        "--path", type=Path, help="wal: this block device or file only (overwritten)"
+    )
+    bench.add_argument(
+        "--record-sizes", default="1024,16384,262144", help="wal: record sizes in bytes"
+    )
     bench.set_defaults(func=_cmd_bench)
 
-    inspect = sub.add_parser("inspect", help="print and check a journal, entry log or index")
-    inspect.add_argument("kind", choices=["journal", "entrylog", "index"])
-    inspect.add_argument("path", type=Path, help="a .txn or .log file, or the index directory")
+    inspect = sub.add_parser("inspect", help="print and check a journal, entry log, index or WAL")
+    inspect.add_argument("kind", choices=["journal", "entrylog", "index", "wal"])
+    inspect.add_argument(
+        "path", type=Path, help="a .txn or .log file, the index directory, or the WAL's device"
+    )
     inspect.add_argument("--records", action="store_true", help="print every record")
     inspect.set_defaults(func=_cmd_inspect)
     return parser
@@ -88,6 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(args.log_level or "info", args.log_json)
     try:
         return int(args.func(args))
-    except SettingsError as e:
+    except (SettingsError, WalDeviceError) as e:
         print(f"refusing to start: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""``python -m node inspect journal|entrylog|index PATH [--records]``: print and check files.
+"""``python -m node inspect journal|entrylog|index|wal PATH [--records]``: print and check files.
 
 - ``journal`` (a ``.txn`` file): the header, then every record with its CRC checked, stopping
   at the end of data or at the first invalid record. For an invalid record it tells, in the
@@ -11,6 +11,11 @@
   holds its entry with a valid CRC. The database is opened read-only (RocksDB's
   ``OpenForReadOnly``, which takes no lock and replays the live WAL in memory only), so this
   runs beside a live node; it sees what the node had written when it was opened.
+- ``wal`` (the raw-device WAL's block device or file): both header slots and which one wins,
+  the trim offset, then a scan exactly as recovery does it: the records it would recover
+  (count, bytes, per ledger), holes, where valid data ends, and the offset where the node
+  would write next. Read with O_DIRECT, read-only; a hole with records after it following a
+  graceful shutdown is corruption (the node refuses to start on it).
 
 Exit code: 0 when everything checks out (last line ``OK``), 1 when a check fails (last line
 ``FAILED: <what>``), 2 when the path is not of the named kind (or cannot be read).
@@ -38,7 +43,8 @@ from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
 from node.settings import MiB, Settings
-from node.storage import entrylog, journal
+from node.storage import blockwal, entrylog, journal
+from node.storage.directio import open_raw
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
     LEDGER_KEY,
@@ -663,6 +669,126 @@ def _inspect_open_index(db: Rdict, path: Path, records: bool) -> int:
     return report.finish()
 
 
+# --- raw-device WAL ------------------------------------------------------------------------
+
+
+def _header_line(header: blockwal.WalHeader) -> str:
+    return (
+        f"sequence {header.sequence}, capacity {header.capacity}, trim {header.trim}, "
+        f"window {header.window}, shutdown {header.shutdown.name.lower()}, "
+        f"node id {header.node_id}, written at {header.written_ms} ms"
+    )
+
+
+def _wal_event_line(event: blockwal.ScanEvent) -> str:
+    if event.kind is blockwal.ScanKind.PADDING:
+        return f"offset {event.offset} padding to the end of the ring ({event.length} bytes)"
+    if event.record is None:
+        return f"offset {event.offset} INVALID: {event.reason}"
+    record = event.record
+    what = f"entry {record.entry_id}" if record.entry_id >= 0 else _kind_name(record.entry_id)
+    return (
+        f"offset {event.offset} ledger {record.ledger_id} {what} len {len(record.payload)} crc ok"
+    )
+
+
+def inspect_wal(path: Path, records: bool) -> int:
+    raw = open_raw(path, writable=False)
+    try:
+        if raw.size < blockwal.HEADER_AREA:
+            raise NotThisKind(f"{path}: {raw.size} bytes, shorter than the WAL header area")
+        reader = blockwal.RingReader(raw, raw.size)
+        try:
+            return _inspect_open_wal(raw.size, reader, path, raw.block_device, records)
+        finally:
+            reader.close()
+    finally:
+        raw.close()
+
+
+def _inspect_open_wal(
+    size: int, reader: blockwal.RingReader, path: Path, device: bool, records: bool
+) -> int:
+    report = _Report()
+    states = blockwal.read_slots(reader)
+    if not any(state.has_magic for state in states):
+        raise NotThisKind(f"{path}: no WAL header in either slot")
+    report.line(f"raw-device WAL {path} ({'block device' if device else 'file'}, {size} bytes)")
+    for state in states:
+        shown = _header_line(state.header) if state.header else f"INVALID ({state.problem})"
+        report.line(f"header slot {state.slot}: {shown}")
+    winner = blockwal.winning_slot(states)
+    if winner is None or winner.header is None:
+        report.fail("both header slots are invalid: the trim offset is lost")
+        return report.finish()
+    header = winner.header
+    report.line(f"winner: slot {winner.slot} (sequence {header.sequence})")
+    if header.capacity > size:
+        report.fail(f"the header's capacity {header.capacity} exceeds the {size}-byte medium")
+        return report.finish()
+    area = header.capacity - blockwal.HEADER_AREA
+    physical = blockwal.HEADER_AREA + header.trim % area
+    report.line(f"trim offset: {header.trim} (lap {header.trim // area}, physical {physical})")
+
+    scan = blockwal.RingScan(reader.read, header.capacity, header.trim, header.window)
+    ledgers: dict[int, _LedgerFigures] = {}
+    kinds: Counter[str] = Counter()
+    record_bytes = 0
+    if records:
+        report.line("records:")
+    with _progress(area, area > PROGRESS_MIN_BYTES) as bar:
+        for event in scan:
+            bar.update(max(0, event.offset + event.length - header.trim - bar.n))
+            if records:
+                report.line(f"  {_wal_event_line(event)}")
+            if event.record is None:
+                continue
+            record_bytes += event.length
+            figures = ledgers.setdefault(event.record.ledger_id, _LedgerFigures())
+            if event.record.entry_id >= 0:
+                figures.entries += 1
+                figures.payload_bytes += len(event.record.payload)
+            else:
+                kinds[_kind_name(event.record.entry_id)] += 1
+                figures.kinds[_kind_name(event.record.entry_id)] += 1
+
+    report.line("summary:")
+    metadata = sum(kinds.values())
+    report.line(
+        f"  records: {scan.records} ({scan.records - metadata} entries, {metadata} metadata)"
+    )
+    for name, count in sorted(kinds.items()):
+        report.line(f"    {name}: {count}")
+    report.line(f"  ledgers seen: {len(ledgers)}")
+    for ledger_id in sorted(ledgers):
+        figures = ledgers[ledger_id]
+        report.line(
+            f"    ledger {ledger_id}: {figures.entries} entries, "
+            f"{figures.payload_bytes} payload bytes"
+        )
+    report.line(f"  payload bytes: {scan.payload_bytes}")
+    report.line(f"  record bytes: {record_bytes} (record headers included)")
+    report.line(f"  padding records: {scan.paddings}")
+    report.line(f"  end of valid data: offset {scan.end} ({scan.end_reason} there)")
+    report.line(f"  holes: {len(scan.holes)}")
+    for hole in scan.holes[:MAX_LISTED]:
+        report.line(
+            f"    hole at offset {hole.offset} ({hole.reason}), records again from "
+            f"{hole.next_valid}"
+        )
+    report.line(
+        f"next offset: {blockwal.restart_offset(header, scan)} (where the node writes next)"
+    )
+    if scan.holes and header.shutdown == blockwal.Shutdown.GRACEFUL:
+        report.fail(
+            f"hole at offset {scan.holes[0].offset} with records after it, after a graceful "
+            "shutdown: corruption (the node refuses to start)"
+        )
+    elif scan.holes:
+        report.line("holes after an ungraceful shutdown: blocks in flight at the crash")
+    return report.finish()
+
+
 # --- entry point ---------------------------------------------------------------------------
 
 
@@ -672,6 +798,7 @@ def main(args: argparse.Namespace) -> int:
         "journal": inspect_journal,
         "entrylog": inspect_entrylog,
         "index": inspect_index,
+        "wal": inspect_wal,
     }
     try:
         return inspectors[args.kind](path, bool(args.records))

@@ -13,6 +13,7 @@ Labels are bounded: route templates (never ids), ledger states, data dir kinds.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -20,9 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from node.lifecycle import BackgroundWork
+from node.lifecycle.gc import USAGE_BUCKETS, GcStats
 from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
@@ -61,6 +69,12 @@ class EngineSnapshot:
     index_entries: int = 0
     ledgers_by_state: dict[str, int] = field(default_factory=dict)
     state: str = "writable"
+    gc: GcStats = field(default_factory=GcStats)
+    compactions: dict[str, int] = field(default_factory=dict)  # by kind
+    compacting: dict[str, bool] = field(default_factory=dict)  # by kind
+    unreadable_logs: int = 0
+    log_usages: list[float] = field(default_factory=list)
+    disk_warning: bool = False
 
 
 class Metrics:
@@ -128,7 +142,9 @@ class Metrics:
 
     # --- scraping --------------------------------------------------------------------------
 
-    def take_snapshot(self, storage: LedgerStorage, shutting_down: bool) -> None:
+    def take_snapshot(
+        self, storage: LedgerStorage, shutting_down: bool, work: BackgroundWork | None = None
+    ) -> None:
         """On the event loop: copy what the engine's structures hold."""
         stats = storage.stats
         by_state = dict.fromkeys((s.name.lower() for s in LedgerState), 0)
@@ -158,6 +174,20 @@ class Metrics:
             ledgers_by_state=by_state,
             state=state,
         )
+        if work is not None:
+            status = work.gc.status
+            self._snapshot.gc = dataclasses.replace(work.gc.stats)
+            self._snapshot.compactions = {
+                "major": status.major_compaction_counter,
+                "minor": status.minor_compaction_counter,
+            }
+            self._snapshot.compacting = {
+                "major": status.major_compacting,
+                "minor": status.minor_compacting,
+            }
+            self._snapshot.unreadable_logs = len(status.unreadable_logs)
+            self._snapshot.log_usages = work.gc.usages()
+            self._snapshot.disk_warning = work.disks.warned
 
     def render(self) -> bytes:
         """Blocking (reads the file system): call on a worker thread."""
@@ -218,6 +248,7 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_read_only", "1 when adds are refused.", value=float(s.state != "writable")
         )
+        yield from _gc_metrics(s)
         yield from _entry_log_metrics(settings.ledgers_dir)
         yield GaugeMetricFamily(
             f"{PREFIX}_index_size_bytes",
@@ -225,6 +256,63 @@ class _StateCollector(Collector):
             value=_directory_bytes(settings.index_dir),
         )
         yield from _disk_metrics(settings)
+
+
+def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
+    g = s.gc
+    for name, value, doc in (
+        ("gc_runs", g.runs, "Garbage collection runs."),
+        ("gc_deleted_ledgers", g.deleted_ledgers, "Deleted ledgers GC has forgotten."),
+        ("gc_run_seconds", g.run_seconds_total, "Time spent in GC runs."),
+        ("gc_compaction_read_bytes", g.compaction_read_bytes, "Bytes compaction read."),
+        ("gc_compaction_written_bytes", g.compaction_written_bytes, "Bytes compaction wrote."),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    reclaimed = CounterMetricFamily(
+        f"{PREFIX}_gc_reclaimed_bytes", "Disk space GC gave back, by how.", labels=["by"]
+    )
+    reclaimed.add_metric(["deletion"], g.reclaimed_by_deletion_bytes)
+    reclaimed.add_metric(["compaction"], g.reclaimed_by_compaction_bytes)
+    yield reclaimed
+    runs = CounterMetricFamily(
+        f"{PREFIX}_gc_compactions", "Compaction runs by kind.", labels=["kind"]
+    )
+    compacting = GaugeMetricFamily(
+        f"{PREFIX}_gc_compacting", "1 while a compaction of this kind runs.", labels=["kind"]
+    )
+    for kind in ("major", "minor"):
+        runs.add_metric([kind], s.compactions.get(kind, 0))
+        compacting.add_metric([kind], float(s.compacting.get(kind, False)))
+    yield runs
+    yield compacting
+    yield GaugeMetricFamily(
+        f"{PREFIX}_gc_last_run_duration_seconds",
+        "Duration of the last GC run.",
+        value=g.last_run_seconds,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_gc_unreadable_logs",
+        "Entry logs GC skipped as unreadable in its last run.",
+        value=s.unreadable_logs,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_disk_warning", "1 when a data disk is past the warn watermark.",
+        value=float(s.disk_warning),
+    )  # fmt: skip
+    buckets = [0] * USAGE_BUCKETS
+    for usage in s.log_usages:
+        buckets[min(USAGE_BUCKETS - 1, int(usage * USAGE_BUCKETS))] += 1
+    cumulative, running = [], 0
+    for i, count in enumerate(buckets):
+        running += count
+        bound = "+Inf" if i == USAGE_BUCKETS - 1 else str((i + 1) / USAGE_BUCKETS)
+        cumulative.append((bound, running))
+    yield HistogramMetricFamily(
+        f"{PREFIX}_entry_log_usage",
+        "Entry logs by usage (live bytes over the larger of size and log_size_limit).",
+        buckets=cumulative,
+        sum_value=sum(s.log_usages),
+    )
 
 
 def _entry_log_metrics(ledgers_dir: Path) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 SECTOR = 512  # the smallest unit a disk writes atomically
+WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
 
 
 class SettingsError(ValueError):
@@ -44,6 +45,7 @@ class Settings(BaseSettings):
     max_entry_size: int = Field(5 * MiB, gt=0)  # largest payload (BookKeeper nettyMaxFrameSize)
     max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
     range_read_chunk_entries: int = Field(256, gt=0)  # entries fetched per step of a range read
+    max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
     admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/
     shutdown_timeout_s: float = Field(30.0, gt=0)  # how long SIGTERM waits for requests
@@ -54,6 +56,11 @@ class Settings(BaseSettings):
     wal_kind: Literal["journal", "blockdev"] = "journal"  # file journal or raw-device ring
     wal_path: Path | None = None  # the raw-device WAL's device or file (blockdev only)
     wal_capacity: int = Field(2 * GiB, gt=0)  # raw-device ring capacity, fixed at creation
+    # Raw-device ring (AutoMQ); appends wait for room up to db_storage_max_throttle_time_ms.
+    wal_block_soft_limit: int = Field(256 * KiB, gt=0)  # AutoMQ blockSoftLimit: a block closes here
+    wal_write_rate_limit: int = Field(3000, ge=0)  # AutoMQ writeRateLimit: blocks/s (gp3), 0 = none
+    wal_io_depth: int = Field(4, gt=0)  # blocks written at once (AutoMQ iodepth; 8 there)
+    wal_volatile_write_cache: bool = True  # fdatasync before acks; false only if none (EBS)
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     journal_max_group_wait_msec: float = Field(2.0, ge=0)  # group commit: max age of a group
@@ -163,6 +170,8 @@ class Settings(BaseSettings):
             raise ValueError("log_size_limit must fit an entry location's 32-bit offset")
         if self.wal_kind == "blockdev" and self.wal_path is None:
             raise ValueError("wal_path must name a block device or file when wal_kind=blockdev")
+        if self.wal_capacity % WAL_BLOCK_ALIGNMENT:
+            raise ValueError(f"wal_capacity must be a multiple of {WAL_BLOCK_ALIGNMENT}")
         return self
 
     @classmethod

@@ -1,6 +1,5 @@
 """The admin API at BookKeeper's paths and in its response shapes (bookkeeper-server
-``server/http/service/*``), plus /metrics. Garbage collection routes are reserved here and
-answered by the GC issue's work."""
+``server/http/service/*``), plus /metrics."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import ApiError
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, WORK
 from node.metrics import CONTENT_TYPE, data_dirs
 from node.settings import Settings
 from node.storage import entrylog, journal
@@ -24,12 +23,6 @@ READ_ONLY_BY_OPERATOR = "set by an operator (PUT /api/v1/bookie/state/readonly)"
 NOT_READY = "Bookie is not fully started yet"
 # BookKeeper's list_disk_file keys, by file_type.
 DISK_FILE_KINDS = {"journal": "journal files", "entrylog": "entrylog files", "index": "index files"}
-RESERVED_GC_PATHS = (
-    "/api/v1/bookie/gc",
-    "/api/v1/bookie/gc_details",
-    "/api/v1/bookie/gc/suspend_compaction",
-    "/api/v1/bookie/gc/resume_compaction",
-)
 
 
 @routes.get("/heartbeat")
@@ -157,16 +150,76 @@ async def server_config(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[METRICS]
-    registry.take_snapshot(request.app[STORAGE], request.app[LIFECYCLE].shutting_down)
+    registry.take_snapshot(
+        request.app[STORAGE], request.app[LIFECYCLE].shutting_down, request.app[WORK]
+    )
     body = await asyncio.to_thread(registry.render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-async def reserved(request: web.Request) -> web.Response:
-    raise ApiError(
-        501, "not_implemented", f"{request.path} is reserved for garbage collection (coming)"
-    )
+def _json_body(raw: bytes, allowed: set[str]) -> dict[str, bool]:
+    """An optional JSON object of booleans with only the ``allowed`` keys."""
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if (
+        not isinstance(body, dict)
+        or set(body) - allowed
+        or not all(isinstance(v, bool) for v in body.values())
+    ):
+        keys = ", ".join(f'"{k}": bool' for k in sorted(allowed))
+        raise ApiError(400, "invalid_body", f"body must be empty or {{{keys}}}")
+    return body
 
 
-for _path in RESERVED_GC_PATHS:
-    routes.route("*", _path)(reserved)
+@routes.put("/api/v1/bookie/gc")
+async def trigger_gc(request: web.Request) -> web.Response:
+    body = _json_body(await request.read(), {"forceMajor", "forceMinor"})
+    gc = request.app[WORK].gc
+    gc.request(body.get("forceMajor", False), body.get("forceMinor", False))
+    return web.json_response(f"Triggered GC on BookieServer: node {request.app[SETTINGS].node_id}")
+
+
+@routes.get("/api/v1/bookie/gc")
+async def gc_state(request: web.Request) -> web.Response:
+    in_force = request.app[WORK].gc.in_force_gc
+    return web.json_response({"is_in_force_gc": "true" if in_force else "false"})
+
+
+@routes.get("/api/v1/bookie/gc_details")
+async def gc_details(request: web.Request) -> web.Response:
+    return web.json_response([request.app[WORK].gc.status.as_bookkeeper()])
+
+
+def _suspension(request: web.Request) -> dict[str, str]:
+    status = request.app[WORK].gc.status
+    return {
+        "isMajorGcSuspended": "true" if status.major_suspended else "false",
+        "isMinorGcSuspended": "true" if status.minor_suspended else "false",
+    }
+
+
+@routes.get("/api/v1/bookie/gc/suspend_compaction")
+async def get_suspension(request: web.Request) -> web.Response:
+    return web.json_response(_suspension(request))
+
+
+@routes.put("/api/v1/bookie/gc/suspend_compaction")
+async def suspend_compaction(request: web.Request) -> web.Response:
+    body = _json_body(await request.read(), {"suspendMajor", "suspendMinor"})
+    if not body:
+        raise ApiError(400, "invalid_body", "say suspendMajor and/or suspendMinor")
+    request.app[WORK].gc.suspend(body.get("suspendMajor", False), body.get("suspendMinor", False))
+    return web.json_response(_suspension(request))
+
+
+@routes.put("/api/v1/bookie/gc/resume_compaction")
+async def resume_compaction(request: web.Request) -> web.Response:
+    body = _json_body(await request.read(), {"resumeMajor", "resumeMinor"})
+    if not body:
+        raise ApiError(400, "invalid_body", "say resumeMajor and/or resumeMinor")
+    request.app[WORK].gc.resume(body.get("resumeMajor", False), body.get("resumeMinor", False))
+    return web.json_response(_suspension(request))

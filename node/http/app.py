@@ -17,7 +17,8 @@ from aiohttp.web_request import BaseRequest
 from node.http import admin, ledgers, openapi
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, Lifecycle
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, WORK, Lifecycle
+from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
@@ -39,6 +40,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
+    app[WORK] = BackgroundWork(app[STORAGE])
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
@@ -49,8 +51,10 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
 
 async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[STORAGE].start()
+    await app[WORK].start()
     app[LIFECYCLE].started = True
     yield
+    await app[WORK].stop()
     await app[STORAGE].close()
 
 

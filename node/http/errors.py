@@ -25,6 +25,7 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.Backpressure: 503,
     storage_errors.StorageClosed: 503,
     storage_errors.NodeReadOnly: 503,
+    storage_errors.DiskFull: 507,
     storage_errors.JournalFailed: 500,
     storage_errors.CorruptRecord: 500,
 }

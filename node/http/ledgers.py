@@ -19,7 +19,7 @@ from node.http.frames import (
     decode_batch,
     encode_range_frame,
 )
-from node.http.state import METRICS, STORAGE
+from node.http.state import METRICS, SETTINGS, STORAGE
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, LedgerMeta
 from node.storage.ledgers import LedgerStorage
@@ -27,7 +27,6 @@ from node.storage.ledgers import LedgerStorage
 log = logging.getLogger(__name__)
 
 WRITE_TOKEN_HEADER = "X-Write-Token"
-MAX_LONG_POLL_MS = 60_000  # a long-poll never holds a connection longer than this
 RANGE_WRITE_CHUNK = 256 * 1024  # frames are gathered into writes of about this size
 _ID = re.compile(r"[0-9]{1,19}")
 _RAW_TYPES = {"application/octet-stream", ""}
@@ -256,12 +255,13 @@ async def read_range(request: web.Request) -> web.StreamResponse:
 async def long_poll_lac(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
+    timeout_ms = parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0)
+    longest = request.app[SETTINGS].max_long_poll_ms
+    if timeout_ms > longest:
+        raise ApiError(400, "invalid_timeout", f"timeoutMs is at most {longest}")
     if "after" in request.query:
         raw = request.query["after"]
         after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
-        timeout_ms = min(
-            parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0), MAX_LONG_POLL_MS
-        )
         lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
         lac = storage.ledger(ledger_id).lac

@@ -10,6 +10,8 @@ from typing import Any
 from aiohttp import web
 
 from node import __version__
+from node.http.state import SETTINGS
+from node.settings import Settings
 
 routes = web.RouteTableDef()
 
@@ -40,8 +42,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         413: "Entry or request too large",
         415: "Unsupported content type",
         500: "An entry failed its CRC check, or the WAL failed",
-        501: "Reserved, not implemented yet",
         503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
+        507: "A data disk is full: the node is read-only",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
     responses["default"] = _json(_ref("Error"), "Any other error")
@@ -68,7 +70,7 @@ WRITE_TOKEN = {
     "description": "The ledger's write token, when it was created with one",
     "schema": {"type": "string"},
 }
-MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503)
+MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503, 507)
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -123,6 +125,28 @@ SCHEMAS: dict[str, Any] = {
             "lac": {"type": "integer"},
         },
     },
+    "GcStatus": {
+        "type": "object",
+        "required": [
+            "forceCompacting", "majorCompacting", "minorCompacting",
+            "lastMajorCompactionTime", "lastMinorCompactionTime",
+            "majorCompactionCounter", "minorCompactionCounter",
+        ],
+        "properties": {
+            "forceCompacting": {"type": "boolean"},
+            "majorCompacting": {"type": "boolean"},
+            "minorCompacting": {"type": "boolean"},
+            "lastMajorCompactionTime": {"type": "integer"},
+            "lastMinorCompactionTime": {"type": "integer"},
+            "majorCompactionCounter": {"type": "integer"},
+            "minorCompactionCounter": {"type": "integer"},
+            "compactingLog": {"type": ["string", "null"]},
+            "compactingBytesDone": {"type": "integer"},
+            "compactingBytesLeft": {"type": "integer"},
+            "lastErrors": {"type": "object", "additionalProperties": {"type": "string"}},
+            "unreadableLogs": {"type": "array", "items": {"type": "string"}},
+        },
+    },
     "Lac": {
         "type": "object",
         "required": ["ledgerId", "lac"],
@@ -131,7 +155,18 @@ SCHEMAS: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _ledger_paths() -> dict[str, Any]:
+def _bool_body(*names: str, required: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {name: {"type": "boolean"} for name in names},
+    }
+    if required:
+        schema["minProperties"] = 1
+    return {"required": required, "content": {JSON: {"schema": schema}}}
+
+
+def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
     ledger = _json(_ref("Ledger"), "Ledger metadata")
     create_body = {"required": False, "content": {JSON: {"schema": _ref("CreateLedger")}}}
     octet_body = {
@@ -260,7 +295,10 @@ def _ledger_paths() -> dict[str, Any]:
                 "summary": "The LAC; with `after`, wait until it passes `after`",
                 "parameters": [
                     _id("after", "query", "Wait for the LAC to pass this id", minimum=-1),
-                    _id("timeoutMs", "query", "At most this long (capped at 60 s)"),
+                    {
+                        **_id("timeoutMs", "query", "At most this long"),
+                        "schema": {"type": "integer", "minimum": 0, "maximum": max_long_poll_ms},
+                    },
                 ],
                 "responses": {"200": _json(_ref("Lac"), "The LAC"), **_errors(400, 404)},
             },
@@ -371,6 +409,47 @@ def _admin_paths() -> dict[str, Any]:
                 "responses": {"200": _json({"type": "object"}, "Settings"), **_errors()},
             }
         },
+        "/api/v1/bookie/gc": {
+            "put": {
+                "summary": "Run garbage collection now (forceMajor/forceMinor override suspension)",
+                "requestBody": _bool_body("forceMajor", "forceMinor"),
+                "responses": {
+                    "200": _json({"type": "string"}, "Triggered"),
+                    **_errors(400, 401, 403),
+                },
+            },
+            "get": {
+                "summary": "Whether a forced GC is pending or running",
+                "responses": {"200": _json(string_map, "is_in_force_gc"), **_errors()},
+            },
+        },
+        "/api/v1/bookie/gc_details": {
+            "get": {
+                "summary": "GC status (BookKeeper's fields, plus progress and errors)",
+                "responses": {
+                    "200": _json({"type": "array", "items": _ref("GcStatus")}, "Status"),
+                    **_errors(),
+                },
+            }
+        },
+        "/api/v1/bookie/gc/suspend_compaction": {
+            "get": {
+                "summary": "Whether major and minor compaction are suspended",
+                "responses": {"200": _json(string_map, "Suspension"), **_errors()},
+            },
+            "put": {
+                "summary": "Suspend major and/or minor compaction",
+                "requestBody": _bool_body("suspendMajor", "suspendMinor", required=True),
+                "responses": {"200": _json(string_map, "Suspension"), **_errors(400, 401, 403)},
+            },
+        },
+        "/api/v1/bookie/gc/resume_compaction": {
+            "put": {
+                "summary": "Resume major and/or minor compaction",
+                "requestBody": _bool_body("resumeMajor", "resumeMinor", required=True),
+                "responses": {"200": _json(string_map, "Suspension"), **_errors(400, 401, 403)},
+            }
+        },
         "/metrics": {
             "get": {"summary": "Prometheus metrics", "responses": {"200": text, **_errors()}}
         },
@@ -383,7 +462,7 @@ def _admin_paths() -> dict[str, Any]:
     }
 
 
-def document() -> dict[str, Any]:
+def document(settings: Settings) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {
@@ -396,10 +475,10 @@ def document() -> dict[str, Any]:
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
-        "paths": {**_ledger_paths(), **_admin_paths()},
+        "paths": {**_ledger_paths(settings.max_long_poll_ms), **_admin_paths()},
     }
 
 
 @routes.get("/openapi.json")
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.json_response(document())
+    return web.json_response(document(request.app[SETTINGS]))

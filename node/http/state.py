@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
@@ -23,3 +24,4 @@ STORAGE = web.AppKey("storage", LedgerStorage)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+WORK = web.AppKey("work", BackgroundWork)

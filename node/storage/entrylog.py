@@ -59,6 +59,7 @@ LEDGERS_MAP_COUNT = struct.Struct(">I")
 LEDGERS_MAP_ITEM = struct.Struct(">QQ")
 LEDGERS_MAP_MAX_BATCH = 10_000
 LAST_ID_FILE = "lastId"
+COMPACTING_SUFFIX = ".compacting"  # a compaction output being written: <id>.log.compacting
 READ_AHEAD_STEP = 256 * 1024  # read-ahead reads the log in steps of this size
 SUFFIX = ".log"
 
@@ -138,6 +139,7 @@ class ScannedRecord:
     entry_id: int
     payload: bytes
     crc_ok: bool
+    crc: int = 0  # as stored
 
 
 def scan(path: Path) -> Iterator[ScannedRecord]:
@@ -160,8 +162,57 @@ def scan(path: Path) -> Iterator[ScannedRecord]:
             ok = record_crc(ledger_id, entry_id, payload) == crc
             if not ok and length == 0 and ledger_id == 0 and entry_id == 0:
                 return  # zeros: end of data
-            yield ScannedRecord(offset, ledger_id, entry_id, payload, ok)
+            yield ScannedRecord(offset, ledger_id, entry_id, payload, ok, crc)
             offset += RECORD_OVERHEAD + length
+
+
+def read_ledgers_map(path: Path) -> dict[int, int] | None:
+    """The ledgers map a sealed log carries, or None (an unsealed log, or a map that does
+    not check out: the caller scans instead)."""
+    with open(path, "rb") as f:
+        try:
+            _version, map_offset, map_count = decode_header(f.read(HEADER_SIZE))
+        except (ValueError, struct.error):
+            return None
+        if map_offset == 0 or map_count == 0:
+            return None
+        f.seek(map_offset)
+        data = f.read()
+    sizes: dict[int, int] = {}
+    pos = 0
+    while pos + RECORD_OVERHEAD <= len(data):
+        length, ledger_id, entry_id, crc = decode_record_header(data, pos)
+        end = pos + RECORD_OVERHEAD + length
+        payload = data[pos + RECORD_OVERHEAD : end]
+        if (ledger_id, entry_id) != (LEDGERS_MAP_LEDGER_ID, LEDGERS_MAP_ENTRY_ID) or end > len(
+            data
+        ):
+            return None
+        if record_crc(ledger_id, entry_id, payload) != crc:
+            return None
+        try:
+            sizes.update(decode_ledgers_map(payload))
+        except (ValueError, struct.error):
+            return None
+        pos = end
+    return sizes if len(sizes) == map_count else None
+
+
+def ledger_sizes(path: Path, on_read: Callable[[int, int], None] | None = None) -> dict[int, int]:
+    """Bytes of each ledger in a log: from its ledgers map, else by a scan (reporting the
+    records and bytes it reads to ``on_read``, so a throttle can pace it). Records that
+    fail their CRC count for nothing. Raises CorruptRecord for a log that is not one."""
+    mapped = read_ledgers_map(path)
+    if mapped is not None:
+        return mapped
+    sizes: dict[int, int] = {}
+    for record in scan(path):
+        size = RECORD_OVERHEAD + len(record.payload)
+        if on_read is not None:
+            on_read(1, size)
+        if record.crc_ok and record.ledger_id >= 0:
+            sizes[record.ledger_id] = sizes.get(record.ledger_id, 0) + size
+    return sizes
 
 
 @dataclass(slots=True)
@@ -172,13 +223,73 @@ class _OpenLog:
     ledger_sizes: dict[int, int] = field(default_factory=dict)
 
 
+class LogIdAllocator:
+    """Hands out entry log ids, never twice, to the checkpoint's writer and to compaction
+    (two threads); ``lastId`` keeps the high-water mark across restarts."""
+
+    def __init__(self, directory: Path) -> None:
+        self._dir = directory
+        self._lock = threading.Lock()
+        self._last: int | None = None
+
+    def allocate(self) -> int:
+        with self._lock:
+            if self._last is None:
+                self._dir.mkdir(parents=True, exist_ok=True)
+                self._last = max(self._read_last_id(), *all_log_ids(self._dir), 0)
+            log_id = self._last + 1
+            if log_id >= 1 << 31:
+                raise OSError("entry log ids exhausted (31 bits)")
+            write_file_atomically(self._dir / LAST_ID_FILE, f"{log_id:x}\n".encode())
+            self._last = log_id
+            return log_id
+
+    def _read_last_id(self) -> int:
+        try:
+            return int((self._dir / LAST_ID_FILE).read_text().strip(), 16)
+        except FileNotFoundError:
+            return 0
+
+
+def all_log_ids(directory: Path) -> list[int]:
+    """Ids of logs and of compaction outputs still being written (``<id>.log.compacting``)."""
+    ids = set(list_logs(directory))
+    for path in directory.glob(f"*{SUFFIX}{COMPACTING_SUFFIX}"):
+        with contextlib.suppress(ValueError):
+            ids.add(int(path.name.split(".", 1)[0], 16))
+    return sorted(ids)
+
+
+def create_log(path: Path) -> int:
+    """A new log file with its header, durable with its name; returns its descriptor."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.pwrite(fd, encode_header(), 0)
+        os.fdatasync(fd)
+        fsync_dir(path.parent)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def seal(fd: int, position: int, ledger_sizes: dict[int, int]) -> int:
+    """Append the ledgers map at ``position`` and patch the header; returns the new end.
+    The fsync is the caller's."""
+    ledgers_map = encode_ledgers_map(ledger_sizes)
+    os.pwrite(fd, ledgers_map, position)
+    os.pwrite(fd, MAP_FIELDS.pack(position, len(ledger_sizes)), MAP_FIELDS_OFFSET)
+    return position + len(ledgers_map)
+
+
 class EntryLogWriter:
     """Appends sorted batches to the current log and rolls it at ``log_size_limit``.
     Used by one thread at a time (the checkpoint, serialized by the ledger storage)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, allocator: LogIdAllocator) -> None:
         self._dir = settings.ledgers_dir
         self._limit = settings.log_size_limit
+        self._allocator = allocator
         self._current: _OpenLog | None = None
         self._rotated: list[_OpenLog] = []
 
@@ -186,24 +297,9 @@ class EntryLogWriter:
     def current_log_id(self) -> int | None:
         return self._current.log_id if self._current else None
 
-    def _last_id(self) -> int:
-        try:
-            return int((self._dir / LAST_ID_FILE).read_text().strip(), 16)
-        except FileNotFoundError:
-            existing = list_logs(self._dir)
-            return existing[-1] if existing else 0
-
     def _new_log(self) -> _OpenLog:
-        self._dir.mkdir(parents=True, exist_ok=True)
-        log_id = max(self._last_id(), *list_logs(self._dir), 0) + 1
-        if log_id >= 1 << 31:
-            raise OSError("entry log ids exhausted (31 bits)")
-        write_file_atomically(self._dir / LAST_ID_FILE, f"{log_id:x}\n".encode())
-        fd = os.open(log_path(self._dir, log_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        os.pwrite(fd, encode_header(), 0)
-        os.fdatasync(fd)
-        fsync_dir(self._dir)
-        return _OpenLog(log_id, fd, HEADER_SIZE)
+        log_id = self._allocator.allocate()
+        return _OpenLog(log_id, create_log(log_path(self._dir, log_id)), HEADER_SIZE)
 
     def append(self, records: Iterable[tuple[int, int, int, bytes]]) -> list[int]:
         """Append records ``(ledger id, entry id, crc, payload)``; return their locations.
@@ -259,10 +355,7 @@ class EntryLogWriter:
         """Append the ledgers map and patch the header; the fsync comes with flush()."""
         log = self._current
         assert log is not None
-        ledgers_map = encode_ledgers_map(log.ledger_sizes)
-        os.pwrite(log.fd, ledgers_map, log.position)
-        os.pwrite(log.fd, MAP_FIELDS.pack(log.position, len(log.ledger_sizes)), MAP_FIELDS_OFFSET)
-        log.position += len(ledgers_map)
+        log.position = seal(log.fd, log.position, log.ledger_sizes)
         self._rotated.append(log)
         self._current = None
 
@@ -291,44 +384,111 @@ class EntryLogWriter:
             self._current = None
 
 
+class LogRetired(Exception):
+    """The log was chosen for deletion (compacted or emptied): look the entry up again."""
+
+
+@dataclass(slots=True)
+class _Handle:
+    """An open log shared by readers (RocketMQ's ReferenceResource): ``holders`` count
+    the reads using it; a retired handle takes no new holds and is closed, and its file
+    deleted, when the last holder releases it."""
+
+    fd: int
+    holders: int = 0
+    retired_at: float | None = None
+
+
 class EntryLogReader:
     """Reads records by location through a bounded cache of open file handles.
 
-    Thread safe: many reader threads share it. A handle is closed only when no reader uses
-    it (the GC issue extends this into RocketMQ-style reference counting).
+    Thread safe: many reader threads share it, and GC retires logs from its own thread.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float]) -> None:
         self._dir = settings.ledgers_dir
         self._max_open = settings.open_file_limit
+        self._clock = clock
         self._lock = threading.Lock()
-        self._handles: OrderedDict[int, list[int]] = OrderedDict()  # id -> [fd, users]
+        self._handles: OrderedDict[int, _Handle] = OrderedDict()
+        self._retired: dict[int, _Handle] = {}  # held when retired: deleted on release
 
     @contextlib.contextmanager
     def _open(self, log_id: int) -> Iterator[int]:
         with self._lock:
+            if log_id in self._retired:
+                raise LogRetired(log_id)
             handle = self._handles.get(log_id)
             if handle is None:
-                fd = os.open(log_path(self._dir, log_id), os.O_RDONLY)
-                handle = self._handles[log_id] = [fd, 0]
+                try:
+                    fd = os.open(log_path(self._dir, log_id), os.O_RDONLY)
+                except FileNotFoundError:
+                    raise LogRetired(log_id) from None
+                handle = self._handles[log_id] = _Handle(fd)
                 self._evict()
             else:
                 self._handles.move_to_end(log_id)
-            handle[1] += 1
+            handle.holders += 1
         try:
-            yield handle[0]
+            yield handle.fd
         finally:
             with self._lock:
-                handle[1] -= 1
-                if log_id not in self._handles and handle[1] == 0:
-                    os.close(handle[0])
+                handle.holders -= 1
+                if handle.holders == 0 and self._handles.get(log_id) is not handle:
+                    self._finish(log_id, handle)
+
+    def _finish(self, log_id: int, handle: _Handle) -> None:
+        """Called with the lock held, for a handle out of the cache and no longer held."""
+        if handle.fd >= 0:  # -1: already closed by a forced reap
+            os.close(handle.fd)
+        if self._retired.get(log_id) is handle:
+            del self._retired[log_id]
+            log_path(self._dir, log_id).unlink(missing_ok=True)
 
     def _evict(self) -> None:
         while len(self._handles) > self._max_open:
             log_id, handle = next(iter(self._handles.items()))
             del self._handles[log_id]
-            if handle[1] == 0:
-                os.close(handle[0])
+            if handle.holders == 0:
+                os.close(handle.fd)
+
+    def retire(self, log_id: int) -> bool:
+        """Delete a log as soon as no read holds it. Returns True if it is gone now, False
+        if a reader holds it (then it goes on release, or by ``reap`` after the forced
+        interval)."""
+        with self._lock:
+            handle = self._handles.pop(log_id, None)
+            if handle is None or handle.holders == 0:
+                if handle is not None:
+                    os.close(handle.fd)
+                log_path(self._dir, log_id).unlink(missing_ok=True)
+                return True
+            handle.retired_at = self._clock()
+            self._retired[log_id] = handle
+            return False
+
+    def reap(self, forcibly_after_s: float) -> list[int]:
+        """Delete retired logs still held after ``forcibly_after_s`` (a leaked or stuck
+        holder must not pin disk space forever: RocketMQ's destroyMapedFileIntervalForcibly).
+        The holder's next read fails its checks (ids and CRC) rather than returning
+        anything wrong."""
+        now = self._clock()
+        forced = []
+        with self._lock:
+            for log_id, handle in list(self._retired.items()):
+                assert handle.retired_at is not None
+                if now - handle.retired_at >= forcibly_after_s:
+                    del self._retired[log_id]
+                    log_path(self._dir, log_id).unlink(missing_ok=True)
+                    os.close(handle.fd)
+                    handle.fd = -1
+                    forced.append(log_id)
+        return forced
+
+    @property
+    def retired(self) -> list[int]:
+        with self._lock:
+            return sorted(self._retired)
 
     def read_run(
         self,
@@ -399,15 +559,8 @@ class EntryLogReader:
         more = os.pread(fd, max(READ_AHEAD_STEP, need - len(rest)), base + len(data))
         return rest + more, base + pos, 0
 
-    def forget(self, log_id: int) -> None:
-        """Drop the cached handle of a log (before it is deleted)."""
-        with self._lock:
-            handle = self._handles.pop(log_id, None)
-            if handle is not None and handle[1] == 0:
-                os.close(handle[0])
-
     def close(self) -> None:
         with self._lock:
-            for fd, _users in self._handles.values():
-                os.close(fd)
+            for handle in self._handles.values():
+                os.close(handle.fd)
             self._handles.clear()

@@ -75,6 +75,12 @@ class NodeReadOnly(StorageError):
     code = "read_only"
 
 
+class DiskFull(NodeReadOnly):
+    """A data disk is past its full watermark, or a write hit ENOSPC."""
+
+    code = "disk_full"
+
+
 class StorageClosed(StorageError):
     code = "storage_closed"
 
@@ -83,3 +89,10 @@ class JournalFailed(StorageError):
     """The WAL could not write or fsync; nothing more is acknowledged."""
 
     code = "journal_failed"
+
+
+class WalDeviceError(StorageError):
+    """The raw-device WAL's device or file cannot be used as configured (too small, a header
+    of another capacity, a path that is no device); the message says what to do."""
+
+    code = "wal_device"

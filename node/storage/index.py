@@ -184,6 +184,32 @@ class Index:
             put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
         self._db.write(batch, self._sync)
 
+    def relocate(self, moves: list[tuple[int, int, int, int]]) -> int:
+        """Point (ledger, entry) from ``old`` to ``new`` location where it still points at
+        ``old`` (compaction), in one synchronous batch. Returns how many moved."""
+        batch = WriteBatch(raw_mode=True)
+        moved = 0
+        for ledger_id, entry_id, old, new in moves:
+            key = LOCATION_KEY.pack(ledger_id, entry_id)
+            current = self._locations.get(key)
+            if current is not None and LOCATION_VALUE.unpack(current)[0] == old:
+                batch.put(key, LOCATION_VALUE.pack(new), self._locations_cf)
+                moved += 1
+        self._db.write(batch, self._sync)
+        return moved
+
+    def delete_ledgers(self, ledger_ids: list[int]) -> None:
+        """Forget ledgers entirely: their locations and their metadata, in one batch."""
+        batch = WriteBatch(raw_mode=True)
+        for ledger_id in ledger_ids:
+            batch.delete_range(
+                LOCATION_KEY.pack(ledger_id, 0),
+                LOCATION_KEY.pack(ledger_id + 1, 0),
+                self._locations_cf,
+            )
+            batch.delete(LEDGER_KEY.pack(ledger_id), self._ledgers_cf)
+        self._db.write(batch, self._sync)
+
     def estimated_entries(self) -> int:
         return int(self._locations.property_int_value("rocksdb.estimate-num-keys") or 0)
 

@@ -26,16 +26,26 @@ import hashlib
 import hmac
 import logging
 import struct
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from node.settings import Settings
+from node.storage.blockwal import BlockWal
 from node.storage.cache import ReadCache, WriteCache
 from node.storage.clock import Clock, SystemClock
-from node.storage.entrylog import EntryLogReader, EntryLogWriter
+from node.storage.compaction import Compactor
+from node.storage.entrylog import (
+    EntryLogReader,
+    EntryLogWriter,
+    LogIdAllocator,
+    LogRetired,
+    list_logs,
+)
 from node.storage.errors import (
     Backpressure,
+    DiskFull,
     EntryConflict,
     EntryNotFound,
     EntryTooLarge,
@@ -65,9 +75,13 @@ from node.storage.wal import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 I64 = struct.Struct(">q")
 READER_THREADS = 4  # enough to overlap a few cold reads; reads mostly hit the caches
+OPERATOR = "operator"  # sources of read-only mode
+DISK = "disk"
+READ_ATTEMPTS = 3  # lookups of an entry whose log compaction retires under the read
 
 
 @dataclass(slots=True)
@@ -97,10 +111,12 @@ class LedgerStorage:
         self._clock = clock or SystemClock()
         self._crash = CrashPoints(settings.crash_points)
         self._probe: StorageProbe = probe or NullProbe()
-        self._wal: Wal = wal or Journal(settings, self._clock, self._crash, self._probe)
+        self._wal: Wal = wal or self._open_wal()
         self._index: Index | None = None
-        self._writer = EntryLogWriter(settings)
-        self._reader = EntryLogReader(settings)
+        self._compactor: Compactor | None = None
+        self._log_ids = LogIdAllocator(settings.ledgers_dir)
+        self._writer = EntryLogWriter(settings, self._log_ids)
+        self._reader = EntryLogReader(settings, self._clock.monotonic)
         self._ledgers: dict[int, LedgerMeta] = {}
         self._durable_above_lac: dict[int, set[int]] = {}  # durable ids past a hole
         self._lac_waiters: dict[int, list[tuple[int, asyncio.Future[int]]]] = {}
@@ -115,11 +131,13 @@ class LedgerStorage:
         self._half_cache = settings.db_storage_write_cache_max_size // 2
         self._checkpoint_lock = asyncio.Lock()
         self._checkpoint_wanted = asyncio.Event()
+        self._checkpoint_forced = False  # the next checkpoint runs even with nothing cached
         self._checkpointer: asyncio.Task[None] | None = None
         self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._read_executor = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
         self._running = False
-        self._read_only_reason: str | None = None  # why adds are refused, None = writable
+        # Why adds are refused, by source ("operator", "disk"); empty = writable.
+        self._read_only: dict[str, str] = {}
         self.stats = Stats()
         self.last_checkpoint_mark = LogMark(0, 0)
 
@@ -132,6 +150,10 @@ class LedgerStorage:
         self._index = await loop.run_in_executor(
             self._flush_executor, Index, self.settings.index_dir
         )
+        self._compactor = Compactor(
+            self.settings, self._index, self._reader, self._log_ids, self.run_serialized,
+            self._crash,
+        )  # fmt: skip
         await loop.run_in_executor(self._flush_executor, self._recover)
         await self._wal.start()
         self._running = True
@@ -464,19 +486,31 @@ class LedgerStorage:
 
     def _check_writable(self) -> None:
         self._check_running()
-        if self._read_only_reason is not None:
-            raise NodeReadOnly(f"the node is read-only: {self._read_only_reason}")
+        if self._read_only:
+            if DISK in self._read_only:
+                raise DiskFull(f"the node is read-only: {self._read_only[DISK]}")
+            raise NodeReadOnly(f"the node is read-only: {self.read_only_reason}")
 
-    def set_read_only(self, reason: str | None) -> None:
-        """Refuse adds and new ledgers (with ``reason``), or accept them again (None).
-        Reads, fence, close and delete go on: they are how a full node recovers."""
-        if reason != self._read_only_reason:
-            log.warning("node is now %s", f"read-only: {reason}" if reason else "writable")
-        self._read_only_reason = reason
+    def set_read_only(self, reason: str | None, source: str = OPERATOR) -> None:
+        """Refuse adds and new ledgers for ``reason``, or (None) lift what ``source`` set.
+        An operator's read-only mode outlasts a disk that recovers, and the other way
+        round (BookKeeper: a manual transition is sticky). Reads, fence, close and delete
+        go on: they are how a full node recovers."""
+        before = self.read_only_reason
+        if reason is None:
+            self._read_only.pop(source, None)
+        else:
+            self._read_only[source] = reason
+        if self.read_only_reason != before:
+            now = f"read-only: {self.read_only_reason}" if self._read_only else "writable"
+            log.warning("node is now %s", now)
+
+    def read_only_source(self, source: str) -> bool:
+        return source in self._read_only
 
     @property
     def read_only_reason(self) -> str | None:
-        return self._read_only_reason
+        return "; ".join(self._read_only.values()) or None
 
     @property
     def running(self) -> bool:
@@ -585,18 +619,23 @@ class LedgerStorage:
 
     def _read_run(self, ledger_id: int, entry_id: int) -> list[tuple[int, bytes]]:
         assert self._index is not None
-        loc = self._index.get_location(ledger_id, entry_id)
-        if loc is None:
-            return []
         cache = self._read_cache
-        return self._reader.read_run(
-            loc,
-            ledger_id,
-            entry_id,
-            self.settings.db_storage_read_ahead_cache_batch_size,
-            self.settings.db_storage_read_ahead_cache_batch_bytes_size,
-            lambda lid, eid: (lid, eid) in cache,
-        )
+        for _attempt in range(READ_ATTEMPTS):
+            loc = self._index.get_location(ledger_id, entry_id)
+            if loc is None:
+                return []
+            try:
+                return self._reader.read_run(
+                    loc,
+                    ledger_id,
+                    entry_id,
+                    self.settings.db_storage_read_ahead_cache_batch_size,
+                    self.settings.db_storage_read_ahead_cache_batch_bytes_size,
+                    lambda lid, eid: (lid, eid) in cache,
+                )
+            except LogRetired:
+                continue  # compacted meanwhile: the index has its new location
+        raise StorageClosed(f"entry {entry_id} of ledger {ledger_id} kept moving; retry")
 
     async def read_range(
         self, ledger_id: int, first: int, last: int | None = None
@@ -619,6 +658,19 @@ class LedgerStorage:
 
     # --- checkpoint ------------------------------------------------------------------------
 
+    def _open_wal(self) -> Wal:
+        if self.settings.wal_kind == "blockdev":
+            return BlockWal(
+                self.settings, self._clock, self._crash, self._probe, self._wal_wants_checkpoint
+            )
+        return Journal(self.settings, self._clock, self._crash, self._probe)
+
+    def _wal_wants_checkpoint(self) -> None:
+        """The ring is filling up: a checkpoint lets it trim. Forced, as records replayed at
+        start hold ring space until one runs, even when nothing is cached."""
+        self._checkpoint_forced = True
+        self._checkpoint_wanted.set()
+
     async def _checkpoint_loop(self) -> None:
         interval = self.settings.flush_interval / 1000
         while True:
@@ -627,8 +679,9 @@ class LedgerStorage:
             self._checkpoint_wanted.clear()
             if not self._running:
                 return  # close() runs the last checkpoint itself
+            force, self._checkpoint_forced = self._checkpoint_forced, False
             try:
-                await self.checkpoint()
+                await self.checkpoint(force)
             except Exception:
                 # The journal still holds everything: retry at the next interval.
                 log.exception("checkpoint failed; retrying at the next interval")
@@ -645,7 +698,7 @@ class LedgerStorage:
             metas = self._snapshot_dirty()
             deleted = self._deleted_ids()
             try:
-                mark = await self._wal.sync_point()
+                mark = await self._wal.checkpoint_point()
                 await loop.run_in_executor(
                     self._flush_executor, self._flush, frozen, metas, deleted, mark
                 )
@@ -699,6 +752,58 @@ class LedgerStorage:
         if mark is not None:
             self._wal.checkpoint_complete(mark)
             self._crash.hit("checkpoint.after_mark")
+
+    # --- garbage collection (driven by node.lifecycle.gc) ----------------------------------
+
+    @property
+    def compactor(self) -> Compactor:
+        assert self._compactor is not None, "the storage is not started"
+        return self._compactor
+
+    def gc_candidate_logs(self) -> list[int]:
+        """Blocking: entry logs that are sealed (not the checkpoint's current log, not a
+        compaction output being written, not retired)."""
+        busy = {self._writer.current_log_id, *self.compactor.in_progress, *self._reader.retired}
+        return [i for i in list_logs(self.settings.ledgers_dir) if i not in busy]
+
+    def is_live_ledger(self, ledger_id: int) -> bool:
+        """Known to the node (a deleted ledger counts until its index entries are purged,
+        so compaction never leaves an index entry pointing at nothing). Thread safe."""
+        return ledger_id in self._ledgers
+
+    async def purge_deleted_ledgers(self) -> list[int]:
+        """Forget deleted ledgers whose deletion a checkpoint has made durable: their
+        index entries and metadata go in one batch. Returns their ids."""
+        ready = [
+            lid
+            for lid, meta in self._ledgers.items()
+            if meta.state == LedgerState.DELETED and lid not in self._dirty
+        ]
+        if not ready:
+            return []
+        await asyncio.get_running_loop().run_in_executor(
+            self._flush_executor, self.index.delete_ledgers, ready
+        )
+        for lid in ready:
+            meta = self._ledgers.get(lid)
+            if meta is not None and meta.state == LedgerState.DELETED:
+                del self._ledgers[lid]
+        return ready
+
+    def retire_log(self, log_id: int) -> bool:
+        """Delete a log once no read holds it; True if it is gone already."""
+        return self._reader.retire(log_id)
+
+    def reap_retired_logs(self) -> list[int]:
+        return self._reader.reap(self.settings.destroy_maped_file_interval_forcibly / 1000)
+
+    @property
+    def retired_logs(self) -> list[int]:
+        return self._reader.retired
+
+    def run_serialized(self, work: Callable[[], T]) -> T:
+        """Blocking, from a worker thread: run ``work`` between checkpoints."""
+        return self._flush_executor.submit(work).result()
 
     # --- introspection ---------------------------------------------------------------------
 

@@ -66,6 +66,12 @@ class Wal(Protocol):
         """A future completing with a mark at or past every record appended so far."""
         ...
 
+    def checkpoint_point(self) -> asyncio.Future[LogMark]:
+        """The mark for a checkpoint that has just swapped its cache: ``sync_point()``, except
+        that a WAL whose appends wait for space (a full ring) puts the mark before them (they
+        are in the swapped cache; waiting for them would wait for this checkpoint's trim)."""
+        ...
+
     def checkpoint_complete(self, mark: LogMark) -> None:
         """Everything before ``mark`` is in entry logs: persist the mark, trim (blocking)."""
         ...

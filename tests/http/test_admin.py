@@ -86,7 +86,36 @@ async def test_server_config_lists_every_setting(client: Any) -> None:
     assert config["log_size_limit"] == 1 << 30 and config["admin_token"] is None
 
 
-async def test_gc_paths_are_reserved(client: Any) -> None:
-    for path in ("/api/v1/bookie/gc", "/api/v1/bookie/gc_details"):
-        r = await client.get(path)
-        assert r.status == 501 and (await r.json())["code"] == "not_implemented"
+async def test_gc_admin_routes(client: Any) -> None:
+    r = await client.get("/api/v1/bookie/gc")
+    assert await r.json() == {"is_in_force_gc": "false"}
+    r = await client.put("/api/v1/bookie/gc")
+    assert r.status == 200 and (await r.json()).startswith("Triggered GC on BookieServer")
+    r = await client.put("/api/v1/bookie/gc", json={"forceMajor": True, "forceMinor": False})
+    assert r.status == 200
+    for bad in (b"[1]", b'{"forceMajor": "yes"}', b'{"other": true}', b"{"):
+        r = await client.put("/api/v1/bookie/gc", data=bad)
+        assert r.status == 400 and (await r.json())["code"] == "invalid_body"
+    (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()
+    for name in ("forceCompacting", "majorCompacting", "minorCompacting"):
+        assert type(details[name]) is bool
+    for name in (
+        "lastMajorCompactionTime",
+        "lastMinorCompactionTime",
+        "majorCompactionCounter",
+        "minorCompactionCounter",
+        "compactingBytesDone",
+        "compactingBytesLeft",
+    ):
+        assert type(details[name]) is int
+    assert details["lastErrors"] == {} and details["unreadableLogs"] == []
+    suspended = "/api/v1/bookie/gc/suspend_compaction"
+    assert await (await client.get(suspended)).json() == {
+        "isMajorGcSuspended": "false",
+        "isMinorGcSuspended": "false",
+    }
+    r = await client.put(suspended, json={"suspendMajor": True})
+    assert (await r.json())["isMajorGcSuspended"] == "true"
+    assert (await client.put(suspended, json={})).status == 400
+    r = await client.put("/api/v1/bookie/gc/resume_compaction", json={"resumeMajor": True})
+    assert (await r.json())["isMajorGcSuspended"] == "false"

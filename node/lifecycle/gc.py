@@ -1,0 +1,343 @@
+"""Garbage collection of entry logs (BookKeeper's GarbageCollectorThread), on the storage's
+public API.
+
+A run: finish or undo interrupted compactions; forget deleted ledgers (index entries and
+metadata); learn each sealed log's ledgers (its ledgers map, or a throttled scan) and keep
+that in memory; delete logs that hold no live ledger; then major compaction (usage below
+0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first, within a time
+bound and a throttle that counts bytes read as well as written.
+
+Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
+logs (compaction outputs, logs of a short-lived node) get merged instead of lingering.
+On a full disk, deleting empty logs always runs, and compaction still runs for logs whose
+live bytes are small enough that copying them frees more than it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.settings import Settings
+from node.storage.clock import Clock
+from node.storage.compaction import CompactionResult, Throttle
+from node.storage.entrylog import ledger_sizes, log_path
+from node.storage.errors import CorruptRecord
+from node.storage.ledgers import LedgerStorage
+
+log = logging.getLogger(__name__)
+
+USAGE_BUCKETS = 10  # BookKeeper's ENTRY_LOG_USAGE_SEGMENT_COUNT
+
+
+@dataclass(slots=True)
+class LogMeta:
+    """What GC knows of one sealed log: bytes per ledger, and the log's size."""
+
+    log_id: int
+    ledgers: dict[int, int]
+    size: int
+
+    def live_bytes(self, is_live: Callable[[int], bool]) -> int:
+        return sum(n for lid, n in self.ledgers.items() if is_live(lid))
+
+
+@dataclass(slots=True)
+class GcStats:
+    """Counters since start, for metrics."""
+
+    runs: int = 0
+    deleted_ledgers: int = 0
+    reclaimed_by_deletion_bytes: int = 0
+    reclaimed_by_compaction_bytes: int = 0
+    compaction_read_bytes: int = 0
+    compaction_written_bytes: int = 0
+    last_run_seconds: float = 0.0
+    run_seconds_total: float = 0.0
+
+
+@dataclass(slots=True)
+class GcStatus:
+    """BookKeeper's GarbageCollectionStatus, and what BookKeeper's users missed: the log
+    being compacted with its progress, the last error per log, logs skipped as unreadable."""
+
+    force_compacting: bool = False
+    major_compacting: bool = False
+    minor_compacting: bool = False
+    last_major_compaction_ms: int = 0
+    last_minor_compaction_ms: int = 0
+    major_compaction_counter: int = 0
+    minor_compaction_counter: int = 0
+    major_suspended: bool = False
+    minor_suspended: bool = False
+    compacting_log: int | None = None
+    bytes_done: int = 0
+    bytes_left: int = 0
+    last_errors: dict[int, str] = field(default_factory=dict)
+    unreadable_logs: list[int] = field(default_factory=list)
+
+    def as_bookkeeper(self) -> dict[str, object]:
+        """The shape of /api/v1/bookie/gc_details (one object per ledger dir), extended."""
+        return {
+            "forceCompacting": self.force_compacting,
+            "majorCompacting": self.major_compacting,
+            "minorCompacting": self.minor_compacting,
+            "lastMajorCompactionTime": self.last_major_compaction_ms,
+            "lastMinorCompactionTime": self.last_minor_compaction_ms,
+            "majorCompactionCounter": self.major_compaction_counter,
+            "minorCompactionCounter": self.minor_compaction_counter,
+            "compactingLog": None if self.compacting_log is None else f"{self.compacting_log:x}",
+            "compactingBytesDone": self.bytes_done,
+            "compactingBytesLeft": self.bytes_left,
+            "lastErrors": {f"{k:x}": v for k, v in sorted(self.last_errors.items())},
+            "unreadableLogs": [f"{i:x}" for i in self.unreadable_logs],
+        }
+
+
+@dataclass(slots=True)
+class GcReport:
+    """What one run did."""
+
+    purged_ledgers: list[int] = field(default_factory=list)
+    deleted_logs: list[int] = field(default_factory=list)
+    compaction: str | None = None  # "major", "minor" or None
+    result: CompactionResult = field(default_factory=CompactionResult)
+    recovered: list[str] = field(default_factory=list)
+
+
+class GarbageCollector:
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        clock: Clock,
+        sleep: Callable[[float], None] = time.sleep,
+        free_bytes: Callable[[Path], int] | None = None,
+    ) -> None:
+        self._storage = storage
+        self._settings: Settings = storage.settings
+        self._clock = clock
+        self._sleep = sleep
+        self._free_bytes = free_bytes or _free_bytes
+        self._metas: dict[int, LogMeta] = {}
+        self._lock = asyncio.Lock()
+        self._wanted = asyncio.Event()
+        self._force: tuple[bool, bool] | None = None  # (major, minor) asked for over HTTP
+        self._throttle: Throttle | None = None
+        self._stopping = False
+        self.disk_full = False  # set by the disk monitor
+        self.stats = GcStats()
+        started = clock.now_ms()
+        self.status = GcStatus(last_major_compaction_ms=started, last_minor_compaction_ms=started)
+        self._last_major = clock.monotonic()
+        self._last_minor = clock.monotonic()
+
+    # --- triggers ----------------------------------------------------------------------------
+
+    def request(self, force_major: bool = False, force_minor: bool = False) -> None:
+        """Run as soon as possible. A forced compaction overrides the suspensions
+        (as BookKeeper's PUT /api/v1/bookie/gc with forceMajor/forceMinor does)."""
+        if force_major or force_minor:
+            previous = self._force or (False, False)
+            self._force = (previous[0] or force_major, previous[1] or force_minor)
+        self.status.force_compacting = True
+        self._wanted.set()
+
+    @property
+    def in_force_gc(self) -> bool:
+        return self.status.force_compacting
+
+    def suspend(self, major: bool, minor: bool) -> None:
+        self.status.major_suspended |= major
+        self.status.minor_suspended |= minor
+
+    def resume(self, major: bool, minor: bool) -> None:
+        self.status.major_suspended &= not major
+        self.status.minor_suspended &= not minor
+
+    async def run_forever(self) -> None:
+        wait_s = self._settings.gc_wait_time / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wanted.wait(), wait_s)
+            self._wanted.clear()
+            if self._stopping:
+                return
+            try:
+                await self.run()
+            except Exception:
+                log.exception("garbage collection failed; retrying at the next run")
+
+    def stop(self) -> None:
+        """Ask the loop to end; a compaction in progress stops after its current log
+        (awaiting run_forever then waits for that, never leaving work half-way)."""
+        self._stopping = True
+        if self._throttle is not None:
+            self._throttle.cancelled = True
+        self._wanted.set()
+
+    # --- a run -------------------------------------------------------------------------------
+
+    async def run(self) -> GcReport:
+        async with self._lock:
+            started = self._clock.monotonic()
+            force = self._force
+            self._force = None
+            report = GcReport()
+            try:
+                report.recovered = await asyncio.to_thread(self._storage.compactor.recover)
+                report.purged_ledgers = await self._storage.purge_deleted_ledgers()
+                self.stats.deleted_ledgers += len(report.purged_ledgers)
+                await asyncio.to_thread(self._collect_and_compact, report, force)
+                self._storage.reap_retired_logs()
+            finally:
+                self.status.force_compacting = False
+                self.status.compacting_log = None
+                elapsed = self._clock.monotonic() - started
+                self.stats.runs += 1
+                self.stats.last_run_seconds = elapsed
+                self.stats.run_seconds_total += elapsed
+            return report
+
+    def _collect_and_compact(self, report: GcReport, force: tuple[bool, bool] | None) -> None:
+        """Blocking, on a worker thread."""
+        throttle = self._new_throttle()
+        self._refresh_metas(throttle)
+        is_live = self._storage.is_live_ledger
+        for log_id, meta in list(self._metas.items()):
+            if meta.live_bytes(is_live) == 0:
+                self._storage.retire_log(log_id)
+                del self._metas[log_id]
+                report.deleted_logs.append(log_id)
+                self.stats.reclaimed_by_deletion_bytes += meta.size
+        if report.deleted_logs:
+            log.info("deleted %d entry logs with no live ledger", len(report.deleted_logs))
+        kind = self._compaction_due(force)
+        if kind is None:
+            return
+        report.compaction = kind
+        s = self._settings
+        if kind == "major":
+            threshold, max_ms = s.major_compaction_threshold, s.major_compaction_max_time_millis
+        else:
+            threshold, max_ms = s.minor_compaction_threshold, s.minor_compaction_max_time_millis
+        candidates = self._candidates(threshold)
+        deadline = self._clock.monotonic() + max_ms / 1000 if max_ms > 0 else None
+        setattr(self.status, f"{kind}_compacting", True)
+        try:
+            result = self._storage.compactor.compact(
+                candidates, is_live, throttle, self._progress, deadline, self._clock.monotonic
+            )
+        finally:
+            setattr(self.status, f"{kind}_compacting", False)
+        report.result = result
+        for source in result.compacted:
+            self._metas.pop(source, None)
+            self.status.last_errors.pop(source, None)
+        self.status.last_errors.update(result.failed)
+        self.stats.reclaimed_by_compaction_bytes += result.reclaimed_bytes
+        self.stats.compaction_read_bytes += result.bytes_read
+        self.stats.compaction_written_bytes += result.bytes_written
+        now_ms, now = self._clock.now_ms(), self._clock.monotonic()
+        if kind == "major":  # a major compaction covers a minor one too (as BookKeeper)
+            self._last_major = self._last_minor = now
+            self.status.last_major_compaction_ms = self.status.last_minor_compaction_ms = now_ms
+            self.status.major_compaction_counter += 1
+        else:
+            self._last_minor = now
+            self.status.last_minor_compaction_ms = now_ms
+            self.status.minor_compaction_counter += 1
+        if result.compacted:
+            log.info(
+                "%s compaction: %d logs into %d, %d bytes reclaimed (%d read, %d written)",
+                kind, len(result.compacted), len(result.output_logs), result.reclaimed_bytes,
+                result.bytes_read, result.bytes_written,
+            )  # fmt: skip
+
+    def _new_throttle(self) -> Throttle:
+        s = self._settings
+        rate = (
+            s.compaction_rate_by_bytes if s.is_throttle_by_bytes else s.compaction_rate_by_entries
+        )
+        self._throttle = Throttle(rate, s.is_throttle_by_bytes, self._clock.monotonic, self._sleep)
+        self._throttle.cancelled = self._stopping
+        return self._throttle
+
+    def _refresh_metas(self, throttle: Throttle) -> None:
+        candidates = set(self._storage.gc_candidate_logs())
+        for gone in set(self._metas) - candidates:
+            del self._metas[gone]
+        unreadable = []
+        for log_id in sorted(candidates - set(self._metas)):
+            path = log_path(self._settings.ledgers_dir, log_id)
+            try:
+                sizes = ledger_sizes(path, throttle.acquire)
+                size = path.stat().st_size
+            except (CorruptRecord, OSError) as e:
+                # BookKeeper's users saw GC stop silently here: report the log, go on.
+                unreadable.append(log_id)
+                self.status.last_errors[log_id] = str(e)
+                log.error("garbage collection skips unreadable entry log %x: %s", log_id, e)
+                continue
+            self._metas[log_id] = LogMeta(log_id, sizes, size)
+        self.status.unreadable_logs = unreadable
+
+    def _compaction_due(self, force: tuple[bool, bool] | None) -> str | None:
+        s, st = self._settings, self.status
+        now = self._clock.monotonic()
+        force_major, force_minor = force or (False, False)
+        pressure = self.disk_full  # a full disk compacts what it can, whatever the interval
+        major_due = (
+            s.major_compaction_interval > 0
+            and now - self._last_major >= s.major_compaction_interval
+        )
+        minor_due = (
+            s.minor_compaction_interval > 0
+            and now - self._last_minor >= s.minor_compaction_interval
+        )
+        if force_major or ((major_due or pressure) and not st.major_suspended):
+            return "major"
+        if force_minor or ((minor_due or pressure) and not st.minor_suspended):
+            return "minor"
+        return None
+
+    def _candidates(self, threshold: float) -> list[tuple[int, int]]:
+        """(log id, live bytes) of logs below ``threshold`` usage, emptiest first."""
+        is_live = self._storage.is_live_ledger
+        target = self._settings.log_size_limit
+        free = self._free_bytes(self._settings.ledgers_dir) if self.disk_full else 0
+        chosen = []
+        for log_id, meta in self._metas.items():
+            live = meta.live_bytes(is_live)
+            usage = live / max(meta.size, target)
+            if usage >= threshold:
+                continue
+            if self.disk_full and (live * 2 >= meta.size or live >= free):
+                continue  # copying it would use more than it frees, or does not fit
+            chosen.append((usage, log_id, live))
+        return [(log_id, live) for _usage, log_id, live in sorted(chosen)]
+
+    def _progress(self, log_id: int, done: int, left: int) -> None:
+        self.status.compacting_log, self.status.bytes_done, self.status.bytes_left = (
+            log_id,
+            done,
+            left,
+        )
+
+    # --- introspection -----------------------------------------------------------------------
+
+    def usages(self) -> list[float]:
+        """Usage of every known log (live bytes over the larger of size and target)."""
+        is_live = self._storage.is_live_ledger
+        target = self._settings.log_size_limit
+        return [m.live_bytes(is_live) / max(m.size, target) for m in list(self._metas.values())]
+
+
+def _free_bytes(path: Path) -> int:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize

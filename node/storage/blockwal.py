@@ -1,0 +1,1265 @@
+"""The raw-device WAL (AutoMQ's Delta WAL): a ring of blocks on a block device or a file,
+written with O_DIRECT, in place of the file journal (``wal_kind = "blockdev"``).
+
+Medium of capacity C (fixed at creation and kept in the header; a larger device is used only
+up to C)::
+
+    physical range   content
+    [0, 4 KiB)       header slot 0
+    [4 KiB, 8 KiB)   header slot 1
+    [8 KiB, C)       the ring: blocks of records
+
+Logical offsets are u64 and never go back; the record at logical offset x sits at physical
+``8 KiB + x mod (C - 8 KiB)``. A LogMark of the ring is ``(0, logical offset)``.
+
+Header slot (these 64 bytes, then zeros to 4 KiB)::
+
+    off  size  field
+    0    4     magic "BKWH"
+    4    4     version u32 = 1
+    8    8     capacity u64: C, the header area included
+    16   8     trim offset u64: records before it are dead; recovery starts here
+    24   8     sequence u64: +1 per header write; of the valid slots the higher one wins
+    32   8     last write time u64, ms since the epoch (for people; never compared)
+    40   8     sliding window max length u64: how far past the first hole a write may land
+    48   8     node id u64
+    56   4     shutdown type u32: 0 graceful, 1 ungraceful
+    60   4     crc32c u32 of bytes [0, 60)
+
+Record (a 24-byte header, then the body)::
+
+    0    4     magic "BKWR" (data) or "BKWP" (padding to the physical end of the ring)
+    4    4     body length u32
+    8    8     body offset u64: the logical offset of the body (record offset + 24); a record
+               left from an earlier lap sits at the same place with another offset
+    16   4     body crc32c u32 (0 for padding, whose body is not read)
+    20   4     header crc32c u32 of bytes [0, 20)
+
+    data body: ledger id i64 | entry id i64 | payload. Its CRC32C is exactly
+    ``wal.record_crc(ledger id, entry id, payload)``, which the engine computes once per entry
+    anyway, so the WAL checks what the entry log and every read check.
+
+Blocks. Records are packed back to back into blocks; a block starts 4 KiB aligned, is zero
+padded to a 4 KiB multiple and is written with one O_DIRECT ``pwrite`` from a page-aligned
+buffer. A block closes at ``wal_block_soft_limit`` bytes (a single larger record gets a block
+of its own). Blocks are written by ``wal_io_depth`` threads; one more thread fdatasyncs each
+batch of completed writes (one flush covers every write that completed before it), unless
+``wal_volatile_write_cache`` is off. A block is written as soon as a thread is free, the
+sliding window has room and the optional ``wal_write_rate_limit`` (blocks per second, so a
+block closes 1/rate s after the previous one) allows; meanwhile appends keep filling it.
+Acknowledgments (the append futures, one shared per block) complete strictly in offset
+order: the acknowledged records are always a contiguous prefix. A record that does not fit
+before the physical end is preceded by a padding record (a block of its own) that fills the
+ring to its end; records never straddle it.
+
+Sliding window: a block is written only if it ends within ``window`` bytes of the first block
+not yet durable (``window = wal_io_depth x the largest block``, kept in the header), so every
+write that may have landed lies within ``window`` of the first hole a crash leaves.
+
+Trim: ``checkpoint_complete(mark)`` moves the trim offset to the checkpoint's mark and writes
+the header; only once that header is durable may blocks reuse the space ("flushed trim"), so a
+crash never finds live records overwritten. When the ring has no room for the next block, or
+is half full, the WAL asks the engine for a checkpoint (``request_checkpoint``); appends wait
+for it and fail with the retryable ``Backpressure`` after ``db_storage_max_throttle_time_ms``
+(their records stay queued and may still become durable, like any unacknowledged write).
+
+Recovery (``recover``): read the header slots (the valid one with the higher sequence wins);
+from the trim offset, read a record header: if valid, take the record and move to its end; if
+not, move to the next 4 KiB boundary. An invalid record at a block boundary is a hole (a
+block in flight at a crash, never written) or the end; scanning stops once ``window`` bytes
+past the first such hole held nothing valid. Records found past a hole are returned too
+(they are durable, merely never acknowledged). After a graceful shutdown no block was in
+flight, so a hole with records after it is corruption: the start is refused, naming the
+offset, unless ``skip_replay_journal_invalid_record``. After recovery the next block starts
+one full ring past the trim offset, so nothing left on the medium can ever pass for a record
+of the new lap; the recovered records keep their space until the engine's first checkpoint
+trims them (if recovery found nothing, the WAL trims there at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import mmap
+import os
+import queue
+import random
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import crc32c
+
+from node.settings import KiB, MiB, Settings
+from node.storage.clock import Clock
+from node.storage.directio import (
+    RawFile,
+    aligned_buffer,
+    create_file,
+    open_raw,
+    read_exactly,
+    write_exactly,
+)
+from node.storage.errors import (
+    Backpressure,
+    CorruptRecord,
+    EntryTooLarge,
+    JournalFailed,
+    WalDeviceError,
+)
+from node.storage.faults import CrashPoints
+from node.storage.journal import max_record_length
+from node.storage.probe import NullProbe, StorageProbe
+from node.storage.wal import LogMark, WalRecord
+
+log = logging.getLogger(__name__)
+
+# --- on-disk format ----------------------------------------------------------------------
+
+HEADER_MAGIC = b"BKWH"
+DATA_MAGIC = b"BKWR"
+PADDING_MAGIC = b"BKWP"
+VERSION = 1
+BLOCK_ALIGNMENT = 4 * KiB  # block starts and sizes; a multiple of any logical block size
+HEADER_SLOT_SIZE = 4 * KiB
+HEADER_SLOTS = 2
+HEADER_AREA = HEADER_SLOT_SIZE * HEADER_SLOTS  # records start here
+HEADER = struct.Struct(">4sIQQQQQQI")  # the slot's fields, without its CRC
+HEADER_CRC = struct.Struct(">I")
+HEADER_SIZE = HEADER.size + HEADER_CRC.size
+RECORD_PREFIX = struct.Struct(">4sIQI")  # the record header's fields, without its CRC
+RECORD_CRC = struct.Struct(">I")
+RECORD_HEADER_SIZE = RECORD_PREFIX.size + RECORD_CRC.size
+BODY_PREFIX = struct.Struct(">qq")  # ledger id, entry id
+RECORD_OVERHEAD = RECORD_HEADER_SIZE + BODY_PREFIX.size  # bytes of a record besides its payload
+U64_LIMIT = 1 << 64
+
+# Fresh rings start at a random lap (a multiple of the ring size below this many laps), so
+# that records a previous ring left on a reused device carry offsets of other laps.
+FRESH_LAPS = 1 << 20
+RECOVERY_READ_SIZE = 1 * MiB  # recovery reads the ring in chunks this large (AutoMQ: 1 MiB)
+CHECKPOINT_AT_FILL = 0.5  # ask for a checkpoint once this share of the ring is unreclaimed
+MAX_HOLES_LOGGED = 5  # holes after which recovery logs only a count
+SPARE_BUFFERS_PER_SLOT = 2  # block buffers kept for reuse, per I/O slot
+
+
+class Shutdown(IntEnum):
+    GRACEFUL = 0
+    UNGRACEFUL = 1
+
+
+class WalHeader(NamedTuple):
+    capacity: int
+    trim: int
+    sequence: int
+    written_ms: int
+    window: int
+    node_id: int
+    shutdown: Shutdown
+    version: int = VERSION
+
+
+def encode_header(header: WalHeader) -> bytes:
+    body = HEADER.pack(
+        HEADER_MAGIC,
+        header.version,
+        header.capacity,
+        header.trim,
+        header.sequence,
+        header.written_ms,
+        header.window,
+        header.node_id,
+        header.shutdown,
+    )
+    return body + HEADER_CRC.pack(crc32c.crc32c(body))
+
+
+def decode_header(data: bytes | memoryview) -> WalHeader:
+    """The header in a slot; ValueError saying why a slot holds none."""
+    if len(data) < HEADER_SIZE:
+        raise ValueError("shorter than a header")
+    fields = HEADER.unpack_from(data)
+    magic, version, capacity, trim, sequence, written_ms, window, node_id, shutdown = fields
+    if magic != HEADER_MAGIC:
+        raise ValueError(f"bad magic {bytes(magic)!r}")
+    (stored,) = HEADER_CRC.unpack_from(data, HEADER.size)
+    if crc32c.crc32c(bytes(data[: HEADER.size])) != stored:
+        raise ValueError("CRC32C mismatch")
+    if version != VERSION:
+        raise ValueError(f"unsupported WAL version {version}")
+    if shutdown not in (Shutdown.GRACEFUL, Shutdown.UNGRACEFUL):
+        raise ValueError(f"unknown shutdown type {shutdown}")
+    return WalHeader(
+        capacity, trim, sequence, written_ms, window, node_id, Shutdown(shutdown), version
+    )
+
+
+def encode_record_header(magic: bytes, body_length: int, body_offset: int, body_crc: int) -> bytes:
+    prefix = RECORD_PREFIX.pack(magic, body_length, body_offset, body_crc)
+    return prefix + RECORD_CRC.pack(crc32c.crc32c(prefix))
+
+
+class RecordHeader(NamedTuple):
+    magic: bytes
+    body_length: int
+    body_crc: int
+
+
+def decode_record_header(data: bytes | memoryview, record_offset: int) -> RecordHeader | str:
+    """The record header of the record at logical ``record_offset``, or why there is none."""
+    magic, body_length, body_offset, body_crc = RECORD_PREFIX.unpack_from(data)
+    if magic not in (DATA_MAGIC, PADDING_MAGIC):
+        return "no record (zeros)" if not any(data[:RECORD_HEADER_SIZE]) else "bad magic"
+    (stored,) = RECORD_CRC.unpack_from(data, RECORD_PREFIX.size)
+    if crc32c.crc32c(bytes(data[: RECORD_PREFIX.size])) != stored:
+        return "record header CRC32C mismatch"
+    if body_offset != record_offset + RECORD_HEADER_SIZE:
+        return f"record of another lap (body offset {body_offset})"
+    return RecordHeader(bytes(magic), body_length, body_crc)
+
+
+def align_up(value: int, alignment: int = BLOCK_ALIGNMENT) -> int:
+    return -(-value // alignment) * alignment
+
+
+def align_next(value: int) -> int:
+    """The first block boundary strictly after ``value``."""
+    return (value // BLOCK_ALIGNMENT + 1) * BLOCK_ALIGNMENT
+
+
+def largest_block(settings: Settings) -> int:
+    """The largest block: the soft limit, or one record as large as a record may be."""
+    largest_record = RECORD_OVERHEAD + max_record_length(settings)
+    return max(align_up(settings.wal_block_soft_limit), align_up(largest_record))
+
+
+def minimum_capacity(settings: Settings) -> int:
+    """The header area and room for two largest blocks: after a checkpoint trims everything
+    before a waiting block, that block (and a padding block before it) always fits."""
+    return HEADER_AREA + 2 * largest_block(settings)
+
+
+# --- reading the ring (recovery and inspect) -----------------------------------------------
+
+
+class RingReader:
+    """Reads of the ring through one aligned buffer (O_DIRECT needs aligned buffers)."""
+
+    def __init__(self, raw: RawFile, capacity: int) -> None:
+        self._raw = raw
+        self._capacity = capacity
+        self._buffer = aligned_buffer(RECOVERY_READ_SIZE)
+        self._cached_at = 0
+        self._cached = b""
+
+    def read(self, position: int, length: int) -> bytes:
+        """``length`` bytes at physical ``position`` (within the capacity)."""
+        offset = position - self._cached_at
+        if offset >= 0 and offset + length <= len(self._cached):
+            return self._cached[offset : offset + length]
+        start = position - position % BLOCK_ALIGNMENT
+        size = max(RECOVERY_READ_SIZE, align_up(position + length) - start)
+        size = min(size, self._capacity - start)
+        if size > len(self._buffer):
+            self._buffer.close()
+            self._buffer = aligned_buffer(size)
+        view = read_exactly(self._raw, self._buffer, size, start)
+        try:
+            self._cached, self._cached_at = bytes(view), start
+        finally:
+            view.release()
+        offset = position - start
+        return self._cached[offset : offset + length]
+
+    def read_header_slots(self) -> list[bytes]:
+        data = self.read(0, HEADER_AREA)
+        return [
+            data[slot * HEADER_SLOT_SIZE : (slot + 1) * HEADER_SLOT_SIZE]
+            for slot in range(HEADER_SLOTS)
+        ]
+
+    def close(self) -> None:
+        self._buffer.close()
+
+
+class SlotState(NamedTuple):
+    """What one header slot holds: a header, or why not."""
+
+    slot: int
+    header: WalHeader | None
+    problem: str  # "" when the header is valid
+    has_magic: bool
+
+
+def read_slots(reader: RingReader) -> list[SlotState]:
+    states = []
+    for slot, data in enumerate(reader.read_header_slots()):
+        try:
+            states.append(SlotState(slot, decode_header(data), "", True))
+        except ValueError as e:
+            states.append(SlotState(slot, None, str(e), data[:4] == HEADER_MAGIC))
+    return states
+
+
+def winning_slot(states: list[SlotState]) -> SlotState | None:
+    valid = [s for s in states if s.header is not None]
+    return max(valid, key=lambda s: s.header.sequence if s.header else -1, default=None)
+
+
+class ScanKind(IntEnum):
+    RECORD = 0
+    PADDING = 1
+    INVALID = 2  # no record here
+    TORN = 3  # a record header whose body fails its CRC: a write that landed in part
+
+
+class ScanEvent(NamedTuple):
+    offset: int  # logical offset of the record (or of the invalid data)
+    kind: ScanKind
+    length: int  # bytes of the record, header included (0 for invalid data)
+    record: WalRecord | None = None
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class Hole:
+    """A block boundary with no valid record, and valid records after it."""
+
+    offset: int
+    reason: str
+    next_valid: int
+
+
+@dataclass
+class RingScan:
+    """One scan of the ring from ``start``, as recovery does it; iterate for the events,
+    then read the figures. Only invalid data at block boundaries (a hole, or the end) and
+    records whose body fails its CRC (a torn write) are reported; the zeros after the last
+    record of a block are not."""
+
+    read: Callable[[int, int], bytes]
+    capacity: int
+    start: int
+    window: int
+    records: int = 0
+    payload_bytes: int = 0
+    paddings: int = 0
+    end: int = 0  # logical end of the last valid record (start if none)
+    end_reason: str = ""  # why the record at the end is not valid
+    holes: list[Hole] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[ScanEvent]:
+        area = self.capacity - HEADER_AREA
+        offset = self.end = self.start
+        limit = self.start + area  # one lap at most
+        first_invalid: tuple[int, str] | None = None
+        while offset < limit and (first_invalid is None or offset < first_invalid[0] + self.window):
+            event, following = self._at(offset, HEADER_AREA + offset % area)
+            if event.kind in (ScanKind.INVALID, ScanKind.TORN):
+                if offset % BLOCK_ALIGNMENT == 0 or event.kind is ScanKind.TORN:
+                    if first_invalid is None:
+                        first_invalid = (offset, event.reason)
+                    yield event
+                offset = following
+                continue
+            if first_invalid is not None:
+                self.holes.append(Hole(first_invalid[0], first_invalid[1], offset))
+                first_invalid = None
+            if event.kind is ScanKind.RECORD:
+                self.records += 1
+                assert event.record is not None
+                self.payload_bytes += len(event.record.payload)
+            else:
+                self.paddings += 1
+            yield event
+            offset = self.end = following
+        self.end_reason = first_invalid[1] if first_invalid else "a full lap of records"
+
+    def _at(self, offset: int, position: int) -> tuple[ScanEvent, int]:
+        """The event at ``offset`` and the offset to look at next."""
+        to_end = self.capacity - position
+        if to_end < RECORD_HEADER_SIZE:
+            return ScanEvent(offset, ScanKind.INVALID, 0, reason="too close to the end"), (
+                align_next(offset)
+            )
+        header = decode_record_header(self.read(position, RECORD_HEADER_SIZE), offset)
+        if isinstance(header, str):
+            return ScanEvent(offset, ScanKind.INVALID, 0, reason=header), align_next(offset)
+        length = RECORD_HEADER_SIZE + header.body_length
+        if header.magic == PADDING_MAGIC:
+            if length != to_end:
+                reason = f"padding of {length} bytes does not end at the end of the ring"
+                return ScanEvent(offset, ScanKind.INVALID, 0, reason=reason), align_next(offset)
+            return ScanEvent(offset, ScanKind.PADDING, length), offset + length
+        if header.body_length < BODY_PREFIX.size or length > to_end:
+            reason = f"body length {header.body_length} does not fit"
+            return ScanEvent(offset, ScanKind.INVALID, 0, reason=reason), align_next(offset)
+        body = self.read(position + RECORD_HEADER_SIZE, header.body_length)
+        if crc32c.crc32c(body) != header.body_crc:
+            reason = "torn or corrupt body (CRC32C mismatch)"
+            return ScanEvent(offset, ScanKind.TORN, 0, reason=reason), align_up(offset + length)
+        ledger_id, entry_id = BODY_PREFIX.unpack_from(body)
+        record = WalRecord(ledger_id, entry_id, body[BODY_PREFIX.size :])
+        return ScanEvent(offset, ScanKind.RECORD, length, record), offset + length
+
+
+def restart_offset(header: WalHeader, scan: RingScan) -> int:
+    """Where the first block goes after a recovery that ran ``scan`` to its end."""
+    if header.shutdown == Shutdown.GRACEFUL and not scan.holes:
+        # After a graceful stop no block was in flight: nothing valid lies past the end.
+        return align_up(scan.end)
+    # A full ring ahead of the trim offset: every record ever written lies below it, so
+    # nothing on the medium matches an offset of the new lap.
+    return align_up(header.trim + header.capacity - HEADER_AREA)
+
+
+# --- the writer ----------------------------------------------------------------------------
+
+
+class _Block:
+    """Records written with one I/O; every append into it shares its future."""
+
+    __slots__ = (
+        "buffer",
+        "durable",
+        "end",
+        "error",
+        "first_at",
+        "future",
+        "limit",
+        "payload_bytes",
+        "records",
+        "size",
+        "start",
+        "used",
+        "write_seconds",
+    )
+
+    def __init__(
+        self,
+        start: int,
+        limit: int,
+        buffer: mmap.mmap,
+        future: asyncio.Future[LogMark],
+        first_at: float,
+    ) -> None:
+        self.start = start  # logical offset, block aligned
+        self.limit = limit  # bytes it may hold
+        self.buffer: mmap.mmap | None = buffer
+        self.future = future
+        self.first_at = first_at  # when its first append came (for the full-ring wait)
+        self.used = 0
+        self.size = 0  # bytes written (set when sealed)
+        self.end = start  # logical offset of the next block (set when sealed)
+        self.records = 0
+        self.payload_bytes = 0
+        self.durable = False
+        self.error: BaseException | None = None
+        self.write_seconds = 0.0
+
+
+class _Buffers:
+    """Aligned block buffers, reused: a fresh anonymous mmap costs a page fault (and the
+    kernel zeroing a page) for every page written into it, and an munmap after."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self._size = size  # the usual block's size: no buffer is smaller
+        self._keep = keep
+        self._free: list[mmap.mmap] = []
+
+    def take(self, size: int) -> mmap.mmap:
+        free = self._free
+        for i in range(len(free) - 1, -1, -1):
+            if len(free[i]) >= size:
+                return free.pop(i)
+        return aligned_buffer(max(size, self._size))
+
+    def give(self, buffer: mmap.mmap) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(buffer)
+        else:
+            buffer.close()
+
+    def close(self) -> None:
+        while self._free:
+            self._free.pop().close()
+
+
+def _no_checkpoint_requests() -> None:
+    """Without an engine (tests, tools), nobody checkpoints on request."""
+
+
+class _SharedFuture(asyncio.Future[LogMark]):
+    """The future every append of a block shares. It refuses cancellation: a task awaiting
+    it that is cancelled (a client gone, a timeout) would otherwise cancel it for every other
+    append of the block, durable or not. Such a task is cancelled once the block is done."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+
+class BlockWal:
+    """The ring (see the module docstring). State lives on the event loop; the device is
+    touched by the I/O threads, the sync thread, and (header, recovery) by whoever calls
+    ``last_mark``, ``recover`` and ``checkpoint_complete``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Clock,
+        crash: CrashPoints,
+        probe: StorageProbe | None = None,
+        request_checkpoint: Callable[[], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if settings.wal_path is None:
+            raise WalDeviceError("wal_kind=blockdev needs wal_path (NODE_WAL_PATH)")
+        self._settings = settings
+        self._path = Path(settings.wal_path)
+        self._clock = clock
+        self._crash = crash
+        self._probe: StorageProbe = probe or NullProbe()
+        self._request_checkpoint = request_checkpoint or _no_checkpoint_requests
+        self._rng = rng or random.Random()
+        self._capacity = settings.wal_capacity
+        self._area = self._capacity - HEADER_AREA
+        self._soft_limit = align_up(settings.wal_block_soft_limit)
+        self._io_depth = settings.wal_io_depth
+        self._sync = settings.wal_volatile_write_cache
+        largest = largest_block(settings)
+        self._window = min(self._io_depth * largest, self._area)
+        self._max_record = RECORD_OVERHEAD + max_record_length(settings)
+        rate = settings.wal_write_rate_limit
+        self._rate_interval = 1.0 / rate if rate else 0.0
+        self._rate_burst = self._rate_interval * (self._io_depth - 1)
+        self._throttle_s = settings.db_storage_max_throttle_time_ms / 1000
+        self._check_settings()
+
+        self._raw: RawFile | None = None
+        self._header: WalHeader | None = None
+        self._fresh = False  # no ring on the medium before this process
+        self._recovered: int | None = None  # records a complete recovery returned
+        self._restart_at: int | None = None  # where blocks go on, once recovery has run
+        self._header_lock = threading.Lock()
+        self._header_buffer: mmap.mmap | None = None
+        self._sequence = 0
+        self._trim = 0  # trim offset asked for (written with the next header)
+        self._flushed_trim = 0  # trim offset of the newest durable header
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._buffers = _Buffers(self._soft_limit, self._io_depth * SPARE_BUFFERS_PER_SLOT)
+        self._open: _Block | None = None  # the block taking appends
+        self._pending: deque[_Block] = deque()  # sealed, not yet handed to a thread
+        self._in_flight: deque[_Block] = deque()  # handed to a thread, not yet acknowledged
+        self._submitted = 0  # blocks handed to the I/O threads, ever
+        self._writes_done = [0] * self._io_depth  # blocks written, per I/O thread (its own)
+        self._want_slot = False  # the loop waits for a write to finish (threads wake it)
+        self._next = 0  # logical offset where the next block starts
+        self._durable_end = 0  # every block before it is durable and acknowledged
+        self._pump_scheduled = False
+        self._rate_free_at = 0.0
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_requested = False
+        self._accepting = False
+        self._failed: BaseException | None = None
+        self._writes: queue.SimpleQueue[_Block | None] = queue.SimpleQueue()
+        self._written: queue.SimpleQueue[_Block | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        # Figures for metrics, benchmarks and inspect.
+        self.blocks_written = 0
+        self.bytes_written = 0
+        self.records_written = 0
+        self.syncs = 0
+        self.full_waits = 0  # times a block found no room in the ring
+
+    def _check_settings(self) -> None:
+        needed = minimum_capacity(self._settings)
+        if self._capacity % BLOCK_ALIGNMENT or self._capacity < needed:
+            raise WalDeviceError(
+                f"wal_capacity={self._capacity} (NODE_WAL_CAPACITY) must be a multiple of "
+                f"{BLOCK_ALIGNMENT} and at least {needed}: the header area and two of the "
+                f"largest blocks (max_entry_size={self._settings.max_entry_size}); raise it "
+                "or lower max_entry_size"
+            )
+        if self._settings.node_id >= U64_LIMIT:
+            raise WalDeviceError(f"node_id {self._settings.node_id} does not fit the header")
+
+    # --- opening ----------------------------------------------------------------------------
+
+    def _ensure_open(self) -> RawFile:
+        """Open the medium and read (or create) the header: blocking, once."""
+        if self._raw is not None:
+            return self._raw
+        path = self._path
+        if not path.exists():
+            if path.is_relative_to("/dev"):
+                raise WalDeviceError(f"raw-device WAL {path} does not exist")
+            log.info("creating the raw-device WAL file %s (%d bytes)", path, self._capacity)
+            create_file(path, self._capacity)
+        try:
+            raw = open_raw(path, writable=True)
+        except OSError as e:
+            raise WalDeviceError(f"cannot open the raw-device WAL {path}: {e}") from e
+        try:
+            self._check_medium(raw)
+            reader = RingReader(raw, self._capacity)
+            try:
+                states = read_slots(reader)
+            finally:
+                reader.close()
+            self._header_buffer = aligned_buffer(HEADER_SLOT_SIZE)
+            self._raw = raw
+            self._adopt_header(states)
+        except BaseException:
+            raw.close()
+            self._raw = None
+            raise
+        return raw
+
+    def _check_medium(self, raw: RawFile) -> None:
+        if BLOCK_ALIGNMENT % raw.logical_block_size:
+            raise WalDeviceError(
+                f"{raw.path}: logical block size {raw.logical_block_size} does not divide the "
+                f"WAL's {BLOCK_ALIGNMENT}-byte blocks; use another device"
+            )
+        if raw.size < self._capacity:
+            kind = "device" if raw.block_device else "file"
+            raise WalDeviceError(
+                f"raw-device WAL {raw.path}: the {kind} holds {raw.size} bytes, less than "
+                f"wal_capacity={self._capacity} (NODE_WAL_CAPACITY); give it a larger "
+                f"{kind}, or set wal_capacity to at most {raw.size - raw.size % BLOCK_ALIGNMENT}"
+                " (possible only for a new ring: the capacity is fixed at creation)"
+            )
+
+    def _adopt_header(self, states: list[SlotState]) -> None:
+        winner = winning_slot(states)
+        if winner is None:
+            if any(state.has_magic for state in states):
+                problems = "; ".join(f"slot {s.slot}: {s.problem}" for s in states)
+                raise CorruptRecord(
+                    str(self._path),
+                    0,
+                    f"both WAL header slots are invalid ({problems}); the trim offset is "
+                    "lost. To start a new, empty ring (losing what this one holds), zero its "
+                    f"first {HEADER_AREA} bytes",
+                )
+            self._initialize()
+            return
+        header = winner.header
+        assert header is not None
+        if header.capacity != self._capacity:
+            raise WalDeviceError(
+                f"raw-device WAL {self._path} was created with capacity {header.capacity}, "
+                f"but wal_capacity={self._capacity}: the capacity is fixed at creation. Set "
+                f"NODE_WAL_CAPACITY={header.capacity} to use this ring; to make a new one "
+                f"(its records are lost: stop the node gracefully first), zero the first "
+                f"{HEADER_AREA} bytes of {self._path}"
+            )
+        for state in states:
+            if state.header is None:
+                log.warning(
+                    "WAL header slot %d of %s is invalid (%s); slot %d (sequence %d) wins",
+                    state.slot,
+                    self._path,
+                    state.problem,
+                    winner.slot,
+                    header.sequence,
+                )
+        self._header = header
+        self._sequence = header.sequence
+        self._trim = self._flushed_trim = header.trim
+
+    def _initialize(self) -> None:
+        """A new ring: the header goes down before anything else."""
+        base = self._rng.randrange(1, FRESH_LAPS) * self._area
+        log.info("no WAL header on %s: creating a ring of %d bytes", self._path, self._capacity)
+        self._fresh = True
+        self._trim = self._flushed_trim = base
+        self._header = self._write_header(Shutdown.UNGRACEFUL)
+
+    # --- header -----------------------------------------------------------------------------
+
+    def _write_header(self, shutdown: Shutdown) -> WalHeader:
+        """Blocking: the header with the current trim, into the older slot, made durable."""
+        raw = self._raw
+        assert raw is not None and self._header_buffer is not None
+        with self._header_lock:
+            trim = self._trim
+            header = WalHeader(
+                capacity=self._capacity,
+                trim=trim,
+                sequence=self._sequence + 1,
+                written_ms=self._clock.now_ms(),
+                window=self._window,
+                node_id=self._settings.node_id,
+                shutdown=shutdown,
+            )
+            self._header_buffer[:HEADER_SIZE] = encode_header(header)
+            with memoryview(self._header_buffer) as view:
+                write_exactly(raw, view, (header.sequence % HEADER_SLOTS) * HEADER_SLOT_SIZE)
+            if self._sync:
+                os.fdatasync(raw.fd)
+            self._sequence = header.sequence
+            self._header = header
+        return header
+
+    # --- recovery (blocking, before start) --------------------------------------------------
+
+    def last_mark(self) -> LogMark:
+        self._ensure_open()
+        assert self._header is not None
+        return LogMark(0, self._header.trim)
+
+    def recover(self, mark: LogMark) -> Iterator[WalRecord]:
+        raw = self._ensure_open()
+        header = self._header
+        assert header is not None
+        if self._fresh:
+            self._recovered = 0
+            return
+        start = max(mark.offset, header.trim)  # space before the trim offset may be reused
+        reader = RingReader(raw, self._capacity)
+        scan = RingScan(reader.read, self._capacity, start, header.window)
+        graceful = header.shutdown == Shutdown.GRACEFUL
+        count = 0
+        try:
+            for event in scan:
+                if event.kind is not ScanKind.RECORD:
+                    continue
+                if scan.holes and graceful:
+                    self._on_corruption(scan.holes[-1])
+                    graceful = False  # skipping was allowed: report it once
+                assert event.record is not None
+                count += 1
+                yield event.record
+        finally:
+            reader.close()
+        for hole in scan.holes[:MAX_HOLES_LOGGED]:
+            log.warning(
+                "WAL %s: hole at offset %d (%s), records again from %d: a block in flight "
+                "at the crash; the records after it were never acknowledged",
+                self._path,
+                hole.offset,
+                hole.reason,
+                hole.next_valid,
+            )
+        if len(scan.holes) > MAX_HOLES_LOGGED:
+            log.warning("WAL %s: %d more holes", self._path, len(scan.holes) - MAX_HOLES_LOGGED)
+        self._restart_at = restart_offset(header, scan)
+        log.info(
+            "WAL %s: recovered %d records from offset %d to %d (%s shutdown; stopped: %s)",
+            self._path,
+            count,
+            start,
+            scan.end,
+            header.shutdown.name.lower(),
+            scan.end_reason,
+        )
+        self._recovered = count
+
+    def _on_corruption(self, hole: Hole) -> None:
+        if not self._settings.skip_replay_journal_invalid_record:
+            raise CorruptRecord(
+                str(self._path),
+                hole.offset,
+                f"{hole.reason}, with valid records from offset {hole.next_valid} on, after a "
+                "graceful shutdown (no block was in flight); set "
+                "skip_replay_journal_invalid_record=true to replay past it (losing what it held)",
+            )
+        log.error("skipping corrupt WAL data %s at %d: %s", self._path, hole.offset, hole.reason)
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._prepare)
+        self._loop = loop
+        self._accepting = True
+        self._threads = [
+            threading.Thread(
+                target=self._write_blocks, args=(i,), name=f"wal-io-{i}", daemon=True
+            )
+            for i in range(self._io_depth)
+        ]
+        self._threads.append(
+            threading.Thread(target=self._sync_blocks, name="wal-sync", daemon=True)
+        )
+        for thread in self._threads:
+            thread.start()
+
+    def _prepare(self) -> None:
+        """Blocking: where the next block goes, and a header saying "ungraceful" from now on
+        (on disk before any block, so a crash is always seen as one)."""
+        self._ensure_open()
+        assert self._header is not None
+        if self._fresh:
+            start = self._header.trim
+        elif self._restart_at is not None:
+            start = self._restart_at
+            if self._recovered == 0:
+                self._trim = start  # nothing recovered needs its space kept
+        else:  # not recovered (so the end is unknown): a full ring ahead, as after a crash
+            start = align_up(self._header.trim + self._area)
+        self._write_header(Shutdown.UNGRACEFUL)
+        self._flushed_trim = self._trim
+        self._next = self._durable_end = start
+
+    async def close(self) -> None:
+        if self._loop is None:
+            await asyncio.to_thread(self._close_medium, None)
+            return
+        self._accepting = False
+        drained = await self._drain()
+        for _ in range(self._io_depth):
+            self._writes.put(None)
+        for timer in (self._rate_timer, self._expiry_timer):
+            if timer is not None:
+                timer.cancel()
+        threads, self._threads = self._threads, []
+        shutdown = Shutdown.GRACEFUL if drained and self._failed is None else Shutdown.UNGRACEFUL
+        await asyncio.to_thread(self._stop_threads, threads, shutdown)
+        self._buffers.close()
+        self._loop = None
+
+    async def _drain(self) -> bool:
+        """Wait until every block is durable (a full ring waits for the final checkpoint's
+        trim, up to the throttle time); False if some never were."""
+        if self._failed is not None:
+            return False
+        if self._open is not None and self._open.used:
+            self._seal_open()
+        self._pump()
+        deadline = self._clock.monotonic() + self._throttle_s
+        while self._pending or self._in_flight:
+            last = (self._pending or self._in_flight)[-1]
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                log.error("WAL close: %d blocks never became durable", len(self._pending))
+                return False
+            try:
+                await asyncio.wait_for(asyncio.shield(last.future), remaining)
+            except JournalFailed:
+                return False
+            except (Backpressure, TimeoutError):
+                continue  # the block still goes once there is room: look again
+        return True
+
+    def _stop_threads(self, threads: list[threading.Thread], shutdown: Shutdown | None) -> None:
+        for thread in threads[:-1]:
+            thread.join()
+        self._written.put(None)
+        if threads:
+            threads[-1].join()
+        self._close_medium(shutdown)
+
+    def _close_medium(self, shutdown: Shutdown | None) -> None:
+        if self._raw is None:
+            return
+        try:
+            if shutdown is not None:
+                self._write_header(shutdown)
+        finally:
+            self._raw.close()
+            self._raw = None
+            if self._header_buffer is not None:
+                self._header_buffer.close()
+                self._header_buffer = None
+
+    # --- appends ----------------------------------------------------------------------------
+
+    def append(
+        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        if not self._accepting or self._failed is not None:
+            raise JournalFailed(f"the WAL is not accepting appends: {self._failed or 'closed'}")
+        body_length = BODY_PREFIX.size + len(payload)
+        size = RECORD_HEADER_SIZE + body_length
+        if size > self._max_record:
+            raise EntryTooLarge(f"WAL record of {size} bytes exceeds {self._max_record}")
+        block = self._open
+        if block is None or block.used + size > block.limit:
+            block = self._open_block(size)
+        used = block.used
+        buffer = block.buffer
+        assert buffer is not None
+        offset = block.start + used
+        body_at = used + RECORD_HEADER_SIZE
+        buffer[used:body_at] = encode_record_header(
+            DATA_MAGIC, body_length, offset + RECORD_HEADER_SIZE, crc
+        )
+        BODY_PREFIX.pack_into(buffer, body_at, ledger_id, entry_id)
+        buffer[body_at + BODY_PREFIX.size : used + size] = payload
+        block.used = used + size
+        block.records += 1
+        block.payload_bytes += len(payload)
+        if block.used >= self._soft_limit:
+            self._seal_open()
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._pump)
+        return block.future
+
+    def _open_block(self, size: int) -> _Block:
+        """A new block for a record of ``size`` bytes (after a padding block if the record
+        does not fit before the physical end)."""
+        if self._open is not None:
+            self._seal_open()
+        loop = self._loop
+        assert loop is not None
+        now = self._clock.monotonic()
+        start = self._next
+        to_end = self._area - start % self._area
+        if size > to_end:
+            self._pad_to_end(start, to_end, now)
+            start += to_end
+            to_end = self._area
+        limit = min(max(self._soft_limit, align_up(size)), to_end)
+        block = _Block(start, limit, self._buffers.take(limit), _SharedFuture(loop=loop), now)
+        self._open = block
+        return block
+
+    def _pad_to_end(self, start: int, to_end: int, now: float) -> None:
+        loop = self._loop
+        assert loop is not None
+        block = _Block(
+            start, to_end, self._buffers.take(BLOCK_ALIGNMENT), _SharedFuture(loop=loop), now
+        )
+        assert block.buffer is not None
+        header = encode_record_header(
+            PADDING_MAGIC, to_end - RECORD_HEADER_SIZE, start + RECORD_HEADER_SIZE, 0
+        )
+        block.buffer[: len(header)] = header
+        block.buffer[len(header) : BLOCK_ALIGNMENT] = bytes(BLOCK_ALIGNMENT - len(header))
+        block.used = block.size = BLOCK_ALIGNMENT  # only the padding header is written
+        block.end = start + to_end
+        self._next = block.end
+        self._pending.append(block)
+
+    def _seal_open(self) -> None:
+        block = self._open
+        assert block is not None
+        self._open = None
+        if not block.used:
+            assert block.buffer is not None
+            self._buffers.give(block.buffer)
+            return
+        block.size = align_up(block.used)
+        assert block.buffer is not None
+        block.buffer[block.used : block.size] = bytes(block.size - block.used)
+        block.end = block.start + block.size
+        self._next = block.end
+        self._pending.append(block)
+
+    def _schedule_pump(self) -> None:
+        self._rate_timer = None
+        self._pump()
+
+    def _pump(self) -> None:
+        """Hand blocks to the I/O threads while a thread, the window, the ring and the rate
+        limit allow; the block taking appends goes too when it could, else it keeps filling."""
+        self._pump_scheduled = False
+        if self._failed is not None:
+            return
+        while True:
+            if self._writing() >= self._io_depth:
+                # Flag first, then look again: a thread finishing in between sees the flag.
+                self._want_slot = True
+                if self._writing() >= self._io_depth:
+                    break
+                self._want_slot = False
+            if self._pending:
+                block = self._pending[0]
+                end = block.end
+            elif self._open is not None and self._open.used:
+                block = self._open
+                end = block.start + align_up(block.used)
+            else:
+                break
+            window_start = self._in_flight[0].start if self._in_flight else block.start
+            if end - window_start > self._window:
+                break
+            if end > self._flushed_trim + self._area:
+                self._on_ring_full()
+                break
+            if self._rate_interval:
+                now = self._clock.monotonic()
+                if now < self._rate_free_at:
+                    if self._rate_timer is None:
+                        assert self._loop is not None
+                        self._rate_timer = self._loop.call_later(
+                            self._rate_free_at - now, self._schedule_pump
+                        )
+                    break
+                self._rate_free_at = (
+                    max(self._rate_free_at, now - self._rate_burst) + self._rate_interval
+                )
+            if block is self._open:
+                self._seal_open()
+            self._pending.popleft()
+            self._in_flight.append(block)
+            self._submitted += 1
+            self._writes.put(block)
+        # Half the ring durable and not yet trimmed: a checkpoint now (it can trim only what
+        # is durable) keeps appends from ever waiting for one.
+        if not self._checkpoint_requested and (
+            self._durable_end - self._flushed_trim >= self._area * CHECKPOINT_AT_FILL
+        ):
+            self._ask_for_checkpoint()
+
+    def _writing(self) -> int:
+        """Blocks handed to the I/O threads and not yet written (written ones wait only for
+        the next flush, which does not hold a thread)."""
+        return self._submitted - sum(self._writes_done)
+
+    def _ask_for_checkpoint(self) -> None:
+        self._checkpoint_requested = True
+        self._request_checkpoint()
+
+    def _on_ring_full(self) -> None:
+        self.full_waits += 1
+        if not self._checkpoint_requested:
+            self._ask_for_checkpoint()
+        if self._expiry_timer is None:
+            assert self._loop is not None
+            self._expiry_timer = self._loop.call_later(self._throttle_s, self._expire)
+
+    def _blocked(self) -> list[_Block]:
+        """Blocks that wait for ring space: the first that does not fit, every block after
+        it, and the one taking appends."""
+        limit = self._flushed_trim + self._area
+        blocked: list[_Block] = []
+        for block in self._pending:
+            if blocked or block.end > limit:
+                blocked.append(block)
+        taking = self._open
+        if (
+            taking is not None
+            and taking.used
+            and (blocked or taking.start + align_up(taking.used) > limit)
+        ):
+            blocked.append(taking)
+        return blocked
+
+    def _expire(self) -> None:
+        """Appends that waited the throttle time for ring space fail with Backpressure."""
+        self._expiry_timer = None
+        loop = self._loop
+        if loop is None or self._failed is not None:
+            return
+        now = self._clock.monotonic()
+        blocked = self._blocked()
+        for block in blocked:
+            if now - block.first_at >= self._throttle_s and not block.future.done():
+                block.future.set_exception(
+                    Backpressure(
+                        "the raw-device WAL stayed full for db_storage_max_throttle_time_ms: "
+                        "no checkpoint freed space in time; retry later"
+                    )
+                )
+                block.future.exception()  # retrieved here; awaiting appends still get it
+                block.future = _SharedFuture(loop=loop)  # for sync points: the block still goes
+                block.first_at = now
+                if block is self._open:
+                    self._seal_open()
+        if blocked:
+            earliest = min(b.first_at for b in blocked)
+            delay = max(earliest + self._throttle_s - now, 0.0)
+            self._expiry_timer = loop.call_later(delay, self._expire)
+
+    # --- I/O threads ------------------------------------------------------------------------
+
+    def _write_blocks(self, index: int) -> None:
+        """An I/O thread: one pwrite per block, handed on to the sync thread."""
+        raw = self._raw
+        loop = self._loop
+        assert raw is not None and loop is not None
+        area = self._area
+        clock = time.perf_counter
+        done = self._writes_done
+        while True:
+            block = self._writes.get()
+            if block is None:
+                return
+            try:
+                assert block.buffer is not None
+                began = clock()
+                with memoryview(block.buffer) as whole, whole[: block.size] as data:
+                    write_exactly(raw, data, HEADER_AREA + block.start % area)
+                block.write_seconds = clock() - began
+            except BaseException as e:
+                block.error = e
+            self._written.put(block)
+            done[index] += 1  # only this thread writes its counter
+            if self._want_slot:
+                self._want_slot = False
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nothing waits
+                    loop.call_soon_threadsafe(self._pump)
+
+    def _sync_blocks(self) -> None:
+        """The sync thread: one fdatasync covers every write that completed before it."""
+        raw = self._raw
+        loop = self._loop
+        assert raw is not None and loop is not None
+        written = self._written
+        clock = time.perf_counter
+        while True:
+            block = written.get()
+            if block is None:
+                return
+            batch = [block]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    more = written.get_nowait()
+                    if more is None:
+                        written.put(None)  # after this batch
+                        break
+                    batch.append(more)
+            sync_seconds = 0.0
+            if self._sync and any(b.error is None for b in batch):
+                began = clock()
+                try:
+                    os.fdatasync(raw.fd)
+                except OSError as e:
+                    for b in batch:
+                        b.error = b.error or e
+                sync_seconds = clock() - began
+            self._probe.journal_write(
+                sum(b.records for b in batch),
+                sum(b.size for b in batch),
+                max(b.write_seconds for b in batch),
+                sync_seconds,
+            )
+            try:
+                loop.call_soon_threadsafe(self._on_durable, batch)
+            except RuntimeError:  # the loop is gone (a process ending without close())
+                return
+
+    def _on_durable(self, batch: list[_Block]) -> None:
+        """Back on the loop: acknowledge, in offset order, every block now durable."""
+        for block in batch:
+            if block.error is not None:
+                self._fail(block.error)
+                return
+            block.durable = True
+            if block.buffer is not None:
+                self._buffers.give(block.buffer)
+                block.buffer = None
+        self.syncs += 1
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].durable:
+            block = in_flight.popleft()
+            self._durable_end = block.end
+            self.blocks_written += 1
+            self.bytes_written += block.size
+            self.records_written += block.records
+            if not block.future.done():
+                block.future.set_result(LogMark(0, block.end))
+        self._pump()
+
+    def _fail(self, error: BaseException) -> None:
+        if self._failed is not None:
+            return
+        self._failed = error
+        log.error("raw-device WAL write failed; the node stops acknowledging: %s", error)
+        failure = JournalFailed(f"raw-device WAL write failed: {error}")
+        blocks = [*self._in_flight, *self._pending]
+        if self._open is not None:
+            blocks.append(self._open)
+        for block in blocks:
+            if not block.future.done():
+                block.future.set_exception(failure)
+                block.future.exception()  # retrieved here; awaiting appends still get it
+
+    # --- sync points and checkpoints --------------------------------------------------------
+
+    def _done(self, mark: LogMark) -> asyncio.Future[LogMark]:
+        future: asyncio.Future[LogMark] = asyncio.get_running_loop().create_future()
+        if self._failed is not None:
+            future.set_exception(JournalFailed(f"raw-device WAL write failed: {self._failed}"))
+        else:
+            future.set_result(mark)
+        return future
+
+    def sync_point(self) -> asyncio.Future[LogMark]:
+        """Close the block taking appends; a future for the newest block (every append so far
+        is durable when it completes)."""
+        if self._open is not None and self._open.used:
+            self._seal_open()
+            self._pump()
+        newest = self._pending or self._in_flight
+        if newest and self._failed is None:
+            return newest[-1].future
+        return self._done(LogMark(0, self._durable_end))
+
+    def checkpoint_point(self) -> asyncio.Future[LogMark]:
+        """Like ``sync_point``, but the mark stops before blocks that wait for ring space:
+        their records are in the checkpoint's cache already, and waiting for them would wait
+        for this very checkpoint's trim."""
+        if self._open is not None and self._open.used:
+            self._seal_open()
+            self._pump()
+        limit = self._flushed_trim + self._area
+        before: _Block | None = self._in_flight[-1] if self._in_flight else None
+        for block in self._pending:
+            if block.end > limit:
+                break
+            before = block
+        if before is not None and self._failed is None:
+            return before.future  # completes, in order, with the mark of its end
+        return self._done(LogMark(0, self._durable_end))
+
+    def trim(self, offset: int) -> None:
+        """Records before ``offset`` are dead; the space is reused once a header carrying it
+        is durable (the next checkpoint's)."""
+        self._trim = max(self._trim, offset)
+
+    def checkpoint_complete(self, mark: LogMark) -> None:
+        """Blocking (the checkpoint thread): trim to ``mark``, write the header; then the
+        space is reusable."""
+        self.trim(mark.offset)
+        self._crash.hit("blockwal.trim.before_header")
+        header = self._write_header(Shutdown.UNGRACEFUL)
+        self._crash.hit("blockwal.trim.after_header")
+        loop = self._loop
+        if loop is None:
+            self._flushed_trim = header.trim
+        else:
+            loop.call_soon_threadsafe(self._on_trim_durable, header.trim)
+
+    def _on_trim_durable(self, trim: int) -> None:
+        self._flushed_trim = max(self._flushed_trim, trim)
+        self._checkpoint_requested = False  # a checkpoint ran: ask again if still needed
+        self._pump()
+
+    # --- introspection ----------------------------------------------------------------------
+
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes appended and not yet handed to an I/O thread."""
+        queued = sum(b.used for b in self._pending)
+        return queued + (self._open.used if self._open else 0)
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durable_end
+
+    @property
+    def trim_offset(self) -> int:
+        return self._flushed_trim
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @property
+    def direct_io(self) -> bool:
+        return self._raw is not None and self._raw.direct
