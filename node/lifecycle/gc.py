@@ -194,7 +194,6 @@ class GarbageCollector:
                 report.purged_ledgers = await self._storage.purge_deleted_ledgers()
                 self.stats.deleted_ledgers += len(report.purged_ledgers)
                 await asyncio.to_thread(self._collect_and_compact, report, force)
-                self._storage.reap_retired_logs()
             finally:
                 self.status.force_compacting = False
                 self.status.compacting_log = None
@@ -206,6 +205,7 @@ class GarbageCollector:
 
     def _collect_and_compact(self, report: GcReport, force: tuple[bool, bool] | None) -> None:
         """Blocking, on a worker thread."""
+        self._storage.reap_retired_logs()
         throttle = self._new_throttle()
         self._refresh_metas(throttle)
         is_live = self._storage.is_live_ledger

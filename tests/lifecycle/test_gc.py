@@ -1,0 +1,217 @@
+"""Garbage collection on real entry logs, a real index and real files."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from node.lifecycle.gc import GarbageCollector
+from node.storage import entrylog
+from node.storage.clock import SystemClock
+from node.storage.compaction import Throttle
+from node.storage.ledgers import LedgerStorage
+from tests.lifecycle.gc_world import (
+    check_survivors,
+    dangling_entries,
+    gc_settings,
+    interleave,
+    log_bytes,
+)
+
+
+class SteppedClock(SystemClock):
+    """Real wall time, with a monotonic clock the test moves forward by hand."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[tuple[LedgerStorage, GarbageCollector]]:
+    clock = SteppedClock()
+    storage = LedgerStorage(gc_settings(tmp_path / "d"), clock=clock)
+    await storage.start()
+    yield storage, GarbageCollector(storage, clock)
+    await storage.close()
+
+
+async def _delete(storage: LedgerStorage, ledgers: list[int]) -> None:
+    for lid in ledgers:
+        await storage.delete_ledger(lid)
+    await storage.checkpoint()  # the deletions are durable: GC may forget the ledgers
+
+
+async def test_logs_of_deleted_ledgers_disappear(
+    world: tuple[LedgerStorage, GarbageCollector],
+) -> None:
+    storage, gc = world
+    short = await interleave(storage, ledgers=4, rounds=10)
+    long = await interleave(storage, ledgers=2, rounds=10)  # in later logs only
+    logs_before = await asyncio.to_thread(entrylog.list_logs, storage.settings.ledgers_dir)
+    await _delete(storage, short)
+    report = await gc.run()
+    assert sorted(report.purged_ledgers) == sorted(short)
+    assert report.deleted_logs, "logs holding only deleted ledgers must go"
+    assert report.compaction is None  # not due: no interval has passed
+    logs_after = await asyncio.to_thread(entrylog.list_logs, storage.settings.ledgers_dir)
+    assert set(logs_after) == set(logs_before) - set(report.deleted_logs)
+    await check_survivors(storage, long)
+    assert await dangling_entries(storage) == []
+    assert gc.stats.deleted_ledgers == 4 and gc.stats.reclaimed_by_deletion_bytes > 0
+
+
+async def test_minor_and_major_compaction_thresholds(
+    world: tuple[LedgerStorage, GarbageCollector],
+) -> None:
+    storage, gc = world
+    settings = storage.settings
+    ids = await interleave(storage, ledgers=10, rounds=12)
+    # Every log holds a slice of each of the 10 ledgers: deleting 5 leaves logs 50% live.
+    await _delete(storage, ids[:5])
+    clock = storage._clock
+    assert isinstance(clock, SteppedClock)
+    clock.offset += settings.minor_compaction_interval + 1
+    report = await gc.run()
+    assert report.compaction == "minor" and report.result.compacted == []  # 0.5 > 0.2
+    before = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
+    clock.offset += settings.major_compaction_interval + 1
+    report = await gc.run()
+    assert report.compaction == "major" and report.result.compacted  # 0.5 < 0.8
+    after = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
+    # Half of each log was dead: the disk gives back close to half (headers and maps aside).
+    assert after < before * 0.6, (before, after)
+    await check_survivors(storage, ids[5:])
+    assert await dangling_entries(storage) == []
+    # Delete 4 of the 5 left: a fifth of each compacted log stays live, and a log smaller
+    # than the target size counts as emptier still, so minor compaction (< 0.2) takes them.
+    await _delete(storage, ids[5:9])
+    clock.offset += settings.minor_compaction_interval + 1
+    report = await gc.run()
+    assert report.compaction == "minor" and report.result.compacted
+    await check_survivors(storage, ids[9:])
+    assert await dangling_entries(storage) == []
+    assert gc.status.minor_compaction_counter == 2 and gc.status.major_compaction_counter == 1
+
+
+async def test_forced_gc_and_suspension(world: tuple[LedgerStorage, GarbageCollector]) -> None:
+    storage, gc = world
+    ids = await interleave(storage, ledgers=4, rounds=6)
+    await _delete(storage, ids[:3])
+    gc.suspend(major=True, minor=True)
+    storage._clock.offset += 10**6  # type: ignore[attr-defined]
+    assert (await gc.run()).compaction is None  # suspended, and nothing forced
+    gc.request(force_major=True)  # a forced compaction overrides suspension (BookKeeper)
+    assert gc.in_force_gc
+    report = await gc.run()
+    assert report.compaction == "major" and report.result.compacted
+    assert not gc.in_force_gc
+    await check_survivors(storage, ids[3:])
+
+
+async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
+    world: tuple[LedgerStorage, GarbageCollector],
+) -> None:
+    storage, _gc = world
+    await interleave(storage, ledgers=2, rounds=20)  # three logs, the first two sealed
+    logs = await asyncio.to_thread(entrylog.list_logs, storage.settings.ledgers_dir)
+    first, second = logs[0], logs[1]
+    reader = storage._reader
+    for log_id, released in ((first, True), (second, False)):
+        hold = reader._open(log_id)  # what a read does while it reads
+        await asyncio.to_thread(hold.__enter__)
+        assert await asyncio.to_thread(storage.retire_log, log_id) is False  # held: not yet
+        path = entrylog.log_path(storage.settings.ledgers_dir, log_id)
+        assert await asyncio.to_thread(path.exists) and log_id in storage.retired_logs
+        with pytest.raises(entrylog.LogRetired):  # no new holds on a retired log
+            await asyncio.to_thread(reader._open(log_id).__enter__)
+        if released:
+            await asyncio.to_thread(hold.__exit__, None, None, None)
+            assert not await asyncio.to_thread(path.exists)
+            assert log_id not in storage.retired_logs
+        else:
+            assert await asyncio.to_thread(storage.reap_retired_logs) == []  # not yet 120 s
+            forcibly_s = storage.settings.destroy_maped_file_interval_forcibly / 1000
+            storage._clock.offset += forcibly_s  # type: ignore[attr-defined]
+            assert await asyncio.to_thread(storage.reap_retired_logs) == [log_id]
+            assert not await asyncio.to_thread(path.exists)
+            await asyncio.to_thread(hold.__exit__, None, None, None)  # a late release is fine
+
+
+async def test_a_read_racing_compaction_finds_the_new_copy(
+    world: tuple[LedgerStorage, GarbageCollector],
+) -> None:
+    storage, gc = world
+    ids = await interleave(storage, ledgers=4, rounds=6)
+    await _delete(storage, ids[:3])
+    gc.request(force_major=True)
+    run = asyncio.create_task(gc.run())
+    while not run.done():  # reads all along the compaction, never a wrong byte
+        await check_survivors(storage, ids[3:])
+        storage.read_cache._segments = [{} for _ in storage.read_cache._segments]
+        await asyncio.sleep(0)
+    assert (await run).result.compacted
+    await check_survivors(storage, ids[3:])
+
+
+async def test_an_unreadable_log_is_skipped_and_reported(
+    world: tuple[LedgerStorage, GarbageCollector],
+) -> None:
+    storage, gc = world
+    ids = await interleave(storage, ledgers=3, rounds=12)
+    logs = await asyncio.to_thread(entrylog.list_logs, storage.settings.ledgers_dir)
+    victim = entrylog.log_path(storage.settings.ledgers_dir, logs[0])
+    await asyncio.to_thread(_clobber_header, victim)
+    await _delete(storage, ids[:2])
+    report = await gc.run()
+    assert gc.status.unreadable_logs == [logs[0]]
+    assert "bad entry log header" in gc.status.last_errors[logs[0]]
+    assert await asyncio.to_thread(victim.exists)  # never deleted blind
+    assert report.purged_ledgers  # and GC went on with the rest
+    details = gc.status.as_bookkeeper()
+    assert details["unreadableLogs"] == [f"{logs[0]:x}"]
+
+
+def _clobber_header(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(b"JUNK")
+
+
+def test_throttle_keeps_compaction_io_within_ten_percent_of_the_rate() -> None:
+    rate = 4_000_000.0  # bytes/s
+    throttle = Throttle(rate, by_bytes=True)
+    started = time.monotonic()
+    moved = 0
+    while moved < 6_000_000:  # reads and writes of ~1 KiB records, as compaction does
+        throttle.acquire(1, 1024)
+        moved += 1024
+    measured = moved / (time.monotonic() - started)
+    assert abs(measured - rate) / rate < 0.10, f"{measured:,.0f} B/s against {rate:,.0f}"
+
+
+async def test_compaction_io_is_throttled_end_to_end(tmp_path: Path) -> None:
+    rate = 200_000  # bytes/s: the compaction below moves ~300 KB
+    settings = gc_settings(tmp_path / "d", is_throttle_by_bytes=True, compaction_rate_by_bytes=rate)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, SystemClock())
+        ids = await interleave(storage, ledgers=4, rounds=12)
+        await _delete(storage, ids[:2])
+        await gc.run()  # learn the logs (from their maps: almost no I/O)
+        gc.request(force_major=True)
+        started = time.monotonic()
+        report = await gc.run()
+        elapsed = time.monotonic() - started
+        io = report.result.bytes_read + report.result.bytes_written
+        assert io > rate  # long enough to measure
+        assert abs(io / elapsed - rate) / rate < 0.10, f"{io / elapsed:,.0f} B/s, {rate:,}"
+        await check_survivors(storage, ids[2:])
+    finally:
+        await storage.close()
