@@ -114,6 +114,7 @@ class Settings(BaseSettings):
     default_retention_time_in_minutes: int = Field(72 * 60, ge=-1)  # RocketMQ fileReservedTime
     default_retention_size_in_mb: int = Field(-1, ge=-1)  # -1 = unlimited
     delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
+    retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
     delete_commit_log_files_interval: int = Field(100, ge=0)  # ms between deletions
 
     # --- offload (Pulsar tiered storage) ---------------------------------------------------

@@ -14,14 +14,16 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, ledgers, openapi
+from node.http import admin, ledgers, openapi, streams
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, WORK, Lifecycle
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK, Lifecycle
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
+from node.storage.clock import SystemClock
 from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +42,20 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
-    app[WORK] = BackgroundWork(app[STORAGE])
+    app[STREAMS] = StreamManager(app[STORAGE], SystemClock())
+    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS])
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
+    app.add_routes(streams.routes)
     app.add_routes(openapi.routes)
     return app
 
 
 async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[STORAGE].start()
+    await app[STREAMS].start()
     await app[WORK].start()
     app[LIFECYCLE].started = True
     yield
@@ -59,6 +64,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
+    await app[STREAMS].start()
     app[LIFECYCLE].started = True
     yield
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from node.storage import errors as storage_errors
+from node.streams import manager as stream_errors
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,11 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.StorageClosed: 503,
     storage_errors.NodeReadOnly: 503,
     storage_errors.DiskFull: 507,
+    stream_errors.StreamNotFound: 404,
+    stream_errors.CursorNotFound: 404,
+    stream_errors.InvalidPosition: 400,
+    stream_errors.InvalidPolicy: 400,
+    stream_errors.InvalidName: 400,
     storage_errors.JournalFailed: 500,
     storage_errors.CorruptRecord: 500,
 }

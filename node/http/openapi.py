@@ -147,6 +147,44 @@ SCHEMAS: dict[str, Any] = {
             "unreadableLogs": {"type": "array", "items": {"type": "string"}},
         },
     },
+    "Policies": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "minLedgerRolloverTimeMinutes": {"type": "integer", "minimum": 0},
+            "maxLedgerRolloverTimeMinutes": {"type": "integer", "minimum": 0},
+            "maxEntriesPerLedger": {"type": "integer", "minimum": 1},
+            "maxSizePerLedgerMbytes": {"type": "integer", "minimum": 1},
+            "retentionTimeInMinutes": {"type": "integer", "minimum": -1},
+            "retentionSizeInMB": {"type": "integer", "minimum": -1},
+            "messageTtlInSeconds": {"type": "integer", "minimum": 0},
+        },
+    },
+    "Stream": {
+        "type": "object",
+        "required": ["name", "policies", "ledgers", "entries", "bytes", "cursors"],
+        "properties": {
+            "name": {"type": "string"},
+            "createdTime": {"type": "integer"},
+            "policies": {"type": "object"},
+            "ledgers": {"type": "array", "items": {"type": "object"}},
+            "entries": {"type": "integer"},
+            "bytes": {"type": "integer"},
+            "oldestDataTime": {"type": ["integer", "null"]},
+            "cursors": {"type": "array", "items": {"$ref": "#/components/schemas/Cursor"}},
+        },
+    },
+    "Cursor": {
+        "type": "object",
+        "required": ["name", "markDeletePosition", "backlogEntries", "backlogBytes"],
+        "properties": {
+            "name": {"type": "string"},
+            "markDeletePosition": {"type": "string"},
+            "backlogEntries": {"type": "integer"},
+            "backlogBytes": {"type": "integer"},
+            "createdTime": {"type": "integer"},
+        },
+    },
     "Lac": {
         "type": "object",
         "required": ["ledgerId", "lac"],
@@ -462,6 +500,181 @@ def _admin_paths() -> dict[str, Any]:
     }
 
 
+def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
+    name = {
+        "name": "name",
+        "in": "path",
+        "required": True,
+        "example": "orders",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"},
+    }
+    cursor = {
+        "name": "cursor",
+        "in": "path",
+        "required": True,
+        "example": "c1",
+        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"},
+    }
+    position = {"type": "string", "pattern": "^[0-9]{1,19}:(-1|[0-9]{1,19})$"}
+    read_params = [
+        {
+            "name": "limit",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 1, "maximum": 10_000},
+        },
+        {
+            "name": "waitMs",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0, "maximum": max_long_poll_ms},
+        },
+    ]
+    frames = {
+        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload",
+        "content": {
+            "application/x-stream-entries": {"schema": {"type": "string", "format": "binary"}}
+        },
+    }
+    stream = _json(_ref("Stream"), "Stream")
+    cursor_json = _json(_ref("Cursor"), "Cursor")
+    policies = {"required": False, "content": {JSON: {"schema": _ref("Policies")}}}
+    position_body = {
+        "required": True,
+        "content": {
+            JSON: {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["position"],
+                    "properties": {"position": position},
+                }
+            }
+        },
+    }
+    return {
+        "/api/v1/streams": {
+            "get": {
+                "summary": "List streams",
+                "responses": {"200": _json({"type": "object"}, "Streams"), **_errors()},
+            },
+        },
+        "/api/v1/streams/{name}": {
+            "parameters": [name],
+            "put": {
+                "summary": "Create a stream or update its policies",
+                "requestBody": policies,
+                "responses": {"200": stream, "201": stream, **_errors(400, 401, 403, 503, 507)},
+            },
+            "get": {
+                "summary": "Ledgers, sizes, cursors, backlog",
+                "responses": {"200": stream, **_errors(400, 404)},
+            },
+            "delete": {
+                "summary": "Delete the stream and its ledgers",
+                "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, 404)},
+            },
+        },
+        "/api/v1/streams/{name}/entries": {
+            "parameters": [name],
+            "post": {
+                "summary": "Append one entry (octet-stream) or a batch",
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        OCTET: {"schema": {"type": "string", "format": "binary"}},
+                        BATCH: {"schema": {"type": "string", "format": "binary"}},
+                    },
+                },
+                "responses": {
+                    "201": _json({"type": "object"}, "Position(s), durable"),
+                    **_errors(*MUTATION_ERRORS),
+                },
+            },
+            "get": {
+                "summary": "Read forward from a position, long-polling at the end",
+                "parameters": [
+                    {"name": "from", "in": "query", "required": False, "schema": position},
+                    *read_params,
+                ],
+                "responses": {"200": frames, **_errors(400, 404)},
+            },
+        },
+        "/api/v1/streams/{name}/cursors/{cursor}": {
+            "parameters": [name, cursor],
+            "put": {
+                "summary": "Create a cursor at earliest, latest or a position",
+                "requestBody": {
+                    "required": False,
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "properties": {"start": {"type": "string"}},
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": cursor_json,
+                    "201": cursor_json,
+                    **_errors(400, 401, 403, 404, 503),
+                },
+            },
+            "get": {
+                "summary": "Mark-delete position and backlog",
+                "responses": {"200": cursor_json, **_errors(400, 404)},
+            },
+            "delete": {
+                "summary": "Delete the cursor",
+                "responses": {"204": {"description": "Deleted"}, **_errors(400, 401, 403, 404)},
+            },
+        },
+        "/api/v1/streams/{name}/cursors/{cursor}/entries": {
+            "parameters": [name, cursor],
+            "get": {
+                "summary": "The next unacknowledged entries (not acknowledged by reading)",
+                "parameters": read_params,
+                "responses": {"200": frames, **_errors(400, 404)},
+            },
+        },
+        "/api/v1/streams/{name}/cursors/{cursor}/ack": {
+            "parameters": [name, cursor],
+            "post": {
+                "summary": "Mark-delete up to a position",
+                "requestBody": position_body,
+                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 503)},
+            },
+        },
+        "/api/v1/streams/{name}/cursors/{cursor}/reset": {
+            "parameters": [name, cursor],
+            "post": {
+                "summary": "Read from a position next",
+                "requestBody": position_body,
+                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 503)},
+            },
+        },
+        "/api/v1/retention/run": {
+            "post": {
+                "summary": "Run retention now; with dryRun, say what it would delete",
+                "parameters": [
+                    {
+                        "name": "dryRun",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["true", "false"]},
+                    }
+                ],
+                "responses": {
+                    "200": _json({"type": "object"}, "Deleted ledgers per stream"),
+                    **_errors(400, 401, 403),
+                },
+            }
+        },
+    }
+
+
 def document(settings: Settings) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -475,7 +688,11 @@ def document(settings: Settings) -> dict[str, Any]:
             "schemas": SCHEMAS,
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
-        "paths": {**_ledger_paths(settings.max_long_poll_ms), **_admin_paths()},
+        "paths": {
+            **_ledger_paths(settings.max_long_poll_ms),
+            **_stream_paths(settings.max_long_poll_ms),
+            **_admin_paths(),
+        },
     }
 
 

@@ -10,6 +10,7 @@ from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
 
 
 @dataclass(slots=True)
@@ -25,3 +26,4 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 WORK = web.AppKey("work", BackgroundWork)
+STREAMS = web.AppKey("streams", StreamManager)

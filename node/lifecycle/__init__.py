@@ -1,20 +1,26 @@
-"""Background work on the storage's public API: garbage collection and disk watermarks
-(retention and offload join them in their issues)."""
+"""Background work on the storage's public API: garbage collection, disk watermarks and
+stream retention (offload joins them in its issue)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from node.lifecycle.disks import DiskMonitor
+from node.lifecycle.disks import DiskMonitor, usage
 from node.lifecycle.gc import GarbageCollector
+from node.lifecycle.retention import Retention
 from node.storage.clock import SystemClock
 from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
 
 
 class BackgroundWork:
-    def __init__(self, storage: LedgerStorage) -> None:
-        self.gc = GarbageCollector(storage, SystemClock())
+    def __init__(self, storage: LedgerStorage, streams: StreamManager) -> None:
+        clock = SystemClock()
+        self.gc = GarbageCollector(storage, clock)
         self.disks = DiskMonitor(storage, self.gc)
+        self.retention = Retention(
+            streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values())
+        )
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -22,10 +28,12 @@ class BackgroundWork:
         self._tasks = [
             asyncio.create_task(self.gc.run_forever(), name="gc"),
             asyncio.create_task(self.disks.run_forever(), name="disk-monitor"),
+            asyncio.create_task(self.retention.run_forever(), name="retention"),
         ]
 
     async def stop(self) -> None:
-        gc_task, disk_task = self._tasks
-        disk_task.cancel()
+        gc_task, *others = self._tasks
+        for task in others:
+            task.cancel()
         self.gc.stop()
-        await asyncio.gather(gc_task, disk_task, return_exceptions=True)
+        await asyncio.gather(gc_task, *others, return_exceptions=True)

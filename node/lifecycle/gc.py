@@ -43,6 +43,9 @@ class LogMeta:
     log_id: int
     ledgers: dict[int, int]
     size: int
+    # When GC first saw data of a deleted ledger in it (monotonic; in memory, so a restart
+    # restarts the wait). Drives the compaction lag bound in _candidates.
+    dead_since: float | None = None
 
     def live_bytes(self, is_live: Callable[[int], bool]) -> int:
         return sum(n for lid, n in self.ledgers.items() if is_live(lid))
@@ -209,12 +212,16 @@ class GarbageCollector:
         throttle = self._new_throttle()
         self._refresh_metas(throttle)
         is_live = self._storage.is_live_ledger
+        now = self._clock.monotonic()
         for log_id, meta in list(self._metas.items()):
-            if meta.live_bytes(is_live) == 0:
+            live = meta.live_bytes(is_live)
+            if live == 0:
                 self._storage.retire_log(log_id)
                 del self._metas[log_id]
                 report.deleted_logs.append(log_id)
                 self.stats.reclaimed_by_deletion_bytes += meta.size
+            elif meta.dead_since is None and live < sum(meta.ledgers.values()):
+                meta.dead_since = now
         if report.deleted_logs:
             log.info("deleted %d entry logs with no live ledger", len(report.deleted_logs))
         kind = self._compaction_due(force)
@@ -307,15 +314,24 @@ class GarbageCollector:
         return None
 
     def _candidates(self, threshold: float) -> list[tuple[int, int]]:
-        """(log id, live bytes) of logs below ``threshold`` usage, emptiest first."""
+        """(log id, live bytes) of logs below ``threshold`` usage, emptiest first, and of
+        logs that have held dead data for a major interval whatever their usage.
+
+        That lag bound is Kafka's max.compaction.lag.ms (KIP-354): by usage alone, a log
+        whose live share stays above the major threshold keeps its dead data forever, e.g.
+        a compaction output of long-lived ledgers that also took a little of short-lived
+        ones; the deleted data then outlives its retention indefinitely (seed 000)."""
         is_live = self._storage.is_live_ledger
         target = self._settings.log_size_limit
         free = self._free_bytes(self._settings.ledgers_dir) if self.disk_full else 0
+        lag = self._settings.major_compaction_interval  # 0: major and the bound are off
+        now = self._clock.monotonic()
         chosen = []
         for log_id, meta in self._metas.items():
             live = meta.live_bytes(is_live)
             usage = live / max(meta.size, target)
-            if usage >= threshold:
+            lagging = lag > 0 and meta.dead_since is not None and now - meta.dead_since >= lag
+            if usage >= threshold and not lagging:
                 continue
             if self.disk_full and (live * 2 >= meta.size or live >= free):
                 continue  # copying it would use more than it frees, or does not fit

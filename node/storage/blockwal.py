@@ -148,6 +148,7 @@ RECOVERY_READ_SIZE = 1 * MiB  # recovery reads the ring in chunks this large (Au
 CHECKPOINT_AT_FILL = 0.5  # ask for a checkpoint once this share of the ring is unreclaimed
 MAX_HOLES_LOGGED = 5  # holes after which recovery logs only a count
 SPARE_BUFFERS_PER_SLOT = 2  # block buffers kept for reuse, per I/O slot
+SYNC_GATHER_MAX_S = 0.0005  # a flush waits this long at most for writes still running
 
 
 class Shutdown(IntEnum):
@@ -559,6 +560,7 @@ class BlockWal:
         self._pending: deque[_Block] = deque()  # sealed, not yet handed to a thread
         self._in_flight: deque[_Block] = deque()  # handed to a thread, not yet acknowledged
         self._submitted = 0  # blocks handed to the I/O threads, ever
+        self._writes_begun = [0] * self._io_depth  # pwrites begun, per I/O thread (its own)
         self._writes_done = [0] * self._io_depth  # blocks written, per I/O thread (its own)
         self._want_slot = False  # the loop waits for a write to finish (threads wake it)
         self._next = 0  # logical offset where the next block starts
@@ -784,14 +786,13 @@ class BlockWal:
         self._loop = loop
         self._accepting = True
         self._threads = [
-            threading.Thread(
-                target=self._write_blocks, args=(i,), name=f"wal-io-{i}", daemon=True
-            )
+            threading.Thread(target=self._write_blocks, args=(i,), name=f"wal-io-{i}", daemon=True)
             for i in range(self._io_depth)
         ]
-        self._threads.append(
+        self._threads += [
             threading.Thread(target=self._sync_blocks, name="wal-sync", daemon=True)
-        )
+            for _ in range(int(os.environ.get("NSYNC", "1")))
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -1084,11 +1085,12 @@ class BlockWal:
         assert raw is not None and loop is not None
         area = self._area
         clock = time.perf_counter
-        done = self._writes_done
+        begun, done = self._writes_begun, self._writes_done
         while True:
             block = self._writes.get()
             if block is None:
                 return
+            begun[index] += 1  # only this thread writes its counters
             try:
                 assert block.buffer is not None
                 began = clock()
@@ -1097,8 +1099,8 @@ class BlockWal:
                 block.write_seconds = clock() - began
             except BaseException as e:
                 block.error = e
+            done[index] += 1
             self._written.put(block)
-            done[index] += 1  # only this thread writes its counter
             if self._want_slot:
                 self._want_slot = False
                 with contextlib.suppress(RuntimeError):  # the loop is gone: nothing waits
@@ -1110,15 +1112,22 @@ class BlockWal:
         loop = self._loop
         assert raw is not None and loop is not None
         written = self._written
+        begun, done = self._writes_begun, self._writes_done
         clock = time.perf_counter
         while True:
             block = written.get()
             if block is None:
                 return
             batch = [block]
+            # Writes still running will be done within about one write's time: one flush
+            # for them too costs less than a flush of its own for each.
+            deadline = clock() + float(os.environ.get("GATHER", "0.0005"))
             with contextlib.suppress(queue.Empty):
                 while True:
-                    more = written.get_nowait()
+                    if sum(begun) > sum(done):
+                        more = written.get(timeout=max(0.0, deadline - clock()))
+                    else:
+                        more = written.get_nowait()
                     if more is None:
                         written.put(None)  # after this batch
                         break

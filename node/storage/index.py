@@ -6,6 +6,8 @@ Two column families in one database, so that a checkpoint updates both in one wr
                contiguous and its last entry is a reverse seek), value ``location u64``.
 ``ledgers``    key ``ledger id u64``, value a ``LedgerMeta`` (layout below); loaded into
                memory at start.
+``streams``    records of the streams layer (its own format, see node/streams); the
+               engine stores them durably and does not read them.
 
 LedgerMeta value, version 1::
 
@@ -123,12 +125,15 @@ class Index:
             column_families={
                 "locations": Options(raw_mode=True),
                 "ledgers": Options(raw_mode=True),
+                "streams": Options(raw_mode=True),
             },
         )
         self._locations = self._db.get_column_family("locations")
         self._ledgers = self._db.get_column_family("ledgers")
+        self._streams = self._db.get_column_family("streams")
         self._locations_cf = self._db.get_column_family_handle("locations")
         self._ledgers_cf = self._db.get_column_family_handle("ledgers")
+        self._streams_cf = self._db.get_column_family_handle("streams")
         self._sync = WriteOptions()
         self._sync.sync = True
         self._lock = threading.Lock()  # close() must not race a reader
@@ -210,6 +215,23 @@ class Index:
             batch.delete(LEDGER_KEY.pack(ledger_id), self._ledgers_cf)
         self._db.write(batch, self._sync)
 
+    # --- the streams keyspace: opaque records of the streams layer -------------------------
+
+    def write_records(self, changes: dict[bytes, bytes | None]) -> None:
+        """Put (or delete, for None) records of the streams keyspace: one synchronous batch,
+        so a change is durable when this returns and several land together or not at all."""
+        batch = WriteBatch(raw_mode=True)
+        for key, value in changes.items():
+            if value is None:
+                batch.delete(key, self._streams_cf)
+            else:
+                batch.put(key, value, self._streams_cf)
+        self._db.write(batch, self._sync)
+
+    def records(self) -> dict[bytes, bytes]:
+        """Every record of the streams keyspace (loaded once at start)."""
+        return {cast(bytes, k): cast(bytes, v) for k, v in self._streams.items()}
+
     def estimated_entries(self) -> int:
         return int(self._locations.property_int_value("rocksdb.estimate-num-keys") or 0)
 
@@ -220,4 +242,5 @@ class Index:
                 # Column family handles keep the database (and its LOCK) alive: drop them,
                 # or the next open in this process fails.
                 del self._locations, self._ledgers, self._locations_cf, self._ledgers_cf
+                del self._streams, self._streams_cf
                 self._db.close()

@@ -805,6 +805,20 @@ class LedgerStorage:
         """Blocking, from a worker thread: run ``work`` between checkpoints."""
         return self._flush_executor.submit(work).result()
 
+    # --- records of the layers above (streams) ---------------------------------------------
+
+    async def write_records(self, changes: dict[bytes, bytes | None]) -> None:
+        """Durable, atomic puts and deletes in the streams keyspace."""
+        self._check_running()
+        await asyncio.get_running_loop().run_in_executor(
+            self._read_executor, self.index.write_records, changes
+        )
+
+    async def load_records(self) -> dict[bytes, bytes]:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._read_executor, self.index.records
+        )
+
     # --- introspection ---------------------------------------------------------------------
 
     @property

@@ -66,6 +66,9 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(tmp_path: Pa
                 "run",
                 f"{node.url}/openapi.json",
                 "--checks=all",
+                # Rules no JSON schema can state (a stream's minimum rollover time below its
+                # maximum, a position that must exist in the stream) rightly give 400.
+                "--exclude-checks=positive_data_acceptance",
                 "--max-examples=40",
                 # One worker: CPython 3.11's ast.parse is not thread safe, and hypothesis
                 # parses lambdas' sources ("AST constructor recursion depth mismatch").

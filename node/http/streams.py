@@ -1,0 +1,255 @@
+"""Stream, cursor and retention routes (the streams issue's table).
+
+Positions are written ``L:E``. A stream read returns frames
+``ledger id u64 | entry id u64 | len u32 | payload``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from typing import Any
+
+from aiohttp import web
+
+from node.http.errors import ApiError
+from node.http.frames import BATCH_CONTENT_TYPE, FrameError, decode_batch
+from node.http.ledgers import parse_id
+from node.http.state import METRICS, SETTINGS, STREAMS, WORK
+from node.streams.manager import StreamManager, parse_position
+from node.streams.model import Cursor, Position, Stream
+
+routes = web.RouteTableDef()
+
+STREAM_FRAME = struct.Struct(">QQI")
+STREAM_FRAMES_CONTENT_TYPE = "application/x-stream-entries"
+DEFAULT_READ_LIMIT = 100
+MAX_READ_LIMIT = 10_000
+_RAW_TYPES = {"application/octet-stream", ""}
+
+
+def encode_stream_frame(position: Position, payload: bytes) -> bytes:
+    return STREAM_FRAME.pack(position.ledger_id, position.entry_id, len(payload)) + payload
+
+
+def decode_stream_frames(body: bytes) -> list[tuple[Position, bytes]]:
+    frames = []
+    pos = 0
+    while pos < len(body):
+        ledger, entry, length = STREAM_FRAME.unpack_from(body, pos)
+        pos += STREAM_FRAME.size
+        frames.append((Position(ledger, entry), body[pos : pos + length]))
+        pos += length
+    return frames
+
+
+def _streams(request: web.Request) -> StreamManager:
+    return request.app[STREAMS]
+
+
+def _name(request: web.Request) -> str:
+    return request.match_info["name"]
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_body", "body must be a JSON object")
+    return body
+
+
+def _position_field(body: dict[str, Any]) -> Position:
+    value = body.get("position")
+    if not isinstance(value, str) or set(body) != {"position"}:
+        raise ApiError(400, "invalid_body", 'body must be {"position": "L:E"}')
+    return parse_position(value)
+
+
+def _limit_and_wait(request: web.Request) -> tuple[int, float]:
+    limit = parse_id(request.query.get("limit"), "limit", default=DEFAULT_READ_LIMIT)
+    if not 1 <= limit <= MAX_READ_LIMIT:
+        raise ApiError(400, "invalid_limit", f"limit must be in [1, {MAX_READ_LIMIT}]")
+    wait_ms = parse_id(request.query.get("waitMs"), "waitMs", default=0)
+    longest = request.app[SETTINGS].max_long_poll_ms
+    if wait_ms > longest:
+        raise ApiError(400, "invalid_timeout", f"waitMs is at most {longest}")
+    return limit, wait_ms / 1000
+
+
+def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
+    ledgers = [
+        {
+            "ledgerId": info.ledger_id,
+            "entries": streams._last_entry(info) + 1,
+            "bytes": info.size_bytes,
+            "createdTime": info.created_ms,
+            "closedTime": info.closed_ms or None,
+        }
+        for info in stream.ledgers
+    ]
+    return {
+        "name": stream.name,
+        "createdTime": stream.created_ms,
+        "policies": stream.policies.to_json(),
+        "ledgers": ledgers,
+        "entries": sum(item["entries"] for item in ledgers),
+        "bytes": sum(info.size_bytes for info in stream.ledgers),
+        "oldestDataTime": stream.ledgers[0].created_ms if stream.ledgers else None,
+        "cursors": [_cursor_json(streams, c) for c in streams.cursors(stream.name)],
+    }
+
+
+def _cursor_json(streams: StreamManager, cursor: Cursor) -> dict[str, Any]:
+    backlog = streams.backlog(cursor.stream, cursor.mark_delete)
+    return {
+        "name": cursor.name,
+        "markDeletePosition": str(cursor.mark_delete),
+        "backlogEntries": backlog.entries,
+        "backlogBytes": backlog.size_bytes,
+        "createdTime": cursor.created_ms,
+    }
+
+
+def _frames(found: list[tuple[Position, bytes]]) -> web.Response:
+    body = b"".join(encode_stream_frame(position, payload) for position, payload in found)
+    headers = (
+        {"X-Next-Position": str(Position(found[-1][0].ledger_id, found[-1][0].entry_id + 1))}
+        if found
+        else {}
+    )
+    return web.Response(body=body, content_type=STREAM_FRAMES_CONTENT_TYPE, headers=headers)
+
+
+@routes.get("/api/v1/streams")
+async def list_streams(request: web.Request) -> web.Response:
+    streams = _streams(request)
+    return web.json_response({"streams": [_stream_json(streams, s) for s in streams.streams()]})
+
+
+@routes.put("/api/v1/streams/{name}")
+async def put_stream(request: web.Request) -> web.Response:
+    streams = _streams(request)
+    stream, created = await streams.put_stream(_name(request), await _json_object(request))
+    return web.json_response(_stream_json(streams, stream), status=201 if created else 200)
+
+
+@routes.get("/api/v1/streams/{name}")
+async def get_stream(request: web.Request) -> web.Response:
+    streams = _streams(request)
+    return web.json_response(_stream_json(streams, streams.stream(_name(request))))
+
+
+@routes.delete("/api/v1/streams/{name}")
+async def delete_stream(request: web.Request) -> web.Response:
+    await _streams(request).delete_stream(_name(request))
+    return web.Response(status=204)
+
+
+@routes.post("/api/v1/streams/{name}/entries")
+async def append(request: web.Request) -> web.Response:
+    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    body = await request.read()
+    if content_type == BATCH_CONTENT_TYPE:
+        try:
+            payloads = decode_batch(body)
+        except FrameError as e:
+            raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        if not payloads:
+            raise ApiError(400, "invalid_frame", "an empty batch")
+    elif content_type in _RAW_TYPES:
+        payloads = [body]
+    else:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"entries are octet-stream or a batch, not {content_type!r}",
+        )
+    limit = request.app[SETTINGS].max_entry_size
+    if any(len(p) > limit for p in payloads):
+        raise ApiError(413, "entry_too_large", f"an entry exceeds max_entry_size {limit}")
+    started = time.perf_counter()
+    positions = await _streams(request).append(_name(request), payloads)
+    request.app[METRICS].add_latency.labels("stream").observe(time.perf_counter() - started)
+    if content_type == BATCH_CONTENT_TYPE:
+        return web.json_response({"positions": [str(p) for p in positions]}, status=201)
+    return web.json_response({"position": str(positions[0])}, status=201)
+
+
+@routes.get("/api/v1/streams/{name}/entries")
+async def read(request: web.Request) -> web.Response:
+    start = parse_position(request.query["from"]) if "from" in request.query else None
+    limit, wait_s = _limit_and_wait(request)
+    return _frames(await _streams(request).read(_name(request), start, limit, wait_s))
+
+
+@routes.put("/api/v1/streams/{name}/cursors/{cursor}")
+async def create_cursor(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    start = body.get("start", "latest")
+    if not isinstance(start, str) or set(body) - {"start"}:
+        raise ApiError(400, "invalid_body", 'body must be {"start": "earliest" | "latest" | "L:E"}')
+    streams = _streams(request)
+    cursor, created = await streams.create_cursor(
+        _name(request), request.match_info["cursor"], start
+    )
+    return web.json_response(_cursor_json(streams, cursor), status=201 if created else 200)
+
+
+@routes.get("/api/v1/streams/{name}/cursors/{cursor}")
+async def get_cursor(request: web.Request) -> web.Response:
+    streams = _streams(request)
+    return web.json_response(
+        _cursor_json(streams, streams.cursor(_name(request), request.match_info["cursor"]))
+    )
+
+
+@routes.delete("/api/v1/streams/{name}/cursors/{cursor}")
+async def delete_cursor(request: web.Request) -> web.Response:
+    await _streams(request).delete_cursor(_name(request), request.match_info["cursor"])
+    return web.Response(status=204)
+
+
+@routes.get("/api/v1/streams/{name}/cursors/{cursor}/entries")
+async def read_cursor(request: web.Request) -> web.Response:
+    limit, wait_s = _limit_and_wait(request)
+    found = await _streams(request).read_cursor(
+        _name(request), request.match_info["cursor"], limit, wait_s
+    )
+    return _frames(found)
+
+
+@routes.post("/api/v1/streams/{name}/cursors/{cursor}/ack")
+async def acknowledge(request: web.Request) -> web.Response:
+    position = _position_field(await _json_object(request))
+    streams = _streams(request)
+    cursor = await streams.acknowledge(_name(request), request.match_info["cursor"], position)
+    return web.json_response(_cursor_json(streams, cursor))
+
+
+@routes.post("/api/v1/streams/{name}/cursors/{cursor}/reset")
+async def reset(request: web.Request) -> web.Response:
+    position = _position_field(await _json_object(request))
+    streams = _streams(request)
+    cursor = await streams.reset(_name(request), request.match_info["cursor"], position)
+    return web.json_response(_cursor_json(streams, cursor))
+
+
+@routes.post("/api/v1/retention/run")
+async def run_retention(request: web.Request) -> web.Response:
+    dry_run = request.query.get("dryRun", "false").lower()
+    if dry_run not in ("true", "false"):
+        raise ApiError(400, "invalid_query", "dryRun is true or false")
+    done = await request.app[WORK].retention.run(dry_run=dry_run == "true")
+    return web.json_response(
+        {
+            "dryRun": dry_run == "true",
+            "streams": {name: [d.to_json() for d in plan] for name, plan in done.items()},
+        }
+    )

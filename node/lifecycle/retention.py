@@ -1,0 +1,153 @@
+"""Retention of streams (Pulsar's trim rule, RocketMQ's scheduling).
+
+Which ledgers go (SPEC.md section 8): among the closed ledgers before the slowest cursor's
+mark-delete position (all closed ledgers when the stream has no cursor), in ascending
+order, delete a ledger if it closed longer ago than the retention time, or if what remains
+after deleting it is still at least the retention size; stop at the first ledger that
+satisfies retention. Backlog is never deleted, the ledger taking appends never, and only
+a prefix of the stream ever. When a data disk is past ``disk_space_clean_forcibly_ratio``
+the retention time and size are ignored for acknowledged data (still never for backlog).
+
+When: ``POST /api/v1/retention/run`` (with a dry run), every day at the hours of
+``delete_when`` when ``retention_scheduler_enabled`` (turn it off when Airflow drives
+retention), and at once when a data disk passes ``disk_max_used_space_ratio``. Deletions
+are paced by ``delete_commit_log_files_interval``. Deleted ledgers' space comes back with GC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from node.storage.clock import Clock
+from node.streams.manager import StreamManager
+from node.streams.model import MB, MINUTE_MS
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_TICK_S = 30.0  # how often the scheduler looks at the clock and the disks
+HOUR_S = 3600
+
+
+@dataclass(slots=True)
+class Deletion:
+    stream: str
+    ledger_id: int
+    reason: str  # "time", "size" or "disk"
+    size_bytes: int
+
+    def to_json(self) -> dict[str, object]:
+        return {"ledgerId": self.ledger_id, "reason": self.reason, "bytes": self.size_bytes}
+
+
+@dataclass(slots=True)
+class RetentionStats:
+    runs: int = 0
+    deleted: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
+    expired_cursor_moves: int = 0
+
+
+class Retention:
+    def __init__(
+        self, streams: StreamManager, clock: Clock, disk_usage: Callable[[], float]
+    ) -> None:
+        self._streams = streams
+        self._settings = streams._settings
+        self._clock = clock
+        self._disk_usage = disk_usage
+        self._lock = asyncio.Lock()
+        self.stats = RetentionStats()
+        self._last_scheduled_hour: int | None = None
+
+    def plan(self, name: str, forced: bool) -> list[Deletion]:
+        stream = self._streams.stream(name)
+        policies = stream.policies
+        closed = stream.ledgers[:-1]  # never the ledger taking appends
+        slowest = self._streams.slowest_mark(name)
+        if slowest is not None:
+            closed = [
+                info
+                for info in closed
+                if info.ledger_id < slowest.ledger_id
+                or (info.ledger_id == slowest.ledger_id and slowest.entry_id >= info.entries - 1)
+            ]
+        total = sum(info.size_bytes for info in stream.ledgers)
+        now = self._clock.now_ms()
+        deleting = 0
+        plan = []
+        for info in closed:  # a prefix of the stream: ledger ids ascend
+            deleting += info.size_bytes
+            if forced:
+                plan.append(Deletion(name, info.ledger_id, "disk", info.size_bytes))
+                continue
+            size_limit = policies.retentionSizeInMB
+            time_limit = policies.retentionTimeInMinutes
+            expired = time_limit >= 0 and now - info.closed_ms > time_limit * MINUTE_MS
+            over = size_limit >= 0 and total - deleting >= size_limit * MB
+            if not (expired or over):
+                break
+            plan.append(
+                Deletion(name, info.ledger_id, "time" if expired else "size", info.size_bytes)
+            )
+        return plan
+
+    async def run(
+        self, dry_run: bool = False, forced: bool | None = None
+    ) -> dict[str, list[Deletion]]:
+        """One retention pass over every stream; what was (or would be) deleted."""
+        async with self._lock:
+            if forced is None:
+                usage = await asyncio.to_thread(self._disk_usage)
+                forced = usage > self._settings.disk_space_clean_forcibly_ratio
+            self.stats.runs += 0 if dry_run else 1
+            now = self._clock.now_ms()
+            done: dict[str, list[Deletion]] = {}
+            for stream in self._streams.streams():
+                ttl = stream.policies.messageTtlInSeconds
+                if ttl > 0 and not dry_run:
+                    moved = await self._streams.expire(stream.name, now - ttl * 1000)
+                    self.stats.expired_cursor_moves += len(moved)
+                plan = self.plan(stream.name, forced)
+                if not plan:
+                    continue
+                done[stream.name] = plan
+                if dry_run:
+                    continue
+                pace = self._settings.delete_commit_log_files_interval / 1000
+                await self._streams.trim(stream.name, [d.ledger_id for d in plan], pace)
+                for deletion in plan:
+                    key = (stream.name, deletion.reason)
+                    self.stats.deleted[key] = self.stats.deleted.get(key, 0) + 1
+                log.info(
+                    "retention deleted %d ledgers of stream %s (%s)",
+                    len(plan), stream.name, ", ".join(sorted({d.reason for d in plan})),
+                )  # fmt: skip
+            return done
+
+    def _due_hours(self) -> set[int]:
+        return {int(h) for h in self._settings.delete_when.split(";") if h.strip().isdigit()}
+
+    async def run_forever(self) -> None:
+        """RocketMQ's triggers: the hours of ``delete_when``, and a disk past the cleaning
+        watermark (checked every tick, so a filling disk is cleaned within seconds)."""
+        while True:
+            await asyncio.sleep(SCHEDULER_TICK_S)
+            try:
+                hour = time.localtime(self._clock.now_ms() / 1000).tm_hour
+                scheduled = (
+                    self._settings.retention_scheduler_enabled
+                    and hour in self._due_hours()
+                    and self._last_scheduled_hour != hour
+                )
+                if scheduled:
+                    self._last_scheduled_hour = hour
+                usage = await asyncio.to_thread(self._disk_usage)
+                if scheduled or usage > self._settings.disk_max_used_space_ratio:
+                    await self.run()
+                elif hour not in self._due_hours():
+                    self._last_scheduled_hour = None
+            except Exception:
+                log.exception("retention run failed; trying again at the next tick")

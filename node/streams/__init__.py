@@ -1,0 +1,1 @@
+"""Streams: named logs over ledgers, with cursors (Pulsar's managed ledgers)."""

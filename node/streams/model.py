@@ -1,0 +1,174 @@
+"""What a stream is made of, and how it is stored in the storage's streams keyspace.
+
+Records (JSON values, each with a format version ``v``)::
+
+    key  b"stream/" + name              value {"v": 1, "name", "created", "policies", "ledgers"}
+    key  b"cursor/" + name + 0x00 + cur value {"v": 1, "markDelete": [ledger, entry], "created"}
+
+``ledgers`` lists the stream's ledgers oldest first, each ``{"id", "entries", "bytes",
+"created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed.
+Positions are (ledger id, entry id), written ``L:E``. A cursor's mark-delete position is the
+last entry it acknowledged: everything at or before it is consumed; (L, -1) means nothing of
+ledger L yet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+FORMAT_VERSION = 1
+STREAM_PREFIX = b"stream/"
+CURSOR_PREFIX = b"cursor/"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+MB = 1024 * 1024
+MINUTE_MS = 60_000
+
+
+class Position(NamedTuple):
+    ledger_id: int
+    entry_id: int
+
+    def __str__(self) -> str:
+        return f"{self.ledger_id}:{self.entry_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """``L:E`` with E >= -1; ValueError otherwise."""
+        ledger, sep, entry = text.partition(":")
+        if not sep or not ledger.isdigit() or not (entry.isdigit() or entry == "-1"):
+            raise ValueError(f"a position is written L:E (ledger id:entry id), not {text[:40]!r}")
+        position = cls(int(ledger), int(entry))
+        if position.ledger_id >= 1 << 63 or position.entry_id >= 1 << 63:
+            raise ValueError(f"position {text[:40]!r} is out of range")
+        return position
+
+
+@dataclass(slots=True)
+class Policies:
+    """Pulsar's names and meanings; -1 = unlimited, TTL 0 = none."""
+
+    minLedgerRolloverTimeMinutes: int = 10
+    maxLedgerRolloverTimeMinutes: int = 240
+    maxEntriesPerLedger: int = 50_000
+    maxSizePerLedgerMbytes: int = 2048
+    retentionTimeInMinutes: int = 72 * 60
+    retentionSizeInMB: int = -1
+    messageTtlInSeconds: int = 0
+
+    LIMITS = {  # name -> smallest allowed value
+        "minLedgerRolloverTimeMinutes": 0,
+        "maxLedgerRolloverTimeMinutes": 0,
+        "maxEntriesPerLedger": 1,
+        "maxSizePerLedgerMbytes": 1,
+        "retentionTimeInMinutes": -1,
+        "retentionSizeInMB": -1,
+        "messageTtlInSeconds": 0,
+    }
+
+    @classmethod
+    def from_json(cls, given: dict[str, Any], defaults: Policies) -> Policies:
+        """``given`` over ``defaults``; ValueError naming the bad key."""
+        unknown = set(given) - set(cls.LIMITS)
+        if unknown:
+            raise ValueError(
+                f"unknown policy {sorted(unknown)[0]!r}; known: {', '.join(cls.LIMITS)}"
+            )
+        values = defaults.to_json()
+        for key, value in given.items():
+            if type(value) is not int or value < cls.LIMITS[key]:
+                raise ValueError(f"{key} must be an integer >= {cls.LIMITS[key]}, got {value!r}")
+            values[key] = value
+        policies = cls(**values)
+        if policies.minLedgerRolloverTimeMinutes > policies.maxLedgerRolloverTimeMinutes:
+            raise ValueError("minLedgerRolloverTimeMinutes exceeds maxLedgerRolloverTimeMinutes")
+        return policies
+
+    def to_json(self) -> dict[str, int]:
+        return {key: getattr(self, key) for key in self.LIMITS}
+
+
+@dataclass(slots=True)
+class LedgerInfo:
+    ledger_id: int
+    entries: int = 0
+    size_bytes: int = 0
+    created_ms: int = 0
+    closed_ms: int = 0  # 0 while it takes appends
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "id": self.ledger_id,
+            "entries": self.entries,
+            "bytes": self.size_bytes,
+            "created": self.created_ms,
+            "closed": self.closed_ms,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, int]) -> LedgerInfo:
+        return cls(data["id"], data["entries"], data["bytes"], data["created"], data["closed"])
+
+
+@dataclass(slots=True)
+class Stream:
+    name: str
+    policies: Policies
+    created_ms: int
+    ledgers: list[LedgerInfo] = field(default_factory=list)
+
+    def key(self) -> bytes:
+        return STREAM_PREFIX + self.name.encode()
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "v": FORMAT_VERSION,
+                "name": self.name,
+                "created": self.created_ms,
+                "policies": self.policies.to_json(),
+                "ledgers": [info.to_json() for info in self.ledgers],
+            }
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Stream:
+        raw = json.loads(data)
+        if raw.get("v") != FORMAT_VERSION:
+            raise ValueError(f"unsupported stream record version {raw.get('v')}")
+        return cls(
+            raw["name"],
+            Policies(**raw["policies"]),
+            raw["created"],
+            [LedgerInfo.from_json(info) for info in raw["ledgers"]],
+        )
+
+
+@dataclass(slots=True)
+class Cursor:
+    stream: str
+    name: str
+    mark_delete: Position
+    created_ms: int
+
+    def key(self) -> bytes:
+        return cursor_key(self.stream, self.name)
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"v": FORMAT_VERSION, "markDelete": list(self.mark_delete), "created": self.created_ms}
+        ).encode()
+
+    @classmethod
+    def decode(cls, key: bytes, data: bytes) -> Cursor:
+        stream, _, name = key.removeprefix(CURSOR_PREFIX).partition(b"\0")
+        raw = json.loads(data)
+        if raw.get("v") != FORMAT_VERSION:
+            raise ValueError(f"unsupported cursor record version {raw.get('v')}")
+        return cls(stream.decode(), name.decode(), Position(*raw["markDelete"]), raw["created"])
+
+
+def cursor_key(stream: str, name: str) -> bytes:
+    return CURSOR_PREFIX + stream.encode() + b"\0" + name.encode()
