@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench clean
+.PHONY: run test lint typecheck bench tools clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m node serve
 
+## System tools of the tests and benchmarks: fio, the raw-device WAL's baseline.
+tools:
+	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
+
 ## Lint, type-check and run the whole test suite.
-test: $(STAMP)
+test: $(STAMP) tools
 	$(PY) -m ruff check node tests
 	$(PY) -m mypy
 	$(PY) -m pytest -q

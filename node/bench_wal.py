@@ -3,7 +3,7 @@ same device, in the same run.
 
 Media: by default a loop device made for the run (over a zero-filled file in the scratch
 directory) and a plain file next to it, both on the disk that holds ``--dir``; with
-``--path``, that block device or file only (its contents are overwritten).
+``--path``, that block device or file only (256 MiB at least; its contents are overwritten).
 
 On each medium, per record size (``--record-sizes``, default 1 KiB, 16 KiB, 256 KiB):
 
@@ -16,6 +16,10 @@ On each medium, per record size (``--record-sizes``, default 1 KiB, 16 KiB, 256 
   ``wal_io_depth``, block size = the WAL's average block in the unthrottled run (4 KiB
   aligned), with the WAL's durability: ``sync=dsync`` (each write on stable storage when it
   completes), since the WAL fdatasyncs before acknowledging. Ratio = WAL device MiB/s / fio.
+
+The WAL's unthrottled runs and fio alternate, ``ROUNDS`` times each a third of ``--seconds``
+long, and the figures add the rounds up (the machine's load drifts; alternating gives both the
+same share of it); the per-round ratios are printed too.
 
 Then IOPS: the WAL with 4 KiB blocks (``wal_block_soft_limit`` = 4 KiB and records that fill
 one block each), unthrottled, against fio at ``bs=4k``. fio without sync is printed as a
@@ -58,7 +62,6 @@ from node.bench import (
     WARMUP_MAX_S,
     _filesystem,
     _loop_name,
-    _ratio,
 )
 from node.runtime import run, tune_gc
 from node.settings import KiB, MiB, Settings, load
@@ -77,6 +80,7 @@ OPEN_LOOP_TICK_S = 0.0005  # the rate generator wakes this often (uvloop rounds 
 LOSETUP_TIMEOUT_S = 30
 FIO_TIMEOUT_MARGIN_S = 60  # fio gets its runtime plus this before it counts as hung
 TARGET_RATIO = 0.80
+ROUNDS = 3  # WAL and fio alternate this many times per comparison, each a third as long
 BENCH_LEDGER = 1  # ledger id of every record (the bench does not recover them)
 
 
@@ -396,6 +400,58 @@ class MediumSummary:
     iops: float | None = None  # wal/fio writes/s at 4 KiB
 
 
+def _merge(rows: list[Row]) -> Row:
+    """Rounds of one run as one row: counts and times summed, latencies pooled (fio's
+    percentiles: the median round's)."""
+    first = rows[0]
+    given = sorted(rows, key=lambda r: r.p50_s or 0.0)[len(rows) // 2]
+    return Row(
+        first.name,
+        first.record_size,
+        sum(r.appends for r in rows),
+        sum(r.payload_bytes for r in rows),
+        sum(r.writes for r in rows),
+        sum(r.device_bytes for r in rows),
+        sum(r.seconds for r in rows),
+        [x for r in rows for x in r.latencies],
+        given.p50_s,
+        given.p99_s,
+    )
+
+
+def _against_fio(
+    run_wal: Callable[[float], Row],
+    medium: Path,
+    block: int | None,
+    rounds: int,
+    seconds: float,
+    warmup: float,
+    sync: bool,
+    depth: int,
+) -> tuple[Row, Row | str, list[float]]:
+    """The WAL and fio in alternating rounds (a shared machine's load drifts; alternating
+    gives both the same share of it). ``block`` None: fio writes the WAL's average block."""
+    wal_rows: list[Row] = []
+    fio_rows: list[Row] = []
+    ratios: list[float] = []
+    reason = ""
+    for _ in range(rounds):
+        wal = run_wal(seconds / rounds)
+        wal_rows.append(wal)
+        size = block or max(
+            BLOCK_ALIGNMENT, round(wal_rows[0].average_write / BLOCK_ALIGNMENT) * BLOCK_ALIGNMENT
+        )
+        fio = _fio(medium, size, depth, seconds / rounds, warmup, sync)
+        if isinstance(fio, str):
+            reason = fio
+            continue
+        fio_rows.append(fio)
+        ratio = _ratio_of(wal.device_mib_s, fio.device_mib_s)
+        if ratio is not None:
+            ratios.append(ratio)
+    return _merge(wal_rows), (_merge(fio_rows) if fio_rows else reason), ratios
+
+
 def _bench_medium(
     scratch: Path,
     medium: Path,
@@ -411,18 +467,24 @@ def _bench_medium(
     summary = MediumSummary(title)
     _print(["", f"### {title}", ""])
     for size in sizes:
-        target = min(float(GP3_IOPS), GP3_BYTES_PER_S / size)
-        free = _measure_wal(
-            scratch,
-            medium,
-            "wal unthrottled",
-            size,
-            seconds,
-            warmup,
-            writers,
-            None,
-            wal_write_rate_limit=0,
+
+        def unthrottled(run_s: float, size: int = size) -> Row:
+            return _measure_wal(
+                scratch,
+                medium,
+                "wal unthrottled",
+                size,
+                run_s,
+                warmup,
+                writers,
+                None,
+                wal_write_rate_limit=0,
+            )
+
+        free, fio, ratios = _against_fio(
+            unthrottled, medium, None, ROUNDS, seconds, warmup, sync, depth
         )
+        target = min(float(GP3_IOPS), GP3_BYTES_PER_S / size)
         paced = _measure_wal(
             scratch,
             medium,
@@ -433,45 +495,52 @@ def _bench_medium(
             writers,
             target,
         )
-        block = max(BLOCK_ALIGNMENT, round(free.average_write / BLOCK_ALIGNMENT) * BLOCK_ALIGNMENT)
-        fio = _fio(medium, block, depth, seconds, warmup, sync)
         rows = [free, paced] + ([fio] if isinstance(fio, Row) else [])
         ratio = _ratio_of(free.device_mib_s, fio.device_mib_s) if isinstance(fio, Row) else None
         summary.bandwidth[size] = ratio
+        block = round(fio.average_write) if isinstance(fio, Row) else 0
         notes = [
             f"- wal/fio bandwidth (device MiB/s, same {block // KiB} KiB writes, QD{depth}): "
-            f"{_verdict(ratio)}",
-            f"- wal/fio writes/s: "
-            f"{_ratio(free.writes_per_s, fio.writes_per_s) if isinstance(fio, Row) else 'n/a'}",
+            f"{_verdict(ratio)}; by round: {_listed(ratios)}",
         ]
         if isinstance(fio, str):
             notes.append(f"- fio: {fio}")
         _print(["", f"#### records of {size:,} B", "", *_table(rows), "", *notes])
 
-    payload = IOPS_BLOCK - RECORD_OVERHEAD  # one record fills one 4 KiB block
-    blocks = _measure_wal(
-        scratch,
-        medium,
-        "wal 4 KiB blocks",
-        payload,
-        seconds,
-        warmup,
-        writers,
-        None,
-        wal_write_rate_limit=0,
-        wal_block_soft_limit=IOPS_BLOCK,
+    def four_kib(run_s: float) -> Row:
+        return _measure_wal(
+            scratch,
+            medium,
+            "wal 4 KiB blocks",
+            IOPS_BLOCK - RECORD_OVERHEAD,
+            run_s,
+            warmup,
+            writers,
+            None,
+            wal_write_rate_limit=0,
+            wal_block_soft_limit=IOPS_BLOCK,
+        )
+
+    blocks, fio_sync, ratios = _against_fio(
+        four_kib, medium, IOPS_BLOCK, ROUNDS, seconds, warmup, sync, depth
     )
-    fio_sync = _fio(medium, IOPS_BLOCK, depth, seconds, warmup, sync)
     fio_raw = _fio(medium, IOPS_BLOCK, depth, seconds, warmup, False) if sync else None
     rows = [blocks] + [r for r in (fio_sync, fio_raw) if isinstance(r, Row)]
     summary.iops = (
         _ratio_of(blocks.writes_per_s, fio_sync.writes_per_s) if isinstance(fio_sync, Row) else None
     )
-    notes = [f"- wal/fio writes/s at 4 KiB blocks, QD{depth}: {_verdict(summary.iops)}"]
+    notes = [
+        f"- wal/fio writes/s at 4 KiB blocks, QD{depth}: {_verdict(summary.iops)}; "
+        f"by round: {_listed(ratios)}"
+    ]
     if isinstance(fio_sync, str):
         notes.append(f"- fio: {fio_sync}")
     _print(["", "#### IOPS: 4 KiB blocks", "", *_table(rows), "", *notes])
     return summary
+
+
+def _listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in ratios) if ratios else "n/a"
 
 
 def _ratio_of(a: float, b: float) -> float | None:
@@ -526,6 +595,15 @@ def main(args: argparse.Namespace) -> int:
             path = Path(args.path).resolve()
             if not path.exists():
                 create_file(path, RING_CAPACITY)
+            raw = open_raw(path, writable=False)
+            size = raw.size
+            raw.close()
+            if size < RING_CAPACITY:
+                print(
+                    f"bench wal: {path} holds {size} bytes, less than {RING_CAPACITY}",
+                    file=sys.stderr,
+                )
+                return EXIT_USAGE
             summaries.append(
                 _bench_medium(scratch, path, f"{path}", sizes, seconds, warmup, writers)
             )

@@ -41,6 +41,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from node.bench_http import main as bench_http_main
 
         return bench_http_main(args)
+    if args.what == "stream":
+        from node.bench_stream import main as bench_stream_main
+
+        return bench_stream_main(args)
+    if args.what == "gc":
+        from node.bench_gc import main as bench_gc_main
+
+        return bench_gc_main(args)
     from node.bench import main as bench_main
 
     return bench_main(args)
@@ -68,13 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http", "wal"],
+        choices=["write", "http", "wal", "gc", "stream"],
         help="write: the engine in-process; http: the live server over loopback; "
-        "wal: the raw-device WAL against fio on a loop device and a file",
+        "wal: the raw-device WAL against fio on a loop device and a file; "
+        "gc: compaction throughput and its cost to concurrent adds; "
+        "stream: stream appends and append-to-tailing-reader latency over loopback",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
-        "--writers", type=int, default=16, help="concurrent writers (http: connections)"
+        "--writers", type=int, default=16, help="concurrent writers (http, stream: connections)"
     )
     bench.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")

@@ -736,9 +736,17 @@ def _inspect_open_wal(
     record_bytes = 0
     if records:
         report.line("records:")
+    quiet = 0  # invalid block boundaries in a row after the first one (not listed)
     with _progress(area, area > PROGRESS_MIN_BYTES) as bar:
         for event in scan:
             bar.update(max(0, event.offset + event.length - header.trim - bar.n))
+            invalid = event.kind in (blockwal.ScanKind.INVALID, blockwal.ScanKind.TORN)
+            if records and invalid and quiet:
+                quiet += 1
+                continue
+            if records and quiet > 1:
+                report.line(f"  ... and {quiet - 1} more block boundaries without a record")
+            quiet = 1 if invalid else 0
             if records:
                 report.line(f"  {_wal_event_line(event)}")
             if event.record is None:
@@ -752,6 +760,8 @@ def _inspect_open_wal(
                 kinds[_kind_name(event.record.entry_id)] += 1
                 figures.kinds[_kind_name(event.record.entry_id)] += 1
 
+    if records and quiet > 1:
+        report.line(f"  ... and {quiet - 1} more block boundaries without a record")
     report.line("summary:")
     metadata = sum(kinds.values())
     report.line(

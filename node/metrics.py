@@ -8,7 +8,9 @@ Three kinds of sources:
   (caches, counters, ledgers, node state): the engine's structures belong to the loop;
 - the file system, read at scrape time on a worker thread: entry logs, index size, disks.
 
-Labels are bounded: route templates (never ids), ledger states, data dir kinds.
+Labels are bounded: route templates (never ids), ledger states, data dir kinds; streams and
+cursors are named by their operators (as Pulsar labels its topics), and a deleted stream's
+series go with it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from prometheus_client.registry import Collector
 
 from node.lifecycle import BackgroundWork
 from node.lifecycle.gc import USAGE_BUCKETS, GcStats
+from node.lifecycle.retention import RetentionStats
 from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
 
 PREFIX = "storage_node"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -47,6 +51,27 @@ LATENCY_BUCKETS = (
 # Journal groups: from one small record to the 512 KiB threshold and a few times over.
 GROUP_RECORD_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 GROUP_BYTE_BUCKETS = tuple(float(512 * 4**i) for i in range(10))  # 512 B .. 128 MiB
+MS_PER_S = 1000.0
+RETENTION_REASONS = ("time", "size", "disk")  # why retention deleted a stream's ledger
+
+
+@dataclass(slots=True)
+class CursorSnapshot:
+    name: str
+    backlog_entries: int
+    backlog_bytes: int
+    oldest_unacknowledged_age_s: float  # 0 without backlog
+
+
+@dataclass(slots=True)
+class StreamSnapshot:
+    name: str
+    appended_entries: int
+    appended_bytes: int
+    rollovers: int
+    ledgers: int
+    retained_bytes: int
+    cursors: list[CursorSnapshot]
 
 
 @dataclass(slots=True)
@@ -75,6 +100,8 @@ class EngineSnapshot:
     unreadable_logs: int = 0
     log_usages: list[float] = field(default_factory=list)
     disk_warning: bool = False
+    streams: list[StreamSnapshot] = field(default_factory=list)
+    retention: RetentionStats = field(default_factory=RetentionStats)
 
 
 class Metrics:
@@ -143,7 +170,11 @@ class Metrics:
     # --- scraping --------------------------------------------------------------------------
 
     def take_snapshot(
-        self, storage: LedgerStorage, shutting_down: bool, work: BackgroundWork | None = None
+        self,
+        storage: LedgerStorage,
+        shutting_down: bool,
+        work: BackgroundWork | None = None,
+        streams: StreamManager | None = None,
     ) -> None:
         """On the event loop: copy what the engine's structures hold."""
         stats = storage.stats
@@ -188,6 +219,15 @@ class Metrics:
             self._snapshot.unreadable_logs = len(status.unreadable_logs)
             self._snapshot.log_usages = work.gc.usages()
             self._snapshot.disk_warning = work.disks.warned
+            retention = work.retention.stats
+            self._snapshot.retention = RetentionStats(
+                runs=retention.runs,
+                deleted=dict(retention.deleted),  # copies: the loop goes on changing them
+                deleted_bytes=dict(retention.deleted_bytes),
+                expired_cursor_moves=retention.expired_cursor_moves,
+            )
+        if streams is not None:
+            self._snapshot.streams = _stream_snapshots(streams)
 
     def render(self) -> bytes:
         """Blocking (reads the file system): call on a worker thread."""
@@ -200,6 +240,36 @@ class Metrics:
     @property
     def settings(self) -> Settings:
         return self._settings
+
+
+def _stream_snapshots(manager: StreamManager) -> list[StreamSnapshot]:
+    """Per stream and cursor. The oldest unacknowledged age is at ledger granularity (entries
+    carry no time): the age of the ledger holding a cursor's next unacknowledged entry."""
+    now_ms = time.time() * MS_PER_S  # the streams' times come from the system clock too
+    snapshots = []
+    for stream in manager.streams():
+        created = {info.ledger_id: info.created_ms for info in stream.ledgers}
+        cursors = []
+        for cursor in manager.cursors(stream.name):
+            backlog = manager.backlog(stream.name, cursor.mark_delete)
+            age_s = 0.0
+            following = manager.next_position(stream, cursor.mark_delete)
+            if backlog.entries and following is not None and following.ledger_id in created:
+                age_s = max(0.0, now_ms - created[following.ledger_id]) / MS_PER_S
+            cursors.append(CursorSnapshot(cursor.name, backlog.entries, backlog.size_bytes, age_s))
+        entries, size = manager.appended.get(stream.name, (0, 0))
+        snapshots.append(
+            StreamSnapshot(
+                name=stream.name,
+                appended_entries=entries,
+                appended_bytes=size,
+                rollovers=manager.rollovers_by_stream.get(stream.name, 0),
+                ledgers=len(stream.ledgers),
+                retained_bytes=sum(info.size_bytes for info in stream.ledgers),
+                cursors=cursors,
+            )
+        )
+    return snapshots
 
 
 NODE_STATES = ("writable", "read_only", "shutting_down")
@@ -249,6 +319,7 @@ class _StateCollector(Collector):
             f"{PREFIX}_read_only", "1 when adds are refused.", value=float(s.state != "writable")
         )
         yield from _gc_metrics(s)
+        yield from _stream_metrics(s)
         yield from _entry_log_metrics(settings.ledgers_dir)
         yield GaugeMetricFamily(
             f"{PREFIX}_index_size_bytes",
@@ -312,6 +383,81 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         "Entry logs by usage (live bytes over the larger of size and log_size_limit).",
         buckets=cumulative,
         sum_value=sum(s.log_usages),
+    )
+
+
+def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
+    stream_label, cursor_labels = ["stream"], ["stream", "cursor"]
+    appended = CounterMetricFamily(
+        f"{PREFIX}_stream_append_entries", "Entries appended to the stream.", labels=stream_label
+    )
+    appended_bytes = CounterMetricFamily(
+        f"{PREFIX}_stream_append_payload_bytes",
+        "Payload bytes appended to the stream.",
+        labels=stream_label,
+    )
+    rollovers = CounterMetricFamily(
+        f"{PREFIX}_stream_rollovers",
+        "Rollovers: the stream's ledger taking appends closed and a new one opened.",
+        labels=stream_label,
+    )
+    ledgers = GaugeMetricFamily(
+        f"{PREFIX}_stream_ledgers", "Ledgers the stream holds.", labels=stream_label
+    )
+    retained = GaugeMetricFamily(
+        f"{PREFIX}_stream_retained_bytes",
+        "Payload bytes in the stream's ledgers (backlog and retained acknowledged data).",
+        labels=stream_label,
+    )
+    backlog = GaugeMetricFamily(
+        f"{PREFIX}_stream_backlog_entries",
+        "Entries after the cursor's mark-delete position.",
+        labels=cursor_labels,
+    )
+    backlog_bytes = GaugeMetricFamily(
+        f"{PREFIX}_stream_backlog_bytes",
+        "Payload bytes after the cursor's mark-delete position.",
+        labels=cursor_labels,
+    )
+    oldest = GaugeMetricFamily(
+        f"{PREFIX}_stream_oldest_unacknowledged_age_seconds",
+        "Age of the ledger holding the cursor's next unacknowledged entry (0: no backlog).",
+        labels=cursor_labels,
+    )
+    deleted = CounterMetricFamily(
+        f"{PREFIX}_stream_retention_deleted_ledgers",
+        "Ledgers retention deleted, by why: time, size or disk (pressure).",
+        labels=["stream", "reason"],
+    )
+    deleted_bytes = CounterMetricFamily(
+        f"{PREFIX}_stream_retention_deleted_bytes",
+        "Payload bytes of the ledgers retention deleted, by why.",
+        labels=["stream", "reason"],
+    )
+    r = s.retention
+    for stream in s.streams:
+        label = [stream.name]
+        appended.add_metric(label, stream.appended_entries)
+        appended_bytes.add_metric(label, stream.appended_bytes)
+        rollovers.add_metric(label, stream.rollovers)
+        ledgers.add_metric(label, stream.ledgers)
+        retained.add_metric(label, stream.retained_bytes)
+        for cursor in stream.cursors:
+            labels = [stream.name, cursor.name]
+            backlog.add_metric(labels, cursor.backlog_entries)
+            backlog_bytes.add_metric(labels, cursor.backlog_bytes)
+            oldest.add_metric(labels, cursor.oldest_unacknowledged_age_s)
+        for reason in RETENTION_REASONS:
+            key = (stream.name, reason)
+            deleted.add_metric([stream.name, reason], r.deleted.get(key, 0))
+            deleted_bytes.add_metric([stream.name, reason], r.deleted_bytes.get(key, 0))
+    yield from (appended, appended_bytes, rollovers, ledgers, retained, backlog, backlog_bytes)
+    yield from (oldest, deleted, deleted_bytes)
+    yield CounterMetricFamily(f"{PREFIX}_retention_runs", "Retention runs.", value=r.runs)
+    yield CounterMetricFamily(
+        f"{PREFIX}_retention_ttl_cursor_moves",
+        "Cursors a message TTL moved past expired ledgers.",
+        value=r.expired_cursor_moves,
     )
 
 

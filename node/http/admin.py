@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import ApiError
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, WORK
+from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
 from node.metrics import CONTENT_TYPE, data_dirs
 from node.settings import Settings
 from node.storage import entrylog, journal
@@ -151,7 +151,10 @@ async def server_config(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     registry = request.app[METRICS]
     registry.take_snapshot(
-        request.app[STORAGE], request.app[LIFECYCLE].shutting_down, request.app[WORK]
+        request.app[STORAGE],
+        request.app[LIFECYCLE].shutting_down,
+        request.app[WORK],
+        request.app[STREAMS],
     )
     body = await asyncio.to_thread(registry.render)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

@@ -4,7 +4,8 @@
 - above ``gc_disk_usage_threshold`` (0.85): garbage collection runs at once;
 - above ``disk_usage_warn_threshold`` (0.90): a warning, and the metric says so;
 - above ``disk_usage_threshold`` (0.95): the node turns read-only (adds get 507), reads go on;
-- back under ``disk_usage_lwm_threshold``: writable again, without a restart.
+- back under ``disk_usage_lwm_threshold``: writable again, without a restart; this also
+  lifts the read-only mode the storage enters itself when a write finds no space (ENOSPC).
 """
 
 from __future__ import annotations
@@ -71,8 +72,14 @@ class DiskMonitor:
             self._gc.disk_full = True
             self._gc.request()
         elif full and worst < s.disk_usage_lwm_threshold:
+            # Whoever set it: this monitor, or the storage when a write found no space.
             self._storage.set_read_only(None, DISK)
             self._gc.disk_full = False
+        elif full and not self._gc.disk_full:
+            # The storage turned read-only itself (ENOSPC before the full watermark: a
+            # burst, a quota, another tenant of the disk): GC runs now, as above.
+            self._gc.disk_full = True
+            self._gc.request()
 
     async def check(self) -> None:
         self.apply(await asyncio.to_thread(self.measure))

@@ -355,5 +355,7 @@ class GarbageCollector:
 
 
 def _free_bytes(path: Path) -> int:
+    while not path.exists() and path != path.parent:  # a node before its first checkpoint
+        path = path.parent
     stat = os.statvfs(path)
     return stat.f_bavail * stat.f_frsize

@@ -23,8 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.storage.clock import Clock
+from node.storage.errors import StorageError
 from node.streams.manager import StreamManager
-from node.streams.model import MB, MINUTE_MS
+from node.streams.model import MB, MINUTE_MS, Position
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class Deletion:
 class RetentionStats:
     runs: int = 0
     deleted: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
+    deleted_bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
     expired_cursor_moves: int = 0
 
 
@@ -62,11 +64,15 @@ class Retention:
         self.stats = RetentionStats()
         self._last_scheduled_hour: int | None = None
 
-    def plan(self, name: str, forced: bool) -> list[Deletion]:
+    def plan(self, name: str, forced: bool, ttl_mark: Position | None = None) -> list[Deletion]:
+        """``ttl_mark``: where the message TTL would move every cursor (for a dry run, which
+        moves none)."""
         stream = self._streams.stream(name)
         policies = stream.policies
         closed = stream.ledgers[:-1]  # never the ledger taking appends
         slowest = self._streams.slowest_mark(name)
+        if slowest is not None and ttl_mark is not None:
+            slowest = max(slowest, ttl_mark)
         if slowest is not None:
             closed = [
                 info
@@ -103,14 +109,18 @@ class Retention:
                 usage = await asyncio.to_thread(self._disk_usage)
                 forced = usage > self._settings.disk_space_clean_forcibly_ratio
             self.stats.runs += 0 if dry_run else 1
+            await self.roll_idle()  # a dry run too: a rollover is no deletion
             now = self._clock.now_ms()
             done: dict[str, list[Deletion]] = {}
             for stream in self._streams.streams():
                 ttl = stream.policies.messageTtlInSeconds
-                if ttl > 0 and not dry_run:
+                ttl_mark = None
+                if ttl > 0 and dry_run:
+                    ttl_mark = self._streams.expiry_mark(stream.name, now - ttl * 1000)
+                elif ttl > 0:
                     moved = await self._streams.expire(stream.name, now - ttl * 1000)
                     self.stats.expired_cursor_moves += len(moved)
-                plan = self.plan(stream.name, forced)
+                plan = self.plan(stream.name, forced, ttl_mark)
                 if not plan:
                     continue
                 done[stream.name] = plan
@@ -121,11 +131,22 @@ class Retention:
                 for deletion in plan:
                     key = (stream.name, deletion.reason)
                     self.stats.deleted[key] = self.stats.deleted.get(key, 0) + 1
+                    bytes_so_far = self.stats.deleted_bytes.get(key, 0)
+                    self.stats.deleted_bytes[key] = bytes_so_far + deletion.size_bytes
                 log.info(
                     "retention deleted %d ledgers of stream %s (%s)",
                     len(plan), stream.name, ", ".join(sorted({d.reason for d in plan})),
                 )  # fmt: skip
             return done
+
+    async def roll_idle(self) -> None:
+        """Pulsar's scheduled rollover: a full ledger that no append comes to rolls, so
+        that retention reaches its data. A failure (a read-only disk) waits for the next."""
+        for stream in self._streams.streams():
+            try:
+                await self._streams.roll_if_full(stream.name)
+            except StorageError as e:
+                log.warning("stream %s: scheduled rollover failed: %s", stream.name, e)
 
     def _due_hours(self) -> set[int]:
         return {int(h) for h in self._settings.delete_when.split(";") if h.strip().isdigit()}
@@ -136,6 +157,7 @@ class Retention:
         while True:
             await asyncio.sleep(SCHEDULER_TICK_S)
             try:
+                await self.roll_idle()
                 hour = time.localtime(self._clock.now_ms() / 1000).tm_hour
                 scheduled = (
                     self._settings.retention_scheduler_enabled

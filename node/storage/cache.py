@@ -44,6 +44,21 @@ class WriteCache:
     def entry_ids(self, ledger_id: int) -> list[int]:
         return sorted(self._ledgers.get(ledger_id, ()))
 
+    def highest_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id cached for the ledger, -1 if none."""
+        return max(self._ledgers.get(ledger_id, ()), default=-1)
+
+    def remove(self, ledger_id: int, entry_id: int) -> None:
+        """Drop an entry whose add failed (on the loop, never while a checkpoint reads)."""
+        entries = self._ledgers.get(ledger_id)
+        found = None if entries is None else entries.pop(entry_id, None)
+        if found is None:
+            return
+        self.count -= 1
+        self.size -= RECORD_OVERHEAD + len(found[1])
+        if not entries:
+            del self._ledgers[ledger_id]
+
     def __len__(self) -> int:
         return self.count
 

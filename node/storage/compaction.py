@@ -44,6 +44,7 @@ from node.storage.index import Index
 log = logging.getLogger(__name__)
 
 MARKER_SUFFIX = ".compacted"
+MIN_SLEEP_S = 0.01  # the throttle's smallest sleep
 WRITE_BATCH_BYTES = 1024 * 1024  # copies are gathered into writes of about this size
 
 
@@ -77,7 +78,9 @@ class Throttle:
             self._last = now
             self._available -= cost
             debt = -self._available
-        if debt > 0 and not self.cancelled:
+        # Sleep only once a few milliseconds of debt have built up: a sleep per record
+        # (thousands a second) costs a tenth of a core for nothing.
+        if debt > self._rate * MIN_SLEEP_S and not self.cancelled:
             self._sleep(debt / self._rate)
 
 

@@ -31,6 +31,7 @@ starts a new one, so a log that has no map (a crash before its roll) is simply s
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import struct
 import threading
@@ -221,6 +222,9 @@ class _OpenLog:
     fd: int
     position: int
     ledger_sizes: dict[int, int] = field(default_factory=dict)
+    # As of the last successful flush: where a failed checkpoint cuts the log back to.
+    flushed: int = HEADER_SIZE
+    flushed_sizes: dict[int, int] = field(default_factory=dict)
 
 
 class LogIdAllocator:
@@ -264,20 +268,33 @@ def create_log(path: Path) -> int:
     """A new log file with its header, durable with its name; returns its descriptor."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.pwrite(fd, encode_header(), 0)
+        write_fully(fd, encode_header(), 0)
         os.fdatasync(fd)
         fsync_dir(path.parent)
     except BaseException:
         os.close(fd)
+        # A log without its header (a full disk) would be reported unreadable by every GC.
+        with contextlib.suppress(OSError):
+            path.unlink()
         raise
     return fd
+
+
+def write_fully(fd: int, data: bytes, offset: int) -> None:
+    """pwrite all of ``data``: a full disk shows as a short write, then as ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(errno.EIO, f"pwrite of {len(view)} bytes at {offset} wrote nothing")
+        view, offset = view[written:], offset + written
 
 
 def seal(fd: int, position: int, ledger_sizes: dict[int, int]) -> int:
     """Append the ledgers map at ``position`` and patch the header; returns the new end.
     The fsync is the caller's."""
     ledgers_map = encode_ledgers_map(ledger_sizes)
-    os.pwrite(fd, ledgers_map, position)
+    write_fully(fd, ledgers_map, position)  # a cut map must fail, not be pointed at
     os.pwrite(fd, MAP_FIELDS.pack(position, len(ledger_sizes)), MAP_FIELDS_OFFSET)
     return position + len(ledgers_map)
 
@@ -339,12 +356,7 @@ class EntryLogWriter:
     def _write(log: _OpenLog, parts: list[bytes], start: int) -> None:
         if not parts:
             return
-        data = b"".join(parts)
-        view = memoryview(data)
-        offset = start
-        while view:
-            written = os.pwrite(log.fd, view, offset)
-            view, offset = view[written:], offset + written
+        write_fully(log.fd, b"".join(parts), start)
 
     def _roll(self) -> _OpenLog:
         """Close the current log with its ledgers map and start the next one."""
@@ -366,15 +378,33 @@ class EntryLogWriter:
 
     def flush(self) -> list[int]:
         """fsync the current and rotated logs; return the ids of logs now closed for good."""
-        if self._current is not None:
-            os.fdatasync(self._current.fd)
+        current = self._current
+        if current is not None:
+            os.fdatasync(current.fd)
+            current.flushed = current.position
+            current.flushed_sizes = dict(current.ledger_sizes)
         closed = []
-        for log in self._rotated:
+        while self._rotated:  # one at a time: a failure keeps the rest for the next flush
+            log = self._rotated[0]
             os.fsync(log.fd)
             os.close(log.fd)
+            self._rotated.pop(0)
             closed.append(log.log_id)
-        self._rotated.clear()
         return closed
+
+    def discard_unflushed(self) -> None:
+        """After a failed checkpoint (a full disk), whose records nothing indexes: cut the
+        current log back to its last flush, so that the retry appends where the durable
+        data ends. Left in place, a partial record, or pages a failed fsync dropped (zeros
+        on disk: fsyncgate), would sit between durable records, and a scan (GC, compaction)
+        stops at the first such gap, blind to live records after it. A log rolled by the
+        failed checkpoint keeps its unindexed copies: dead bytes that compaction drops."""
+        log = self._current
+        if log is None:
+            return
+        os.ftruncate(log.fd, log.flushed)  # shrinking needs no space
+        log.position = log.flushed
+        log.ledger_sizes = dict(log.flushed_sizes)
 
     def close(self) -> None:
         self.flush()

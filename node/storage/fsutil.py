@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+
+# A full file system, or a quota: the write may succeed once space is freed, unlike EIO.
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_no_space(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS
 
 
 def fsync_dir(directory: Path) -> None:

@@ -25,16 +25,23 @@ LedgerMeta value, version 1::
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
+import gc
 import json
+import logging
 import struct
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from rocksdict import Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+
+log = logging.getLogger(__name__)
 
 LOCATION_KEY = struct.Struct(">QQ")
 LOCATION_VALUE = struct.Struct(">Q")
@@ -44,6 +51,11 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 META_VERSION = 1
 MAX_ID = (1 << 63) - 1
+COLUMN_FAMILIES = ("locations", "ledgers", "streams")
+# Reopening after a failed write waits for reads still using the old database (it holds
+# the LOCK until the last of them lets go): a few short pauses, then the next write retries.
+REOPEN_ATTEMPTS = 3
+REOPEN_PAUSE_S = 0.01
 
 
 class LedgerState(enum.IntEnum):
@@ -116,28 +128,98 @@ class Index:
 
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
-        options = Options(raw_mode=True)
-        options.create_if_missing(True)
-        options.create_missing_column_families(True)
-        self._db = Rdict(
-            str(path),
-            options=options,
-            column_families={
-                "locations": Options(raw_mode=True),
-                "ledgers": Options(raw_mode=True),
-                "streams": Options(raw_mode=True),
-            },
-        )
-        self._locations = self._db.get_column_family("locations")
-        self._ledgers = self._db.get_column_family("ledgers")
-        self._streams = self._db.get_column_family("streams")
-        self._locations_cf = self._db.get_column_family_handle("locations")
-        self._ledgers_cf = self._db.get_column_family_handle("ledgers")
-        self._streams_cf = self._db.get_column_family_handle("streams")
+        self._path = path
+        self._open(read_only=False)
         self._sync = WriteOptions()
         self._sync.sync = True
         self._lock = threading.Lock()  # close() must not race a reader
         self._closed = False
+        self._write_lock = threading.Lock()  # writes, and the reopen after a failed one
+        self._failed: str | None = None  # why the last write failed; reopen before the next
+        self._serving_read_only = False  # reads go to a read-only instance meanwhile
+
+    def _open(self, read_only: bool) -> None:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        options.create_missing_column_families(True)
+        access = AccessType.read_only() if read_only else AccessType.read_write()
+        db = Rdict(
+            str(self._path),
+            options=options,
+            column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES},
+            access_type=access,
+        )
+        handles = (
+            db.get_column_family("locations"),
+            db.get_column_family("ledgers"),
+            db.get_column_family("streams"),
+            db.get_column_family_handle("locations"),
+            db.get_column_family_handle("ledgers"),
+            db.get_column_family_handle("streams"),
+        )
+        self._db = db
+        (
+            self._locations,
+            self._ledgers,
+            self._streams,
+            self._locations_cf,
+            self._ledgers_cf,
+            self._streams_cf,
+        ) = handles
+
+    def _commit(self, batch: WriteBatch) -> None:
+        """Write a batch synchronously. After a failed write RocksDB refuses every write
+        (a sticky background error; its own recovery from a full disk waits for a whole
+        write buffer of free space, 64 MiB, polled every 5 s): the next write reopens it.
+        A full disk is reported as ENOSPC, like the other files report it."""
+        with self._write_lock:
+            self._reopen_if_failed()
+            try:
+                self._db.write(batch, self._sync)
+            except Exception as e:
+                self._failed = str(e)
+                raise _as_os_error(e) from e
+
+    def ensure_writable(self) -> None:
+        """Reopen the database if a write failed (OSError if it still cannot be)."""
+        with self._write_lock:
+            self._reopen_if_failed()
+
+    def _reopen_if_failed(self) -> None:
+        """Readers move to a read-only instance first (it takes no LOCK and sees what the
+        WAL holds), so reads go on while the failed instance closes and a new one opens;
+        that one replays the WAL, which needs space: until then, writes fail and reads
+        stay on the read-only instance."""
+        if self._failed is None:
+            return
+        if not self._serving_read_only:
+            failed = self._db
+            self._open(read_only=True)
+            self._serving_read_only = True
+            with contextlib.suppress(Exception):
+                failed.close()  # reports the sticky error again, and closes all the same
+            del failed
+        reader = self._db
+        error: Exception | None = None
+        for attempt in range(REOPEN_ATTEMPTS):
+            if attempt:
+                time.sleep(REOPEN_PAUSE_S)
+            # The failed write's traceback (a frame <-> exception cycle, freed only by the
+            # cycle collector) may still hold column family handles of the old instance.
+            gc.collect()
+            try:
+                self._open(read_only=False)
+            except Exception as e:
+                error = e
+                continue
+            self._failed = None
+            self._serving_read_only = False
+            with contextlib.suppress(Exception):
+                reader.close()
+            log.warning("index %s reopened after a failed write", self._path)
+            return
+        assert error is not None
+        raise _as_os_error(error) from error
 
     def get_location(self, ledger_id: int, entry_id: int) -> int | None:
         value = self._locations.get(LOCATION_KEY.pack(ledger_id, entry_id))
@@ -187,7 +269,7 @@ class Index:
             put(pack_key(ledger_id, entry_id), pack_value(loc), cf)
         for meta in ledgers:
             put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
-        self._db.write(batch, self._sync)
+        self._commit(batch)
 
     def relocate(self, moves: list[tuple[int, int, int, int]]) -> int:
         """Point (ledger, entry) from ``old`` to ``new`` location where it still points at
@@ -200,7 +282,7 @@ class Index:
             if current is not None and LOCATION_VALUE.unpack(current)[0] == old:
                 batch.put(key, LOCATION_VALUE.pack(new), self._locations_cf)
                 moved += 1
-        self._db.write(batch, self._sync)
+        self._commit(batch)
         return moved
 
     def delete_ledgers(self, ledger_ids: list[int]) -> None:
@@ -213,7 +295,7 @@ class Index:
                 self._locations_cf,
             )
             batch.delete(LEDGER_KEY.pack(ledger_id), self._ledgers_cf)
-        self._db.write(batch, self._sync)
+        self._commit(batch)
 
     # --- the streams keyspace: opaque records of the streams layer -------------------------
 
@@ -226,7 +308,7 @@ class Index:
                 batch.delete(key, self._streams_cf)
             else:
                 batch.put(key, value, self._streams_cf)
-        self._db.write(batch, self._sync)
+        self._commit(batch)
 
     def records(self) -> dict[bytes, bytes]:
         """Every record of the streams keyspace (loaded once at start)."""
@@ -243,4 +325,20 @@ class Index:
                 # or the next open in this process fails.
                 del self._locations, self._ledgers, self._locations_cf, self._ledgers_cf
                 del self._streams, self._streams_cf
-                self._db.close()
+                if self._failed is None:
+                    self._db.close()
+                else:
+                    with contextlib.suppress(Exception):
+                        self._db.close()  # reports the failed write again; closes anyway
+
+
+def _as_os_error(error: Exception) -> OSError:
+    """RocksDB reports errors as text; a full disk becomes ENOSPC, anything else EIO."""
+    text = str(error)
+    if "No space left on device" in text:
+        code = errno.ENOSPC
+    elif "quota exceeded" in text.lower():
+        code = errno.EDQUOT
+    else:
+        code = errno.EIO
+    return OSError(code, f"index write failed: {text}")

@@ -36,26 +36,33 @@ fills) or when a checkpoint asks for a sync point; the group taking appends is w
 its oldest record is ``journal_max_group_wait_msec`` old. Each write is one ``pwrite`` on a
 dedicated thread and one fdatasync; only then do the groups' futures complete, each shared
 by every append of its group (no per-entry future or callback on the hot path).
+
+A full disk (ENOSPC, EDQUOT) is not fatal: the write that found no space fails its groups
+and every group queued behind it with DiskFull, leaves nothing of itself in the file, and
+the next write tries again at the same offset; ``on_no_space`` lets the storage turn
+read-only at once. A failed fdatasync stays fatal (after one, the state of the page cache
+is unknown: PostgreSQL's fsyncgate).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import mmap
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from node.settings import Settings
 from node.storage.clock import Clock
-from node.storage.errors import CorruptRecord, JournalFailed
+from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
 from node.storage.faults import CrashPoints
-from node.storage.fsutil import fsync_dir, write_file_atomically
+from node.storage.fsutil import fsync_dir, is_no_space, write_file_atomically
 from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import LogMark, WalRecord, record_crc
 
@@ -201,6 +208,14 @@ def read_last_mark(ledgers_dir: Path) -> LogMark:
     return LogMark(*LAST_MARK.unpack(data))
 
 
+def _pwrite_some(fd: int, data: memoryview, offset: int) -> int:
+    """Bytes one pwrite wrote; an error rather than a loop that never ends."""
+    done = os.pwrite(fd, data, offset)
+    if done == 0:
+        raise OSError(errno.EIO, f"pwrite of {len(data)} bytes at {offset} wrote nothing")
+    return done
+
+
 class _Group:
     """Records queued for one group commit; all of them share one future."""
 
@@ -220,9 +235,11 @@ class Journal:
         clock: Clock,
         crash: CrashPoints,
         probe: StorageProbe | None = None,
+        on_no_space: Callable[[str], None] | None = None,
     ) -> None:
         self._settings = settings
         self._probe: StorageProbe = probe or NullProbe()
+        self._on_no_space = on_no_space  # called on the loop when a write finds no space
         self._clock = clock
         self._crash = crash
         self._dir = settings.journal_dir
@@ -345,6 +362,11 @@ class Journal:
             fsync_dir(self._dir)
         except BaseException:
             os.close(fd)
+            # A rotation that found no space tries this id again (O_EXCL), and a file
+            # without its header followed by a newer journal would stop the next replay.
+            with contextlib.suppress(OSError):
+                path.unlink()
+                fsync_dir(self._dir)
             raise
         self._fd, self._file_id = fd, journal_id
         self._position = HEADER_SIZE
@@ -424,6 +446,9 @@ class Journal:
             self._writing = groups[-1].future
             try:
                 marks = await loop.run_in_executor(self._executor, self._write_groups, groups)
+            except DiskFull as e:
+                self._refuse(groups, e)
+                continue
             except BaseException as e:
                 self._failed = e
                 log.exception("journal write failed; the node stops acknowledging")
@@ -437,6 +462,25 @@ class Journal:
             self._durable = marks[-1]
             for done, mark in zip(groups, marks, strict=True):
                 done.future.set_result(mark)
+
+    def _refuse(self, groups: list[_Group], error: DiskFull) -> None:
+        """A write found no space, and nothing of it is in the file. Its groups fail, and so
+        does every group queued behind them: groups complete in order (a batch spread over
+        several groups is acknowledged by its last one), so none may become durable ahead
+        of a failed one. The storage turns read-only first, so that the adds woken here
+        and the clients after them get a 507 at once."""
+        pending = [*groups, *self._sealed]
+        self._sealed = []
+        taking = self._taking()
+        if taking.parts:
+            pending.append(taking)
+            self._group = _Group(asyncio.get_running_loop())
+        log.error("%s: %d group write(s) refused", error.message, len(pending))
+        if self._on_no_space is not None:
+            self._on_no_space(error.message)
+        for group in pending:
+            group.future.set_exception(DiskFull(error.message))
+            group.future.exception()  # retrieved here; awaiting appends still get it
 
     def _taking(self) -> _Group:
         """The group taking appends (set from start() on)."""
@@ -460,13 +504,20 @@ class Journal:
         data = b"".join(parts)
         end += len(tail)
         if end > self._preallocated:
+            # Space first: with the blocks allocated, the pwrite below has nothing left to
+            # run out of (ext4 even reserves room for converting preallocated extents),
+            # so a full disk fails here, before a byte of the write is in the file.
             step = self._settings.journal_pre_alloc_size
-            self._preallocated = (end // step + 1) * step
-            os.posix_fallocate(self._fd, 0, self._preallocated)
+            wanted = (end // step + 1) * step
+            try:
+                os.posix_fallocate(self._fd, 0, wanted)
+            except OSError as e:
+                if is_no_space(e):
+                    raise self._no_space(e) from e
+                raise
+            self._preallocated = wanted
         began = time.perf_counter()
-        written = os.pwrite(self._fd, data, self._position)
-        if written != len(data):
-            raise OSError(f"short journal write: {written} of {len(data)} bytes")
+        self._pwrite_all(data)
         wrote = time.perf_counter()
         if self._settings.journal_sync_data:
             os.fdatasync(self._fd)
@@ -479,13 +530,59 @@ class Journal:
             self._rotate()
         return marks
 
+    def _pwrite_all(self, data: bytes) -> None:
+        """Write ``data`` at the write position, or fail leaving none of it in the file.
+
+        The fallocate before makes a failure half-way unlikely, not impossible (a file
+        system that emulates fallocate, a quota): then the part that landed is zeroed and
+        synced before the groups fail. Left there, it would hold the failed write's group
+        start record, tagged with this very offset, and its records: replay after a crash
+        would return entries whose adds were refused, and once a shorter write lands here
+        its padding ends before them, where a record of the failed write may sit whole,
+        right after the valid data. Zeros are "end of data" to replay. Overwriting blocks
+        just written needs no new space; if it fails anyway, or the sync does, the journal
+        fails for good (the caller's fatal path), as for any failed fdatasync."""
+        view = memoryview(data)
+        written = 0
+        try:
+            while written < len(data):
+                written += _pwrite_some(self._fd, view[written:], self._position + written)
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            if written:
+                zeros = memoryview(bytes(written))
+                cleared = 0
+                while cleared < written:
+                    cleared += _pwrite_some(self._fd, zeros[cleared:], self._position + cleared)
+                os.fdatasync(self._fd)
+            raise self._no_space(e) from e
+
+    def _no_space(self, error: OSError) -> DiskFull:
+        path = journal_path(self._dir, self._file_id)
+        return DiskFull(f"no space left for the journal at {path}: {error.strerror or error}")
+
     def _rotate(self) -> None:
         self._crash.hit("journal.rotate.before")
         old_fd = self._fd
         os.ftruncate(old_fd, self._position)  # give back the preallocated tail
         os.fsync(old_fd)
+        self._preallocated = self._position
+        try:
+            self._open_file(self._file_id + 1)
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            # The groups just written are durable; only the rotation waits. journal_max_size
+            # is a soft limit: the current file takes the next writes (each extension of it
+            # may fail with DiskFull) and the rotation is tried again after each of them.
+            log.warning(
+                "cannot start the next journal (%s); %s grows past journal_max_size meanwhile",
+                e.strerror or e,
+                journal_path(self._dir, self._file_id),
+            )
+            return
         os.close(old_fd)
-        self._open_file(self._file_id + 1)
         self._crash.hit("journal.rotate.after")
 
     def checkpoint_complete(self, mark: LogMark) -> None:

@@ -59,6 +59,7 @@ from node.storage.errors import (
     WriteTokenMismatch,
 )
 from node.storage.faults import CrashPoints
+from node.storage.fsutil import is_no_space
 from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState
 from node.storage.journal import Journal
 from node.storage.probe import NullProbe, StorageProbe
@@ -138,6 +139,8 @@ class LedgerStorage:
         self._running = False
         # Why adds are refused, by source ("operator", "disk"); empty = writable.
         self._read_only: dict[str, str] = {}
+        # Ledgers whose fence or close the WAL refused for want of space: in memory only.
+        self._unjournaled: set[int] = set()
         self.stats = Stats()
         self.last_checkpoint_mark = LogMark(0, 0)
 
@@ -281,7 +284,16 @@ class LedgerStorage:
         self._ledgers[ledger_id] = meta
         self._next_ledger_id = max(self._next_ledger_id, ledger_id + 1)
         self._dirty.add(ledger_id)
-        await self._journal(ledger_id, LEDGER_CREATED, meta.encode())
+        try:
+            await self._journal(ledger_id, LEDGER_CREATED, meta.encode())
+        except (DiskFull, Backpressure):  # the WAL refused it: not written
+            # Not in the WAL: forget the ledger. Kept, a retry would find it and answer at
+            # once, and a crash before the next checkpoint would lose it, and with it every
+            # entry acknowledged to it since (replay drops entries of unknown ledgers).
+            if self._ledgers.get(ledger_id) is meta:
+                del self._ledgers[ledger_id]
+                self._dirty.discard(ledger_id)
+            raise
         return meta, True
 
     def _allocate_ledger_id(self) -> int:
@@ -313,7 +325,9 @@ class LedgerStorage:
         if meta.state == LedgerState.OPEN:
             meta.state = LedgerState.FENCED
             self._dirty.add(ledger_id)
-            await self._journal(ledger_id, FENCE, b"")
+            await self._journal_state(meta)
+        elif ledger_id in self._unjournaled:
+            await self._journal_state(meta)
         else:
             await self._wal.sync_point()  # in-flight adds settle before the LAC is read
         return meta.lac
@@ -325,21 +339,50 @@ class LedgerStorage:
             meta.state = LedgerState.CLOSED
             meta.closed_ms = self._clock.now_ms()
             self._dirty.add(ledger_id)
-            await self._journal(ledger_id, CLOSE, I64.pack(meta.last_entry_id))
+            await self._journal_state(meta)
+        elif ledger_id in self._unjournaled:
+            await self._journal_state(meta)
         else:
             await self._wal.sync_point()
         return meta
 
+    async def _journal_state(self, meta: LedgerMeta) -> None:
+        """Journal that the ledger is fenced or closed. If the WAL refuses it for want of
+        space, the state stays in memory (stricter: adds stay refused) but is durable only
+        after the next checkpoint, so a retry journals it again instead of answering at
+        once, and a fence or close is never acknowledged that a crash would undo."""
+        ledger_id = meta.ledger_id
+        if meta.state == LedgerState.CLOSED:
+            kind, payload = CLOSE, I64.pack(meta.last_entry_id)
+        else:
+            kind, payload = FENCE, b""
+        try:
+            await self._journal(ledger_id, kind, payload)
+        except (DiskFull, Backpressure):
+            self._unjournaled.add(ledger_id)
+            raise
+        self._unjournaled.discard(ledger_id)
+
     async def delete_ledger(self, ledger_id: int) -> None:
         """Entries become unreadable at once; GC reclaims their space later."""
         meta = self.ledger(ledger_id)
+        before = meta.state
         meta.state = LedgerState.DELETED
         self._dirty.add(ledger_id)
-        self._durable_above_lac.pop(ledger_id, None)
+        above = self._durable_above_lac.pop(ledger_id, set())
         for _after, waiter in self._lac_waiters.pop(ledger_id, []):
             if not waiter.done():
                 waiter.set_exception(LedgerNotFound(f"ledger {ledger_id} was deleted"))
-        await self._journal(ledger_id, DELETE, b"")
+        try:
+            await self._journal(ledger_id, DELETE, b"")
+        except (DiskFull, Backpressure):
+            # Not in the WAL: the ledger is back, rather than gone until a crash brings it
+            # back (the client retries the delete once there is space).
+            if meta.state == LedgerState.DELETED and self._ledgers.get(ledger_id) is meta:
+                meta.state = before
+                for entry_id in sorted(above):
+                    self._on_durable(meta, entry_id)
+            raise
 
     async def set_explicit_lac(self, ledger_id: int, lac: int) -> int:
         """Raise the LAC to ``lac`` (never lowers it); entries up to it must be durable."""
@@ -378,7 +421,8 @@ class LedgerStorage:
         elif entry_id <= meta.last_entry_id:
             await self._add_again(meta, entry_id, payload, write_token)
             return entry_id
-        await self._append_now(meta, entry_id, payload)
+        future = self._append_now(meta, entry_id, payload)
+        await self._await_appends(meta, [(entry_id, payload, future)])
         self._on_durable(meta, entry_id)
         return entry_id
 
@@ -395,8 +439,10 @@ class LedgerStorage:
         ids = list(range(first, first + len(payloads)))
         if not payloads:
             return ids
-        futures = [self._append_now(meta, eid, p) for eid, p in zip(ids, payloads, strict=True)]
-        await futures[-1]  # groups complete in order: the last one covers the batch
+        appended = [
+            (eid, p, self._append_now(meta, eid, p)) for eid, p in zip(ids, payloads, strict=True)
+        ]
+        await self._await_appends(meta, appended)
         for entry_id in ids:
             self._on_durable(meta, entry_id)
         return ids
@@ -413,6 +459,48 @@ class LedgerStorage:
         if self._cache.size >= self._half_cache:
             self._checkpoint_wanted.set()
         return future
+
+    async def _await_appends(
+        self, meta: LedgerMeta, appended: list[tuple[int, bytes, asyncio.Future[LogMark]]]
+    ) -> None:
+        """Wait until the WAL holds the appends (groups complete in order: the last one
+        covers them all). If it refused them for want of space, their bytes are not in it
+        and never will be: forget them (write cache, counts, last entry id), so that a
+        retry of the same ids is a fresh add (not an "identical bytes" no-op answered from
+        the cache), the next ids handed out leave no hole that the LAC cannot pass, and
+        no checkpoint writes an entry that a client was told failed."""
+        try:
+            await appended[-1][2]
+        except (DiskFull, Backpressure):
+            failed = []
+            for entry_id, payload, future in appended:
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    self._on_durable(meta, entry_id)  # an earlier write of the batch landed
+                else:
+                    failed.append((entry_id, payload))
+            self._forget_appends(meta, failed)
+            raise
+
+    def _forget_appends(self, meta: LedgerMeta, failed: list[tuple[int, bytes]]) -> None:
+        ledger_id = meta.ledger_id
+        for entry_id, payload in failed:
+            # Only the bytes this add cached. A checkpoint's frozen cache may hold them: its
+            # mark covers this append and failed with it, so no flush thread reads it.
+            for cache in (self._cache, self._flushing):
+                if cache is not None and cache.get(ledger_id, entry_id) is payload:
+                    cache.remove(ledger_id, entry_id)
+            meta.entries -= 1
+            meta.payload_bytes -= len(payload)
+        if any(entry_id >= meta.last_entry_id for entry_id, _payload in failed):
+            above = self._durable_above_lac.get(ledger_id, ())
+            meta.last_entry_id = max(
+                meta.lac,
+                max(above, default=-1),
+                self._cache.highest_entry_id(ledger_id),
+                self._flushing.highest_entry_id(ledger_id) if self._flushing else -1,
+            )
+        if self._ledgers.get(ledger_id) is meta:
+            self._dirty.add(ledger_id)
 
     def _count_entry(self, meta: LedgerMeta, entry_id: int, size: int) -> None:
         meta.entries += 1
@@ -433,7 +521,8 @@ class LedgerStorage:
         if existing is None:
             meta = self._writable(meta.ledger_id, write_token)  # re-checked after the await
             if self._cached(meta.ledger_id, entry_id) is None:
-                await self._append_now(meta, entry_id, payload)
+                future = self._append_now(meta, entry_id, payload)
+                await self._await_appends(meta, [(entry_id, payload, future)])
                 self._on_durable(meta, entry_id)
                 return
             existing = self._cached(meta.ledger_id, entry_id)
@@ -663,7 +752,14 @@ class LedgerStorage:
             return BlockWal(
                 self.settings, self._clock, self._crash, self._probe, self._wal_wants_checkpoint
             )
-        return Journal(self.settings, self._clock, self._crash, self._probe)
+        return Journal(
+            self.settings, self._clock, self._crash, self._probe, on_no_space=self._no_space
+        )
+
+    def _no_space(self, reason: str) -> None:
+        """A write found the disk full: refuse adds at once (507) rather than fail them one
+        write at a time. The disk monitor lifts it once usage is under the low watermark."""
+        self.set_read_only(reason, DISK)
 
     def _wal_wants_checkpoint(self) -> None:
         """The ring is filling up: a checkpoint lets it trim. Forced, as records replayed at
@@ -682,9 +778,19 @@ class LedgerStorage:
             force, self._checkpoint_forced = self._checkpoint_forced, False
             try:
                 await self.checkpoint(force)
-            except Exception:
+            except Exception as e:
                 # The journal still holds everything: retry at the next interval.
-                log.exception("checkpoint failed; retrying at the next interval")
+                if is_no_space(e):
+                    self._no_space(f"no space left for a checkpoint: {e}")
+                if is_no_space(e) or isinstance(e, DiskFull):
+                    log.error(
+                        "checkpoint failed for want of space (%s); reads go on from the "
+                        "caches and entry logs, the journal holds every acknowledged entry; "
+                        "retrying at the next interval",
+                        e,
+                    )
+                else:
+                    log.exception("checkpoint failed; retrying at the next interval")
 
     async def checkpoint(self, force: bool = False) -> None:
         async with self._checkpoint_lock:
@@ -707,7 +813,8 @@ class LedgerStorage:
                 for lid, eid, crc, payload in frozen.sorted_entries():
                     if self._cache.get(lid, eid) is None:
                         self._cache.put(lid, eid, crc, payload)
-                self._dirty.update(m.ledger_id for m in metas)
+                # (not a ledger forgotten meanwhile because the WAL refused its creation)
+                self._dirty.update(m.ledger_id for m in metas if m.ledger_id in self._ledgers)
                 raise
             finally:
                 self._flushing = None
@@ -718,6 +825,12 @@ class LedgerStorage:
             self.stats.checkpoints += 1
             self.stats.checkpoint_seconds_total += elapsed
             self._probe.checkpoint(elapsed, frozen.count, frozen.size)
+
+    def _crash_if(self, records: list[tuple[int, int, int, bytes]], point: str) -> None:
+        """Checkpoint crash points are steps of writing entries: a checkpoint of metadata
+        only (ledger creations) does not reach them."""
+        if records:
+            self._crash.hit(point)
 
     def _deleted_ids(self) -> frozenset[int]:
         return frozenset(lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED)
@@ -741,17 +854,28 @@ class LedgerStorage:
         for lid, eid, crc, payload in frozen.sorted_entries(deleted):
             keys.append((lid, eid))
             records.append((lid, eid, crc, payload))
-        self._crash.hit("checkpoint.before_entrylog")
-        locations = self._writer.append(records)
-        self._writer.flush()
-        self._crash.hit("checkpoint.after_entrylog_fsync")
+        # An index that failed a write (RocksDB stays read-only after one) is reopened first:
+        # copies appended for locations the index cannot take would only fill the disk, once
+        # per retry.
+        self._index.ensure_writable()
+        self._crash_if(records, "checkpoint.before_entrylog")
+        try:
+            locations = self._writer.append(records)
+            self._writer.flush()
+        except OSError as e:
+            # Nothing of this checkpoint is indexed: cut the log back to its last flush, so
+            # that the retry appends where durable data ends (no partial record or hole).
+            self._writer.discard_unflushed()
+            where = self.settings.ledgers_dir
+            raise OSError(e.errno, f"entry log write in {where} failed: {e.strerror or e}") from e
+        self._crash_if(records, "checkpoint.after_entrylog_fsync")
         self._index.write(
             ((lid, eid, loc) for (lid, eid), loc in zip(keys, locations, strict=True)), metas
         )
-        self._crash.hit("checkpoint.after_index")
+        self._crash_if(records, "checkpoint.after_index")
         if mark is not None:
             self._wal.checkpoint_complete(mark)
-            self._crash.hit("checkpoint.after_mark")
+            self._crash_if(records, "checkpoint.after_mark")
 
     # --- garbage collection (driven by node.lifecycle.gc) ----------------------------------
 
@@ -761,8 +885,15 @@ class LedgerStorage:
         return self._compactor
 
     def gc_candidate_logs(self) -> list[int]:
-        """Blocking: entry logs that are sealed (not the checkpoint's current log, not a
-        compaction output being written, not retired)."""
+        """Blocking, from a worker thread: entry logs that are sealed (not the checkpoint's
+        current log, not a compaction output being written, not retired). Taken between
+        checkpoints: one that rolls its log has, for a while, no current log but a new
+        file holding only a header (GC would delete it as empty, then the checkpoint
+        would index records into the deleted file), and a sealed log whose records it
+        has not indexed yet (compaction would find them dead and delete the log)."""
+        return self.run_serialized(self._sealed_logs)
+
+    def _sealed_logs(self) -> list[int]:
         busy = {self._writer.current_log_id, *self.compactor.in_progress, *self._reader.retired}
         return [i for i in list_logs(self.settings.ledgers_dir) if i not in busy]
 

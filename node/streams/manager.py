@@ -79,8 +79,13 @@ class StreamManager:
         self._streams: dict[str, Stream] = {}
         self._cursors: dict[str, dict[str, Cursor]] = {}
         self._rolling: dict[str, asyncio.Lock] = {}
+        # Per stream: its record and cursor writes, one at a time, each encoding the state
+        # as it is then, so that they reach the disk in the order they take effect.
+        self._writing: dict[str, asyncio.Lock] = {}
         self._arrivals: dict[str, asyncio.Event] = {}
         self.rollovers = 0
+        # stream -> ledgers it rolled over to from a previous one (its first is not counted)
+        self.rollovers_by_stream: dict[str, int] = {}
         self.appended: dict[str, tuple[int, int]] = {}  # stream -> (entries, bytes) since start
 
     # --- start ---------------------------------------------------------------------------
@@ -149,8 +154,9 @@ class StreamManager:
             raise InvalidPolicy(str(e)) from None
         existing = self._streams.get(name)
         stream = existing or Stream(name, policies, self._clock.now_ms())
-        stream.policies = policies
-        await self._storage.write_records({stream.key(): stream.encode()})
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            stream.policies = policies
+            await self._storage.write_records({stream.key(): stream.encode()})
         self._streams[name] = stream
         return stream, existing is None
 
@@ -168,13 +174,14 @@ class StreamManager:
         return sorted(self._cursors.get(name, {}).values(), key=lambda c: c.name)
 
     async def delete_stream(self, name: str) -> None:
-        stream = self.stream(name)
-        changes: dict[bytes, bytes | None] = {stream.key(): None}
-        for cursor in self._cursors.get(name, {}).values():
-            changes[cursor.key()] = None
-        await self._storage.write_records(changes)
-        del self._streams[name]
-        self._cursors.pop(name, None)
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            stream = self.stream(name)
+            changes: dict[bytes, bytes | None] = {stream.key(): None}
+            for cursor in self._cursors.get(name, {}).values():
+                changes[cursor.key()] = None
+            await self._storage.write_records(changes)
+            del self._streams[name]
+            self._cursors.pop(name, None)
         self._wake(name)
         for info in stream.ledgers:
             with contextlib.suppress(LedgerNotFound):
@@ -232,14 +239,36 @@ class StreamManager:
         if old is not None:
             old.closed_ms = now
         fresh = LedgerInfo(meta.ledger_id, created_ms=now)
+        rolled = bool(stream.ledgers)  # the stream's first ledger is no rollover
         stream.ledgers.append(fresh)
-        await self._storage.write_records({stream.key(): stream.encode()})
+        await self._save(stream)
         if old is not None:
             await self._close_ledger(old)  # its final counts, once in-flight adds are in
-            await self._storage.write_records({stream.key(): stream.encode()})
+            await self._save(stream)
         self.rollovers += 1
+        if rolled:
+            count = self.rollovers_by_stream.get(stream.name, 0)
+            self.rollovers_by_stream[stream.name] = count + 1
         log.info("stream %s rolled over to ledger %d", stream.name, meta.ledger_id)
         return fresh
+
+    async def _save(self, stream: Stream) -> None:
+        """Write the stream record as it is now, unless the stream was deleted."""
+        async with self._writing.setdefault(stream.name, asyncio.Lock()):
+            if self._streams.get(stream.name) is stream:
+                await self._storage.write_records({stream.key(): stream.encode()})
+
+    async def roll_if_full(self, name: str) -> bool:
+        """Pulsar's scheduled rollCurrentLedgerIfFull: roll a full ledger that no append comes
+        to (an idle stream's ledger past its max time), so that retention can reach its data.
+        An empty ledger is never full by time."""
+        stream = self.stream(name)
+        async with self._rolling.setdefault(stream.name, asyncio.Lock()):
+            current = stream.ledgers[-1] if stream.ledgers else None
+            if current is None or current.closed_ms or not self._full(stream, current):
+                return False
+            await self._roll(stream)
+            return True
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -270,7 +299,14 @@ class StreamManager:
         ``wait_s`` for new ones when there is nothing to read yet."""
         stream = self.stream(name)
         if start is not None and stream.ledgers:
-            self._index_of(stream, start.ledger_id)
+            info = stream.ledgers[self._index_of(stream, start.ledger_id)]
+            # At most one past the last entry (where a previous read ended): a start further
+            # on would silently skip the entries before it once they arrive.
+            if start.entry_id > self._last_entry(info) + 1:
+                raise InvalidPosition(
+                    f"{start} is past the end of ledger {start.ledger_id} (last entry "
+                    f"{self._last_entry(info)})"
+                )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         while True:
@@ -342,30 +378,35 @@ class StreamManager:
     async def create_cursor(self, name: str, cursor: str, start: str) -> tuple[Cursor, bool]:
         if not NAME.fullmatch(cursor):
             raise InvalidName(f"a cursor name is 1-255 of [A-Za-z0-9._-], not {cursor[:60]!r}")
-        stream = self.stream(name)
-        existing = self._cursors.get(name, {}).get(cursor)
-        if existing is not None:
-            return existing, False
-        if start == "earliest":
-            mark = Position(stream.ledgers[0].ledger_id, -1) if stream.ledgers else Position(0, -1)
-        elif start == "latest":
-            mark = self.last_position(stream)
-        else:
-            position = _parse(start)
-            if stream.ledgers:
-                self._check_readable(stream, Position(position.ledger_id, position.entry_id - 1))
-            mark = self._before(stream, position) if stream.ledgers else Position(0, -1)
-        created = Cursor(name, cursor, mark, self._clock.now_ms())
-        await self._storage.write_records({created.key(): created.encode()})
-        self._cursors.setdefault(name, {})[cursor] = created
+        self.stream(name)
+        async with self._writing.setdefault(name, asyncio.Lock()):  # not racing a trim
+            stream = self.stream(name)
+            existing = self._cursors.get(name, {}).get(cursor)
+            if existing is not None:
+                return existing, False
+            if start == "earliest":
+                mark = (
+                    Position(stream.ledgers[0].ledger_id, -1) if stream.ledgers else Position(0, -1)
+                )
+            elif start == "latest":
+                mark = self.last_position(stream)
+            else:
+                position = _parse(start)
+                if stream.ledgers:
+                    self._check_readable(
+                        stream, Position(position.ledger_id, position.entry_id - 1)
+                    )
+                mark = self._before(stream, position) if stream.ledgers else Position(0, -1)
+            created = Cursor(name, cursor, mark, self._clock.now_ms())
+            await self._storage.write_records({created.key(): created.encode()})
+            self._cursors.setdefault(name, {})[cursor] = created
         return created, True
 
     async def acknowledge(self, name: str, cursor: str, position: Position) -> Cursor:
         """Mark-delete up to ``position`` (never moves back: use reset for that)."""
         found = self.cursor(name, cursor)
         self._check_readable(self.stream(name), position)
-        if position > found.mark_delete:
-            await self._move(found, position)
+        await self._move(found, position, forward_only=True)
         return found
 
     async def reset(self, name: str, cursor: str, position: Position) -> Cursor:
@@ -377,15 +418,28 @@ class StreamManager:
         await self._move(found, mark)
         return found
 
-    async def _move(self, cursor: Cursor, mark: Position) -> None:
-        moved = Cursor(cursor.stream, cursor.name, mark, cursor.created_ms)
-        await self._storage.write_records({moved.key(): moved.encode()})
-        cursor.mark_delete = mark
+    async def _move(self, cursor: Cursor, mark: Position, forward_only: bool = False) -> bool:
+        """Write the cursor's new mark-delete, then take it; one write at a time per stream,
+        so that an acknowledgment answered is never undone on disk by an older one."""
+        async with self._writing.setdefault(cursor.stream, asyncio.Lock()):
+            if self._cursors.get(cursor.stream, {}).get(cursor.name) is not cursor:
+                raise CursorNotFound(f"cursor {cursor.name[:100]!r} was deleted")
+            if forward_only and mark <= cursor.mark_delete:
+                return False
+            stream = self.stream(cursor.stream)
+            if stream.ledgers and mark < Position(stream.ledgers[0].ledger_id, -1):
+                raise InvalidPosition(f"{mark} is in a ledger retention has just deleted")
+            moved = Cursor(cursor.stream, cursor.name, mark, cursor.created_ms)
+            await self._storage.write_records({moved.key(): moved.encode()})
+            cursor.mark_delete = mark
+            return True
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
-        found = self.cursor(name, cursor)
-        await self._storage.write_records({cursor_key(name, cursor): None})
-        del self._cursors[name][found.name]
+        self.cursor(name, cursor)
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            found = self.cursor(name, cursor)
+            await self._storage.write_records({cursor_key(name, cursor): None})
+            del self._cursors[name][found.name]
 
     def next_position(self, stream: Stream, mark: Position) -> Position | None:
         """The first entry after ``mark``, if the stream holds one."""
@@ -437,17 +491,29 @@ class StreamManager:
 
     async def trim(self, name: str, ledger_ids: Iterable[int], pace_s: float) -> list[int]:
         """Drop the oldest ledgers (a prefix of the stream, never the one taking appends):
-        the stream record first, then the ledgers, ``pace_s`` apart."""
+        the stream record first, then the ledgers, ``pace_s`` apart. Cursors left before the
+        first ledger kept move to it (Pulsar), in the same batch as the stream record, so
+        that no mark-delete names a deleted ledger."""
         stream = self.stream(name)
         doomed = set(ledger_ids)
-        prefix = 0
-        while prefix < len(stream.ledgers) - 1 and stream.ledgers[prefix].ledger_id in doomed:
-            prefix += 1
-        removed = stream.ledgers[:prefix]
-        if not removed:
-            return []
-        stream.ledgers = stream.ledgers[prefix:]
-        await self._storage.write_records({stream.key(): stream.encode()})
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            if self._streams.get(name) is not stream:
+                return []  # deleted meanwhile, with its ledgers
+            prefix = 0
+            while prefix < len(stream.ledgers) - 1 and stream.ledgers[prefix].ledger_id in doomed:
+                prefix += 1
+            removed = stream.ledgers[:prefix]
+            if not removed:
+                return []
+            stream.ledgers = stream.ledgers[prefix:]
+            first = Position(stream.ledgers[0].ledger_id, -1)
+            behind = [c for c in self._cursors.get(name, {}).values() if c.mark_delete < first]
+            changes: dict[bytes, bytes | None] = {
+                c.key(): Cursor(c.stream, c.name, first, c.created_ms).encode() for c in behind
+            }
+            await self._storage.write_records({stream.key(): stream.encode(), **changes})
+            for cursor in behind:
+                cursor.mark_delete = first
         for n, info in enumerate(removed):
             if n and pace_s > 0:
                 await asyncio.sleep(pace_s)
@@ -455,19 +521,24 @@ class StreamManager:
                 await self._storage.delete_ledger(info.ledger_id)
         return [info.ledger_id for info in removed]
 
+    def expiry_mark(self, name: str, before_ms: int) -> Position | None:
+        """Where a message TTL moves cursors: the last entry of the last closed ledger that
+        closed before ``before_ms`` (None: none did)."""
+        stream = self.stream(name)
+        expired = [i for i in stream.ledgers[:-1] if i.closed_ms and i.closed_ms < before_ms]
+        return Position(expired[-1].ledger_id, expired[-1].entries - 1) if expired else None
+
     async def expire(self, name: str, before_ms: int) -> list[str]:
         """Message TTL at ledger granularity: cursors move past closed ledgers that closed
         before ``before_ms`` (entries carry no time of their own). Returns moved cursors."""
-        stream = self.stream(name)
-        expired = [i for i in stream.ledgers[:-1] if i.closed_ms and i.closed_ms < before_ms]
-        if not expired:
+        end = self.expiry_mark(name, before_ms)
+        if end is None:
             return []
-        end = Position(expired[-1].ledger_id, expired[-1].entries - 1)
         moved = []
         for cursor in list(self._cursors.get(name, {}).values()):
-            if cursor.mark_delete < end:
-                await self._move(cursor, end)
-                moved.append(cursor.name)
+            with contextlib.suppress(CursorNotFound):  # deleted meanwhile
+                if await self._move(cursor, end, forward_only=True):
+                    moved.append(cursor.name)
         return moved
 
 

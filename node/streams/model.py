@@ -23,6 +23,9 @@ FORMAT_VERSION = 1
 STREAM_PREFIX = b"stream/"
 CURSOR_PREFIX = b"cursor/"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
+# ASCII digits only (str.isdigit also takes other scripts' digits, which int() reads), at
+# most 19 of them: 2^63 has 19.
+POSITION = re.compile(r"([0-9]{1,19}):(-1|[0-9]{1,19})")
 MB = 1024 * 1024
 MINUTE_MS = 60_000
 
@@ -37,10 +40,10 @@ class Position(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> Position:
         """``L:E`` with E >= -1; ValueError otherwise."""
-        ledger, sep, entry = text.partition(":")
-        if not sep or not ledger.isdigit() or not (entry.isdigit() or entry == "-1"):
+        match = POSITION.fullmatch(text)
+        if match is None:
             raise ValueError(f"a position is written L:E (ledger id:entry id), not {text[:40]!r}")
-        position = cls(int(ledger), int(entry))
+        position = cls(int(match[1]), int(match[2]))
         if position.ledger_id >= 1 << 63 or position.entry_id >= 1 << 63:
             raise ValueError(f"position {text[:40]!r} is out of range")
         return position

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -96,3 +97,110 @@ async def test_checkpoint_and_entry_log_metrics(client: Any) -> None:
     assert _value(samples, "storage_node_index_entries") >= 0
     assert _value(samples, "storage_node_index_size_bytes") > 0
     assert _value(samples, "storage_node_write_cache_bytes") == 0
+
+
+ROLLING = {"maxEntriesPerLedger": 3, "minLedgerRolloverTimeMinutes": 0}  # 3 entries a ledger
+AGE_BOUND_S = 60  # the test's ledgers are younger than this
+
+
+async def _stream_call(client: Any, method: str, path: str, **kwargs: Any) -> Any:
+    r = await getattr(client, method)(f"/api/v1/{path}", **kwargs)
+    assert r.status < 300, await r.text()
+    return await r.json() if r.status != 204 else None
+
+
+async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
+    from node.http.state import WORK
+
+    def stream_value(samples: dict[Any, float], name: str, **labels: str) -> float:
+        return _value(samples, f"storage_node_stream_{name}", **labels)
+
+    before = await _scrape(client)
+    by_size = {**ROLLING, "retentionTimeInMinutes": -1, "retentionSizeInMB": 0}
+    await _stream_call(client, "put", "streams/orders", json=by_size)
+    await _stream_call(client, "put", "streams/orders/cursors/c1", json={"start": "earliest"})
+    positions = []
+    for _ in range(6):
+        body = await _stream_call(
+            client, "post", "streams/orders/entries", data=b"x" * 10, headers=OCTET
+        )
+        positions.append(body["position"])
+    await _stream_call(
+        client, "post", "streams/orders/entries", data=encode_batch([b"y" * 20] * 2), headers=BATCH
+    )
+    # Ledgers: 3 entries of 10 bytes, 3 of 10, then the batch of 2 x 20 (not full: retention
+    # runs roll full ledgers over).
+    samples = await _scrape(client)
+    orders = {"stream": "orders"}
+    c1 = {"stream": "orders", "cursor": "c1"}
+    assert stream_value(samples, "append_entries_total", **orders) == 8
+    assert stream_value(samples, "append_payload_bytes_total", **orders) == 6 * 10 + 40
+    assert stream_value(samples, "rollovers_total", **orders) == 2
+    assert stream_value(samples, "ledgers", **orders) == 3
+    assert stream_value(samples, "retained_bytes", **orders) == 100
+    assert stream_value(samples, "backlog_entries", **c1) == 8
+    assert stream_value(samples, "backlog_bytes", **c1) == 100
+    oldest = stream_value(samples, "oldest_unacknowledged_age_seconds", **c1)
+    assert 0 < oldest < AGE_BOUND_S
+
+    # Acknowledge the first two ledgers: the backlog is the third; retention (size 0) deletes
+    # the two acknowledged ones.
+    await _stream_call(
+        client, "post", "streams/orders/cursors/c1/ack", json={"position": positions[5]}
+    )
+    samples = await _scrape(client)
+    assert stream_value(samples, "backlog_entries", **c1) == 2
+    assert stream_value(samples, "backlog_bytes", **c1) == 40
+    younger = stream_value(samples, "oldest_unacknowledged_age_seconds", **c1)
+    assert 0 < younger <= oldest + 1  # the third ledger's age, at the next scrape
+    deleted = await _stream_call(client, "post", "retention/run")
+    assert len(deleted["streams"]["orders"]) == 2
+    samples = await _scrape(client)
+    assert stream_value(samples, "retention_deleted_ledgers_total", reason="size", **orders) == 2
+    assert stream_value(samples, "retention_deleted_bytes_total", reason="size", **orders) == 60
+    assert stream_value(samples, "retention_deleted_ledgers_total", reason="time", **orders) == 0
+    assert stream_value(samples, "ledgers", **orders) == 1
+    assert stream_value(samples, "retained_bytes", **orders) == 40
+    assert stream_value(samples, "backlog_entries", **c1) == 2  # backlog is never deleted
+    assert stream_value(samples, "append_entries_total", **orders) == 8  # a counter
+    runs = _value(samples, "storage_node_retention_runs_total")
+    assert runs - _value(before, "storage_node_retention_runs_total") == 1
+
+    # By time (0 minutes, no cursor), and by disk pressure (a forced run ignores the time).
+    await _stream_call(
+        client, "put", "streams/events", json={**ROLLING, "retentionTimeInMinutes": 0}
+    )
+    await _stream_call(client, "put", "streams/logs", json=ROLLING)
+    for name in ("events", "logs"):
+        for _ in range(4):
+            await _stream_call(
+                client, "post", f"streams/{name}/entries", data=b"z" * 5, headers=OCTET
+            )
+    await asyncio.sleep(0.01)  # the closed ledger of "events" is past a retention time of 0
+    await _stream_call(client, "post", "retention/run")
+    await client.server.app[WORK].retention.run(forced=True)
+    samples = await _scrape(client)
+    for name, reason in (("events", "time"), ("logs", "disk")):
+        labels = {"stream": name, "reason": reason}
+        assert stream_value(samples, "retention_deleted_ledgers_total", **labels) == 1
+        assert stream_value(samples, "retention_deleted_bytes_total", **labels) == 15
+        assert stream_value(samples, "ledgers", stream=name) == 1
+        assert stream_value(samples, "rollovers_total", stream=name) == 1
+    assert _value(samples, "storage_node_retention_runs_total") - runs == 2
+
+    # Everything acknowledged: no backlog, no age; a deleted stream's series are gone.
+    details = await _stream_call(client, "get", "streams/orders")
+    last = details["ledgers"][-1]
+    await _stream_call(
+        client,
+        "post",
+        "streams/orders/cursors/c1/ack",
+        json={"position": f"{last['ledgerId']}:{last['entries'] - 1}"},
+    )
+    await _stream_call(client, "delete", "streams/events")
+    samples = await _scrape(client)
+    assert ("storage_node_stream_backlog_entries", tuple(sorted(c1.items()))) in samples
+    assert stream_value(samples, "backlog_entries", **c1) == 0
+    assert stream_value(samples, "backlog_bytes", **c1) == 0
+    assert stream_value(samples, "oldest_unacknowledged_age_seconds", **c1) == 0
+    assert not any(dict(labels).get("stream") == "events" for _, labels in samples)
