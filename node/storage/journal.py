@@ -216,6 +216,16 @@ def _pwrite_some(fd: int, data: memoryview, offset: int) -> int:
     return done
 
 
+class _SharedFuture(asyncio.Future[LogMark]):
+    """A group's future, awaited by every append of the group: cancelling one append (a
+    timeout, a dropped request) must cancel only that append's task, never the future
+    the others share. Task.cancel() asks the awaited future first; this one declines, and
+    the task is cancelled at its next step all the same."""
+
+    def cancel(self, msg: object = None) -> bool:
+        return False
+
+
 class _Group:
     """Records queued for one group commit; all of them share one future."""
 
@@ -225,7 +235,7 @@ class _Group:
         self.parts: list[bytes] = []
         self.size = 0
         self.first_at = 0.0
-        self.future: asyncio.Future[LogMark] = loop.create_future()
+        self.future: asyncio.Future[LogMark] = _SharedFuture(loop=loop)
 
 
 class Journal:

@@ -472,14 +472,39 @@ class LedgerStorage:
         try:
             await appended[-1][2]
         except (DiskFull, Backpressure):
-            failed = []
-            for entry_id, payload, future in appended:
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    self._on_durable(meta, entry_id)  # an earlier write of the batch landed
-                else:
-                    failed.append((entry_id, payload))
-            self._forget_appends(meta, failed)
+            self._settle_refused(meta, appended)
             raise
+        except asyncio.CancelledError:
+            # The caller gave up, not the WAL: the records are queued and land anyway, and
+            # the LAC must pass them when they do (else it would stop at them for good).
+            appended[-1][2].add_done_callback(
+                lambda done: self._settle_abandoned(meta, appended, done)
+            )
+            raise
+
+    def _settle_refused(
+        self, meta: LedgerMeta, appended: list[tuple[int, bytes, asyncio.Future[LogMark]]]
+    ) -> None:
+        failed = []
+        for entry_id, payload, future in appended:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self._on_durable(meta, entry_id)  # an earlier write of the batch landed
+            else:
+                failed.append((entry_id, payload))
+        self._forget_appends(meta, failed)
+
+    def _settle_abandoned(
+        self,
+        meta: LedgerMeta,
+        appended: list[tuple[int, bytes, asyncio.Future[LogMark]]],
+        done: asyncio.Future[LogMark],
+    ) -> None:
+        error = None if done.cancelled() else done.exception()
+        if error is None and not done.cancelled():
+            for entry_id, _payload, _future in appended:
+                self._on_durable(meta, entry_id)
+        elif isinstance(error, DiskFull | Backpressure):
+            self._settle_refused(meta, appended)
 
     def _forget_appends(self, meta: LedgerMeta, failed: list[tuple[int, bytes]]) -> None:
         ledger_id = meta.ledger_id

@@ -447,7 +447,10 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", str(mount_point)], check=False)
+        done = subprocess.run(["umount", str(mount_point)], capture_output=True, text=True)
+        if done.returncode != 0:  # a file left open: detach it anyway, and say so
+            subprocess.run(["umount", "--lazy", str(mount_point)], check=False)
+            pytest.fail(f"the ramfs was still busy after the test: {done.stderr.strip()}")
 
 
 async def test_a_file_system_without_o_direct_falls_back_to_the_page_cache(

@@ -340,3 +340,17 @@ async def test_read_ahead_over_records_larger_than_its_read_step(tmp_path: Path)
         assert storage.read_cache.misses == misses  # read ahead, in steps, byte for byte
     finally:
         await storage.close()
+
+
+async def test_a_cancelled_add_harms_neither_its_group_nor_the_lac(storage: LedgerStorage) -> None:
+    meta, _ = await storage.create_ledger()
+    first = asyncio.create_task(storage.add_entry(meta.ledger_id, None, b"a"))
+    second = asyncio.create_task(storage.add_entry(meta.ledger_id, None, b"b"))
+    await asyncio.sleep(0)  # both appends are in one journal group
+    first.cancel()
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError) and results[1] == 1
+    await asyncio.sleep(0.05)
+    assert storage.ledger(meta.ledger_id).lac == 1  # the abandoned entry still counts
+    assert await storage.read_entry(meta.ledger_id, 0) == b"a"
+    assert await asyncio.wait_for(storage.add_entry(meta.ledger_id, None, b"c"), 5) == 2
