@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -378,6 +378,11 @@ def _table(rows: list[Result]) -> list[str]:
         )
         for r in rows
     ]
+    return markdown_table(header, cells)
+
+
+def markdown_table(header: tuple[str, ...], cells: Sequence[tuple[str, ...]]) -> list[str]:
+    """Lines of a markdown table: the first column left aligned, the figures right."""
     widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
 
     def line(values: tuple[str, ...]) -> str:

@@ -62,6 +62,7 @@ from node.bench import (
     WARMUP_MAX_S,
     _filesystem,
     _loop_name,
+    markdown_table,
 )
 from node.runtime import run, tune_gc
 from node.settings import KiB, MiB, Settings, load
@@ -371,15 +372,7 @@ def _table(rows: list[Row]) -> list[str]:
         )
         for r in rows
     ]
-    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
-
-    def line(values: tuple[str, ...]) -> str:
-        first = values[0].ljust(widths[0])
-        rest = (v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))
-        return "| " + " | ".join([first, *rest]) + " |"
-
-    rule = "|" + "|".join(["-" * (widths[0] + 2)] + ["-" * (w + 1) + ":" for w in widths[1:]]) + "|"
-    return [line(header), rule, *(line(c) for c in cells)]
+    return markdown_table(header, cells)
 
 
 def _print(lines: list[str]) -> None:
