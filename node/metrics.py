@@ -211,6 +211,7 @@ class Metrics:
             self._snapshot.compactions = {
                 "major": status.major_compaction_counter,
                 "minor": status.minor_compaction_counter,
+                "space": status.space_compaction_counter,
             }
             self._snapshot.compacting = {
                 "major": status.major_compacting,
@@ -351,9 +352,10 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
     compacting = GaugeMetricFamily(
         f"{PREFIX}_gc_compacting", "1 while a compaction of this kind runs.", labels=["kind"]
     )
-    for kind in ("major", "minor"):
-        runs.add_metric([kind], s.compactions.get(kind, 0))
-        compacting.add_metric([kind], float(s.compacting.get(kind, False)))
+    for kind, count in s.compactions.items():
+        runs.add_metric([kind], count)
+    for kind, busy in s.compacting.items():  # a space run shows as a major one
+        compacting.add_metric([kind], float(busy))
     yield runs
     yield compacting
     yield GaugeMetricFamily(

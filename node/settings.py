@@ -90,6 +90,8 @@ class Settings(BaseSettings):
     minor_compaction_interval: int = Field(3600, ge=0)  # seconds between minor compactions
     major_compaction_threshold: float = Field(0.8, ge=0)  # major compacts logs below this usage
     major_compaction_interval: int = Field(86_400, ge=0)  # seconds between major compactions
+    # sealed logs above this x their live bytes: compact the emptiest at once; 0 = off
+    compaction_space_amplification_limit: float = Field(1.25, ge=0)
     major_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
     minor_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
     compaction_rate_by_entries: int = Field(1000, gt=0)  # throttle, entries/s
@@ -153,6 +155,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "minor_compaction_interval must be below major_compaction_interval "
                 f"({self.minor_compaction_interval} >= {self.major_compaction_interval})"
+            )
+        if 0 < self.compaction_space_amplification_limit <= 1:
+            raise ValueError(
+                "compaction_space_amplification_limit must be 0 (off) or above 1 "
+                f"(got {self.compaction_space_amplification_limit})"
             )
         if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
             raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")

@@ -140,6 +140,7 @@ SCHEMAS: dict[str, Any] = {
             "lastMinorCompactionTime": {"type": "integer"},
             "majorCompactionCounter": {"type": "integer"},
             "minorCompactionCounter": {"type": "integer"},
+            "spaceCompactionCounter": {"type": "integer"},
             "compactingLog": {"type": ["string", "null"]},
             "compactingBytesDone": {"type": "integer"},
             "compactingBytesLeft": {"type": "integer"},

@@ -128,7 +128,7 @@ class _Output:
     def write_pending(self) -> None:
         if self._pending:
             data = b"".join(self._pending)
-            os.pwrite(self.fd, data, self._flushed_to)
+            entrylog.write_fully(self.fd, data, self._flushed_to)
             self._flushed_to += len(data)
             self._pending, self._pending_bytes = [], 0
 

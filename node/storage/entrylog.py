@@ -295,7 +295,7 @@ def seal(fd: int, position: int, ledger_sizes: dict[int, int]) -> int:
     The fsync is the caller's."""
     ledgers_map = encode_ledgers_map(ledger_sizes)
     write_fully(fd, ledgers_map, position)  # a cut map must fail, not be pointed at
-    os.pwrite(fd, MAP_FIELDS.pack(position, len(ledger_sizes)), MAP_FIELDS_OFFSET)
+    write_fully(fd, MAP_FIELDS.pack(position, len(ledger_sizes)), MAP_FIELDS_OFFSET)
     return position + len(ledgers_map)
 
 

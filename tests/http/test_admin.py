@@ -104,6 +104,7 @@ async def test_gc_admin_routes(client: Any) -> None:
         "lastMinorCompactionTime",
         "majorCompactionCounter",
         "minorCompactionCounter",
+        "spaceCompactionCounter",
         "compactingBytesDone",
         "compactingBytesLeft",
     ):

@@ -24,10 +24,13 @@ from tests.lifecycle.gc_world import (
 
 
 class SteppedClock(SystemClock):
-    """Real wall time, with a monotonic clock the test moves forward by hand."""
+    """Real time, which the test moves forward by hand (both clocks, by ``offset`` s)."""
 
-    def __init__(self) -> None:
-        self.offset = 0.0
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def now_ms(self) -> int:
+        return super().now_ms() + int(self.offset * 1000)
 
     def monotonic(self) -> float:
         return time.monotonic() + self.offset
@@ -98,6 +101,75 @@ async def test_minor_and_major_compaction_thresholds(
     await check_survivors(storage, ids[9:])
     assert await dangling_entries(storage) == []
     assert gc.status.minor_compaction_counter == 2 and gc.status.major_compaction_counter == 1
+
+
+async def test_space_trigger_compacts_the_emptiest_logs_until_under_the_limit(
+    tmp_path: Path,
+) -> None:
+    limit = 1.5
+    settings = gc_settings(tmp_path / "d", compaction_space_amplification_limit=limit)
+    storage = LedgerStorage(settings, clock=SteppedClock())
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, storage._clock)
+        fuller = await interleave(storage, ledgers=10, rounds=12)
+        fuller_logs = set(await asyncio.to_thread(storage.gc_candidate_logs))
+        emptier = await interleave(storage, ledgers=10, rounds=12)
+        emptier_logs = set(await asyncio.to_thread(storage.gc_candidate_logs)) - fuller_logs
+        # 70% and 30% live (both above the minor threshold): twice the live bytes in all.
+        await _delete(storage, fuller[:3] + emptier[:7])
+        report = await gc.run()  # no interval has passed: only the space trigger can fire
+        assert report.compaction == "space" and report.result.compacted
+        assert set(report.result.compacted) <= emptier_logs, "emptiest first"
+        assert set(report.result.compacted) < emptier_logs, "only as many as it takes"
+        assert gc.status.space_compaction_counter == 1
+        assert (await gc.run()).compaction is None  # now under the limit
+        size, live = await asyncio.to_thread(_sealed_size_and_live_bytes, storage)
+        assert size <= limit * live, (size, live)
+        await check_survivors(storage, fuller[3:] + emptier[7:])
+        assert await dangling_entries(storage) == []
+    finally:
+        await storage.close()
+
+
+def _sealed_size_and_live_bytes(storage: LedgerStorage) -> tuple[int, int]:
+    size = live = 0
+    for log_id in storage.gc_candidate_logs():
+        path = entrylog.log_path(storage.settings.ledgers_dir, log_id)
+        size += path.stat().st_size
+        sizes = entrylog.ledger_sizes(path)
+        live += sum(n for lid, n in sizes.items() if storage.is_live_ledger(lid))
+    return size, live
+
+
+async def test_the_compaction_lag_bound_survives_a_restart(tmp_path: Path) -> None:
+    settings = gc_settings(tmp_path / "d")
+    lag_s = settings.major_compaction_interval
+    storage = LedgerStorage(settings, clock=SteppedClock())
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, storage._clock)
+        ids = await interleave(storage, ledgers=10, rounds=12)
+        await _delete(storage, ids[:1])  # 90% live: no usage threshold will ever take them
+        assert (await gc.run()).compaction is None  # notes when the dead data appeared
+    finally:
+        await storage.close()
+    # Just short of the bound: the wait is not restarted by the restart, nor over yet.
+    clock = SteppedClock(offset=lag_s - 60)
+    storage = LedgerStorage(settings, clock=clock)
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, clock)
+        gc.request(force_minor=True)
+        report = await gc.run()
+        assert report.compaction == "minor" and report.result.compacted == []
+        clock.offset += 61
+        gc.request(force_minor=True)
+        report = await gc.run()
+        assert report.compaction == "minor" and report.result.compacted  # by the lag bound
+        await check_survivors(storage, ids[1:])
+    finally:
+        await storage.close()
 
 
 async def test_forced_gc_and_suspension(world: tuple[LedgerStorage, GarbageCollector]) -> None:

@@ -30,12 +30,14 @@ to fill (measured), G ``gc_wait_time``. Why:
   Before that bound existed, seeds 2 and 4 of this workload kept such records 567-616 h.
 - Records of the long-lived ledgers are live and exempt.
 
-**Space**, checked after each daily major compaction past the warm-up: the entry logs on
-disk (sum of file sizes) stay within SPACE_FACTOR x the live bytes (payload plus record
-overhead of the entries of ledgers not deleted). After a major every log is at or above the
-major threshold (0.8), i.e. at most 1/0.8 of its live bytes, plus headers and ledgers maps.
-Between majors the ratio is higher (logs drop below 0.8 and wait for the next major); the
-test prints its hourly peak.
+**Space**, checked after every GC run past the warm-up: the entry logs on disk (sum of
+file sizes, the log being written included) stay within SPACE_FACTOR x the live bytes
+(payload plus record overhead of the entries of ledgers not deleted). A daily major alone
+leaves every log at or above the major threshold, 1/0.8 = 1.25x its live bytes, and logs
+that fall below it during the day wait for the next major (1.66x peaks were seen); GC's
+space trigger compacts the emptiest logs whenever the sealed logs pass
+``compaction_space_amplification_limit`` (1.25) times their live bytes. The test prints the
+ratio after each major and the peak, and what the compactions cost (write amplification).
 
 At the end, every live ledger reads back byte for byte and no index entry dangles.
 """
@@ -310,7 +312,11 @@ async def _read_back(storage: LedgerStorage, workload: Workload) -> None:
 
 
 def _print_summary(
-    ages: list[AgeCheck], spaces: list[SpaceCheck], peak: SpaceCheck, gc: GarbageCollector
+    ages: list[AgeCheck],
+    spaces: list[SpaceCheck],
+    peak: SpaceCheck,
+    gc: GarbageCollector,
+    written: int,
 ) -> None:
     print("\n| day | oldest short-lived record h | bound h | oldest record h |")
     print("|---:|---:|---:|---:|")
@@ -326,9 +332,11 @@ def _print_summary(
     st = gc.stats
     print(
         f"\nhourly peak disk/live {peak.ratio:.3f} (day {peak.day:.2f}); "
-        f"{gc.status.major_compaction_counter} major, {gc.status.minor_compaction_counter} "
-        f"minor compactions; compaction read {st.compaction_read_bytes / MB:.0f} MB, wrote "
-        f"{st.compaction_written_bytes / MB:.0f} MB; deleted logs reclaimed "
+        f"{gc.status.major_compaction_counter} major, {gc.status.space_compaction_counter} "
+        f"space, {gc.status.minor_compaction_counter} minor compactions; compaction read "
+        f"{st.compaction_read_bytes / MB:.0f} MB, wrote {st.compaction_written_bytes / MB:.0f} "
+        f"MB ({st.compaction_written_bytes / written:.2f}x the {written / MB:.0f} MB the "
+        f"workload wrote); deleted logs reclaimed "
         f"{st.reclaimed_by_deletion_bytes / MB:.1f} MB, compaction "
         f"{st.reclaimed_by_compaction_bytes / MB:.1f} MB"
     )
@@ -348,7 +356,8 @@ async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
     fixed_bound_s = float(SHORT_RETENTION_H[1] * HOUR_S + settings.major_compaction_interval)
     fixed_bound_s += 2 * gc_wait_s
     ages: list[AgeCheck] = []
-    spaces: list[SpaceCheck] = []
+    spaces: list[SpaceCheck] = []  # after each major
+    checked: list[SpaceCheck] = []  # after every run
     peak: SpaceCheck | None = None
     try:
         await workload.start()
@@ -363,6 +372,7 @@ async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
                 next_gc = clock.monotonic() + gc_wait_s
                 if past_warmup:
                     space = await asyncio.to_thread(workload.check_space)
+                    checked.append(space)
                     if report.compaction == "major":
                         spaces.append(space)
                     if peak is None or space.ratio > peak.ratio:
@@ -376,15 +386,15 @@ async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
             await workload.hour(hour)
             hour += 1
         assert peak is not None
-        _print_summary(ages, spaces, peak, gc)
+        _print_summary(ages, spaces, peak, gc, workload.short_bytes + workload.long_bytes)
 
         assert workload.long_bytes <= LONG_SHARE_MAX * (workload.short_bytes + workload.long_bytes)
         assert len(ages) == SIM_DAYS - WARMUP_DAYS
         assert [v for a in ages for v in a.violations] == []
         # Every day past the warm-up had its major compaction (a day and up to G apart).
         assert len(spaces) >= SIM_DAYS - WARMUP_DAYS - 1, [s.day for s in spaces]
-        over = [f"day {s.day:.2f}: {s.ratio:.3f}" for s in spaces if s.ratio > SPACE_FACTOR]
-        assert over == [], f"disk above {SPACE_FACTOR}x the live bytes after a major: {over}"
+        over = [f"day {s.day:.2f}: {s.ratio:.3f}" for s in checked if s.ratio > SPACE_FACTOR]
+        assert over == [], f"disk above {SPACE_FACTOR}x the live bytes after GC runs: {over}"
         await _read_back(storage, workload)
         assert await dangling_entries(storage) == []
     finally:
