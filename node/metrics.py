@@ -100,6 +100,7 @@ class EngineSnapshot:
     unreadable_logs: int = 0
     log_usages: list[float] = field(default_factory=list)
     disk_warning: bool = False
+    reserve_bytes: int = 0  # the emergency reserve held
     streams: list[StreamSnapshot] = field(default_factory=list)
     retention: RetentionStats = field(default_factory=RetentionStats)
 
@@ -220,6 +221,8 @@ class Metrics:
             self._snapshot.unreadable_logs = len(status.unreadable_logs)
             self._snapshot.log_usages = work.gc.usages()
             self._snapshot.disk_warning = work.disks.warned
+            reserve = work.disks.reserve
+            self._snapshot.reserve_bytes = reserve.size if reserve.held else 0
             retention = work.retention.stats
             self._snapshot.retention = RetentionStats(
                 runs=retention.runs,
@@ -372,6 +375,11 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         f"{PREFIX}_disk_warning", "1 when a data disk is past the warn watermark.",
         value=float(s.disk_warning),
     )  # fmt: skip
+    yield GaugeMetricFamily(
+        f"{PREFIX}_disk_emergency_reserve_bytes",
+        "Bytes of the emergency reserve held; 0 once released on a full disk.",
+        value=s.reserve_bytes,
+    )
     buckets = [0] * USAGE_BUCKETS
     for usage in s.log_usages:
         buckets[min(USAGE_BUCKETS - 1, int(usage * USAGE_BUCKETS))] += 1

@@ -105,6 +105,8 @@ class Settings(BaseSettings):
     disk_usage_warn_threshold: float = Field(0.90, ge=0)  # above: warning and metric
     disk_usage_threshold: float = Field(0.95, ge=0)  # above: read-only
     disk_usage_lwm_threshold: float = Field(0.90, ge=0)  # below: writable again
+    # deleted when the disk is full, so that the index and GC can work; 0 = none
+    disk_emergency_reserve_bytes: int = Field(64 * MiB, ge=0)
     disk_max_used_space_ratio: float = Field(0.75, ge=0)  # RocketMQ: retention cleans above
     disk_space_clean_forcibly_ratio: float = Field(0.85, ge=0)  # RocketMQ: forced cleaning
 

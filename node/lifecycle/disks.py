@@ -6,6 +6,13 @@
 - above ``disk_usage_threshold`` (0.95): the node turns read-only (adds get 507), reads go on;
 - back under ``disk_usage_lwm_threshold``: writable again, without a restart; this also
   lifts the read-only mode the storage enters itself when a write finds no space (ENOSPC).
+
+An emergency reserve (CockroachDB's ballast): a file of ``disk_emergency_reserve_bytes`` kept
+in the data dir and deleted once the node is read-only for want of space. A disk filled to
+the last block by someone else leaves RocksDB unable to reopen (it must flush its WAL) and
+compaction nothing to copy into, so deleting ledgers alone frees nothing; the reserve's
+blocks let the index and GC work. It is made again once the disk has room for it while
+staying under the GC watermark (so that making it never turns the node read-only).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from node.lifecycle.gc import GarbageCollector
+from node.settings import Settings
+from node.storage.fsutil import fsync_dir, is_no_space
 from node.storage.ledgers import DISK, LedgerStorage
 
 log = logging.getLogger(__name__)
@@ -31,6 +40,58 @@ def usage(path: Path) -> float:
     return 1.0 - stat.f_bavail * stat.f_frsize / total if total else 0.0
 
 
+RESERVE_FILE = "emergency-reserve"  # in data_dir
+
+
+class EmergencyReserve:
+    """The reserve file; every method blocks (call on a worker thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self.path = settings.data_dir / RESERVE_FILE
+        self.size = settings.disk_emergency_reserve_bytes
+        self.held = False  # as last seen by make or release (for metrics, off the disk)
+
+    def make(self) -> bool:
+        """Allocate the reserve if the disk has room for it under the GC watermark."""
+        self.held = self.path.exists()
+        if self.size == 0 or self.held:
+            return False
+        stat = os.statvfs(self._settings.data_dir)
+        total, free = stat.f_blocks * stat.f_frsize, stat.f_bavail * stat.f_frsize
+        if not total or 1.0 - (free - self.size) / total >= self._settings.gc_disk_usage_threshold:
+            return False
+        tmp = self.path.with_name(RESERVE_FILE + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, self.size)  # real blocks, unlike a sparse truncate
+            os.fsync(fd)
+        except OSError as e:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+            if is_no_space(e):
+                return False
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+        self.held = True
+        log.info("made the emergency reserve %s (%d bytes)", self.path, self.size)
+        return True
+
+    def release(self) -> bool:
+        if not self.path.exists():
+            return False
+        self.path.unlink()
+        fsync_dir(self.path.parent)
+        self.held = False
+        log.warning(
+            "released the emergency reserve (%d bytes) so that the index and GC can free space",
+            self.size,
+        )
+        return True
+
+
 class DiskMonitor:
     def __init__(
         self,
@@ -42,6 +103,7 @@ class DiskMonitor:
         self._gc = gc
         self._settings = storage.settings
         self._measure = measure
+        self.reserve = EmergencyReserve(self._settings)
         self.usages: dict[str, float] = {}
         self.warned = False
 
@@ -83,6 +145,13 @@ class DiskMonitor:
 
     async def check(self) -> None:
         self.apply(await asyncio.to_thread(self.measure))
+        await asyncio.to_thread(self._tend_reserve, self._storage.read_only_source(DISK))
+
+    def _tend_reserve(self, out_of_space: bool) -> None:
+        if out_of_space:
+            self.reserve.release()
+        else:
+            self.reserve.make()
 
     async def run_forever(self) -> None:
         interval = self._settings.disk_check_interval / 1000

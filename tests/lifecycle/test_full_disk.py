@@ -48,6 +48,7 @@ COMMON = {
     "NODE_MINOR_COMPACTION_INTERVAL": "1",
     "NODE_MAJOR_COMPACTION_INTERVAL": "2",
     "NODE_COMPACTION_RATE_BY_ENTRIES": "100000",
+    "NODE_DISK_EMERGENCY_RESERVE_BYTES": "0",  # its own test turns it on
 }
 # The monitor acts well before the file system is out of blocks.
 WATERMARKS = {
@@ -203,11 +204,15 @@ def read_only(node: NodeProcess) -> bool:
     return bool(node.get_json("/api/v1/bookie/state")["readOnly"])
 
 
-def checkpoints(node: NodeProcess) -> float:
+def metric(node: NodeProcess, name: str) -> float:
     text = node.get_bytes("/metrics").decode()
-    found = re.search(r"^storage_node_checkpoints_total ([0-9.e+]+)$", text, re.MULTILINE)
-    assert found, "no checkpoint counter in /metrics"
+    found = re.search(rf"^storage_node_{name} ([0-9.e+]+)$", text, re.MULTILINE)
+    assert found, f"no {name} in /metrics"
     return float(found.group(1))
+
+
+def checkpoints(node: NodeProcess) -> float:
+    return metric(node, "checkpoints_total")
 
 
 def wait_until(node: NodeProcess, condition: Callable[[], bool], what: str) -> None:
@@ -398,6 +403,72 @@ def test_checkpoint_enospc_turns_read_only_and_retries(disk: SmallDisk) -> None:
     node.kill()  # no final checkpoint: the entry logs and the journal hold it all
     node.start()
     check_reads(node, {ledger: entries})
+
+
+RESERVE = 4 * MiB
+RESERVE_ROUNDS = 12  # of a batch per ledger: each entry log holds a share of every ledger
+
+
+def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: SmallDisk) -> None:
+    """Another tenant takes the last block: the node turns read-only on ENOSPC, gives back
+    its reserve, and deleting ledgers is then enough for GC (compaction included: every
+    log is partly live) to make it writable again, without anyone freeing the ballast."""
+    node = disk.node(
+        {
+            **ENOSPC_ONLY,
+            "NODE_DISK_EMERGENCY_RESERVE_BYTES": str(RESERVE),
+            "NODE_FLUSH_INTERVAL": "200",
+            "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(4 * MiB),
+            "NODE_JOURNAL_PRE_ALLOC_SIZE": str(MiB),
+            "NODE_JOURNAL_MAX_SIZE": str(4 * MiB),
+        }
+    )
+    reserve = disk.root / "data" / "emergency-reserve"
+    wait_until(node, reserve.exists, "the reserve being made")
+    assert reserve.stat().st_blocks * 512 >= RESERVE  # allocated, not sparse
+    assert metric(node, "disk_emergency_reserve_bytes") == RESERVE
+    rng = random.Random(17)
+    ledgers = [create_ledger(node) for _ in range(LEDGERS)]
+    acked: dict[int, dict[int, bytes]] = {lid: {} for lid in ledgers}
+    for _ in range(RESERVE_ROUNDS):
+        for ledger in ledgers:
+            payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
+            status, body = append_batch(node, ledger, payloads)
+            assert status == 201, body
+            acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+    done = checkpoints(node)
+    wait_until(node, lambda: checkpoints(node) > done, "a checkpoint")
+
+    disk.fill()  # never unlinked: the node must recover on its own
+    n = 0
+    while not read_only(node):
+        ledger = ledgers[n % LEDGERS]
+        n += 1
+        payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
+        status, body = append_batch(node, ledger, payloads)
+        if status == 201:
+            acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+        else:
+            assert (status, body["code"]) == (507, "disk_full"), body
+        assert n < LEDGERS * RESERVE_ROUNDS, "the full disk never refused an add"
+    wait_until(node, lambda: not reserve.exists(), "the reserve being released")
+    assert metric(node, "disk_emergency_reserve_bytes") == 0
+
+    for ledger in ledgers[KEPT:]:
+        status, body = call(node, "DELETE", f"/api/v1/ledgers/{ledger}")
+        assert status == 204, body
+        del acked[ledger]
+    status, body = call(node, "PUT", "/api/v1/bookie/gc", b"", "application/json")
+    assert status == 200, body
+    wait_until(node, lambda: not read_only(node), "the node turning writable again")
+    check_reads(node, acked)
+    _, details = call(node, "GET", "/api/v1/bookie/gc_details")
+    assert details[0]["majorCompactionCounter"] > 0, details  # the shared logs were compacted
+    wait_until(node, reserve.exists, "the reserve being made again")
+    status, body = append_batch(node, ledgers[0], [b"after"])
+    assert status == 201, body
+    acked[ledgers[0]][body["entryIds"][0]] = b"after"
+    check_reads(node, acked)
 
 
 LOCATIONS = 1000
