@@ -224,6 +224,19 @@ def wait_until(node: NodeProcess, condition: Callable[[], bool], what: str) -> N
     pytest.fail(f"{what} did not happen within {WAIT_S} s; node log:\n{node.log()}")
 
 
+def delete_and_collect(
+    node: NodeProcess, ledgers: list[int], acked: dict[int, dict[int, bytes]]
+) -> None:
+    """Delete ``ledgers``, run GC, and wait for the space to make the node writable."""
+    for ledger in ledgers:
+        status, body = call(node, "DELETE", f"/api/v1/ledgers/{ledger}")
+        assert status == 204, body
+        del acked[ledger]
+    status, body = call(node, "PUT", "/api/v1/bookie/gc", b"", "application/json")
+    assert status == 200, body
+    wait_until(node, lambda: not read_only(node), "the node turning writable again")
+
+
 # --- the tests ---------------------------------------------------------------------------
 
 LEDGERS = 8
@@ -262,13 +275,7 @@ def test_full_disk_turns_read_only_and_gc_makes_it_writable(disk: SmallDisk) -> 
     check_reads(node, acked)
 
     # Deleting ledgers and GC give the space back, without a restart.
-    for ledger in ledgers[KEPT:]:
-        status, body = call(node, "DELETE", f"/api/v1/ledgers/{ledger}")
-        assert status == 204, body
-        del acked[ledger]
-    status, body = call(node, "PUT", "/api/v1/bookie/gc", b"", "application/json")
-    assert status == 200, body
-    wait_until(node, lambda: not read_only(node), "the node turning writable again")
+    delete_and_collect(node, ledgers[KEPT:], acked)
     low = float(WATERMARKS["NODE_DISK_USAGE_LWM_THRESHOLD"])  # a compaction may be copying
     wait_until(node, lambda: disk.usage() < low, "disk usage under the low watermark")
     check_reads(node, acked)
@@ -454,13 +461,7 @@ def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: Sma
     wait_until(node, lambda: not reserve.exists(), "the reserve being released")
     assert metric(node, "disk_emergency_reserve_bytes") == 0
 
-    for ledger in ledgers[KEPT:]:
-        status, body = call(node, "DELETE", f"/api/v1/ledgers/{ledger}")
-        assert status == 204, body
-        del acked[ledger]
-    status, body = call(node, "PUT", "/api/v1/bookie/gc", b"", "application/json")
-    assert status == 200, body
-    wait_until(node, lambda: not read_only(node), "the node turning writable again")
+    delete_and_collect(node, ledgers[KEPT:], acked)
     check_reads(node, acked)
     _, details = call(node, "GET", "/api/v1/bookie/gc_details")
     assert details[0]["majorCompactionCounter"] > 0, details  # the shared logs were compacted
