@@ -1,6 +1,6 @@
 """The RocksDB index (BookKeeper's EntryLocationIndex and LedgerMetadataIndex).
 
-Two column families in one database, so that a checkpoint updates both in one write batch:
+Column families of one database, so that a checkpoint updates them in one write batch:
 
 ``locations``  key ``ledger id u64 | entry id u64`` (big-endian: a ledger's entries are
                contiguous and its last entry is a reverse seek), value ``location u64``.
@@ -8,6 +8,8 @@ Two column families in one database, so that a checkpoint updates both in one wr
                memory at start.
 ``streams``    records of the streams layer (its own format, see node/streams); the
                engine stores them durably and does not read them.
+``node``       the engine's own counters: ``next_ledger_id`` -> u64, written with every
+               purge of deleted ledgers, so that a purged id is never allocated again.
 
 LedgerMeta value, version 1::
 
@@ -51,7 +53,8 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 META_VERSION = 1
 MAX_ID = (1 << 63) - 1
-COLUMN_FAMILIES = ("locations", "ledgers", "streams")
+COLUMN_FAMILIES = ("locations", "ledgers", "streams", "node")
+NEXT_LEDGER_ID_KEY = b"next_ledger_id"
 # Reopening after a failed write waits for reads still using the old database (it holds
 # the LOCK until the last of them lets go): a few short pauses, then the next write retries.
 REOPEN_ATTEMPTS = 3
@@ -153,18 +156,22 @@ class Index:
             db.get_column_family("locations"),
             db.get_column_family("ledgers"),
             db.get_column_family("streams"),
+            db.get_column_family("node"),
             db.get_column_family_handle("locations"),
             db.get_column_family_handle("ledgers"),
             db.get_column_family_handle("streams"),
+            db.get_column_family_handle("node"),
         )
         self._db = db
         (
             self._locations,
             self._ledgers,
             self._streams,
+            self._node,
             self._locations_cf,
             self._ledgers_cf,
             self._streams_cf,
+            self._node_cf,
         ) = handles
 
     def _commit(self, batch: WriteBatch) -> None:
@@ -285,9 +292,16 @@ class Index:
         self._commit(batch)
         return moved
 
-    def delete_ledgers(self, ledger_ids: list[int]) -> None:
-        """Forget ledgers entirely: their locations and their metadata, in one batch."""
+    def next_ledger_id(self) -> int:
+        """The allocation floor the last purge recorded (0 if none)."""
+        value = self._node.get(NEXT_LEDGER_ID_KEY)
+        return 0 if value is None else LEDGER_KEY.unpack(cast(bytes, value))[0]
+
+    def delete_ledgers(self, ledger_ids: list[int], next_ledger_id: int) -> None:
+        """Forget ledgers entirely: their locations and their metadata, in one batch that
+        also records ``next_ledger_id`` (the purged ids may have been the highest)."""
         batch = WriteBatch(raw_mode=True)
+        batch.put(NEXT_LEDGER_ID_KEY, LEDGER_KEY.pack(next_ledger_id), self._node_cf)
         for ledger_id in ledger_ids:
             batch.delete_range(
                 LOCATION_KEY.pack(ledger_id, 0),
@@ -324,7 +338,7 @@ class Index:
                 # Column family handles keep the database (and its LOCK) alive: drop them,
                 # or the next open in this process fails.
                 del self._locations, self._ledgers, self._locations_cf, self._ledgers_cf
-                del self._streams, self._streams_cf
+                del self._streams, self._streams_cf, self._node, self._node_cf
                 if self._failed is None:
                     self._db.close()
                 else:

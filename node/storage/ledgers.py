@@ -181,7 +181,7 @@ class LedgerStorage:
                 # now replays again from it, which is idempotent).
                 self._flush(self._cache, self._snapshot_dirty(), self._deleted_ids(), None)
                 self._cache = WriteCache()
-        self._next_ledger_id = max(self._ledgers, default=-1) + 1
+        self._next_ledger_id = max(max(self._ledgers, default=-1) + 1, self._index.next_ledger_id())
         log.info(
             "recovered %d ledgers, replayed %d WAL records from %s",
             len(self._ledgers),
@@ -938,7 +938,7 @@ class LedgerStorage:
         if not ready:
             return []
         await asyncio.get_running_loop().run_in_executor(
-            self._flush_executor, self.index.delete_ledgers, ready
+            self._flush_executor, self.index.delete_ledgers, ready, self._next_ledger_id
         )
         for lid in ready:
             meta = self._ledgers.get(lid)

@@ -321,6 +321,21 @@ async def test_allocation_after_a_client_took_the_highest_id(storage: LedgerStor
     assert (first.ledger_id, second.ledger_id) == (0, 1)
 
 
+async def test_a_purged_ledger_id_is_never_allocated_again(storage: LedgerStorage) -> None:
+    ids = [(await storage.create_ledger())[0].ledger_id for _ in range(3)]
+    await storage.delete_ledger(ids[-1])  # the highest id
+    await storage.checkpoint()
+    assert await storage.purge_deleted_ledgers() == [ids[-1]]  # gone from the index
+    storage = await _reopen(storage)
+    try:
+        meta, _ = await storage.create_ledger()
+        assert meta.ledger_id == ids[-1] + 1, "a client may still hold the purged id"
+        with pytest.raises(LedgerNotFound):
+            storage.ledger(ids[-1])
+    finally:
+        await storage.close()
+
+
 async def test_read_ahead_over_records_larger_than_its_read_step(tmp_path: Path) -> None:
     # Read cache segments of 2 MiB, so that every entry here fits in one.
     settings = make_settings(tmp_path / "d", db_storage_read_ahead_cache_max_size=16 << 20)
