@@ -392,11 +392,13 @@ class StreamManager:
                 mark = self.last_position(stream)
             else:
                 position = _parse(start)
-                if stream.ledgers:
-                    self._check_readable(
-                        stream, Position(position.ledger_id, position.entry_id - 1)
+                if not stream.ledgers:
+                    raise InvalidPosition(
+                        f"stream {name} has no entries yet, so {start} is not one of them: "
+                        'create the cursor at "earliest" or "latest"'
                     )
-                mark = self._before(stream, position) if stream.ledgers else Position(0, -1)
+                self._check_readable(stream, Position(position.ledger_id, position.entry_id - 1))
+                mark = self._before(stream, position)
             created = Cursor(name, cursor, mark, self._clock.now_ms())
             await self._storage.write_records({created.key(): created.encode()})
             self._cursors.setdefault(name, {})[cursor] = created

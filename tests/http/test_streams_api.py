@@ -371,6 +371,20 @@ async def test_cursor_lifecycle_reads_acks_resets_and_backlog(client: Any) -> No
     assert [c["name"] for c in (await _details(client))["cursors"]] == ["c1", "c3", "c4"]
 
 
+async def test_a_cursor_at_a_position_of_an_empty_stream_is_refused(client: Any) -> None:
+    await _stream(client)
+    r = await client.put("/api/v1/streams/orders/cursors/c", json={"start": "0:0"})
+    await _error(r, 400, "invalid_position")
+    await _error(await client.get("/api/v1/streams/orders/cursors/c"), 404, "cursor_not_found")
+    for start in ("earliest", "latest"):  # what an empty stream can start from
+        r = await client.put(f"/api/v1/streams/orders/cursors/{start}", json={"start": start})
+        assert r.status == 201, await r.text()
+    position = await _append(client)
+    for start in ("earliest", "latest"):  # both read what comes next
+        frames, _ = await _read(client, f"/api/v1/streams/orders/cursors/{start}/entries")
+        assert frames == [(position, ENTRY)]
+
+
 async def test_streams_and_cursors_survive_a_restart(tmp_path: Path, aiohttp_client: Any) -> None:
     settings = make_settings(tmp_path / "data")
     client = await aiohttp_client(build_app(settings))
