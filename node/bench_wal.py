@@ -15,11 +15,14 @@ On each medium, per record size (``--record-sizes``, default 1 KiB, 16 KiB, 256 
 - **fio**: sequential writes, ``direct=1``, ``ioengine=libaio``, ``iodepth`` = the WAL's
   ``wal_io_depth``, block size = the WAL's average block in the unthrottled run (4 KiB
   aligned), with the WAL's durability: ``sync=dsync`` (each write on stable storage when it
-  completes), since the WAL fdatasyncs before acknowledging. Ratio = WAL device MiB/s / fio.
+  completes), since the WAL acknowledges only durable blocks (``wal_sync_mode``: written
+  with O_DSYNC, or fdatasynced). Ratio = WAL device MiB/s / fio.
 
-The WAL's unthrottled runs and fio alternate, ``ROUNDS`` times each a third of ``--seconds``
-long, and the figures add the rounds up (the machine's load drifts; alternating gives both the
-same share of it); the per-round ratios are printed too.
+The WAL's unthrottled runs and fio alternate, ``ROUNDS`` rounds of ``--seconds`` / ``ROUNDS``
+each, the WAL first in even rounds and fio first in odd ones (the machine's load drifts;
+alternating gives both the same share of it). The table adds the rounds up; the ratio judged
+against the target is the median of the per-round ratios (one round that a neighbour's burst
+hit moves it little), printed with the pooled ratio (totals over totals) and every round's.
 
 Then IOPS: the WAL with 4 KiB blocks (``wal_block_soft_limit`` = 4 KiB and records that fill
 one block each), unthrottled, against fio at ``bs=4k``. fio without sync is printed as a
@@ -43,6 +46,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -81,7 +85,7 @@ OPEN_LOOP_TICK_S = 0.0005  # the rate generator wakes this often (uvloop rounds 
 LOSETUP_TIMEOUT_S = 30
 FIO_TIMEOUT_MARGIN_S = 60  # fio gets its runtime plus this before it counts as hung
 TARGET_RATIO = 0.80
-ROUNDS = 3  # WAL and fio alternate this many times per comparison, each a third as long
+ROUNDS = 6  # WAL and fio alternate this many times per comparison (even: each goes first as often)
 BENCH_LEDGER = 1  # ledger id of every record (the bench does not recover them)
 
 
@@ -389,8 +393,9 @@ def _verdict(ratio: float | None) -> str:
 @dataclass(slots=True)
 class MediumSummary:
     name: str
-    bandwidth: dict[int, float | None] = field(default_factory=dict)  # size -> wal/fio MiB/s
-    iops: float | None = None  # wal/fio writes/s at 4 KiB
+    # The median round's ratios: wal/fio device MiB/s by record size, writes/s at 4 KiB.
+    bandwidth: dict[int, float | None] = field(default_factory=dict)
+    iops: float | None = None
 
 
 def _merge(rows: list[Row]) -> Row:
@@ -412,37 +417,78 @@ def _merge(rows: list[Row]) -> Row:
     )
 
 
+@dataclass(slots=True)
+class Comparison:
+    """The WAL against fio over alternating rounds."""
+
+    wal: Row  # the rounds merged
+    fio: Row | str  # merged, or why fio could not run
+    ratios: list[float]  # wal/fio of each round
+    pooled: float | None  # wal/fio of the merged rows
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
+
+    def notes(self, what: str) -> list[str]:
+        pooled = f"{self.pooled:.2f}" if self.pooled is not None else "n/a"
+        notes = [
+            f"- {what}: median of {len(self.ratios)} rounds {_verdict(self.median)}; "
+            f"pooled {pooled}; by round: {_listed(self.ratios)}"
+        ]
+        if isinstance(self.fio, str):
+            notes.append(f"- fio: {self.fio}")
+        return notes
+
+
 def _against_fio(
     run_wal: Callable[[float], Row],
+    figure: Callable[[Row], float],
     medium: Path,
     block: int | None,
-    rounds: int,
     seconds: float,
     warmup: float,
     sync: bool,
     depth: int,
-) -> tuple[Row, Row | str, list[float]]:
-    """The WAL and fio in alternating rounds (a shared machine's load drifts; alternating
-    gives both the same share of it). ``block`` None: fio writes the WAL's average block."""
+) -> Comparison:
+    """The WAL and fio in alternating rounds, compared by ``figure``. ``block`` None: fio
+    writes the WAL's average block (of its first run, which comes first)."""
     wal_rows: list[Row] = []
     fio_rows: list[Row] = []
     ratios: list[float] = []
     reason = ""
-    for _ in range(rounds):
-        wal = run_wal(seconds / rounds)
-        wal_rows.append(wal)
+    for round_ in range(ROUNDS):
+        wal_first = round_ % 2 == 0
+        if wal_first:
+            wal = run_wal(seconds / ROUNDS)
+            wal_rows.append(wal)
         size = block or max(
             BLOCK_ALIGNMENT, round(wal_rows[0].average_write / BLOCK_ALIGNMENT) * BLOCK_ALIGNMENT
         )
-        fio = _fio(medium, size, depth, seconds / rounds, warmup, sync)
+        fio = _fio(medium, size, depth, seconds / ROUNDS, warmup, sync)
+        if not wal_first:
+            wal = run_wal(seconds / ROUNDS)
+            wal_rows.append(wal)
         if isinstance(fio, str):
             reason = fio
             continue
         fio_rows.append(fio)
-        ratio = _ratio_of(wal.device_mib_s, fio.device_mib_s)
+        ratio = _ratio_of(figure(wal), figure(fio))
         if ratio is not None:
             ratios.append(ratio)
-    return _merge(wal_rows), (_merge(fio_rows) if fio_rows else reason), ratios
+    merged = _merge(wal_rows)
+    if not fio_rows:
+        return Comparison(merged, reason, ratios, None)
+    fio_merged = _merge(fio_rows)
+    return Comparison(merged, fio_merged, ratios, _ratio_of(figure(merged), figure(fio_merged)))
+
+
+def _device_mib_s(row: Row) -> float:
+    return row.device_mib_s
+
+
+def _writes_per_s(row: Row) -> float:
+    return row.writes_per_s
 
 
 def _bench_medium(
@@ -474,8 +520,8 @@ def _bench_medium(
                 wal_write_rate_limit=0,
             )
 
-        free, fio, ratios = _against_fio(
-            unthrottled, medium, None, ROUNDS, seconds, warmup, sync, depth
+        bandwidth = _against_fio(
+            unthrottled, _device_mib_s, medium, None, seconds, warmup, sync, depth
         )
         target = min(float(GP3_IOPS), GP3_BYTES_PER_S / size)
         paced = _measure_wal(
@@ -488,16 +534,13 @@ def _bench_medium(
             writers,
             target,
         )
-        rows = [free, paced] + ([fio] if isinstance(fio, Row) else [])
-        ratio = _ratio_of(free.device_mib_s, fio.device_mib_s) if isinstance(fio, Row) else None
-        summary.bandwidth[size] = ratio
+        fio = bandwidth.fio
+        rows = [bandwidth.wal, paced] + ([fio] if isinstance(fio, Row) else [])
+        summary.bandwidth[size] = bandwidth.median
         block = round(fio.average_write) if isinstance(fio, Row) else 0
-        notes = [
-            f"- wal/fio bandwidth (device MiB/s, same {block // KiB} KiB writes, QD{depth}): "
-            f"{_verdict(ratio)}; by round: {_listed(ratios)}",
-        ]
-        if isinstance(fio, str):
-            notes.append(f"- fio: {fio}")
+        notes = bandwidth.notes(
+            f"wal/fio bandwidth (device MiB/s, same {block // KiB} KiB writes, QD{depth})"
+        )
         _print(["", f"#### records of {size:,} B", "", *_table(rows), "", *notes])
 
     def four_kib(run_s: float) -> Row:
@@ -514,20 +557,11 @@ def _bench_medium(
             wal_block_soft_limit=IOPS_BLOCK,
         )
 
-    blocks, fio_sync, ratios = _against_fio(
-        four_kib, medium, IOPS_BLOCK, ROUNDS, seconds, warmup, sync, depth
-    )
+    iops = _against_fio(four_kib, _writes_per_s, medium, IOPS_BLOCK, seconds, warmup, sync, depth)
     fio_raw = _fio(medium, IOPS_BLOCK, depth, seconds, warmup, False) if sync else None
-    rows = [blocks] + [r for r in (fio_sync, fio_raw) if isinstance(r, Row)]
-    summary.iops = (
-        _ratio_of(blocks.writes_per_s, fio_sync.writes_per_s) if isinstance(fio_sync, Row) else None
-    )
-    notes = [
-        f"- wal/fio writes/s at 4 KiB blocks, QD{depth}: {_verdict(summary.iops)}; "
-        f"by round: {_listed(ratios)}"
-    ]
-    if isinstance(fio_sync, str):
-        notes.append(f"- fio: {fio_sync}")
+    rows = [iops.wal] + [r for r in (iops.fio, fio_raw) if isinstance(r, Row)]
+    summary.iops = iops.median
+    notes = iops.notes(f"wal/fio writes/s at 4 KiB blocks, QD{depth}")
     _print(["", "#### IOPS: 4 KiB blocks", "", *_table(rows), "", *notes])
     return summary
 
@@ -579,8 +613,9 @@ def main(args: argparse.Namespace) -> int:
                 f"- wal: ring {RING_CAPACITY // MiB} MiB, wal_io_depth={defaults.wal_io_depth}, "
                 f"wal_block_soft_limit={defaults.wal_block_soft_limit // KiB} KiB, "
                 f"wal_write_rate_limit={defaults.wal_write_rate_limit} (0 in unthrottled runs), "
-                f"wal_volatile_write_cache={defaults.wal_volatile_write_cache} (fdatasync "
-                "before acknowledging; fio gets sync=dsync)",
+                f"wal_volatile_write_cache={defaults.wal_volatile_write_cache}, "
+                f"wal_sync_mode={defaults.wal_sync_mode} (durable before acknowledging; fio "
+                "gets sync=dsync)",
             ]
         )
         summaries = []
@@ -638,5 +673,13 @@ def _print_summary(summaries: list[MediumSummary], sizes: list[int]) -> None:
         iops = f"{summary.iops:.2f}" if summary.iops is not None else "n/a"
         rows.append(f"| {summary.name} | " + " | ".join(cells) + f" | {iops} |")
     _print(
-        ["", "### summary (targets: >= 0.80 at 256 KiB and at 4 KiB IOPS)", "", header, rule, *rows]
+        [
+            "",
+            "### summary: median wal/fio of the rounds (targets: >= 0.80 at 256 KiB and at 4 KiB "
+            "IOPS)",
+            "",
+            header,
+            rule,
+            *rows,
+        ]
     )

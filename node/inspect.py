@@ -14,8 +14,9 @@
 - ``wal`` (the raw-device WAL's block device or file): both header slots and which one wins,
   the trim offset, then a scan exactly as recovery does it: the records it would recover
   (count, bytes, per ledger), holes, where valid data ends, and the offset where the node
-  would write next. Read with O_DIRECT, read-only; a hole with records after it following a
-  graceful shutdown is corruption (the node refuses to start on it).
+  would write next. Read with O_DIRECT, read-only. After a graceful shutdown whose header
+  gives the end of the records, any invalid data before that end (a hole, a torn or
+  damaged record) is corruption (the node refuses to start on it).
 
 Exit code: 0 when everything checks out (last line ``OK``), 1 when a check fails (last line
 ``FAILED: <what>``), 2 when the path is not of the named kind (or cannot be read).
@@ -676,7 +677,8 @@ def _header_line(header: blockwal.WalHeader) -> str:
     return (
         f"sequence {header.sequence}, capacity {header.capacity}, trim {header.trim}, "
         f"window {header.window}, shutdown {header.shutdown.name.lower()}, "
-        f"node id {header.node_id}, written at {header.written_ms} ms"
+        f"end {header.end or 'unknown'}, node id {header.node_id}, "
+        f"written at {header.written_ms} ms"
     )
 
 
@@ -730,7 +732,8 @@ def _inspect_open_wal(
     physical = blockwal.HEADER_AREA + header.trim % area
     report.line(f"trim offset: {header.trim} (lap {header.trim // area}, physical {physical})")
 
-    scan = blockwal.RingScan(reader.read, header.capacity, header.trim, header.window)
+    stop = blockwal.scan_stop(header)
+    scan = blockwal.RingScan(reader.read, header.capacity, header.trim, header.window, stop)
     ledgers: dict[int, _LedgerFigures] = {}
     kinds: Counter[str] = Counter()
     record_bytes = 0
@@ -786,16 +789,19 @@ def _inspect_open_wal(
             f"    hole at offset {hole.offset} ({hole.reason}), records again from "
             f"{hole.next_valid}"
         )
-    report.line(
-        f"next offset: {blockwal.restart_offset(header, scan)} (where the node writes next)"
-    )
-    if scan.holes and header.shutdown == blockwal.Shutdown.GRACEFUL:
+    if stop is not None:
+        report.line(f"  invalid data before the end: {len(scan.damage)}")
+        for damage in scan.damage[:MAX_LISTED]:
+            report.line(f"    offset {damage.offset}: {damage.reason}")
+    report.line(f"next offset: {blockwal.restart_offset(header)} (where the node writes next)")
+    if scan.damage:
         report.fail(
-            f"hole at offset {scan.holes[0].offset} with records after it, after a graceful "
-            "shutdown: corruption (the node refuses to start)"
+            f"invalid data at offset {scan.damage[0].offset} ({scan.damage[0].reason}) before "
+            f"offset {stop}, where the records end after a graceful shutdown: corruption (the "
+            "node refuses to start)"
         )
     elif scan.holes:
-        report.line("holes after an ungraceful shutdown: blocks in flight at the crash")
+        report.line("holes: blocks in flight at a crash")
     return report.finish()
 
 

@@ -2,10 +2,11 @@
 
 Three kinds of sources:
 - histograms observed as things happen: HTTP requests (by method, route template and
-  status), adds and reads, journal group writes, checkpoints (the engine reports the
-  last two through the StorageProbe protocol);
+  status), adds and reads, journal group writes, checkpoints, raw-device WAL blocks (the
+  engine reports the last three through the StorageProbe protocol);
 - a snapshot of the engine's state taken on the event loop when /metrics is scraped
-  (caches, counters, ledgers, node state): the engine's structures belong to the loop;
+  (caches, counters, ledgers, node state, the raw-device WAL's ring): the engine's
+  structures belong to the loop;
 - the file system, read at scrape time on a worker thread: entry logs, index size, disks.
 
 Labels are bounded: route templates (never ids), ledger states, data dir kinds; streams and
@@ -38,6 +39,7 @@ from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
+from node.storage.probe import RingFigures
 from node.streams.manager import StreamManager
 
 PREFIX = "storage_node"
@@ -51,6 +53,8 @@ LATENCY_BUCKETS = (
 # Journal groups: from one small record to the 512 KiB threshold and a few times over.
 GROUP_RECORD_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 GROUP_BYTE_BUCKETS = tuple(float(512 * 4**i) for i in range(10))  # 512 B .. 128 MiB
+# Raw-device WAL blocks: 4 KiB (one small record) .. 256 KiB (the soft limit) .. one largest entry.
+BLOCK_BYTE_BUCKETS = tuple(float(4096 * 2**i) for i in range(12))  # 4 KiB .. 8 MiB
 MS_PER_S = 1000.0
 RETENTION_REASONS = ("time", "size", "disk")  # why retention deleted a stream's ledger
 
@@ -72,6 +76,15 @@ class StreamSnapshot:
     ledgers: int
     retained_bytes: int
     cursors: list[CursorSnapshot]
+
+
+@dataclass(slots=True)
+class RingSnapshot:
+    ring_bytes: int
+    used_bytes: int
+    blocks_in_flight: int
+    throttled_appends: int
+    rejected_appends: int
 
 
 @dataclass(slots=True)
@@ -103,6 +116,7 @@ class EngineSnapshot:
     reserve_bytes: int = 0  # the emergency reserve held
     streams: list[StreamSnapshot] = field(default_factory=list)
     retention: RetentionStats = field(default_factory=RetentionStats)
+    wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
 
 
 class Metrics:
@@ -113,6 +127,7 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._settings = settings
         self._snapshot = EngineSnapshot()
+        self._ring: RingFigures | None = None
 
         def histogram(
             name: str,
@@ -153,6 +168,11 @@ class Metrics:
             "checkpoint_duration_seconds",
             "Checkpoint: write cache to entry log, fsync, index batch, lastMark.",
         )
+        self.wal_block_bytes = histogram(
+            "wal_block_bytes",
+            "Blocks the raw-device WAL made durable, by bytes written (padding included).",
+            buckets=BLOCK_BYTE_BUCKETS,
+        )
         self.registry.register(_StateCollector(self))
 
     # --- StorageProbe ----------------------------------------------------------------------
@@ -167,6 +187,12 @@ class Metrics:
 
     def checkpoint(self, seconds: float, entries: int, size_bytes: int) -> None:
         self.checkpoint_seconds.observe(seconds)
+
+    def wal_block(self, size_bytes: int) -> None:
+        self.wal_block_bytes.observe(size_bytes)
+
+    def wal_ring(self, ring: RingFigures) -> None:
+        self._ring = ring
 
     # --- scraping --------------------------------------------------------------------------
 
@@ -205,6 +231,7 @@ class Metrics:
             index_entries=storage.index_entries_estimate() if storage.running else 0,
             ledgers_by_state=by_state,
             state=state,
+            wal_ring=self._ring_snapshot(),
         )
         if work is not None:
             status = work.gc.status
@@ -232,6 +259,18 @@ class Metrics:
             )
         if streams is not None:
             self._snapshot.streams = _stream_snapshots(streams)
+
+    def _ring_snapshot(self) -> RingSnapshot | None:
+        ring = self._ring
+        if ring is None:
+            return None
+        return RingSnapshot(
+            ring_bytes=ring.ring_bytes,
+            used_bytes=ring.ring_used_bytes,
+            blocks_in_flight=ring.blocks_in_flight,
+            throttled_appends=ring.throttled_appends,
+            rejected_appends=ring.rejected_appends,
+        )
 
     def render(self) -> bytes:
         """Blocking (reads the file system): call on a worker thread."""
@@ -324,6 +363,8 @@ class _StateCollector(Collector):
         )
         yield from _gc_metrics(s)
         yield from _stream_metrics(s)
+        if s.wal_ring is not None:
+            yield from _wal_ring_metrics(s.wal_ring)
         yield from _entry_log_metrics(settings.ledgers_dir)
         yield GaugeMetricFamily(
             f"{PREFIX}_index_size_bytes",
@@ -394,6 +435,41 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         buckets=cumulative,
         sum_value=sum(s.log_usages),
     )
+
+
+def _wal_ring_metrics(ring: RingSnapshot) -> Iterator[Metric]:
+    for name, value, doc in (
+        (
+            "wal_throttled_appends",
+            ring.throttled_appends,
+            "Raw-device WAL appends that waited for room in a full ring (rejected included).",
+        ),
+        (
+            "wal_rejected_appends",
+            ring.rejected_appends,
+            "Raw-device WAL appends refused with back-pressure: no checkpoint freed room in "
+            "db_storage_max_throttle_time_ms.",
+        ),
+    ):
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    for name, value, doc in (
+        (
+            "wal_ring_used_bytes",
+            ring.used_bytes,
+            "Bytes of the raw-device WAL's ring from the trim offset to the newest block.",
+        ),
+        (
+            "wal_ring_capacity_bytes",
+            ring.ring_bytes,
+            "Bytes of the raw-device WAL's ring for records (wal_capacity less the header area).",
+        ),
+        (
+            "wal_blocks_in_flight",
+            ring.blocks_in_flight,
+            "Raw-device WAL blocks being written and not yet acknowledged.",
+        ),
+    ):
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
 def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:

@@ -60,7 +60,8 @@ class Settings(BaseSettings):
     wal_block_soft_limit: int = Field(256 * KiB, gt=0)  # AutoMQ blockSoftLimit: a block closes here
     wal_write_rate_limit: int = Field(3000, ge=0)  # AutoMQ writeRateLimit: blocks/s (gp3), 0 = none
     wal_io_depth: int = Field(4, gt=0)  # blocks written at once (AutoMQ iodepth; 8 there)
-    wal_volatile_write_cache: bool = True  # fdatasync before acks; false only if none (EBS)
+    wal_volatile_write_cache: bool = True  # flush before acks; false only if none (EBS)
+    wal_sync_mode: Literal["fdatasync", "dsync"] = "fdatasync"  # a flush thread, or O_DSYNC writes
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     journal_max_group_wait_msec: float = Field(2.0, ge=0)  # group commit: max age of a group

@@ -33,8 +33,9 @@ def test_bench_wal_prints_wal_and_fio_figures_for_both_media(tmp_path: Path) -> 
             assert all(float(f.replace(",", "")) > 0 for f in figures), (row, figures)
     assert len(re.findall(r"\| fio bs=260k QD4 dsync", out)) == 2, out
     assert len(re.findall(r"\| fio bs=4k QD4 dsync", out)) == 2, out
-    assert len(re.findall(r"wal/fio bandwidth .*: \d+\.\d\d \(", out)) == 2, out
-    assert len(re.findall(r"wal/fio writes/s at 4 KiB blocks, QD4: \d+\.\d\d \(", out)) == 2
+    median = r": median of 6 rounds \d+\.\d\d \(.*; pooled \d+\.\d\d; by round: "
+    assert len(re.findall(rf"wal/fio bandwidth .*{median}", out)) == 2, out
+    assert len(re.findall(rf"wal/fio writes/s at 4 KiB blocks, QD4{median}", out)) == 2
     assert "### summary" in out
     # It cleans up after itself: nothing left of what it created, no loop device attached.
     assert not scratch.exists() or not any(scratch.iterdir())

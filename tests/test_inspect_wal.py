@@ -109,8 +109,9 @@ async def test_inspect_wal_shows_which_slot_wins(device: Path, tmp_path: Path) -
     assert result.returncode == EXIT_OK
 
 
-async def test_inspect_wal_fails_on_a_hole_after_a_graceful_shutdown(
-    device: Path, tmp_path: Path
+@pytest.mark.parametrize("damage", ["hole", "last record"])
+async def test_inspect_wal_fails_on_damage_after_a_graceful_shutdown(
+    device: Path, tmp_path: Path, damage: str
 ) -> None:
     settings = _settings(tmp_path / "data", device)
     wal = BlockWal(settings, SystemClock(), CrashPoints(frozenset()))
@@ -121,21 +122,29 @@ async def test_inspect_wal_fails_on_a_hole_after_a_graceful_shutdown(
         payload = bytes([i]) * 500
         marks.append(await wal.append(1, i, record_crc(1, i, payload), payload))
     await wal.close()  # graceful: nothing was in flight
+    end = marks[-1].offset
     image = await asyncio.to_thread(snapshot, device, RING)
-    hole = marks[4].offset  # the sixth block's start
-    at = HEADER_AREA + hole % (RING - HEADER_AREA)
-    image[at : at + BLOCK_ALIGNMENT] = bytes(BLOCK_ALIGNMENT)
+    bad = marks[4 if damage == "hole" else 8].offset  # the sixth block's start, or the last's
+    at = HEADER_AREA + bad % (RING - HEADER_AREA)
+    if damage == "hole":
+        image[at : at + BLOCK_ALIGNMENT] = bytes(BLOCK_ALIGNMENT)
+        reason = "no record (zeros)"
+    else:
+        image[at + 100] ^= 0xFF  # in its body
+        reason = "torn or corrupt body (CRC32C mismatch)"
     await asyncio.to_thread(restore, device, image)
 
     result = await asyncio.to_thread(_inspect, device)
     assert result.returncode == EXIT_FAILED, result.stdout
-    assert f"hole at offset {hole} (no record (zeros))" in result.stdout
+    assert re.search(rf"header slot \d: sequence \d+, .* end {end}, ", result.stdout)
+    assert f"offset {bad}: {reason}" in result.stdout
     assert "records: 9 (9 entries, 0 metadata)" in result.stdout
     assert (
         result.stdout.rstrip()
         .splitlines()[-1]
         .startswith(
-            f"FAILED: hole at offset {hole} with records after it, after a graceful shutdown"
+            f"FAILED: invalid data at offset {bad} ({reason}) before offset {end}, where the "
+            "records end after a graceful shutdown"
         )
     )
 

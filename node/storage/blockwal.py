@@ -12,19 +12,22 @@ up to C)::
 Logical offsets are u64 and never go back; the record at logical offset x sits at physical
 ``8 KiB + x mod (C - 8 KiB)``. A LogMark of the ring is ``(0, logical offset)``.
 
-Header slot (these 64 bytes, then zeros to 4 KiB)::
+Header slot (these 72 bytes, then zeros to 4 KiB)::
 
     off  size  field
     0    4     magic "BKWH"
-    4    4     version u32 = 1
+    4    4     version u32 = 2
     8    8     capacity u64: C, the header area included
     16   8     trim offset u64: records before it are dead; recovery starts here
     24   8     sequence u64: +1 per header write; of the valid slots the higher one wins
     32   8     last write time u64, ms since the epoch (for people; never compared)
     40   8     sliding window max length u64: how far past the first hole a write may land
     48   8     node id u64
-    56   4     shutdown type u32: 0 graceful, 1 ungraceful
-    60   4     crc32c u32 of bytes [0, 60)
+    56   8     end offset u64: written by a graceful shutdown, where the next block goes: the
+               ring from the trim offset to it holds records back to back, nothing else;
+               0 when unknown (a running or crashed ring, or a crash's leftovers untrimmed)
+    64   4     shutdown type u32: 0 graceful, 1 ungraceful
+    68   4     crc32c u32 of bytes [0, 68)
 
 Record (a 24-byte header, then the body)::
 
@@ -47,11 +50,16 @@ wait queued per thread), the sliding window and the ring have room, and the writ
 limit allows (``wal_write_rate_limit`` blocks/s: a block closes 1/3000 s after the previous
 one by default, AutoMQ's time threshold for a gp3 volume's 3,000 IOPS; 0 = none).
 Meanwhile appends keep filling it: under load, blocks grow; when idle, an append is written
-at once. ``wal_io_depth`` threads write blocks, each with one ``pwrite``; one more thread
-fdatasyncs (unless ``wal_volatile_write_cache`` is off): each flush covers every write that
-completed before it began, while the next writes go on. Acknowledgments (the append
-futures, one shared per block) complete strictly in offset order: the acknowledged records
-are always a contiguous prefix. A record that does not fit before the physical end is
+at once. ``wal_io_depth`` threads write blocks, each with one ``pwrite``. How a block becomes
+durable (``wal_sync_mode``, unless ``wal_volatile_write_cache`` is off): ``fdatasync`` (the
+default), one more thread fdatasyncs, each flush covering every write that completed before
+it began while the next writes go on; ``dsync``, the medium is opened with O_DSYNC, so each
+``pwrite`` returns once its block is durable and each I/O thread completes its own blocks
+(fio's ``sync=dsync``, from threads: fewer IOPS, as every write waits for a flush of its
+own, but a lower latency at a moderate rate on some media; README has the figures).
+Acknowledgments (the append futures, one shared per block) complete strictly in offset
+order, whatever order the blocks become durable in: the acknowledged records are always a
+contiguous prefix. A record that does not fit before the physical end is
 preceded by a padding record (a block of its own) that fills the ring to its end; records
 never straddle it.
 
@@ -68,16 +76,24 @@ for it and fail with the retryable ``Backpressure`` after ``db_storage_max_throt
 
 Recovery (``recover``): read the header slots (the valid one with the higher sequence wins);
 from the trim offset, read a record header: if valid, take the record and move to its end; if
-not, move to the next 4 KiB boundary. An invalid record at a block boundary is a hole (a
-block in flight at a crash, never written) or the end; scanning stops once ``window`` bytes
-past the first such hole held nothing valid. Records found past a hole are returned too
-(they are durable, merely never acknowledged). After a graceful shutdown no block was in
-flight, so a hole with records after it is corruption: the start is refused, naming the
-offset, unless ``skip_replay_journal_invalid_record``. Where the next block goes: after a
-clean graceful shutdown, right after the last record (nothing valid lies past it); after a
-crash, one full ring past the trim offset, so that nothing left on the medium can ever pass
-for a record of the new lap. Recovered records keep their space until the engine's first
-checkpoint trims them (if recovery found none, the WAL trims at once).
+not, move to the next 4 KiB boundary.
+
+- After a graceful shutdown the header has the end offset: no block was in flight, so records
+  fill the ring from the trim offset to it, back to back but for each block's zero tail.
+  Anything else there (a hole, a record whose body fails its CRC, a damaged record header,
+  even in the very last record) is corruption: the start is refused, naming the offset,
+  unless ``skip_replay_journal_invalid_record`` (then the valid records around it are
+  replayed). Blocks go on at the end offset: nothing was ever written past it.
+- After a crash (or a graceful stop while records a crash left were still untrimmed: their
+  holes and torn tail are still there, so the header gives no end offset), an invalid record
+  at a block boundary is a hole (a block in flight, never written) or the end; scanning stops
+  once ``window`` bytes past the first such hole held nothing valid. Records found past a
+  hole are returned too (they are durable, merely never acknowledged). Blocks go on one full
+  ring past the trim offset, so that nothing left on the medium can ever pass for a record
+  of the new lap.
+
+Recovered records keep their space until the engine's first checkpoint trims them (if
+recovery found none, the WAL trims at once).
 """
 
 from __future__ import annotations
@@ -93,7 +109,7 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -130,12 +146,12 @@ log = logging.getLogger(__name__)
 HEADER_MAGIC = b"BKWH"
 DATA_MAGIC = b"BKWR"
 PADDING_MAGIC = b"BKWP"
-VERSION = 1
+VERSION = 2  # 2: the end offset
 BLOCK_ALIGNMENT = 4 * KiB  # block starts and sizes; a multiple of any logical block size
 HEADER_SLOT_SIZE = 4 * KiB
 HEADER_SLOTS = 2
 HEADER_AREA = HEADER_SLOT_SIZE * HEADER_SLOTS  # records start here
-HEADER = struct.Struct(">4sIQQQQQQI")  # the slot's fields, without its CRC
+HEADER = struct.Struct(">4sIQQQQQQQI")  # the slot's fields, without its CRC
 HEADER_CRC = struct.Struct(">I")
 HEADER_SIZE = HEADER.size + HEADER_CRC.size
 RECORD_PREFIX = struct.Struct(">4sIQI")  # the record header's fields, without its CRC
@@ -171,6 +187,7 @@ class WalHeader(NamedTuple):
     window: int
     node_id: int
     shutdown: Shutdown
+    end: int = 0  # graceful: where the records from the trim offset end; 0: unknown
     version: int = VERSION
 
 
@@ -184,6 +201,7 @@ def encode_header(header: WalHeader) -> bytes:
         header.written_ms,
         header.window,
         header.node_id,
+        header.end,
         header.shutdown,
     )
     return body + HEADER_CRC.pack(crc32c.crc32c(body))
@@ -194,7 +212,7 @@ def decode_header(data: bytes | memoryview) -> WalHeader:
     if len(data) < HEADER_SIZE:
         raise ValueError("shorter than a header")
     fields = HEADER.unpack_from(data)
-    magic, version, capacity, trim, sequence, written_ms, window, node_id, shutdown = fields
+    magic, version, capacity, trim, sequence, written_ms, window, node_id, end, shutdown = fields
     if magic != HEADER_MAGIC:
         raise ValueError(f"bad magic {bytes(magic)!r}")
     (stored,) = HEADER_CRC.unpack_from(data, HEADER.size)
@@ -204,8 +222,10 @@ def decode_header(data: bytes | memoryview) -> WalHeader:
         raise ValueError(f"unsupported WAL version {version}")
     if shutdown not in (Shutdown.GRACEFUL, Shutdown.UNGRACEFUL):
         raise ValueError(f"unknown shutdown type {shutdown}")
+    if end and not trim <= end <= trim + capacity - HEADER_AREA:
+        raise ValueError(f"end offset {end} is not within a ring of the trim offset {trim}")
     return WalHeader(
-        capacity, trim, sequence, written_ms, window, node_id, Shutdown(shutdown), version
+        capacity, trim, sequence, written_ms, window, node_id, Shutdown(shutdown), end, version
     )
 
 
@@ -345,25 +365,41 @@ class Hole:
     next_valid: int
 
 
+class Damage(NamedTuple):
+    """Invalid data where a graceful shutdown says records are."""
+
+    offset: int
+    reason: str
+
+
 @dataclass
 class RingScan:
     """One scan of the ring from ``start``, as recovery does it; iterate for the events,
-    then read the figures. Only invalid data at block boundaries (a hole, or the end) and
-    records whose body fails its CRC (a torn write) are reported; the zeros after the last
-    record of a block are not."""
+    then read the figures.
+
+    With ``stop`` (the end offset of a graceful shutdown), records must fill [start, stop)
+    back to back, each block's zero tail aside: any other invalid data there is damage,
+    reported as an event and in ``damage``. Without it (after a crash), only invalid data at
+    block boundaries (a hole, or the end) and records whose body fails its CRC (a torn write)
+    are reported; the zeros after the last record of a block are not."""
 
     read: Callable[[int, int], bytes]
     capacity: int
     start: int
     window: int
+    stop: int | None = None
     records: int = 0
     payload_bytes: int = 0
     paddings: int = 0
     end: int = 0  # logical end of the last valid record (start if none)
     end_reason: str = ""  # why the record at the end is not valid
     holes: list[Hole] = field(default_factory=list)
+    damage: list[Damage] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[ScanEvent]:
+        if self.stop is not None:
+            yield from self._to_stop(self.stop)
+            return
         area = self.capacity - HEADER_AREA
         offset = self.end = self.start
         limit = self.start + area  # one lap at most
@@ -380,15 +416,39 @@ class RingScan:
             if first_invalid is not None:
                 self.holes.append(Hole(first_invalid[0], first_invalid[1], offset))
                 first_invalid = None
-            if event.kind is ScanKind.RECORD:
-                self.records += 1
-                assert event.record is not None
-                self.payload_bytes += len(event.record.payload)
-            else:
-                self.paddings += 1
+            self._count(event)
             yield event
             offset = self.end = following
         self.end_reason = first_invalid[1] if first_invalid else "a full lap of records"
+
+    def _to_stop(self, stop: int) -> Iterator[ScanEvent]:
+        area = self.capacity - HEADER_AREA
+        offset = self.end = self.start
+        while offset < stop:
+            position = HEADER_AREA + offset % area
+            event, following = self._at(offset, position)
+            if event.kind is ScanKind.INVALID and offset % BLOCK_ALIGNMENT:
+                tail = self.read(position, following - offset)
+                if not any(tail):
+                    offset = following  # the zeros that pad a block
+                    continue
+            if event.kind in (ScanKind.INVALID, ScanKind.TORN):
+                self.damage.append(Damage(offset, event.reason))
+                yield event
+                offset = following
+                continue
+            self._count(event)
+            yield event
+            offset = self.end = following
+        self.end_reason = "the end offset of the graceful shutdown"
+
+    def _count(self, event: ScanEvent) -> None:
+        if event.kind is ScanKind.RECORD:
+            self.records += 1
+            assert event.record is not None
+            self.payload_bytes += len(event.record.payload)
+        else:
+            self.paddings += 1
 
     def _at(self, offset: int, position: int) -> tuple[ScanEvent, int]:
         """The event at ``offset`` and the offset to look at next."""
@@ -418,11 +478,16 @@ class RingScan:
         return ScanEvent(offset, ScanKind.RECORD, length, record), offset + length
 
 
-def restart_offset(header: WalHeader, scan: RingScan) -> int:
-    """Where the first block goes after a recovery that ran ``scan`` to its end."""
-    if header.shutdown == Shutdown.GRACEFUL and not scan.holes:
-        # After a graceful stop no block was in flight: nothing valid lies past the end.
-        return align_up(scan.end)
+def scan_stop(header: WalHeader) -> int | None:
+    """Where the records end, if the header knows (see RingScan's ``stop``)."""
+    return header.end if header.shutdown == Shutdown.GRACEFUL and header.end else None
+
+
+def restart_offset(header: WalHeader) -> int:
+    """Where the first block goes after a recovery."""
+    stop = scan_stop(header)
+    if stop is not None:
+        return stop  # no block was in flight at the stop: nothing was written past it
     # A full ring ahead of the trim offset: every record ever written lies below it, so
     # nothing on the medium matches an offset of the new lap.
     return align_up(header.trim + header.capacity - HEADER_AREA)
@@ -546,7 +611,12 @@ class BlockWal:
         self._soft_limit = align_up(settings.wal_block_soft_limit)
         self._io_depth = settings.wal_io_depth
         self._handed_max = self._io_depth * (1 + QUEUED_PER_THREAD)  # handed over, unwritten
-        self._sync = settings.wal_volatile_write_cache
+        # How a block reaches stable storage: with O_DSYNC each pwrite returns once it is there
+        # (each I/O thread completes its own blocks: fio's sync=dsync); else one more thread
+        # fdatasyncs batches of completed writes. Neither without a volatile write cache.
+        volatile = settings.wal_volatile_write_cache
+        self._dsync = volatile and settings.wal_sync_mode == "dsync"
+        self._fdatasync = volatile and settings.wal_sync_mode == "fdatasync"
         largest = largest_block(settings)
         self._window = min(self._io_depth * largest, self._area)
         self._max_record = RECORD_OVERHEAD + max_record_length(settings)
@@ -561,6 +631,10 @@ class BlockWal:
         self._fresh = False  # no ring on the medium before this process
         self._recovered: int | None = None  # records a complete recovery returned
         self._restart_at: int | None = None  # where blocks go on, once recovery has run
+        self._recovered_intact = False  # recovery found exactly the records the header vouched
+        # Below this offset the ring may hold what a crash left (holes, a torn tail): until
+        # the trim passes it, a graceful shutdown cannot vouch for what follows the trim.
+        self._leftovers_below = 0
         self._header_lock = threading.Lock()
         self._header_buffer: mmap.mmap | None = None
         self._sequence = 0
@@ -586,15 +660,20 @@ class BlockWal:
         self._accepting = False
         self._failed: BaseException | None = None
         self._writes: queue.SimpleQueue[_Block | None] = queue.SimpleQueue()
-        self._written: queue.SimpleQueue[_Block | None] = queue.SimpleQueue()
+        self._written: queue.SimpleQueue[_Block | None] = queue.SimpleQueue()  # to fdatasync
+        self._durable: deque[_Block] = deque()  # back from the threads, for the loop
+        self._durable_posted = False  # the loop has been woken to take them
         self._threads: list[threading.Thread] = []
+        self._sync_thread: threading.Thread | None = None
         # Figures for metrics, benchmarks and inspect.
         self.blocks_written = 0
         self.bytes_written = 0
         self.records_written = 0
-        self.syncs = 0
-        self.full_waits = 0  # times a block found no room in the ring
-        self.refused_blocks = 0  # blocks refused after waiting the throttle time for room
+        self.throttled_appends = 0  # appends whose block waited for room in the ring
+        self.rejected_appends = 0  # appends refused after waiting the throttle time for room
+        # Blocks starting below this offset have waited for room: every block there was when
+        # the ring was last found full (they are written, or refused, in offset order).
+        self._waited_below = 0
 
     def _check_settings(self) -> None:
         needed = minimum_capacity(self._settings)
@@ -621,7 +700,7 @@ class BlockWal:
             log.info("creating the raw-device WAL file %s (%d bytes)", path, self._capacity)
             create_file(path, self._capacity)
         try:
-            raw = open_raw(path, writable=True)
+            raw = open_raw(path, writable=True, dsync=self._dsync)
         except OSError as e:
             raise WalDeviceError(f"cannot open the raw-device WAL {path}: {e}") from e
         try:
@@ -703,7 +782,7 @@ class BlockWal:
 
     # --- header -----------------------------------------------------------------------------
 
-    def _write_header(self, shutdown: Shutdown) -> WalHeader:
+    def _write_header(self, shutdown: Shutdown, end: int = 0) -> WalHeader:
         """Blocking: the header with the current trim, into the older slot, made durable."""
         raw = self._raw
         assert raw is not None and self._header_buffer is not None
@@ -717,11 +796,12 @@ class BlockWal:
                 window=self._window,
                 node_id=self._settings.node_id,
                 shutdown=shutdown,
+                end=end,
             )
             self._header_buffer[:HEADER_SIZE] = encode_header(header)
             with memoryview(self._header_buffer) as view:
                 write_exactly(raw, view, (header.sequence % HEADER_SLOTS) * HEADER_SLOT_SIZE)
-            if self._sync:
+            if self._fdatasync:
                 os.fdatasync(raw.fd)
             self._sequence = header.sequence
             self._header = header
@@ -743,16 +823,15 @@ class BlockWal:
             return
         start = max(mark.offset, header.trim)  # space before the trim offset may be reused
         reader = RingReader(raw, self._capacity)
-        scan = RingScan(reader.read, self._capacity, start, header.window)
-        graceful = header.shutdown == Shutdown.GRACEFUL
+        stop = scan_stop(header)
+        scan = RingScan(reader.read, self._capacity, start, header.window, stop)
         count = 0
         try:
             for event in scan:
                 if event.kind is not ScanKind.RECORD:
+                    if stop is not None and event.kind is not ScanKind.PADDING:  # damage
+                        self._on_corruption(event, stop)
                     continue
-                if scan.holes and graceful:
-                    self._on_corruption(scan.holes[-1])
-                    graceful = False  # skipping was allowed: report it once
                 assert event.record is not None
                 count += 1
                 yield event.record
@@ -769,7 +848,8 @@ class BlockWal:
             )
         if len(scan.holes) > MAX_HOLES_LOGGED:
             log.warning("WAL %s: %d more holes", self._path, len(scan.holes) - MAX_HOLES_LOGGED)
-        self._restart_at = restart_offset(header, scan)
+        self._restart_at = restart_offset(header)
+        self._recovered_intact = stop is not None and not scan.damage
         log.info(
             "WAL %s: recovered %d records from offset %d to %d (%s shutdown; stopped: %s)",
             self._path,
@@ -781,16 +861,18 @@ class BlockWal:
         )
         self._recovered = count
 
-    def _on_corruption(self, hole: Hole) -> None:
+    def _on_corruption(self, damage: ScanEvent, stop: int) -> None:
         if not self._settings.skip_replay_journal_invalid_record:
             raise CorruptRecord(
                 str(self._path),
-                hole.offset,
-                f"{hole.reason}, with valid records from offset {hole.next_valid} on, after a "
-                "graceful shutdown (no block was in flight); set "
+                damage.offset,
+                f"{damage.reason}, before offset {stop} where the records end after a "
+                "graceful shutdown (no block was in flight): corruption; set "
                 "skip_replay_journal_invalid_record=true to replay past it (losing what it held)",
             )
-        log.error("skipping corrupt WAL data %s at %d: %s", self._path, hole.offset, hole.reason)
+        log.error(
+            "skipping corrupt WAL data %s at %d: %s", self._path, damage.offset, damage.reason
+        )
 
     # --- start and stop ---------------------------------------------------------------------
 
@@ -799,13 +881,16 @@ class BlockWal:
         await asyncio.to_thread(self._prepare)
         self._loop = loop
         self._accepting = True
+        self._probe.wal_ring(self)
         self._threads = [
             threading.Thread(target=self._write_blocks, args=(i,), name=f"wal-io-{i}", daemon=True)
             for i in range(self._io_depth)
         ]
-        self._threads.append(
-            threading.Thread(target=self._sync_blocks, name="wal-sync", daemon=True)
-        )
+        if self._fdatasync:
+            self._sync_thread = threading.Thread(
+                target=self._sync_blocks, name="wal-sync", daemon=True
+            )
+            self._threads.append(self._sync_thread)
         for thread in self._threads:
             thread.start()
 
@@ -822,6 +907,8 @@ class BlockWal:
                 self._trim = start  # nothing recovered needs its space kept
         else:  # not recovered (so the end is unknown): a full ring ahead, as after a crash
             start = align_up(self._header.trim + self._area)
+        if not (self._fresh or self._recovered_intact):
+            self._leftovers_below = start
         self._write_header(Shutdown.UNGRACEFUL)
         self._flushed_trim = self._trim
         self._next = self._durable_end = start
@@ -838,8 +925,14 @@ class BlockWal:
             if timer is not None:
                 timer.cancel()
         threads, self._threads = self._threads, []
-        shutdown = Shutdown.GRACEFUL if drained and self._failed is None else Shutdown.UNGRACEFUL
-        await asyncio.to_thread(self._stop_threads, threads, shutdown)
+        end = 0
+        if drained and self._failed is None:
+            shutdown = Shutdown.GRACEFUL
+            if self._trim >= self._leftovers_below:
+                end = self._durable_end  # every block before it is durable, none after
+        else:
+            shutdown = Shutdown.UNGRACEFUL
+        await asyncio.to_thread(self._stop_threads, threads, shutdown, end)
         self._buffers.close()
         self._loop = None
 
@@ -866,20 +959,20 @@ class BlockWal:
                 continue  # refused (and dropped), or still waiting for room: look again
         return True
 
-    def _stop_threads(self, threads: list[threading.Thread], shutdown: Shutdown | None) -> None:
-        for thread in threads[:-1]:
+    def _stop_threads(self, threads: list[threading.Thread], shutdown: Shutdown, end: int) -> None:
+        for thread in threads:
+            if thread is self._sync_thread:
+                self._written.put(None)  # after every write: the I/O threads ended first
             thread.join()
-        self._written.put(None)
-        if threads:
-            threads[-1].join()
-        self._close_medium(shutdown)
+        self._sync_thread = None
+        self._close_medium(shutdown, end)
 
-    def _close_medium(self, shutdown: Shutdown | None) -> None:
+    def _close_medium(self, shutdown: Shutdown | None, end: int = 0) -> None:
         if self._raw is None:
             return
         try:
             if shutdown is not None:
-                self._write_header(shutdown)
+                self._write_header(shutdown, end)
         finally:
             self._raw.close()
             self._raw = None
@@ -1019,6 +1112,8 @@ class BlockWal:
             if block is self._open:
                 self._seal_open()
             self._pending.popleft()
+            if block.start < self._waited_below:
+                self.throttled_appends += block.records
             self._in_flight.append(block)
             self._submitted += 1
             self._writes.put(block)
@@ -1039,7 +1134,7 @@ class BlockWal:
         self._request_checkpoint()
 
     def _on_ring_full(self) -> None:
-        self.full_waits += 1
+        self._waited_below = self._next + (1 if self._open is not None else 0)
         if not self._checkpoint_requested:
             self._ask_for_checkpoint()
         if self._expiry_timer is None:
@@ -1097,8 +1192,10 @@ class BlockWal:
                 block.buffer = None
             block.future.set_exception(refusal)
             block.future.exception()  # retrieved here; awaiting appends still get it
-        self._next = first.start
-        self.refused_blocks += len(blocked)
+        self._next = self._waited_below = first.start
+        refused = sum(block.records for block in blocked)
+        self.throttled_appends += refused
+        self.rejected_appends += refused
         log.warning(
             "raw-device WAL %s full for %.1f s: refused %d blocks of appends",
             self._path,
@@ -1109,13 +1206,15 @@ class BlockWal:
     # --- I/O threads ------------------------------------------------------------------------
 
     def _write_blocks(self, index: int) -> None:
-        """An I/O thread: one pwrite per block, handed on to the sync thread."""
+        """An I/O thread: one pwrite per block. Durable once written (O_DSYNC, or no volatile
+        cache), a block goes straight back to the loop; else to the sync thread."""
         raw = self._raw
         loop = self._loop
         assert raw is not None and loop is not None
         area = self._area
         clock = time.perf_counter
         done = self._writes_done
+        durable_when_written = not self._fdatasync
         while True:
             block = self._writes.get()
             if block is None:
@@ -1129,6 +1228,14 @@ class BlockWal:
             except BaseException as e:
                 block.error = e
             done[index] += 1  # only this thread writes its counter
+            if durable_when_written:
+                if block.error is None:
+                    # A flush, if any, was part of the write: none is timed apart.
+                    self._probe.journal_write(block.records, block.size, block.write_seconds, 0.0)
+                    self._probe.wal_block(block.size)
+                if not self._hand_back((block,)):
+                    return
+                continue  # the loop, taking it back, hands this thread its next block
             self._written.put(block)
             if self._want_slot:
                 self._want_slot = False
@@ -1138,8 +1245,7 @@ class BlockWal:
     def _sync_blocks(self) -> None:
         """The sync thread: one fdatasync covers every write that completed before it."""
         raw = self._raw
-        loop = self._loop
-        assert raw is not None and loop is not None
+        assert raw is not None
         written = self._written
         clock = time.perf_counter
         while True:
@@ -1155,7 +1261,7 @@ class BlockWal:
                         break
                     batch.append(more)
             sync_seconds = 0.0
-            if self._sync and any(b.error is None for b in batch):
+            if any(b.error is None for b in batch):
                 began = clock()
                 try:
                     os.fdatasync(raw.fd)
@@ -1163,20 +1269,40 @@ class BlockWal:
                     for b in batch:
                         b.error = b.error or e
                 sync_seconds = clock() - began
-            self._probe.journal_write(
-                sum(b.records for b in batch),
-                sum(b.size for b in batch),
-                max(b.write_seconds for b in batch),
-                sync_seconds,
-            )
-            try:
-                loop.call_soon_threadsafe(self._on_durable, batch)
-            except RuntimeError:  # the loop is gone (a process ending without close())
+            good = [b for b in batch if b.error is None]
+            if good:
+                self._probe.journal_write(
+                    sum(b.records for b in good),
+                    sum(b.size for b in good),
+                    max(b.write_seconds for b in good),
+                    sync_seconds,
+                )
+                for b in good:
+                    self._probe.wal_block(b.size)
+            if not self._hand_back(batch):
                 return
 
-    def _on_durable(self, batch: list[_Block]) -> None:
+    def _hand_back(self, blocks: Iterable[_Block]) -> bool:
+        """From a thread: blocks durable (or failed) go back to the loop, which one wake-up
+        serves for all that come back before it runs. False once the loop is gone."""
+        self._durable.extend(blocks)
+        if self._durable_posted:
+            return True  # its wake-up is still to run, and takes these too
+        self._durable_posted = True
+        loop = self._loop
+        assert loop is not None
+        try:
+            loop.call_soon_threadsafe(self._on_durable)
+        except RuntimeError:  # the loop is gone (a process ending without close())
+            return False
+        return True
+
+    def _on_durable(self) -> None:
         """Back on the loop: acknowledge, in offset order, every block now durable."""
-        for block in batch:
+        self._durable_posted = False  # first: a block handed back from now on wakes it again
+        returned = self._durable
+        while returned:
+            block = returned.popleft()
             if block.error is not None:
                 self._fail(block.error)
                 return
@@ -1184,7 +1310,6 @@ class BlockWal:
             if block.buffer is not None:
                 self._buffers.give(block.buffer)
                 block.buffer = None
-        self.syncs += 1
         in_flight = self._in_flight
         while in_flight and in_flight[0].durable:
             block = in_flight.popleft()
@@ -1282,6 +1407,24 @@ class BlockWal:
     @property
     def durable_offset(self) -> int:
         return self._durable_end
+
+    @property
+    def ring_bytes(self) -> int:
+        """Room for records: the capacity less the header area."""
+        return self._area
+
+    @property
+    def ring_used_bytes(self) -> int:
+        """Bytes from the durable trim offset to the end of the newest block (the one taking
+        appends included); a ring that blocks wait for counts as full."""
+        taking = self._open
+        end = taking.start + align_up(taking.used) if taking is not None else self._next
+        return max(0, min(self._area, end - self._flushed_trim))
+
+    @property
+    def blocks_in_flight(self) -> int:
+        """Blocks handed to the I/O threads and not yet acknowledged."""
+        return len(self._in_flight)
 
     @property
     def trim_offset(self) -> int:

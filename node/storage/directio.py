@@ -8,7 +8,8 @@ is page aligned, so buffers come from there (and the WAL uses 4 KiB, a multiple 
 common logical block size, for offsets and lengths).
 
 O_DIRECT alone does not make a write durable: a device with a volatile write cache may still
-hold it. Callers ``fdatasync`` after writes unless the device has no such cache.
+hold it. Callers ``fdatasync`` after writes, or open with ``dsync`` (O_DSYNC: each write is
+on stable storage when it returns), unless the device has no such cache.
 
 A file system without O_DIRECT (tmpfs, some FUSE file systems) refuses the flag with EINVAL;
 files there are opened without it (writes go through the page cache, fdatasync still makes
@@ -108,10 +109,11 @@ def create_file(path: Path, size: int) -> None:
     fsync_dir(path.parent)
 
 
-def open_raw(path: Path, writable: bool) -> RawFile:
-    """Open a block device or a regular file for direct I/O (blocking)."""
+def open_raw(path: Path, writable: bool, dsync: bool = False) -> RawFile:
+    """Open a block device or a regular file for direct I/O (blocking); ``dsync``: every
+    write returns only once durable (O_DSYNC)."""
     mode = os.stat(path).st_mode
-    flags = os.O_RDWR if writable else os.O_RDONLY
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | (os.O_DSYNC if dsync else 0)
     if stat.S_ISBLK(mode):
         fd = os.open(path, flags | os.O_DIRECT)
         try:

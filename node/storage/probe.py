@@ -11,6 +11,35 @@ from __future__ import annotations
 from typing import Protocol
 
 
+class RingFigures(Protocol):
+    """The raw-device WAL's ring as it is now. It belongs to the event loop: read it there."""
+
+    @property
+    def ring_bytes(self) -> int:
+        """Room for records: the capacity less the header area."""
+        ...
+
+    @property
+    def ring_used_bytes(self) -> int:
+        """Bytes from the trim offset to the end of the newest block (at most ring_bytes)."""
+        ...
+
+    @property
+    def blocks_in_flight(self) -> int:
+        """Blocks being written and not yet acknowledged."""
+        ...
+
+    @property
+    def throttled_appends(self) -> int:
+        """Appends that waited for room in a full ring (the rejected ones included)."""
+        ...
+
+    @property
+    def rejected_appends(self) -> int:
+        """Appends refused with back-pressure: the ring stayed full too long."""
+        ...
+
+
 class StorageProbe(Protocol):
     def journal_write(
         self, records: int, size_bytes: int, write_seconds: float, sync_seconds: float
@@ -22,6 +51,14 @@ class StorageProbe(Protocol):
         """A checkpoint that wrote ``entries`` (``size_bytes`` of entry log) in ``seconds``."""
         ...
 
+    def wal_block(self, size_bytes: int) -> None:
+        """A block of the raw-device WAL durable: ``size_bytes`` as written (padding included)."""
+        ...
+
+    def wal_ring(self, ring: RingFigures) -> None:
+        """The raw-device WAL started: its ring's figures, to read on the event loop."""
+        ...
+
 
 class NullProbe:
     def journal_write(
@@ -30,4 +67,10 @@ class NullProbe:
         pass
 
     def checkpoint(self, seconds: float, entries: int, size_bytes: int) -> None:
+        pass
+
+    def wal_block(self, size_bytes: int) -> None:
+        pass
+
+    def wal_ring(self, ring: RingFigures) -> None:
         pass

@@ -4,7 +4,7 @@ The same workload, nemesis and checker as ``test_crash.py``; the WAL is a ring o
 (little more than the least the churn settings' 256 KiB entries allow), which the workload
 goes around many times a second: the ring asks for checkpoints as it fills, and appends now
 and then find it full and wait for one. The named crash points are those of a checkpoint and
-of the ring's trim (its header write).
+of the ring's trim (its header write). The random kills run in both ``wal_sync_mode``s.
 """
 
 from __future__ import annotations
@@ -36,16 +36,19 @@ CRASH_POINTS = [
 
 
 @pytest.fixture
-def ring_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+def ring_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
+    sync_mode = getattr(request, "param", "fdatasync")  # parametrized indirectly, or not
     with loop_device(tmp_path / "wal.img", DEVICE) as device:
         yield {
             "NODE_WAL_KIND": "blockdev",
             "NODE_WAL_PATH": str(device),
             "NODE_WAL_CAPACITY": str(RING),
+            "NODE_WAL_SYNC_MODE": sync_mode,
         }
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ring_env", ["fdatasync", "dsync"], indirect=True)
 def test_sigkill_at_random_moments_loses_nothing_acknowledged_on_the_ring(
     tmp_path: Path, ring_env: dict[str, str]
 ) -> None:

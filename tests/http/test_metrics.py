@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from node.http.app import build_app
 from node.http.frames import encode_batch
+from node.settings import KiB, MiB
+from node.storage.blockwal import HEADER_AREA
+from tests.conftest import make_settings
+from tests.loopdev import loop_device
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
@@ -204,3 +213,80 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     assert stream_value(samples, "backlog_bytes", **c1) == 0
     assert stream_value(samples, "oldest_unacknowledged_age_seconds", **c1) == 0
     assert not any(dict(labels).get("stream") == "events" for _, labels in samples)
+
+
+WAL_RING = 1 * MiB
+
+
+@pytest.fixture
+def wal_device(tmp_path: Path) -> Iterator[Path]:
+    with loop_device(tmp_path / "wal.img", WAL_RING) as device:
+        yield device
+
+
+async def test_raw_device_wal_metrics_move(
+    tmp_path: Path, wal_device: Path, aiohttp_client: Any
+) -> None:
+    """wal_kind=blockdev on a loop device: blocks and their sizes, the ring's size and use;
+    then, with checkpoints held up, appends that wait for the full ring and are refused."""
+    from node.http.state import STORAGE
+
+    settings = make_settings(
+        tmp_path / "data",
+        wal_kind="blockdev",
+        wal_path=wal_device,
+        wal_capacity=WAL_RING,
+        max_entry_size=32 * KiB,
+        flush_interval=3_600_000,
+        db_storage_max_throttle_time_ms=300,
+    )
+    client = await aiohttp_client(build_app(settings))
+    try:
+        await _ring_metrics_move(client, client.server.app[STORAGE])
+    finally:
+        await client.close()  # the node lets go of the device before it is detached
+
+
+async def _ring_metrics_move(client: Any, storage: Any) -> None:
+    def delta(name: str, **labels: str) -> float:
+        return _value(after, name, **labels) - _value(before, name, **labels)
+
+    before = await _scrape(client)
+    assert _value(before, "storage_node_wal_ring_capacity_bytes") == WAL_RING - HEADER_AREA
+    lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
+    for _ in range(10):  # one at a time: a block each
+        r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x" * 1000, headers=OCTET)
+        assert r.status == 201
+    after = await _scrape(client)
+    blocks = delta("storage_node_wal_block_bytes_count")
+    assert blocks >= 11  # the ledger's creation and ten entries
+    assert delta("storage_node_wal_block_bytes_bucket", le="4096.0") == blocks  # 4 KiB each
+    assert delta("storage_node_wal_block_bytes_sum") == blocks * 4096
+    assert _value(after, "storage_node_wal_ring_used_bytes") >= 11 * 4096
+    assert ("storage_node_wal_blocks_in_flight", ()) in after
+    assert _value(after, "storage_node_wal_blocks_in_flight") == 0  # all acknowledged
+    assert delta("storage_node_wal_throttled_appends_total") == 0
+
+    # The checkpoint thread held: once the ring is full, appends wait, then are refused.
+    gate = threading.Event()
+    held = storage._flush_executor.submit(gate.wait)
+    try:
+        before = after
+        responses = await asyncio.gather(
+            *(
+                client.post(f"/api/v1/ledgers/{lid}/entries", data=b"y" * 20_000, headers=OCTET)
+                for _ in range(60)  # 1.2 MB: more than the ring holds
+            )
+        )
+        statuses = [r.status for r in responses]
+        after = await _scrape(client)
+    finally:
+        gate.set()
+        await asyncio.wrap_future(held)
+    refused = statuses.count(503)
+    assert refused and refused + statuses.count(201) == len(statuses), statuses
+    assert delta("storage_node_wal_rejected_appends_total") == refused
+    assert delta("storage_node_wal_throttled_appends_total") >= refused
+    assert _value(after, "storage_node_wal_ring_used_bytes") > (WAL_RING - HEADER_AREA) // 2
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"z", headers=OCTET)
+    assert r.status == 201  # the checkpoint went on and trimmed

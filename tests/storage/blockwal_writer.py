@@ -1,5 +1,6 @@
 """A writer process for the SIGKILL test of the raw-device WAL (run with ``sys.executable``).
 
+Arguments: device or file, ring capacity, trial number, data dir, ``wal_sync_mode``.
 Recovers the ring (as the node does at start), then appends records of random sizes from
 several coroutines until it is killed, and checkpoints whenever the ring asks (the records
 count as safe elsewhere once trimmed). Every line of stdout is flushed at once:
@@ -37,7 +38,7 @@ def payload(trial: int, seq: int, size: int) -> bytes:
     return random.Random(trial * SEQ_STRIDE + seq).randbytes(size)
 
 
-def settings_for(path: Path, capacity: int, data_dir: Path) -> Settings:
+def settings_for(path: Path, capacity: int, data_dir: Path, sync_mode: str) -> Settings:
     return load(
         data_dir=data_dir,
         wal_kind="blockdev",
@@ -45,6 +46,7 @@ def settings_for(path: Path, capacity: int, data_dir: Path) -> Settings:
         wal_capacity=capacity,
         max_entry_size=MAX_ENTRY,
         wal_write_rate_limit=0,
+        wal_sync_mode=sync_mode,
         db_storage_write_cache_max_size=4 * 1024 * 1024,
     )
 
@@ -54,10 +56,10 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-async def main(path: Path, capacity: int, trial: int, data_dir: Path) -> None:
+async def main(path: Path, capacity: int, trial: int, data_dir: Path, sync_mode: str) -> None:
     wanted = asyncio.Event()
     wal = BlockWal(
-        settings_for(path, capacity, data_dir),
+        settings_for(path, capacity, data_dir, sync_mode),
         SystemClock(),
         CrashPoints(frozenset()),
         request_checkpoint=wanted.set,
@@ -96,4 +98,5 @@ async def main(path: Path, capacity: int, trial: int, data_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])))
+    path, capacity, trial, data_dir, sync_mode = sys.argv[1:6]
+    asyncio.run(main(Path(path), int(capacity), int(trial), Path(data_dir), sync_mode))

@@ -155,13 +155,14 @@ async def checkpoint(wal: BlockWal) -> LogMark:
 
 
 @given(
-    capacity=U64,
-    trim=U64,
+    capacity=st.integers(HEADER_AREA, (1 << 64) - 1),
+    trim=st.integers(1, (1 << 63) - 1),  # logical offsets start a lap or more in
     sequence=U64,
     written_ms=U64,
     window=U64,
     node_id=U64,
     shutdown=st.sampled_from(Shutdown),
+    records=st.one_of(st.none(), st.integers(0, (1 << 63) - 1)),
 )
 def test_header_round_trip(
     capacity: int,
@@ -171,12 +172,21 @@ def test_header_round_trip(
     window: int,
     node_id: int,
     shutdown: Shutdown,
+    records: int | None,
 ) -> None:
-    header = WalHeader(capacity, trim, sequence, written_ms, window, node_id, shutdown)
+    end = 0 if records is None else trim + min(records, capacity - HEADER_AREA)
+    header = WalHeader(capacity, trim, sequence, written_ms, window, node_id, shutdown, end)
     data = blockwal.encode_header(header)
-    assert len(data) == HEADER_SIZE == 64
+    assert len(data) == HEADER_SIZE == 72
     assert data[:4] == b"BKWH"
     assert blockwal.decode_header(data.ljust(HEADER_SLOT_SIZE, b"\0")) == header
+
+
+@pytest.mark.parametrize("end", [8192 - 4096, 8192 + RING - HEADER_AREA + 4096])
+def test_header_with_an_end_offset_outside_the_ring_is_refused(end: int) -> None:
+    header = WalHeader(RING, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL, end)
+    with pytest.raises(ValueError, match="end offset"):
+        blockwal.decode_header(blockwal.encode_header(header))
 
 
 @given(position=st.integers(0, HEADER_SIZE - 1), bit=st.integers(0, 7))
@@ -190,7 +200,7 @@ def test_header_with_any_flipped_bit_is_refused(position: int, bit: int) -> None
 
 
 def test_header_of_another_version_is_refused() -> None:
-    header = WalHeader(RING, 0, 1, 0, 0, 0, Shutdown.GRACEFUL, version=2)
+    header = WalHeader(RING, 0, 1, 0, 0, 0, Shutdown.GRACEFUL, version=blockwal.VERSION + 1)
     with pytest.raises(ValueError, match="version"):
         blockwal.decode_header(blockwal.encode_header(header))
 
@@ -434,6 +444,25 @@ async def test_write_rate_limit_spaces_the_blocks(loop_medium: Path, tmp_path: P
     await wal.close()
 
 
+async def test_ring_figures_for_metrics(loop_medium: Path, tmp_path: Path) -> None:
+    """What the metrics read: the ring's size, the bytes from the trim to the newest block
+    (the one taking appends included), blocks being written."""
+    wal = await started(wal_settings(tmp_path / "data", loop_medium))
+    start = wal.durable_offset
+    assert (wal.ring_bytes, wal.ring_used_bytes, wal.blocks_in_flight) == (RING - HEADER_AREA, 0, 0)
+    rng = random.Random(26)
+    futures = [append(wal, record(1, i, rng, 1000)) for i in range(10)]  # one block, 10,400 B
+    assert wal.ring_used_bytes == 3 * BLOCK_ALIGNMENT and wal.blocks_in_flight == 0
+    await asyncio.sleep(0)  # the pump hands the block over; its completion comes back later
+    assert wal.blocks_in_flight == 1
+    await asyncio.gather(*futures)
+    assert wal.blocks_in_flight == 0
+    assert wal.ring_used_bytes == wal.durable_offset - start == 3 * BLOCK_ALIGNMENT
+    await checkpoint(wal)
+    assert wal.ring_used_bytes == 0
+    await wal.close()
+
+
 @pytest.fixture
 def ramfs(tmp_path: Path) -> Iterator[Path]:
     """A file system without O_DIRECT (ramfs refuses the flag)."""
@@ -580,6 +609,99 @@ async def test_hole_after_a_graceful_shutdown_is_corruption(medium: Path, tmp_pa
     assert recovered == [r for i, g in enumerate(groups) if i != 2 for r in g]
 
 
+def _newest_header(medium: Path) -> WalHeader:
+    image = snapshot(medium, HEADER_AREA)
+    slots = [blockwal.decode_header(image[i * HEADER_SLOT_SIZE :]) for i in range(2)]
+    return max(slots, key=lambda header: header.sequence)
+
+
+@pytest.mark.parametrize("alone", [True, False], ids=["own block", "end of a block"])
+@pytest.mark.parametrize("damage", ["body byte", "header byte", "torn tail"])
+async def test_damaged_last_record_after_a_graceful_shutdown_is_corruption(
+    medium: Path, tmp_path: Path, damage: str, alone: bool
+) -> None:
+    """A graceful shutdown records where the records end, so the very last record damaged (a
+    flipped byte, or its block's second half never written) is corruption, not a torn tail,
+    whether it starts its block or ends one: the start is refused, naming its offset. With
+    skip_replay_journal_invalid_record the others come back, never its bad bytes."""
+    settings = wal_settings(tmp_path / "data", medium)
+    wal = await started(settings)
+    rng = random.Random(23)
+    groups, bounds = await write_groups(wal, 3, rng)
+    tail = [record(2, i, rng, 1000) for i in range(1 if alone else 3)]
+    futures = [append(wal, rec) for rec in tail]
+    block_end = (await wal.sync_point()).offset
+    assert all(f.result().offset == block_end for f in futures)  # one block
+    await wal.close()  # graceful: nothing in flight
+    assert (await asyncio.to_thread(_newest_header, medium)).end == block_end
+    last = bounds[-1] + sum(blockwal.RECORD_OVERHEAD + len(r.payload) for r in tail[:-1])
+    image = await asyncio.to_thread(snapshot, medium, RING)
+    at = physical(last)
+    if damage == "body byte":
+        image[at + RECORD_HEADER_SIZE + 500] ^= 0xFF
+    elif damage == "header byte":
+        image[at + 9] ^= 0x01  # the body offset
+    else:  # the first sectors of the block landed, the rest (inside the record) did not
+        tear = (at + RECORD_HEADER_SIZE + 512) // 512 * 512
+        image[tear : physical(block_end - 1) + 1] = bytes(physical(block_end - 1) + 1 - tear)
+    await asyncio.to_thread(restore, medium, image)
+
+    with pytest.raises(CorruptRecord, match="graceful shutdown") as refused:
+        await open_wal(settings)
+    assert refused.value.offset == last and refused.value.path == str(medium)
+    assert f"before offset {block_end} where the records end" in str(refused.value)
+    assert "skip_replay_journal_invalid_record=true" in str(refused.value)
+
+    skipping = wal_settings(tmp_path / "data", medium, skip_replay_journal_invalid_record=True)
+    again, recovered = await open_wal(skipping)
+    expected = [r for g in groups for r in g] + tail[:-1]
+    assert recovered == expected
+    # Writing goes on after the end; the damage stays until a checkpoint trims it, so the
+    # next graceful stop cannot vouch for the ring (no end offset) and the next start
+    # takes it as after a crash: not refused again, the damaged record still not returned.
+    await again.start()
+    more = [record(3, i, rng) for i in range(5)]
+    await asyncio.gather(*(append(again, rec) for rec in more))
+    await again.close()
+    header = await asyncio.to_thread(_newest_header, medium)
+    assert header.shutdown is Shutdown.GRACEFUL and header.end == 0
+    assert await recover_all(settings) == expected + more
+
+
+async def test_graceful_stop_with_crash_leftovers_untrimmed_is_not_corruption(
+    medium: Path, tmp_path: Path
+) -> None:
+    """A crash leaves a hole; the next run recovers, starts and stops gracefully before any
+    checkpoint: the hole is still in the ring, so the header gives no end offset and the next
+    start finds the same records rather than refusing. Once a checkpoint has trimmed them, a
+    graceful stop vouches for the ring again."""
+    settings = wal_settings(tmp_path / "data", medium)
+    wal = await started(settings)
+    groups, bounds = await write_groups(wal, 5, random.Random(24))
+    image = await asyncio.to_thread(snapshot, medium, RING)
+    await wal.close()
+    begin, end = physical(bounds[2]), physical(bounds[3])
+    image[begin:end] = bytes(end - begin)  # the third block was in flight at the crash
+    await asyncio.to_thread(restore, medium, image)
+
+    expected = [r for i, g in enumerate(groups) if i != 2 for r in g]
+    again, recovered = await open_wal(settings)
+    assert recovered == expected
+    await again.start()
+    await again.close()  # graceful, nothing trimmed
+    header = await asyncio.to_thread(_newest_header, medium)
+    assert header.shutdown is Shutdown.GRACEFUL and header.end == 0
+    again, recovered = await open_wal(settings)
+    assert recovered == expected
+    await again.start()
+    await checkpoint(again)
+    late, _ = await write_groups(again, 2, random.Random(25))
+    durable = again.durable_offset
+    await again.close()
+    assert (await asyncio.to_thread(_newest_header, medium)).end == durable
+    assert await recover_all(settings) == [r for g in late for r in g]
+
+
 # --- capacity ----------------------------------------------------------------------------------
 
 
@@ -633,6 +755,7 @@ async def test_full_ring_waits_then_refuses_with_backpressure(
     asked: list[float] = []
     settings = wal_settings(tmp_path / "data", loop_medium, db_storage_max_throttle_time_ms=200)
     wal = await started(settings, request_checkpoint=lambda: asked.append(time.monotonic()))
+    start = wal.durable_offset
     rng = random.Random(11)
     written = [record(1, i, rng, 16 * KiB) for i in range(100)]  # 1.6 rings
     futures = [append(wal, rec) for rec in written]
@@ -642,10 +765,15 @@ async def test_full_ring_waits_then_refuses_with_backpressure(
     refused = [f for f in futures if f.done() and isinstance(f.exception(), Backpressure)]
     assert acknowledged and refused and len(acknowledged) + len(refused) == len(futures)
     assert futures[: len(acknowledged)] == acknowledged  # a prefix, in order
-    assert wal.refused_blocks > 0 and wal.queued_bytes == 0
+    assert wal.queued_bytes == 0
+    # Every refused append waited first; every acknowledged one fitted at once.
+    assert wal.rejected_appends == wal.throttled_appends == len(refused)
+    assert wal.ring_used_bytes == wal.durable_offset - start > (RING - HEADER_AREA) // 2
     await checkpoint(wal)
+    assert wal.ring_used_bytes == 0
     later = [record(2, i, rng, 16 * KiB) for i in range(10)]
     await asyncio.gather(*(append(wal, rec) for rec in later))
+    assert wal.throttled_appends == len(refused)
     await wal.close()
     recovered = await recover_all(settings)
     assert recovered == later  # the checkpoint trimmed the acknowledged ones
@@ -678,7 +806,7 @@ async def test_ledger_storage_on_a_small_ring(loop_medium: Path, tmp_path: Path)
         await asyncio.gather(*(writer(lid) for lid in ledgers))
         assert storage.stats.checkpoints > 10
         wal = storage._wal
-        assert isinstance(wal, BlockWal) and wal.full_waits > 0
+        assert isinstance(wal, BlockWal) and wal.throttled_appends > 0
     finally:
         await storage.close()
     storage = LedgerStorage(settings)
@@ -714,15 +842,16 @@ def _read_lines(proc: subprocess.Popen[str], until: float) -> list[str]:
     return lines
 
 
+@pytest.mark.parametrize("sync_mode", ["fdatasync", "dsync"])
 def test_sigkill_of_a_writer_at_random_moments_loses_nothing_acknowledged(
-    medium: Path, tmp_path: Path
+    medium: Path, tmp_path: Path, sync_mode: str
 ) -> None:
     """A writer process appends (and trims when the ring asks) until SIGKILL at a random
     moment; every record it was told was durable comes back byte for byte, in order, unless
     a durable trim covers it. Twenty trials on one ring, each starting from the last."""
     rng = random.Random(13)
     data_dir = tmp_path / "data"
-    settings = blockwal_writer.settings_for(medium, KILL_RING, data_dir)
+    settings = blockwal_writer.settings_for(medium, KILL_RING, data_dir, sync_mode)
     acked: dict[tuple[int, int], tuple[int, int]] = {}  # (trial, seq) -> (size, mark)
     durable_trim = 0
     totals = {"acked": 0, "trims": 0}
@@ -736,6 +865,7 @@ def test_sigkill_of_a_writer_at_random_moments_loses_nothing_acknowledged(
                 str(KILL_RING),
                 str(trial),
                 str(data_dir),
+                sync_mode,
             ],
             cwd=REPO,
             stdout=subprocess.PIPE,
