@@ -111,6 +111,7 @@ class EngineSnapshot:
     compactions: dict[str, int] = field(default_factory=dict)  # by kind
     compacting: dict[str, bool] = field(default_factory=dict)  # by kind
     unreadable_logs: int = 0
+    space_amplification: float = 1.0
     log_usages: list[float] = field(default_factory=list)
     disk_warning: bool = False
     reserve_bytes: int = 0  # the emergency reserve held
@@ -246,6 +247,7 @@ class Metrics:
                 "minor": status.minor_compacting,
             }
             self._snapshot.unreadable_logs = len(status.unreadable_logs)
+            self._snapshot.space_amplification = status.space_amplification
             self._snapshot.log_usages = work.gc.usages()
             self._snapshot.disk_warning = work.disks.warned
             reserve = work.disks.reserve
@@ -406,6 +408,11 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         f"{PREFIX}_gc_last_run_duration_seconds",
         "Duration of the last GC run.",
         value=g.last_run_seconds,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_gc_space_amplification",
+        "Bytes of the sealed entry logs over their live bytes, at the last GC run.",
+        value=s.space_amplification,
     )
     yield GaugeMetricFamily(
         f"{PREFIX}_gc_unreadable_logs",

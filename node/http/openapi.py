@@ -141,6 +141,7 @@ SCHEMAS: dict[str, Any] = {
             "majorCompactionCounter": {"type": "integer"},
             "minorCompactionCounter": {"type": "integer"},
             "spaceCompactionCounter": {"type": "integer"},
+            "spaceAmplification": {"type": ["number", "null"]},
             "compactingLog": {"type": ["string", "null"]},
             "compactingBytesDone": {"type": "integer"},
             "compactingBytesLeft": {"type": "integer"},

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -95,6 +96,7 @@ class GcStatus:
     major_suspended: bool = False
     minor_suspended: bool = False
     compacting_log: int | None = None
+    space_amplification: float = 1.0  # sealed logs over their live bytes, before compacting
     bytes_done: int = 0
     bytes_left: int = 0
     last_errors: dict[int, str] = field(default_factory=dict)
@@ -111,6 +113,11 @@ class GcStatus:
             "majorCompactionCounter": self.major_compaction_counter,
             "minorCompactionCounter": self.minor_compaction_counter,
             "spaceCompactionCounter": self.space_compaction_counter,
+            "spaceAmplification": (
+                round(self.space_amplification, 3)
+                if math.isfinite(self.space_amplification)
+                else None
+            ),
             "compactingLog": None if self.compacting_log is None else f"{self.compacting_log:x}",
             "compactingBytesDone": self.bytes_done,
             "compactingBytesLeft": self.bytes_left,
@@ -242,6 +249,7 @@ class GarbageCollector:
                 meta.dead_since_ms = now_ms
         if report.deleted_logs:
             log.info("deleted %d entry logs with no live ledger", len(report.deleted_logs))
+        self.status.space_amplification = self.space_amplification()
         kind = self._compaction_due(force)
         if kind is not None:
             report.compaction = kind
@@ -381,12 +389,7 @@ class GarbageCollector:
 
     def _over_space_limit(self) -> bool:
         limit = self._settings.compaction_space_amplification_limit
-        if limit <= 0:
-            return False
-        is_live = self._storage.is_live_ledger
-        metas = list(self._metas.values())
-        size = sum(m.size for m in metas)
-        return size > limit * sum(m.live_bytes(is_live) for m in metas)
+        return limit > 0 and self.status.space_amplification > limit
 
     def _candidates(self, kind: str) -> list[tuple[int, int]]:
         """(log id, live bytes) of the logs to compact, emptiest first: those below the
@@ -435,6 +438,15 @@ class GarbageCollector:
         )
 
     # --- introspection -----------------------------------------------------------------------
+
+    def space_amplification(self) -> float:
+        """Bytes of the sealed logs over their live bytes, as of the last run (1.0 when
+        there are none; infinite if none of it is live)."""
+        is_live = self._storage.is_live_ledger
+        metas = list(self._metas.values())
+        size = sum(m.size for m in metas)
+        live = sum(m.live_bytes(is_live) for m in metas)
+        return size / live if live else (float("inf") if size else 1.0)
 
     def usages(self) -> list[float]:
         """Usage of every known log (live bytes over the larger of size and target)."""

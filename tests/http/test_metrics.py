@@ -108,6 +108,46 @@ async def test_checkpoint_and_entry_log_metrics(client: Any) -> None:
     assert _value(samples, "storage_node_write_cache_bytes") == 0
 
 
+async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
+    from node.http.state import STORAGE, WORK
+
+    settings = make_settings(tmp_path / "data", log_size_limit=64 * KiB, max_entry_size=16 * KiB)
+    client = await aiohttp_client(build_app(settings))
+    storage = client.server.app[STORAGE]
+    ids = [(await (await client.post("/api/v1/ledgers")).json())["ledgerId"] for _ in range(2)]
+    for _ in range(8):  # interleaved: every log holds half of each ledger
+        for lid in ids:
+            batch = encode_batch([b"e" * 4000] * 4)
+            r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=batch, headers=BATCH)
+            assert r.status == 201
+        await storage.checkpoint()
+    assert (await client.delete(f"/api/v1/ledgers/{ids[0]}")).status == 204
+    await storage.checkpoint()
+    r = await client.put("/api/v1/bookie/gc", json={"forceMajor": True})
+    assert r.status == 200
+    gc = client.server.app[WORK].gc
+    for _ in range(500):
+        if gc.stats.runs and not gc.in_force_gc:
+            break
+        await asyncio.sleep(0.01)
+    samples = await _scrape(client)
+    assert _value(samples, "storage_node_gc_runs_total") >= 1
+    assert _value(samples, "storage_node_gc_deleted_ledgers_total") == 1
+    assert _value(samples, "storage_node_gc_compactions_total", kind="major") == 1
+    assert _value(samples, "storage_node_gc_reclaimed_bytes_total", by="compaction") > 0
+    assert _value(samples, "storage_node_gc_compaction_read_bytes_total") > 0
+    assert _value(samples, "storage_node_gc_compaction_written_bytes_total") > 0
+    assert 1.8 < _value(samples, "storage_node_gc_space_amplification") < 2.5  # half was dead
+    assert _value(samples, "storage_node_entry_log_usage_count") >= 0
+    assert _value(samples, "storage_node_gc_compacting", kind="major") == 0
+    assert 0 < _value(samples, "storage_node_disk_usage_ratio", dir="ledgers") < 1
+    assert _value(samples, "storage_node_read_only") == 0
+    reserve = settings.disk_emergency_reserve_bytes
+    assert _value(samples, "storage_node_disk_emergency_reserve_bytes") == reserve
+    (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()
+    assert details["majorCompactionCounter"] == 1 and 1.8 < details["spaceAmplification"] < 2.5
+
+
 ROLLING = {"maxEntriesPerLedger": 3, "minLedgerRolloverTimeMinutes": 0}  # 3 entries a ledger
 AGE_BOUND_S = 60  # the test's ledgers are younger than this
 
