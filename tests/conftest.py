@@ -13,11 +13,13 @@ from blockbuster import blockbuster_ctx
 from node.http.app import build_app
 from node.settings import Settings, load
 from node.storage.ledgers import LedgerStorage
+from tests.hostdisk import HOST_DISK_NEUTRAL
 
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     """Settings for tests: small enough to exercise rolls and swaps quickly."""
     base: dict[str, Any] = {
+        **HOST_DISK_NEUTRAL,
         "data_dir": data_dir,
         "journal_pre_alloc_size": 1 << 20,
         "db_storage_write_cache_max_size": 16 << 20,

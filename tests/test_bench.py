@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.hostdisk import run_bench
+
 ROWS = ("engine", "raw disk (same batches)", "rocksdb sync")
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 
@@ -23,15 +22,17 @@ def _entries_per_s(output: str) -> dict[str, float]:
 
 def test_bench_write_prints_positive_figures_for_the_three_rows(tmp_path: Path) -> None:
     scratch = tmp_path / "bench"
-    command = [sys.executable, "-m", "node", "bench", "write", "--seconds", "0.5"]
-    command += ["--writers", "2", "--sizes", "1024", "--dir", str(scratch)]
-    result = subprocess.run(
-        command,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
+    result = run_bench(
+        "write",
+        "--seconds",
+        "0.5",
+        "--writers",
+        "2",
+        "--sizes",
+        "1024",
+        "--dir",
+        str(scratch),
+        timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     assert "entry size 1,024 B" in result.stdout
@@ -47,10 +48,15 @@ HTTP_ROWS = ("http single", "http batch", "http read", "engine single", "engine 
 
 
 def test_bench_http_prints_figures_for_every_run(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "node", "bench", "http", "--seconds", "0.5"]
-    command += ["--writers", "4", "--dir", str(tmp_path)]
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    result = run_bench(
+        "http",
+        "--seconds",
+        "0.5",
+        "--writers",
+        "4",
+        "--dir",
+        str(tmp_path),
+        timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     rows = {}

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.hostdisk import run_bench
+
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 ALONE = "compaction alone (unthrottled)"
 WITHOUT = "writes without compaction"
@@ -32,10 +31,17 @@ def _number(cell: str) -> float:
 
 def test_bench_gc_prints_compaction_throughput_and_add_latency(tmp_path: Path) -> None:
     scratch = tmp_path / "bench"
-    command = [sys.executable, "-m", "node", "bench", "gc", "--seconds", "0.5"]
-    command += ["--writers", "2", "--window", "4", "--dir", str(scratch)]
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    result = run_bench(
+        "gc",
+        "--seconds",
+        "0.5",
+        "--writers",
+        "2",
+        "--window",
+        "4",
+        "--dir",
+        str(scratch),
+        timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout

@@ -4,11 +4,10 @@ throughput and latency figures, and the tailing readers received every entry."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.hostdisk import run_bench
+
 RUN_TIMEOUT_S = 180  # the run itself takes about fifteen seconds; this only stops a hang
 WRITERS = 2
 COLUMNS = 10  # run, appends/s, entries/s, MB/s, append p50/p99, e2e p50/p99, ledgers, cores
@@ -28,10 +27,15 @@ def _number(cell: str) -> float:
 
 
 def test_bench_stream_prints_throughput_and_end_to_end_latency(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "node", "bench", "stream", "--seconds", "0.3"]
-    command += ["--writers", str(WRITERS), "--dir", str(tmp_path)]
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    result = run_bench(
+        "stream",
+        "--seconds",
+        "0.3",
+        "--writers",
+        str(WRITERS),
+        "--dir",
+        str(tmp_path),
+        timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     rows = {}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.hostdisk import run_bench
+
 RUN_TIMEOUT_S = 240  # the run takes some seconds; this only stops a hang
 FIGURE = r"\s*([\d,.]+)\s*"
 
@@ -17,10 +17,17 @@ FIGURE = r"\s*([\d,.]+)\s*"
 def test_bench_wal_prints_wal_and_fio_figures_for_both_media(tmp_path: Path) -> None:
     assert shutil.which("fio"), "fio is not installed: `make test` installs it (apt-get)"
     scratch = tmp_path / "bench"
-    command = [sys.executable, "-m", "node", "bench", "wal", "--seconds", "0.3"]
-    command += ["--record-sizes", "262144", "--writers", "16", "--dir", str(scratch)]
-    result = subprocess.run(
-        command, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+    result = run_bench(
+        "wal",
+        "--seconds",
+        "0.3",
+        "--record-sizes",
+        "262144",
+        "--writers",
+        "16",
+        "--dir",
+        str(scratch),
+        timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout

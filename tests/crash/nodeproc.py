@@ -14,6 +14,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
+
 READY_TIMEOUT_S = 30.0
 
 # Settings that make checkpoints, journal rotations and entry log rolls frequent, so that
@@ -40,7 +42,7 @@ class NodeProcess:
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        self.env = {**os.environ, **CHURN_SETTINGS}
+        self.env = {**os.environ, **as_env(HOST_DISK_NEUTRAL), **CHURN_SETTINGS}
         self.env.pop("NODE_CRASH_POINTS", None)
         self.env.update(env or {})
         self.proc: subprocess.Popen[bytes] | None = None

@@ -111,7 +111,12 @@ async def test_checkpoint_and_entry_log_metrics(client: Any) -> None:
 async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
     from node.http.state import STORAGE, WORK
 
-    settings = make_settings(tmp_path / "data", log_size_limit=64 * KiB, max_entry_size=16 * KiB)
+    settings = make_settings(
+        tmp_path / "data",
+        log_size_limit=64 * KiB,
+        max_entry_size=16 * KiB,
+        disk_emergency_reserve_bytes=KiB * KiB,  # the GC watermark of 1.0 always leaves room
+    )
     client = await aiohttp_client(build_app(settings))
     storage = client.server.app[STORAGE]
     ids = [(await (await client.post("/api/v1/ledgers")).json())["ledgerId"] for _ in range(2)]
@@ -142,10 +147,9 @@ async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
     assert _value(samples, "storage_node_gc_compacting", kind="major") == 0
     assert 0 < _value(samples, "storage_node_disk_usage_ratio", dir="ledgers") < 1
     assert _value(samples, "storage_node_read_only") == 0
-    # Made only if this machine's disk has room for it under the GC watermark.
-    held = await asyncio.to_thread((settings.data_dir / "emergency-reserve").exists)
-    reserve = settings.disk_emergency_reserve_bytes if held else 0
-    assert _value(samples, "storage_node_disk_emergency_reserve_bytes") == reserve
+    reserve = settings.data_dir / "emergency-reserve"
+    assert (await asyncio.to_thread(reserve.stat)).st_size == settings.disk_emergency_reserve_bytes
+    assert _value(samples, "storage_node_disk_emergency_reserve_bytes") == KiB * KiB
     (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()
     assert details["majorCompactionCounter"] == 1 and 1.8 < details["spaceAmplification"] < 2.5
 

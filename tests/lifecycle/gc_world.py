@@ -10,6 +10,7 @@ from typing import Any
 from node.settings import Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
+from tests.hostdisk import HOST_DISK_NEUTRAL
 
 LOG_SIZE = 64 * 1024
 ENTRY_SIZE = 1000
@@ -18,6 +19,7 @@ ENTRIES_PER_ROUND = 4
 
 def gc_settings(data_dir: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
+        **HOST_DISK_NEUTRAL,
         "data_dir": data_dir,
         "log_size_limit": LOG_SIZE,
         "max_entry_size": 16 * 1024,

@@ -57,6 +57,7 @@ from node.lifecycle.gc import GarbageCollector
 from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
+from tests.hostdisk import HOST_DISK_NEUTRAL
 from tests.lifecycle.gc_world import check_survivors, dangling_entries, gc_settings, interleave
 
 HOUR_S = 3600
@@ -281,6 +282,7 @@ class Workload:
 
 def sim_settings(data_dir: Path, **overrides: Any) -> Settings:
     base: dict[str, Any] = {
+        **HOST_DISK_NEUTRAL,
         "data_dir": data_dir,
         "log_size_limit": LOG_SIZE,
         "max_entry_size": MAX_ENTRY,
