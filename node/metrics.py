@@ -38,7 +38,7 @@ from node.lifecycle.retention import RetentionStats
 from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
-from node.storage.ledgers import LedgerStorage
+from node.storage.ledgers import LedgerStorage, Stats
 from node.storage.probe import RingFigures
 from node.streams.manager import StreamManager
 
@@ -91,14 +91,7 @@ class RingSnapshot:
 class EngineSnapshot:
     """What the engine looks like at scrape time, copied on the event loop."""
 
-    adds: int = 0
-    add_bytes: int = 0
-    reads: int = 0
-    read_bytes: int = 0
-    throttled_adds: int = 0
-    rejected_adds: int = 0
-    checkpoints: int = 0
-    replayed_records: int = 0
+    engine: Stats = field(default_factory=Stats)
     write_cache_bytes: int = 0
     read_cache_bytes: int = 0
     read_cache_hits: int = 0
@@ -205,7 +198,6 @@ class Metrics:
         streams: StreamManager | None = None,
     ) -> None:
         """On the event loop: copy what the engine's structures hold."""
-        stats = storage.stats
         by_state = dict.fromkeys((s.name.lower() for s in LedgerState), 0)
         for meta in storage.all_ledgers():
             by_state[meta.state.name.lower()] += 1
@@ -216,14 +208,7 @@ class Metrics:
         else:
             state = "writable"
         self._snapshot = EngineSnapshot(
-            adds=stats.adds,
-            add_bytes=stats.add_bytes,
-            reads=stats.reads,
-            read_bytes=stats.read_bytes,
-            throttled_adds=stats.throttled_adds,
-            rejected_adds=stats.rejected_adds,
-            checkpoints=stats.checkpoints,
-            replayed_records=stats.replayed_records,
+            engine=dataclasses.replace(storage.stats),
             write_cache_bytes=storage.write_cache_bytes,
             read_cache_bytes=storage.read_cache.size,
             read_cache_hits=storage.read_cache.hits,
@@ -327,15 +312,16 @@ class _StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self._metrics.snapshot
         settings = self._metrics.settings
+        e = s.engine
         counters = {
-            "adds": (s.adds, "Entries added."),
-            "add_payload_bytes": (s.add_bytes, "Payload bytes added."),
-            "reads": (s.reads, "Entries read."),
-            "read_payload_bytes": (s.read_bytes, "Payload bytes read."),
-            "throttled_adds": (s.throttled_adds, "Adds that waited on a full write cache."),
-            "rejected_adds": (s.rejected_adds, "Adds refused after maxThrottleTime."),
-            "checkpoints": (s.checkpoints, "Checkpoints completed."),
-            "replayed_records": (s.replayed_records, "WAL records replayed at start."),
+            "adds": (e.adds, "Entries added."),
+            "add_payload_bytes": (e.add_bytes, "Payload bytes added."),
+            "reads": (e.reads, "Entries read."),
+            "read_payload_bytes": (e.read_bytes, "Payload bytes read."),
+            "throttled_adds": (e.throttled_adds, "Adds that waited on a full write cache."),
+            "rejected_adds": (e.rejected_adds, "Adds refused after maxThrottleTime."),
+            "checkpoints": (e.checkpoints, "Checkpoints completed."),
+            "replayed_records": (e.replayed_records, "WAL records replayed at start."),
             "read_cache_hits": (s.read_cache_hits, "Reads served by the read cache."),
             "read_cache_misses": (s.read_cache_misses, "Reads the read cache could not serve."),
         }

@@ -153,20 +153,20 @@ def _check(node: NodeProcess, acked: Acknowledged) -> None:
             assert node.get_bytes(f"/api/v1/ledgers/{ledger}/entries/{entry}") == entries[entry]
 
 
-@pytest.mark.slow
-def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    rng = random.Random(20261122)
-    data = tmp_path / "data"
+def random_kills(data: Path, seed: int, env: dict[str, str] | None = None) -> None:
+    """The nemesis: RANDOM_TRIALS runs of the workload, each SIGKILLed at a random moment;
+    after every restart, and at the end, the checker reads back all that was acknowledged."""
+    rng = random.Random(seed)
     acked = Acknowledged()
     shared: list[int] = []
     for trial in range(RANDOM_TRIALS):
-        node = NodeProcess(data)
+        node = NodeProcess(data, env=env)
         node.start()
         if trial:
             _check(node, acked)  # what survived the previous kill, before new writes
         asyncio.run(_run_workload(node, rng, acked, shared, kill_after_s=rng.uniform(0.2, 1.2)))
         node.kill()
-    node = NodeProcess(data)
+    node = NodeProcess(data, env=env)
     node.start()
     try:
         _check(node, acked)
@@ -175,26 +175,31 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) ->
         assert node.terminate() == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("point", CRASH_POINTS)
-def test_crash_inside_checkpoint_and_rotation_loses_nothing(tmp_path: Path, point: str) -> None:
+def crash_at(data: Path, point: str, env: dict[str, str] | None = None) -> None:
+    """The workload until the node SIGKILLs itself at the named point; then two restarts,
+    each reading back all that was acknowledged (the recovery itself left a clean state)."""
     rng = random.Random(point)
-    data = tmp_path / "data"
     acked = Acknowledged()
-    node = NodeProcess(data, env={"NODE_CRASH_POINTS": json.dumps([point])})
+    node = NodeProcess(data, env={**(env or {}), "NODE_CRASH_POINTS": json.dumps([point])})
     node.start()
     asyncio.run(_run_workload(node, rng, acked, [], kill_after_s=None))
     assert node.proc is not None
     assert node.proc.wait(10) == -signal.SIGKILL, "the crash point was never reached"
-    node = NodeProcess(data)
-    node.start()
-    try:
-        _check(node, acked)
-    finally:
-        assert node.terminate() == 0
-    node = NodeProcess(data)  # and once more: the recovery itself left a clean state
-    node.start()
-    try:
-        _check(node, acked)
-    finally:
-        assert node.terminate() == 0
+    for _ in range(2):
+        node = NodeProcess(data, env=env)
+        node.start()
+        try:
+            _check(node, acked)
+        finally:
+            assert node.terminate() == 0
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    random_kills(tmp_path / "data", seed=20261122)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", CRASH_POINTS)
+def test_crash_inside_checkpoint_and_rotation_loses_nothing(tmp_path: Path, point: str) -> None:
+    crash_at(tmp_path / "data", point)

@@ -9,18 +9,13 @@ of the ring's trim (its header write). The random kills run in both ``wal_sync_m
 
 from __future__ import annotations
 
-import asyncio
-import json
-import random
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from node.settings import KiB, MiB
-from tests.crash.nodeproc import NodeProcess
-from tests.crash.test_crash import RANDOM_TRIALS, Acknowledged, _check, _run_workload
+from tests.crash.test_crash import crash_at, random_kills
 from tests.loopdev import loop_device
 
 RING = 720 * KiB
@@ -52,24 +47,7 @@ def ring_env(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[st
 def test_sigkill_at_random_moments_loses_nothing_acknowledged_on_the_ring(
     tmp_path: Path, ring_env: dict[str, str]
 ) -> None:
-    rng = random.Random(20261123)
-    data = tmp_path / "data"
-    acked = Acknowledged()
-    shared: list[int] = []
-    for trial in range(RANDOM_TRIALS):
-        node = NodeProcess(data, env=ring_env)
-        node.start()
-        if trial:
-            _check(node, acked)  # what survived the previous kill, before new writes
-        asyncio.run(_run_workload(node, rng, acked, shared, kill_after_s=rng.uniform(0.2, 1.2)))
-        node.kill()
-    node = NodeProcess(data, env=ring_env)
-    node.start()
-    try:
-        _check(node, acked)
-        assert len(acked.entries) > 1000, "the workload acknowledged too little to prove much"
-    finally:
-        assert node.terminate() == 0
+    random_kills(tmp_path / "data", seed=20261123, env=ring_env)
 
 
 @pytest.mark.slow
@@ -77,18 +55,4 @@ def test_sigkill_at_random_moments_loses_nothing_acknowledged_on_the_ring(
 def test_crash_inside_checkpoint_and_trim_loses_nothing_on_the_ring(
     tmp_path: Path, ring_env: dict[str, str], point: str
 ) -> None:
-    rng = random.Random(point)
-    data = tmp_path / "data"
-    acked = Acknowledged()
-    node = NodeProcess(data, env={**ring_env, "NODE_CRASH_POINTS": json.dumps([point])})
-    node.start()
-    asyncio.run(_run_workload(node, rng, acked, [], kill_after_s=None))
-    assert node.proc is not None
-    assert node.proc.wait(10) == -signal.SIGKILL, "the crash point was never reached"
-    for _ in range(2):  # and once more: the recovery itself left a clean state
-        node = NodeProcess(data, env=ring_env)
-        node.start()
-        try:
-            _check(node, acked)
-        finally:
-            assert node.terminate() == 0
+    crash_at(tmp_path / "data", point, env=ring_env)
