@@ -32,23 +32,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    # Imported late: keeps `serve` start-up light.
-    if args.what == "wal":
-        from node.bench_wal import main as bench_wal_main
-
-        return bench_wal_main(args)
-    if args.what == "http":
-        from node.bench_http import main as bench_http_main
-
-        return bench_http_main(args)
-    if args.what == "stream":
-        from node.bench_stream import main as bench_stream_main
-
-        return bench_stream_main(args)
-    if args.what == "gc":
-        from node.bench_gc import main as bench_gc_main
-
-        return bench_gc_main(args)
+    # Imported late (node.bench imports only the benchmark asked for): keeps `serve` light.
     from node.bench import main as bench_main
 
     return bench_main(args)

@@ -34,89 +34,45 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import importlib.metadata
 import os
-import platform
 import shutil
 import struct
-import sys
-import tempfile
 import threading
 import time
-from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
+from node.bench.common import (
+    MB,
+    P50,
+    P99,
+    PAYLOAD_FILL,
+    AddLoad,
+    Phase,
+    Result,
+    latency_buffer,
+    machine_line,
+    markdown_table,
+    parse_sizes,
+    require_positive,
+    scratch_dir,
+    warmup_for,
+)
 from node.runtime import run, tune_gc
 from node.settings import KiB, MiB, Settings, SettingsError, load
-from node.storage.errors import Backpressure
 from node.storage.journal import RECORD_HEADER as JOURNAL_RECORD_HEADER
 from node.storage.journal import Journal
 from node.storage.ledgers import LedgerStorage
 
-T = TypeVar("T")
-
-MB = 1_000_000  # MB/s in decimal megabytes, as disk vendors and fio report them
-MS_PER_S = 1000.0  # latencies are printed in milliseconds
-WARMUP_FRACTION = 0.2  # warm-up before each measured run, as a share of --seconds ...
-WARMUP_MAX_S = 1.0  # ... but never longer than this
-PAYLOAD_FILL = 0xA5  # payload byte: not zero, so no layer can treat the data as a hole
-P50 = 0.50  # median
-P99 = 0.99  # tail
-LATENCIES = "d"  # array of C doubles: compact, and no objects for the GC to walk
 ROCKSDB_KEY = struct.Struct(">QQ")  # (writer id, seq), 16 bytes big-endian
-EXIT_USAGE = 2  # exit code for bad arguments (argparse's convention)
 
 ENGINE = "engine"
 RAW_DISK = "raw disk (same batches)"
 ROCKSDB = "rocksdb sync"
 
 
-def _latency_buffer() -> array[float]:
-    return array(LATENCIES)
-
-
-def _loop_name() -> str:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return "asyncio"
-    return f"uvloop {importlib.metadata.version('uvloop')}"
-
-
 # --- results -------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Result:
-    """One measured run: completed writes in ``seconds`` and their latencies (seconds)."""
-
-    name: str
-    entries: float  # entries written (payload-equivalent for the raw disk)
-    payload_bytes: float
-    seconds: float
-    latencies: list[float] = field(repr=False)  # a run's task result is repr'd at exit
-
-    @property
-    def entries_per_s(self) -> float:
-        return self.entries / self.seconds if self.seconds > 0 else 0.0
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.payload_bytes / self.seconds / MB if self.seconds > 0 else 0.0
-
-    def latency_ms(self, quantile: float) -> float:
-        """Nearest-rank quantile; call ``sort_latencies`` first."""
-        if not self.latencies:
-            return 0.0
-        index = min(len(self.latencies) - 1, int(quantile * len(self.latencies)))
-        return self.latencies[index] * MS_PER_S
-
-    def sort_latencies(self) -> None:
-        self.latencies.sort()
 
 
 @dataclass(slots=True)
@@ -134,17 +90,6 @@ class EngineFigures:
         return self.journal_bytes / self.groups if self.groups else 0.0
 
 
-class _Phase:
-    """Flags the drivers poll: cheaper than events on the per-add path."""
-
-    __slots__ = ("recording", "rejected", "running")
-
-    def __init__(self) -> None:
-        self.running = True
-        self.recording = False
-        self.rejected = 0
-
-
 # --- run 1: the engine ---------------------------------------------------------------------
 
 
@@ -158,58 +103,50 @@ async def _engine_run(
         if not isinstance(wal, Journal):
             raise SettingsError("bench write measures the file journal: set wal_kind=journal")
         ledger_ids = [(await storage.create_ledger())[0].ledger_id for _ in range(writers)]
-        payload = bytes([PAYLOAD_FILL]) * size
-        phase = _Phase()
-        slots = writers * window
-        latencies = [_latency_buffer() for _ in range(slots)]
-        add = storage.add_entry
-        clock = time.perf_counter
-
-        async def slot(ledger_id: int, record: Callable[[float], None]) -> None:
-            # One add in flight; `window` of these per ledger make the writer's window.
-            while phase.running:
-                started = clock()
-                try:
-                    await add(ledger_id, None, payload)
-                except Backpressure:
-                    phase.rejected += 1
-                    continue
-                finished = clock()
-                if phase.recording:
-                    record(finished - started)
-
-        loop = asyncio.get_running_loop()
-        tasks = [
-            loop.create_task(slot(ledger_ids[i // window], latencies[i].append))
-            for i in range(slots)
-        ]
+        load = AddLoad(storage, ledger_ids, window, bytes([PAYLOAD_FILL]) * size)
         await asyncio.sleep(warmup)
         groups0, bytes0 = wal.groups_written, wal.bytes_written
-        stats0 = (storage.stats.checkpoints, storage.stats.throttled_adds, phase.rejected)
-        phase.recording = True
-        started = clock()
-        await asyncio.sleep(seconds)
-        phase.recording = False
-        elapsed = clock() - started
+        stats0 = (storage.stats.checkpoints, storage.stats.throttled_adds, load.rejected)
+        elapsed = await load.record(seconds)
         groups1, bytes1 = wal.groups_written, wal.bytes_written
         figures = EngineFigures(
             groups=groups1 - groups0,
             journal_bytes=bytes1 - bytes0,
             checkpoints=storage.stats.checkpoints - stats0[0],
             throttled_adds=storage.stats.throttled_adds - stats0[1],
-            rejected_adds=phase.rejected - stats0[2],
+            rejected_adds=load.rejected - stats0[2],
         )
         if figures.groups == 0:  # a window shorter than one group: use the whole run
             figures.groups, figures.journal_bytes = groups1, bytes1
-        phase.running = False
-        await asyncio.gather(*tasks)
+        await load.stop()
     finally:
         await storage.close()
-    merged = [x for per_slot in latencies for x in per_slot]
+    merged = load.take()
     return Result(ENGINE, len(merged), len(merged) * size, elapsed, merged), figures
 
 
 # --- run 2: the raw disk with the engine's batches ------------------------------------------
+
+
+def _back_to_back(
+    write: Callable[[], float], seconds: float, warmup: float
+) -> tuple[list[float], float]:
+    """Runs 2 and 4: ``write`` back to back for ``warmup`` + ``seconds``, one thread. ``write``
+    returns when its timed part started; it ends when ``write`` returns. Returns the
+    latencies of the writes started after the warm-up and the time they took."""
+    latencies: list[float] = []
+    clock = time.perf_counter
+    record_from = clock() + warmup
+    stop_at = record_from + seconds
+    first = last = 0.0
+    while last < stop_at:
+        started = write()
+        last = clock()
+        if started >= record_from:
+            if not latencies:
+                first = started
+            latencies.append(last - started)
+    return latencies, last - first if latencies else 0.0
 
 
 def _raw_disk_run(
@@ -225,31 +162,26 @@ def _raw_disk_run(
     ``prealloc_step`` steps, as the journal does. Returns the result and the bytes written
     in the measured window."""
     data = bytes([PAYLOAD_FILL]) * batch_bytes
-    latencies: list[float] = []
     clock = time.perf_counter
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    position = allocated = 0
+
+    def write() -> float:
+        nonlocal position, allocated
+        started = clock()
+        if position + batch_bytes > allocated:
+            allocated = ((position + batch_bytes) // prealloc_step + 1) * prealloc_step
+            os.posix_fallocate(fd, 0, allocated)
+        os.pwrite(fd, data, position)
+        os.fdatasync(fd)
+        position += batch_bytes
+        return started
+
     try:
-        position = allocated = 0
-        record_from = clock() + warmup
-        stop_at = record_from + seconds
-        first = last = 0.0
-        while last < stop_at:
-            started = clock()
-            if position + batch_bytes > allocated:
-                allocated = ((position + batch_bytes) // prealloc_step + 1) * prealloc_step
-                os.posix_fallocate(fd, 0, allocated)
-            os.pwrite(fd, data, position)
-            os.fdatasync(fd)
-            position += batch_bytes
-            last = clock()
-            if started >= record_from:
-                if not latencies:
-                    first = started
-                latencies.append(last - started)
+        latencies, elapsed = _back_to_back(write, seconds, warmup)
     finally:
         os.close(fd)
     entries = len(latencies) * entries_per_batch
-    elapsed = last - first if latencies else 0.0
     return (
         Result(RAW_DISK, entries, entries * size, elapsed, latencies),
         len(latencies) * batch_bytes,
@@ -269,8 +201,8 @@ def _rocksdb_threads_run(
     write_options = WriteOptions()
     write_options.sync = True
     payload = bytes([PAYLOAD_FILL]) * size
-    phase = _Phase()
-    latencies = [_latency_buffer() for _ in range(writers)]
+    phase = Phase()
+    latencies = [latency_buffer() for _ in range(writers)]
 
     def writer(writer_id: int) -> None:
         put, pack, clock = db.put, ROCKSDB_KEY.pack, time.perf_counter
@@ -293,11 +225,7 @@ def _rocksdb_threads_run(
         for thread in threads:
             thread.start()
         time.sleep(warmup)
-        phase.recording = True
-        started = time.perf_counter()
-        time.sleep(seconds)
-        phase.recording = False
-        elapsed = time.perf_counter() - started
+        elapsed = phase.record_blocking(seconds)
     finally:
         phase.running = False
         for thread in threads:
@@ -318,30 +246,25 @@ def _rocksdb_batched_run(
     write_options = WriteOptions()
     write_options.sync = True
     payload = bytes([PAYLOAD_FILL]) * size
-    latencies: list[float] = []
     clock, pack = time.perf_counter, ROCKSDB_KEY.pack
     seq = 0
+
+    def write() -> float:
+        nonlocal seq
+        batch = WriteBatch(raw_mode=True)
+        for writer_id in range(per_batch):
+            batch.put(pack(writer_id, seq), payload)
+        seq += 1
+        started = clock()
+        db.write(batch, write_options)
+        return started
+
     try:
-        record_from = clock() + warmup
-        stop_at = record_from + seconds
-        first = last = 0.0
-        while last < stop_at:
-            batch = WriteBatch(raw_mode=True)
-            for writer_id in range(per_batch):
-                batch.put(pack(writer_id, seq), payload)
-            seq += 1
-            started = clock()
-            db.write(batch, write_options)
-            last = clock()
-            if started >= record_from:
-                if not latencies:
-                    first = started
-                latencies.append(last - started)
+        latencies, elapsed = _back_to_back(write, seconds, warmup)
     finally:
         db.close()
     entries = len(latencies) * per_batch
     name = f"{ROCKSDB}, {per_batch}-put batches"
-    elapsed = last - first if latencies else 0.0
     return Result(name, entries, entries * size, elapsed, latencies)
 
 
@@ -381,19 +304,6 @@ def _table(rows: list[Result]) -> list[str]:
     return markdown_table(header, cells)
 
 
-def markdown_table(header: tuple[str, ...], cells: Sequence[tuple[str, ...]]) -> list[str]:
-    """Lines of a markdown table: the first column left aligned, the figures right."""
-    widths = [max(len(c[i]) for c in [header, *cells]) for i in range(len(header))]
-
-    def line(values: tuple[str, ...]) -> str:
-        first = values[0].ljust(widths[0])
-        rest = (v.rjust(w) for v, w in zip(values[1:], widths[1:], strict=True))
-        return "| " + " | ".join([first, *rest]) + " |"
-
-    rule = "|" + "|".join(["-" * (widths[0] + 2)] + ["-" * (w + 1) + ":" for w in widths[1:]]) + "|"
-    return [line(header), rule, *(line(c) for c in cells)]
-
-
 def _print_size(report: SizeReport, writers: int) -> None:
     engine, raw, rocks = report.row(ENGINE), report.row(RAW_DISK), report.row(ROCKSDB)
     batched = report.rows[-1]
@@ -430,31 +340,6 @@ def _print_summary(reports: list[SizeReport]) -> None:
         for r in reports
     ]
     print("\n".join(["", "### summary", "", header, "|---:|---:|---:|---:|---:|", *rows]))
-
-
-def _filesystem(path: Path) -> str:
-    """``<type> on <device>`` of the mount holding ``path`` (Linux), else "unknown"."""
-    best, found = "", "unknown"
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                device, mount_point, fs_type, *_ = line.split()
-                inside = str(path).startswith(mount_point.rstrip("/") + "/")
-                if (inside or str(path) == mount_point) and len(mount_point) > len(best):
-                    best, found = mount_point, f"{fs_type} on {device}"
-    except OSError:
-        pass
-    return found
-
-
-def _parse_sizes(text: str, limit: int) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or any(not 0 < s <= limit for s in sizes):
-        raise ValueError(f"--sizes must be in [1, {limit}] (max_entry_size), got {text!r}")
-    return sizes
 
 
 def _bench_size(
@@ -509,36 +394,20 @@ def _bench_size(
     )
 
 
-def _write(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     writers, window, seconds = int(args.writers), int(args.window), float(args.seconds)
-    if writers <= 0 or window <= 0 or seconds <= 0:
-        print("bench: --writers, --window and --seconds must be positive", file=sys.stderr)
-        return EXIT_USAGE
+    require_positive(writers=writers, window=window, seconds=seconds)
     defaults = load()
-    try:
-        sizes = _parse_sizes(str(args.sizes), defaults.max_entry_size)
-    except ValueError as e:
-        print(f"bench: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    warmup = min(WARMUP_MAX_S, seconds * WARMUP_FRACTION)
-
-    parent: Path | None = args.dir
-    created_parent = False
-    if parent is not None:
-        parent = parent.resolve()
-        created_parent = not parent.exists()
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="node-bench-", dir=parent))
-    try:
+    sizes = parse_sizes("--sizes", str(args.sizes), defaults.max_entry_size, "max_entry_size")
+    warmup = warmup_for(seconds)
+    with scratch_dir(args.dir, "node-bench-") as scratch:
         print(
             "\n".join(
                 [
                     f"## node bench write: {writers} writers x {window} adds in flight, "
                     f"{seconds:g} s per run after {warmup:g} s warm-up",
                     "",
-                    f"- scratch: {scratch} ({_filesystem(scratch)}); "
-                    f"python {platform.python_version()}, {_loop_name()}, "
-                    f"{os.cpu_count()} CPUs",
+                    machine_line(scratch),
                     f"- engine settings: journal_max_group_wait_msec="
                     f"{defaults.journal_max_group_wait_msec:g}, "
                     f"journal_buffered_writes_threshold="
@@ -559,16 +428,4 @@ def _write(args: argparse.Namespace) -> int:
             _print_size(report, writers)
             reports.append(report)
         _print_summary(reports)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if created_parent and parent is not None:
-            with contextlib.suppress(OSError):  # someone put files there meanwhile: leave it
-                parent.rmdir()
     return 0
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.what == "write":
-        return _write(args)
-    print(f"bench: unknown benchmark {args.what!r}", file=sys.stderr)
-    return EXIT_USAGE

@@ -44,29 +44,29 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.bench import (
-    EXIT_USAGE,
+from node.bench.common import (
     MS_PER_S,
     P50,
     P99,
     PAYLOAD_FILL,
-    WARMUP_FRACTION,
-    WARMUP_MAX_S,
-    _filesystem,
-    _loop_name,
+    Phase,
+    UsageError,
+    machine_line,
     markdown_table,
+    parse_sizes,
+    quantile_ms,
+    require_positive,
+    scratch_dir,
+    warmup_for,
 )
 from node.runtime import run, tune_gc
 from node.settings import KiB, MiB, Settings, load
@@ -123,10 +123,7 @@ class Row:
         given = self.p50_s if quantile == P50 else self.p99_s
         if given is not None:
             return given * MS_PER_S
-        if not self.latencies:
-            return 0.0
-        ordered = sorted(self.latencies)
-        return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))] * MS_PER_S
+        return quantile_ms(self.latencies, quantile)
 
 
 # --- the WAL ---------------------------------------------------------------------------------
@@ -166,22 +163,22 @@ async def _wal_run(
     append = wal.append
     clock = time.perf_counter
     latencies: list[float] = []
-    state = {"running": True, "recording": False, "appends": 0}
+    phase = Phase()
 
     async def trimmer() -> None:
-        while state["running"]:
+        while phase.running:
             await wanted.wait()
             wanted.clear()
-            if state["running"]:
+            if phase.running:
                 at = await wal.checkpoint_point()
                 await asyncio.to_thread(wal.checkpoint_complete, at)
 
     async def appender() -> None:
         record = latencies.append
-        while state["running"]:
+        while phase.running:
             started = clock()
             await append(BENCH_LEDGER, 0, crc, payload)
-            if state["recording"]:
+            if phase.recording:
                 record(clock() - started)
 
     async def generator(per_s: float) -> None:
@@ -191,12 +188,12 @@ async def _wal_run(
 
         def done(started: float) -> Callable[[asyncio.Future[Any]], None]:
             def finish(_: asyncio.Future[Any]) -> None:
-                if state["recording"]:
+                if phase.recording:
                     record(clock() - started)
 
             return finish
 
-        while state["running"]:
+        while phase.running:
             due = int((clock() - begun) * per_s)
             while issued < due:
                 issued += 1
@@ -211,16 +208,12 @@ async def _wal_run(
     try:
         await asyncio.sleep(warmup)
         blocks0, bytes0, records0 = wal.blocks_written, wal.bytes_written, wal.records_written
-        state["recording"] = True
-        began = clock()
-        await asyncio.sleep(seconds)
-        state["recording"] = False
-        elapsed = clock() - began
+        elapsed = await phase.record(seconds)
         blocks = wal.blocks_written - blocks0
         device_bytes = wal.bytes_written - bytes0
         appends = wal.records_written - records0
     finally:
-        state["running"] = False
+        phase.running = False
         wanted.set()
         await asyncio.sleep(0)
         for task in tasks:
@@ -431,10 +424,9 @@ class Comparison:
         return statistics.median(self.ratios) if self.ratios else None
 
     def notes(self, what: str) -> list[str]:
-        pooled = f"{self.pooled:.2f}" if self.pooled is not None else "n/a"
         notes = [
             f"- {what}: median of {len(self.ratios)} rounds {_verdict(self.median)}; "
-            f"pooled {pooled}; by round: {_listed(self.ratios)}"
+            f"pooled {_figure(self.pooled)}; by round: {_listed(self.ratios)}"
         ]
         if isinstance(self.fio, str):
             notes.append(f"- fio: {self.fio}")
@@ -574,42 +566,23 @@ def _ratio_of(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
-def _parse_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--record-sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or any(not 0 < s <= MiB for s in sizes):
-        raise ValueError(f"--record-sizes must be in [1, {MiB}], got {text!r}")
-    return sizes
+def _figure(ratio: float | None) -> str:
+    return f"{ratio:.2f}" if ratio is not None else "n/a"
 
 
 def main(args: argparse.Namespace) -> int:
     writers, seconds = int(args.writers), float(args.seconds)
-    if writers <= 0 or seconds <= 0:
-        print("bench wal: --writers and --seconds must be positive", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        sizes = _parse_sizes(str(args.record_sizes))
-    except ValueError as e:
-        print(f"bench wal: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    warmup = min(WARMUP_MAX_S, seconds * WARMUP_FRACTION)
-    parent: Path | None = args.dir
-    created_parent = False
-    if parent is not None:
-        created_parent = not parent.exists()
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="node-bench-wal-", dir=parent))
-    defaults = _wal_settings(scratch, scratch / "ring")
-    try:
+    require_positive(writers=writers, seconds=seconds)
+    sizes = parse_sizes("--record-sizes", str(args.record_sizes), MiB)
+    warmup = warmup_for(seconds)
+    with scratch_dir(args.dir, "node-bench-wal-") as scratch:
+        defaults = _wal_settings(scratch, scratch / "ring")
         _print(
             [
                 f"## node bench wal: {writers} appenders (unthrottled runs), {seconds:g} s per "
                 f"run after {warmup:g} s warm-up",
                 "",
-                f"- scratch: {scratch} ({_filesystem(scratch)}); python "
-                f"{platform.python_version()}, {_loop_name()}, {os.cpu_count()} CPUs",
+                machine_line(scratch),
                 f"- wal: ring {RING_CAPACITY // MiB} MiB, wal_io_depth={defaults.wal_io_depth}, "
                 f"wal_block_soft_limit={defaults.wal_block_soft_limit // KiB} KiB, "
                 f"wal_write_rate_limit={defaults.wal_write_rate_limit} (0 in unthrottled runs), "
@@ -627,11 +600,7 @@ def main(args: argparse.Namespace) -> int:
             size = raw.size
             raw.close()
             if size < RING_CAPACITY:
-                print(
-                    f"bench wal: {path} holds {size} bytes, less than {RING_CAPACITY}",
-                    file=sys.stderr,
-                )
-                return EXIT_USAGE
+                raise UsageError(f"{path} holds {size} bytes, less than {RING_CAPACITY}")
             summaries.append(
                 _bench_medium(scratch, path, f"{path}", sizes, seconds, warmup, writers)
             )
@@ -652,34 +621,20 @@ def main(args: argparse.Namespace) -> int:
                 )
             )
         _print_summary(summaries, sizes)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if created_parent and parent is not None:
-            with contextlib.suppress(OSError):  # someone put files there meanwhile: leave it
-                parent.rmdir()
     return 0
 
 
 def _print_summary(summaries: list[MediumSummary], sizes: list[int]) -> None:
-    header = "| medium | " + " | ".join(f"{s // KiB} KiB bw wal/fio" for s in sizes)
-    header += " | 4 KiB IOPS wal/fio |"
-    rule = "|---|" + "---:|" * (len(sizes) + 1)
-    rows = []
-    for summary in summaries:
-        cells = [
-            f"{summary.bandwidth[s]:.2f}" if summary.bandwidth.get(s) is not None else "n/a"
-            for s in sizes
-        ]
-        iops = f"{summary.iops:.2f}" if summary.iops is not None else "n/a"
-        rows.append(f"| {summary.name} | " + " | ".join(cells) + f" | {iops} |")
+    header = ("medium", *(f"{s // KiB} KiB bw wal/fio" for s in sizes), "4 KiB IOPS wal/fio")
+    rows = [
+        (m.name, *(_figure(m.bandwidth.get(s)) for s in sizes), _figure(m.iops)) for m in summaries
+    ]
     _print(
         [
             "",
             "### summary: median wal/fio of the rounds (targets: >= 0.80 at 256 KiB and at 4 KiB "
             "IOPS)",
             "",
-            header,
-            rule,
-            *rows,
+            *markdown_table(header, rows),
         ]
     )

@@ -23,82 +23,51 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import shutil
 import struct
-import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
-from node.bench_http import WARMUP_S, _call, _cpu_seconds, _Server
+from node.bench.common import P50, P99, Phase, markdown_table, quantile_ms, scratch_dir
+from node.bench.server import (
+    BATCH_ENTRIES,
+    ENTRY_SIZE,
+    OCTET,
+    WARMUP_S,
+    Figures,
+    Server,
+    call,
+    serving,
+    short_machine_line,
+)
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
-from node.settings import KiB
+from node.http.streams import decode_stream_frames
 
-ENTRY_SIZE = 1 * KiB
-BATCH_ENTRIES = 100
 ROLLOVER_ENTRIES = 10_000  # maxEntriesPerLedger of the bench's streams
 READ_LIMIT = 1000  # entries per read of the tailing reader
 TAIL_WAIT_MS = 1000  # the reader's long poll
 DRAIN_WAIT_MS = 100  # after the writers stop: the reader reads until a poll this long is empty
 DRAIN_TIMEOUT_S = 30.0  # ... but gives up on the rest after this long
 STAMP = struct.Struct(">Q")  # the append's start, perf_counter_ns, at the payload's head
-FRAME = struct.Struct(">QQI")  # ledger id | entry id | len: a stream read's frame header
 NEVER_NS = 1 << 63  # after any perf_counter_ns
 NS_PER_S = 1e9
-MS_PER_S = 1000.0
-MB = 1_000_000  # MB/s in decimal megabytes, as bench http reports them
-P50, P99 = 0.5, 0.99
-OCTET = "application/octet-stream"
 
 SINGLE, BATCH, TAIL_READ, TAIL_CURSOR = "single", "batch", "tail-read", "tail-cursor"
 
 
 @dataclass(slots=True)
-class Figures:
-    name: str
-    requests: int
-    entries: int
-    seconds: float
-    append_latencies: list[float]
-    e2e_latencies: list[float]
+class StreamFigures(Figures):
+    """``latencies`` are the appends'; the tail runs add the end-to-end ones."""
+
+    e2e_latencies: list[float] = field(default_factory=list, repr=False)
     appended_in_window: int = 0  # tail runs: entries whose append started in the window ...
     delivered_in_window: int = 0  # ... and how many of them the reader received
     ledgers: int = 0
-    server_cpu_s: float = 0.0
-
-    @property
-    def entries_per_s(self) -> float:
-        return self.entries / self.seconds if self.seconds else 0.0
-
-    @property
-    def requests_per_s(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-
-def _quantile_ms(values: list[float], quantile: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(quantile * len(ordered)))] * MS_PER_S
 
 
 def _stamped(size: int) -> bytes:
     return STAMP.pack(time.perf_counter_ns()) + bytes(size - STAMP.size)
-
-
-def _frames(body: bytes) -> list[tuple[str, bytes]]:
-    found = []
-    pos = 0
-    while pos < len(body):
-        ledger, entry, length = FRAME.unpack_from(body, pos)
-        pos += FRAME.size
-        found.append((f"{ledger}:{entry}", body[pos : pos + length]))
-        pos += length
-    return found
 
 
 # --- the load process ----------------------------------------------------------------------
@@ -115,12 +84,13 @@ async def _load(
     starts: list[int] = []  # perf_counter_ns of every acknowledged single append
     e2e: list[float] = []
     counts = {"requests": 0, "entries": 0, "errors": 0, "delivered": 0}
-    state: dict[str, Any] = {"recording": False, "running": True, "draining": False}
+    phase = Phase()
+    draining = False
     # perf_counter_ns of the measured window; until it opens, no stamp is in it.
     window = {"start": NEVER_NS, "end": NEVER_NS}
 
     async def writer(session: aiohttp.ClientSession) -> None:
-        while state["running"]:
+        while phase.running:
             started = time.perf_counter()
             if mode == BATCH:
                 body, content_type, entries = batch, BATCH_CONTENT_TYPE, BATCH_ENTRIES
@@ -133,7 +103,7 @@ async def _load(
                 ok = response.status == 201
             if ok and mode != BATCH:
                 starts.append(STAMP.unpack_from(body)[0])
-            if state["recording"]:
+            if phase.recording:
                 if ok:
                     counts["requests"] += 1
                     counts["entries"] += entries
@@ -145,18 +115,18 @@ async def _load(
         """Latencies of what a read brought; the position of its last entry."""
         received = time.perf_counter_ns()
         last = None
-        for position, payload in _frames(body):
+        for position, payload in decode_stream_frames(body):
             (stamp,) = STAMP.unpack_from(payload)
             if window["start"] <= stamp <= window["end"]:
                 counts["delivered"] += 1
                 e2e.append((received - stamp) / NS_PER_S)
-            last = position
+            last = str(position)
         return last
 
     async def reader(session: aiohttp.ClientSession) -> None:
         position = None
         while True:
-            wait_ms = DRAIN_WAIT_MS if state["draining"] else TAIL_WAIT_MS
+            wait_ms = DRAIN_WAIT_MS if draining else TAIL_WAIT_MS
             query = f"limit={READ_LIMIT}&waitMs={wait_ms}"
             if mode == TAIL_CURSOR:
                 url = f"{base}/cursors/tail/entries?{query}"
@@ -166,7 +136,7 @@ async def _load(
                 body = await response.read()
                 if response.status != 200:
                     counts["errors"] += 1
-                    if state["draining"]:
+                    if draining:
                         return
                     continue
                 position = response.headers.get("X-Next-Position", position)
@@ -176,7 +146,7 @@ async def _load(
                     f"{base}/cursors/tail/ack", json={"position": last}
                 ) as response:
                     await response.read()
-            if last is None and state["draining"]:
+            if last is None and draining:
                 return
 
     tailing = mode in (TAIL_READ, TAIL_CURSOR)
@@ -191,16 +161,12 @@ async def _load(
         tasks = [asyncio.create_task(writer(writers)) for _ in range(connections)]
         await asyncio.sleep(WARMUP_S)
         window["start"] = time.perf_counter_ns()
-        state["recording"] = True
-        began = time.perf_counter()
-        await asyncio.sleep(seconds)
-        state["recording"] = False
+        elapsed = await phase.record(seconds)
         window["end"] = time.perf_counter_ns()
-        elapsed = time.perf_counter() - began
-        state["running"] = False
+        phase.running = False
         await asyncio.gather(*tasks)
         if read_task is not None:
-            state["draining"] = True
+            draining = True
             # Past the timeout the report shows fewer entries delivered than appended.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(read_task, DRAIN_TIMEOUT_S)
@@ -225,60 +191,59 @@ def load_main(argv: list[str]) -> None:
 # --- the runs --------------------------------------------------------------------------------
 
 
-def _run(server: _Server, name: str, mode: str, writers: int, seconds: float, n: int) -> Figures:
+def _run(
+    server: Server, name: str, mode: str, writers: int, seconds: float, n: int
+) -> StreamFigures:
     stream = f"bench-{n}"
     policies = {"maxEntriesPerLedger": ROLLOVER_ENTRIES, "minLedgerRolloverTimeMinutes": 0}
-    _call(f"{server.url}/api/v1/streams/{stream}", "PUT", json.dumps(policies).encode())
-    cpu_before = _cpu_seconds(server.proc.pid)
-    out = subprocess.run(
-        [sys.executable, "-m", "node.bench_stream", server.url, mode, str(writers),
-         str(seconds), stream],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    cpu = _cpu_seconds(server.proc.pid) - cpu_before
-    result = json.loads(out)
-    details = _call(f"{server.url}/api/v1/streams/{stream}")
-    # The server worked through the warm-up too: charge it the measured share of its CPU.
-    share = result["seconds"] / (result["seconds"] + WARMUP_S)
-    return Figures(
+    call(f"{server.url}/api/v1/streams/{stream}", "PUT", json.dumps(policies).encode())
+    result, server_cpu_s = server.load("node.bench.stream", mode, writers, seconds, stream)
+    details = call(f"{server.url}/api/v1/streams/{stream}")
+    return StreamFigures(
         name=name,
         requests=result["requests"],
         entries=result["entries"],
         seconds=result["seconds"],
-        append_latencies=result["appends"],
+        latencies=result["appends"],
         e2e_latencies=result["e2e"],
         appended_in_window=result["appended_in_window"],
         delivered_in_window=result["delivered"],
         ledgers=len(details["ledgers"]),
-        server_cpu_s=cpu * share,
+        server_cpu_s=server_cpu_s,
     )
 
 
-def _print(rows: list[Figures]) -> None:
-    print(
-        "| run | appends/s | entries/s | MB/s | append p50 ms | append p99 ms "
-        "| end-to-end p50 ms | end-to-end p99 ms | ledgers | server cores |"
+def _table(rows: list[StreamFigures]) -> list[str]:
+    header = (
+        "run",
+        "appends/s",
+        "entries/s",
+        "MB/s",
+        "append p50 ms",
+        "append p99 ms",
+        "end-to-end p50 ms",
+        "end-to-end p99 ms",
+        "ledgers",
+        "server cores",
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cells = []
     for f in rows:
-        e2e = (
-            f"{_quantile_ms(f.e2e_latencies, P50):.2f} | {_quantile_ms(f.e2e_latencies, P99):.2f}"
-            if f.e2e_latencies
-            else "- | -"
+        e2e = f.e2e_latencies
+        cells.append(
+            (
+                *f.cells(),
+                f"{quantile_ms(e2e, P50):.2f}" if e2e else "-",
+                f"{quantile_ms(e2e, P99):.2f}" if e2e else "-",
+                str(f.ledgers),
+                f.cores,
+            )
         )
-        cores = f"{f.server_cpu_s / f.seconds:.2f}" if f.seconds else "-"
-        print(
-            f"| {f.name} | {f.requests_per_s:,.0f} | {f.entries_per_s:,.0f} | "
-            f"{f.entries_per_s * ENTRY_SIZE / MB:,.1f} | "
-            f"{_quantile_ms(f.append_latencies, P50):.2f} | "
-            f"{_quantile_ms(f.append_latencies, P99):.2f} | {e2e} | {f.ledgers} | {cores} |"
-        )
+    return markdown_table(header, cells)
 
 
 def main(args: argparse.Namespace) -> int:
     writers = args.writers
     seconds = args.seconds
-    scratch = Path(tempfile.mkdtemp(prefix="node-bench-stream-", dir=args.dir))
     runs = [
         (f"single appends, {writers} writers", SINGLE, writers),
         (f"batch appends ({BATCH_ENTRIES} x 1 KiB), {writers} writers", BATCH, writers),
@@ -286,21 +251,18 @@ def main(args: argparse.Namespace) -> int:
         (f"tail (long poll), {writers} writers", TAIL_READ, writers),
         (f"tail (cursor + ack), {writers} writers", TAIL_CURSOR, writers),
     ]
-    try:
+    with scratch_dir(args.dir, "node-bench-stream-") as scratch:
         print(
             f"## node bench stream: {seconds} s per run, 1 KiB entries, ledgers of "
             f"{ROLLOVER_ENTRIES:,} entries"
         )
-        print(f"- scratch: {scratch}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs")
-        server = _Server(scratch / "server")
-        try:
+        print(short_machine_line(scratch))
+        with serving(scratch / "server") as server:
             rows = [
                 _run(server, name, mode, count, seconds, n)
                 for n, (name, mode, count) in enumerate(runs)
             ]
-        finally:
-            server.stop()
-        _print(rows)
+        print("\n".join(_table(rows)))
         print()
         for f in rows:
             if f.appended_in_window:
@@ -308,8 +270,6 @@ def main(args: argparse.Namespace) -> int:
                     f"- {f.name}: the reader received {f.delivered_in_window:,} of the "
                     f"{f.appended_in_window:,} entries appended in the measured window"
                 )
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

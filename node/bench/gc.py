@@ -30,32 +30,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import platform
 import shutil
 import statistics
-import sys
-import tempfile
 import time
-from array import array
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from node.bench import (
-    EXIT_USAGE,
+from node.bench.common import (
     MB,
     P50,
     P99,
     PAYLOAD_FILL,
-    WARMUP_FRACTION,
-    WARMUP_MAX_S,
+    AddLoad,
     Result,
-    _filesystem,
-    _loop_name,
+    machine_line,
     markdown_table,
+    require_positive,
+    scratch_dir,
+    warmup_for,
 )
 from node.lifecycle.gc import GarbageCollector
 from node.runtime import run, tune_gc
@@ -63,7 +57,6 @@ from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.clock import SystemClock
 from node.storage.compaction import CompactionResult, Throttle
-from node.storage.errors import Backpressure
 from node.storage.ledgers import LedgerStorage
 
 ENTRY_SIZE = 1 * KiB  # the load's adds, as bench write's default
@@ -245,52 +238,9 @@ async def _compaction_alone(settings: Settings) -> CompactionFigures:
 # --- runs 2 and 3: the write load, without and with compaction -------------------------------
 
 
-class _Load:
-    """``writers`` x ``window`` add slots on their own ledgers; records while asked."""
-
-    def __init__(self, storage: LedgerStorage, ledgers: list[int], window: int) -> None:
-        self._storage = storage
-        self._payload = bytes([PAYLOAD_FILL]) * ENTRY_SIZE
-        self.running = True
-        self.recording = False
-        self.latencies: list[array[float]] = []
-        loop = asyncio.get_running_loop()
-        self._tasks = []
-        for ledger_id in ledgers:
-            for _ in range(window):
-                buffer: array[float] = array("d")
-                self.latencies.append(buffer)
-                self._tasks.append(loop.create_task(self._slot(ledger_id, buffer.append)))
-
-    async def _slot(self, ledger_id: int, record: Callable[[float], None]) -> None:
-        add, clock, payload = self._storage.add_entry, time.perf_counter, self._payload
-        while self.running:
-            started = clock()
-            try:
-                await add(ledger_id, None, payload)
-            except Backpressure:
-                continue  # counted by the storage; the figures are of completed adds
-            if self.recording:
-                record(clock() - started)
-
-    def take(self) -> list[float]:
-        merged = [x for buffer in self.latencies for x in buffer]
-        for buffer in self.latencies:
-            del buffer[:]
-        return merged
-
-    async def stop(self) -> None:
-        self.running = False
-        await asyncio.gather(*self._tasks)
-
-
-async def _window(load: _Load, seconds: float, name: str) -> Result:
+async def _window(load: AddLoad, seconds: float, name: str) -> Result:
     load.take()  # drop what the warm-up left
-    load.recording = True
-    started = time.perf_counter()
-    await asyncio.sleep(seconds)
-    load.recording = False
-    elapsed = time.perf_counter() - started
+    elapsed = await load.record(seconds)
     latencies = load.take()
     return Result(name, len(latencies), len(latencies) * ENTRY_SIZE, elapsed, latencies)
 
@@ -309,7 +259,7 @@ async def _loads(
     try:
         ledgers = [(await storage.create_ledger())[0].ledger_id for _ in range(writers)]
         candidates = await asyncio.to_thread(_candidates, storage)
-        load = _Load(storage, ledgers, window)
+        load = AddLoad(storage, ledgers, window, bytes([PAYLOAD_FILL]) * ENTRY_SIZE)
         try:
             await asyncio.sleep(warmup)
             for index in range(rounds):
@@ -437,24 +387,9 @@ def _report(
 
 def main(args: argparse.Namespace) -> int:
     writers, window, seconds = int(args.writers), int(args.window), float(args.seconds)
-    if writers <= 0 or window <= 0 or seconds <= 0:
-        print("bench: --writers, --window and --seconds must be positive", file=sys.stderr)
-        return EXIT_USAGE
-    warmup = min(WARMUP_MAX_S, seconds * WARMUP_FRACTION)
-    parent: Path | None = args.dir
-    created_parent = False
-    if parent is not None:
-        parent = parent.resolve()
-        created_parent = not parent.exists()
-        parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="node-bench-gc-", dir=parent))
-    try:
-        return _run(scratch, writers, window, seconds, warmup)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if created_parent and parent is not None:
-            with contextlib.suppress(OSError):  # someone put files there meanwhile: leave it
-                parent.rmdir()
+    require_positive(writers=writers, window=window, seconds=seconds)
+    with scratch_dir(args.dir, "node-bench-gc-") as scratch:
+        return _run(scratch, writers, window, seconds, warmup_for(seconds))
 
 
 def _run(scratch: Path, writers: int, window: int, seconds: float, warmup: float) -> int:
@@ -478,8 +413,7 @@ def _run(scratch: Path, writers: int, window: int, seconds: float, warmup: float
                 f"## node bench gc: {writers} writers x {window} adds in flight, "
                 f"{seconds:g} s of load each way after {warmup:g} s warm-up",
                 "",
-                f"- scratch: {scratch} ({_filesystem(scratch)}); python "
-                f"{platform.python_version()}, {_loop_name()}, {os.cpu_count()} CPUs",
+                machine_line(scratch),
                 f"- data set: {dataset.ledgers} ledgers x {DATA_ENTRY_SIZE:,} B entries "
                 f"interleaved over {dataset.logs} entry logs ({dataset.bytes / MB:,.1f} MB, "
                 f"log_size_limit={LOG_SIZE // MiB} MiB); {dataset.deleted} ledgers deleted: "

@@ -1,0 +1,36 @@
+"""``python -m node bench WHAT``: the node measured against baselines on this machine.
+
+- ``write`` (write.py): durable adds of the engine in-process, against the raw disk with the
+  engine's batches and against RocksDB with a synced WAL;
+- ``wal`` (wal.py): the raw-device WAL against fio on the same device;
+- ``gc`` (gc.py): compaction throughput, and what throttled compaction costs the writers;
+- ``http`` (http.py): the live server over loopback, next to the engine in-process;
+- ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback.
+
+common.py holds what they all share; server.py what http and stream share (the node they
+start, the load process they drive it with). A benchmark's module is imported only when it
+runs, so that ``serve`` imports none of this.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from node.bench.common import EXIT_USAGE, UsageError
+
+BENCHMARKS = ("write", "wal", "gc", "http", "stream")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs benchmark ``args.what``: its module's ``main(args)``."""
+    if args.what not in BENCHMARKS:
+        print(f"bench: unknown benchmark {args.what!r}", file=sys.stderr)
+        return EXIT_USAGE
+    benchmark = importlib.import_module(f"{__name__}.{args.what}")
+    try:
+        return int(benchmark.main(args))
+    except UsageError as e:
+        print(f"bench {args.what}: {e}", file=sys.stderr)
+        return EXIT_USAGE
