@@ -7,43 +7,26 @@ raw-device path is what it exists to prove.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
+from node.bench.wal import NoLoopDevice
+from node.bench.wal import loop_device as make_loop_device
 from node.storage.directio import aligned_buffer, open_raw, read_exactly, write_exactly
-
-LOSETUP_TIMEOUT_S = 30
 
 
 @contextmanager
 def loop_device(backing: Path, size: int) -> Iterator[Path]:
     """A loop device of ``size`` bytes over the new file ``backing``, detached afterwards."""
-    with open(backing, "wb") as f:
-        f.truncate(size)
-    try:
-        made = subprocess.run(
-            ["losetup", "--find", "--show", str(backing)],
-            capture_output=True,
-            text=True,
-            timeout=LOSETUP_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError:
-        pytest.fail("losetup is not installed (util-linux): the raw-device WAL tests need it")
-    if made.returncode != 0:
-        pytest.fail(
-            f"cannot create a loop device over {backing}: {made.stderr.strip()} "
-            "(the raw-device WAL tests need root and /dev/loop-control)"
-        )
-    device = Path(made.stdout.strip())
-    try:
+    with ExitStack() as stack:
+        try:
+            device = stack.enter_context(make_loop_device(backing, size))
+        except NoLoopDevice as e:
+            pytest.fail(f"cannot create a loop device: {e}; the raw-device WAL tests need one")
         yield device
-    finally:
-        subprocess.run(["losetup", "--detach", str(device)], timeout=LOSETUP_TIMEOUT_S, check=False)
 
 
 def snapshot(path: Path, size: int) -> bytearray:

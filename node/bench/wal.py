@@ -315,10 +315,15 @@ def _fio(
 # --- media -----------------------------------------------------------------------------------
 
 
+class NoLoopDevice(Exception):
+    """Why no loop device could be made (no losetup, not root, no /dev/loop-control)."""
+
+
 @contextlib.contextmanager
-def _loop_device(backing: Path) -> Iterator[Path | str]:
-    """A loop device over ``backing`` (zero-filled), or why there is none."""
-    create_file(backing, RING_CAPACITY)
+def loop_device(backing: Path, size: int) -> Iterator[Path]:
+    """A loop device of ``size`` bytes over the new zero-filled file ``backing``, detached
+    afterwards; NoLoopDevice says why there is none. The WAL tests use it too."""
+    create_file(backing, size)
     try:
         made = subprocess.run(
             ["losetup", "--find", "--show", str(backing)],
@@ -328,11 +333,9 @@ def _loop_device(backing: Path) -> Iterator[Path | str]:
             check=False,
         )
     except FileNotFoundError:
-        yield "losetup is not installed"
-        return
+        raise NoLoopDevice("losetup is not installed (util-linux)") from None
     if made.returncode != 0:
-        yield f"losetup failed (root is needed): {made.stderr.strip()}"
-        return
+        raise NoLoopDevice(f"losetup failed over {backing} (root is needed): {made.stderr.strip()}")
     device = Path(made.stdout.strip())
     try:
         yield device
@@ -605,14 +608,14 @@ def main(args: argparse.Namespace) -> int:
                 _bench_medium(scratch, path, f"{path}", sizes, seconds, warmup, writers)
             )
         else:
-            with _loop_device(scratch / "loop.img") as device:
-                if isinstance(device, str):
-                    _print(["", f"### loop device: not measured: {device}"])
-                else:
+            try:
+                with loop_device(scratch / "loop.img", RING_CAPACITY) as device:
                     title = f"loop device {device} over {scratch / 'loop.img'}"
                     summaries.append(
                         _bench_medium(scratch, device, title, sizes, seconds, warmup, writers)
                     )
+            except NoLoopDevice as e:
+                _print(["", f"### loop device: not measured: {e}"])
             ring_file = scratch / "wal.ring"
             create_file(ring_file, RING_CAPACITY)
             summaries.append(
