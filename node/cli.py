@@ -27,6 +27,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             settings.http_host,
         )
     runtime.tune_gc()
+    runtime.dump_stacks_on_sigquit()
     runtime.run(serve(settings))
     return 0
 

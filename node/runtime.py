@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
+import signal
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -22,6 +24,13 @@ def tune_gc() -> None:
     gc.freeze()
     _gen0, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(GC_GENERATION0_THRESHOLD, gen1, gen2)
+
+
+def dump_stacks_on_sigquit() -> None:
+    """``kill -QUIT`` prints every thread's stack to stderr and the node goes on, as a JVM
+    bookie does for ``jstack``: the way to see where a node that stopped answering is stuck
+    (faulthandler writes from the signal handler itself, so a blocked event loop still dumps)."""
+    faulthandler.register(signal.SIGQUIT, all_threads=True, chain=False)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

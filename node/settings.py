@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535)  # BookKeeper httpServerPort
     max_entry_size: int = Field(5 * MiB, gt=0)  # largest payload (BookKeeper nettyMaxFrameSize)
     max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
-    range_read_chunk_entries: int = Field(256, gt=0)  # entries fetched per step of a range read
+    range_read_chunk_entries: int = Field(256, gt=0)  # a range read yields the loop this often
     max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
     admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/

@@ -20,10 +20,12 @@ thread (checkpoints are serial) and a small pool of reader threads.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import dataclasses
 import hashlib
 import hmac
+import itertools
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -754,21 +756,21 @@ class LedgerStorage:
     async def read_range(
         self, ledger_id: int, first: int, last: int | None = None
     ) -> AsyncIterator[tuple[int, bytes]]:
-        """Durable entries with ids in [first, last] (last defaults to the LAC), in order,
-        fetched a chunk at a time so that a long range is never held in memory."""
+        """Durable entries with ids in [first, last] (last defaults to the highest durable
+        id), in order, as of the call: up to the LAC every id, past it the ids added at
+        chosen positions. Only ids that exist are visited, so an entry added at id 2^62 costs
+        one read, not a walk over the hole; the loop gets a turn every chunk."""
         meta = self.ledger(ledger_id)
-        above = sorted(self._durable_above_lac.get(ledger_id, ()))
-        top = max(meta.lac, above[-1] if above else -1)
-        last = top if last is None else min(last, top)
+        start = max(first, 0)
+        above = sorted(e for e in self._durable_above_lac.get(ledger_id, ()) if e >= start)
+        if last is not None:
+            above = above[: bisect.bisect_right(above, last)]
+        lac_part = range(start, (meta.lac if last is None else min(last, meta.lac)) + 1)
         chunk = self.settings.range_read_chunk_entries
-        entry_id = max(first, 0)
-        while entry_id <= last:
-            meta = self.ledger(ledger_id)
-            end = min(last, entry_id + chunk - 1)
-            ids = [e for e in range(entry_id, end + 1) if self._is_durable(meta, e)]
-            for eid in ids:
-                yield eid, await self.read_entry(ledger_id, eid)
-            entry_id = end + 1
+        for done, entry_id in enumerate(itertools.chain(lac_part, above), 1):
+            yield entry_id, await self.read_entry(ledger_id, entry_id)
+            if done % chunk == 0:
+                await asyncio.sleep(0)  # cached entries never suspend: let others run
 
     # --- checkpoint ------------------------------------------------------------------------
 

@@ -92,7 +92,15 @@ class NodeProcess:
     def terminate(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGQUIT)  # every thread's stack, into the log
+            time.sleep(1)
+            self.kill()
+            raise AssertionError(
+                f"node did not stop within {timeout} s of SIGTERM; its log ends:\n{self.log()}"
+            ) from None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
