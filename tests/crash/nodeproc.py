@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -14,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
+from tests.hostdisk import neutral_env
 
 READY_TIMEOUT_S = 30.0
 
@@ -42,7 +41,7 @@ class NodeProcess:
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        self.env = {**os.environ, **as_env(HOST_DISK_NEUTRAL), **CHURN_SETTINGS}
+        self.env = {**neutral_env(), **CHURN_SETTINGS}
         self.env.pop("NODE_CRASH_POINTS", None)
         self.env.update(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
