@@ -26,7 +26,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "Set NODE_ADMIN_TOKEN. !!!",
             settings.http_host,
         )
-    runtime.tune_gc()
+    runtime.tune()
     runtime.dump_stacks_on_sigquit()
     runtime.run(serve(settings))
     return 0

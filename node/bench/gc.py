@@ -52,7 +52,7 @@ from node.bench.common import (
     warmup_for,
 )
 from node.lifecycle.gc import GarbageCollector
-from node.runtime import run, tune_gc
+from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.clock import SystemClock
@@ -397,7 +397,7 @@ def _run(scratch: Path, writers: int, window: int, seconds: float, warmup: float
     settings = _settings(base_dir)
     rounds, round_s = _rounds(seconds)
     size = _dataset_bytes(settings, (min(warmup, round_s) + round_s) * rounds)
-    tune_gc()  # as `serve` does
+    tune()  # as `serve` does
     dataset = run(_build(settings, size))
     for target in (alone_dir, load_dir):
         shutil.copytree(base_dir, target)  # a closed node's files: an identical node

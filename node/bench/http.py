@@ -36,7 +36,7 @@ from node.bench.server import (
     short_machine_line,
 )
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
-from node.runtime import run, tune_gc
+from node.runtime import run, tune
 from node.settings import load
 from node.storage.ledgers import LedgerStorage
 
@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
                 _http_run(server, "batch", connections, seconds, server.ledgers(connections)),
                 _http_run(server, "read", connections, seconds, read_ledger),
             ]
-        tune_gc()
+        tune()
         rows.append(run(_engine(scratch / "engine-single", False, seconds)))
         rows.append(run(_engine(scratch / "engine-batch", True, seconds)))
         print("\n".join(_table(rows)))

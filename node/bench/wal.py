@@ -68,7 +68,7 @@ from node.bench.common import (
     scratch_dir,
     warmup_for,
 )
-from node.runtime import run, tune_gc
+from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, load
 from node.storage.blockwal import BLOCK_ALIGNMENT, HEADER_AREA, RECORD_OVERHEAD, BlockWal
 from node.storage.clock import SystemClock
@@ -247,7 +247,7 @@ def _measure_wal(
 ) -> Row:
     _zero_header(medium)
     settings = _wal_settings(scratch, medium, **overrides)
-    tune_gc()  # as `serve` does
+    tune()  # as `serve` does
     return run(_wal_run(settings, name, size, seconds, warmup, writers, rate))
 
 

@@ -59,7 +59,7 @@ from node.bench.common import (
     scratch_dir,
     warmup_for,
 )
-from node.runtime import run, tune_gc
+from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, SettingsError, load
 from node.storage.journal import RECORD_HEADER as JOURNAL_RECORD_HEADER
 from node.storage.journal import Journal
@@ -347,7 +347,7 @@ def _bench_size(
 ) -> SizeReport:
     run_dir = scratch / f"engine-{size}"
     settings = load(data_dir=run_dir)
-    tune_gc()  # as `serve` does
+    tune()  # as `serve` does
     try:
         engine, figures = run(_engine_run(settings, size, writers, window, seconds, warmup))
     finally:
