@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 MARKER_SUFFIX = ".compacted"
 MIN_SLEEP_S = 0.01  # the throttle's smallest sleep
 WRITE_BATCH_BYTES = 1024 * 1024  # copies are gathered into writes of about this size
+COPY_BATCH_RECORDS = 256  # records read before one index multi-get and throttle charge
 
 
 class Throttle:
@@ -253,26 +254,50 @@ class Compactor:
     ) -> None:
         path = entrylog.log_path(self._dir, source)
         total = path.stat().st_size
+        batch: list[entrylog.ScannedRecord] = []
+        size = 0
         for record in entrylog.scan(path):
-            size = entrylog.RECORD_OVERHEAD + len(record.payload)
-            result.bytes_read += size
-            throttle.acquire(1, size)
-            if progress is not None:
-                progress(source, record.offset + size, max(0, total - record.offset - size))
-            if record.ledger_id < 0 or not is_live_ledger(record.ledger_id):
-                continue
+            batch.append(record)
+            size += entrylog.RECORD_OVERHEAD + len(record.payload)
+            if len(batch) >= COPY_BATCH_RECORDS or size >= WRITE_BATCH_BYTES:
+                self._copy_batch(source, batch, size, output, is_live_ledger, throttle, result)
+                batch, size = [], 0
+                if progress is not None:
+                    progress(source, record.offset, max(0, total - record.offset))
+        if batch:
+            self._copy_batch(source, batch, size, output, is_live_ledger, throttle, result)
+        self._crash.hit("compaction.after_copy")
+
+    def _copy_batch(
+        self,
+        source: int,
+        batch: list[entrylog.ScannedRecord],
+        size: int,
+        output: _Output,
+        is_live_ledger: Callable[[int], bool],
+        throttle: Throttle,
+        result: CompactionResult,
+    ) -> None:
+        """Copy the live records of ``batch`` (``size`` bytes read) with one throttle charge
+        and one index multi-get for all of them: per record, each cost as much as the copy."""
+        result.bytes_read += size
+        throttle.acquire(len(batch), size)
+        live = [r for r in batch if r.ledger_id >= 0 and is_live_ledger(r.ledger_id)]
+        found = self._index.get_locations([(r.ledger_id, r.entry_id) for r in live])
+        entries = written = 0
+        for record, location in zip(live, found, strict=True):
             here = entrylog.location(source, record.offset)
-            if self._index.get_location(record.ledger_id, record.entry_id) != here:
+            if location != here:
                 continue  # a stale copy: the index points elsewhere
             if not record.crc_ok:
+                path = entrylog.log_path(self._dir, source)
                 raise CorruptRecord(str(path), record.offset, "a live entry fails its CRC")
-            written = output.add(
-                record.ledger_id, record.entry_id, record.crc, record.payload, here
-            )
-            result.bytes_written += written
+            copy = output.add(record.ledger_id, record.entry_id, record.crc, record.payload, here)
+            result.bytes_written += copy
             result.entries_copied += 1
-            throttle.acquire(1, written)
-        self._crash.hit("compaction.after_copy")
+            entries += 1
+            written += copy
+        throttle.acquire(entries, written)
 
     def _finish(self, output: _Output, result: CompactionResult) -> None:
         if not output.moves:

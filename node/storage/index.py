@@ -232,6 +232,16 @@ class Index:
         value = self._locations.get(LOCATION_KEY.pack(ledger_id, entry_id))
         return None if value is None else int(LOCATION_VALUE.unpack(value)[0])
 
+    def get_locations(self, keys: list[tuple[int, int]]) -> list[int | None]:
+        """``get_location`` of many (ledger id, entry id) with one multi-get."""
+        if not keys:
+            return []
+        packed: list[str | int | float | bytes | bool] = [
+            LOCATION_KEY.pack(lid, eid) for lid, eid in keys
+        ]
+        values = cast(list[bytes | None], self._locations.get(packed))
+        return [None if v is None else int(LOCATION_VALUE.unpack(v)[0]) for v in values]
+
     def entry_ids(self, ledger_id: int, first: int = 0, last: int = MAX_ID) -> Iterator[int]:
         """Entry ids of a ledger present in the index, ascending, within [first, last]."""
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
