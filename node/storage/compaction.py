@@ -30,7 +30,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -254,18 +254,11 @@ class Compactor:
     ) -> None:
         path = entrylog.log_path(self._dir, source)
         total = path.stat().st_size
-        batch: list[entrylog.ScannedRecord] = []
-        size = 0
-        for record in entrylog.scan(path):
-            batch.append(record)
-            size += entrylog.RECORD_OVERHEAD + len(record.payload)
-            if len(batch) >= COPY_BATCH_RECORDS or size >= WRITE_BATCH_BYTES:
-                self._copy_batch(source, batch, size, output, is_live_ledger, throttle, result)
-                batch, size = [], 0
-                if progress is not None:
-                    progress(source, record.offset, max(0, total - record.offset))
-        if batch:
+        for batch, size in _batches(entrylog.scan(path)):
             self._copy_batch(source, batch, size, output, is_live_ledger, throttle, result)
+            if progress is not None:
+                end = batch[-1].offset + entrylog.RECORD_OVERHEAD + len(batch[-1].payload)
+                progress(source, end, max(0, total - end))
         self._crash.hit("compaction.after_copy")
 
     def _copy_batch(
@@ -340,6 +333,22 @@ class Compactor:
         self._crash.hit("compaction.after_retire")
         marker.unlink(missing_ok=True)
         fsync_dir(self._dir)
+
+
+def _batches(
+    records: Iterable[entrylog.ScannedRecord],
+) -> Iterator[tuple[list[entrylog.ScannedRecord], int]]:
+    """``records`` in batches of COPY_BATCH_RECORDS or WRITE_BATCH_BYTES, with their size."""
+    batch: list[entrylog.ScannedRecord] = []
+    size = 0
+    for record in records:
+        batch.append(record)
+        size += entrylog.RECORD_OVERHEAD + len(record.payload)
+        if len(batch) >= COPY_BATCH_RECORDS or size >= WRITE_BATCH_BYTES:
+            yield batch, size
+            batch, size = [], 0
+    if batch:
+        yield batch, size
 
 
 def _read_marker(marker: Path) -> tuple[int | None, set[int]]:
