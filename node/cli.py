@@ -9,6 +9,7 @@ from pathlib import Path
 
 from node import logs, runtime
 from node.settings import SettingsError, load
+from node.sizing import fit_to_disks
 from node.storage.errors import WalDeviceError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -19,6 +20,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     settings = load(args.config, data_dir=args.data_dir, http_host=args.host, http_port=args.port)
     logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
+    settings = fit_to_disks(settings)
     if settings.http_host not in LOOPBACK and settings.admin_token is None:
         logging.getLogger("node").warning(
             "!!! listening on %s, which is not loopback, WITHOUT an admin token: anyone who "

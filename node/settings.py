@@ -249,7 +249,9 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
         built = _FromFile(**explicit)
     except ValidationError as e:
         raise SettingsError(_describe(e)) from None
-    return Settings.model_construct(**built.model_dump())
+    # Which settings were given (not defaulted) is kept: sizing.fit_to_disks fits only
+    # the defaults to the disks.
+    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
 
 
 class _DictSource(PydanticBaseSettingsSource):

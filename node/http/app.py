@@ -54,6 +54,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
 
 
 async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    await app[WORK].before_storage_start()
     await app[STORAGE].start()
     await app[STREAMS].start()
     await app[WORK].start()

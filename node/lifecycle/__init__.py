@@ -23,6 +23,9 @@ class BackgroundWork:
         )
         self._tasks: list[asyncio.Task[None]] = []
 
+    async def before_storage_start(self) -> None:
+        await asyncio.to_thread(self.disks.reserve.release_if_full)
+
     async def start(self) -> None:
         await self.disks.check()  # a node that starts on a full disk starts read-only
         self._tasks = [

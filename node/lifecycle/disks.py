@@ -79,6 +79,13 @@ class EmergencyReserve:
         log.info("made the emergency reserve %s (%d bytes)", self.path, self.size)
         return True
 
+    def release_if_full(self) -> bool:
+        """Before the node opens its index: RocksDB must write to open (its WAL into a
+        table file), and a disk filled while the node was down would keep it down."""
+        if usage(self._settings.data_dir) > self._settings.disk_usage_threshold:
+            return self.release()
+        return False
+
     def release(self) -> bool:
         if not self.path.exists():
             return False

@@ -362,11 +362,22 @@ class Journal:
         self._open_file(existing[-1] + 1 if existing else 1)
 
     def _open_file(self, journal_id: int) -> None:
+        try:
+            self._create_file(journal_id, self._settings.journal_pre_alloc_size)
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            # A full disk at start or rotation: begin with the header's sector alone.
+            # Each write then extends the file, and one that finds no space is refused.
+            self._drop_backups()
+            self._create_file(journal_id, self._settings.journal_alignment_size)
+
+    def _create_file(self, journal_id: int, preallocate: int) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
         path = journal_path(self._dir, journal_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.posix_fallocate(fd, 0, self._settings.journal_pre_alloc_size)
+            os.posix_fallocate(fd, 0, preallocate)
             os.pwrite(fd, encode_header(), 0)
             os.fdatasync(fd)
             fsync_dir(self._dir)
@@ -380,7 +391,7 @@ class Journal:
             raise
         self._fd, self._file_id = fd, journal_id
         self._position = HEADER_SIZE
-        self._preallocated = self._settings.journal_pre_alloc_size
+        self._preallocated = preallocate
 
     def append(
         self, ledger_id: int, entry_id: int, crc: int, payload: bytes
@@ -569,6 +580,7 @@ class Journal:
             raise self._no_space(e) from e
 
     def _no_space(self, error: OSError) -> DiskFull:
+        self._drop_backups()
         path = journal_path(self._dir, self._file_id)
         return DiskFull(f"no space left for the journal at {path}: {error.strerror or error}")
 
@@ -603,6 +615,15 @@ class Journal:
         older = [i for i in list_journals(self._dir) if i < mark.log_id]
         for journal_id in older[: max(0, len(older) - self._settings.journal_max_backups)]:
             journal_path(self._dir, journal_id).unlink(missing_ok=True)
+
+    def _drop_backups(self) -> None:
+        """Journals wholly before the last mark serve forensics only: on a full disk their
+        space is worth more (the next writes, a checkpoint, the index)."""
+        mark = self.last_mark()
+        for journal_id in list_journals(self._dir):
+            if journal_id < mark.log_id:
+                journal_path(self._dir, journal_id).unlink(missing_ok=True)
+                log.warning("deleted journal backup %x for want of space", journal_id)
 
     async def close(self) -> None:
         if self._writer is None:

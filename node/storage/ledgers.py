@@ -141,6 +141,7 @@ class LedgerStorage:
         self._running = False
         # Why adds are refused, by source ("operator", "disk"); empty = writable.
         self._read_only: dict[str, str] = {}
+        self._deleting: set[int] = set()  # deletions waiting for the WAL
         # Ledgers whose fence or close the WAL refused for want of space: in memory only.
         self._unjournaled: set[int] = set()
         self.stats = Stats()
@@ -162,7 +163,15 @@ class LedgerStorage:
         await loop.run_in_executor(self._flush_executor, self._recover)
         await self._wal.start()
         self._running = True
-        await self.checkpoint()
+        try:
+            await self.checkpoint()
+        except Exception as e:
+            # A full disk must not keep the node down: it serves reads, read-only, with
+            # the replayed entries in the write cache, and the checkpointer retries.
+            if not is_no_space(e):
+                raise
+            self._no_space(f"no space left for a checkpoint: {e}")
+            log.error("the checkpoint after replay failed for want of space (%s)", e)
         self._checkpointer = loop.create_task(self._checkpoint_loop(), name="checkpointer")
 
     def _recover(self) -> None:
@@ -175,14 +184,26 @@ class LedgerStorage:
                     self._on_durable(meta, entry_id)
         mark = self._wal.last_mark()
         self.last_checkpoint_mark = mark
+        flush_as_we_go = True
         for record in self._wal.recover(mark):
             self._replay(record)
             self.stats.replayed_records += 1
-            if self._cache.size >= self._half_cache:
+            if flush_as_we_go and self._cache.size >= self._half_cache:
                 # Replay of a long journal: flush as we go, keeping the old mark (a crash
                 # now replays again from it, which is idempotent).
-                self._flush(self._cache, self._snapshot_dirty(), self._deleted_ids(), None)
-                self._cache = WriteCache()
+                metas = self._snapshot_dirty()
+                try:
+                    self._flush(self._cache, metas, self._deleted_ids(), None)
+                except OSError as e:
+                    if not is_no_space(e):
+                        raise
+                    # The rest stays in memory (the journal since the mark, which a disk
+                    # this full keeps small); the node starts read-only.
+                    self._dirty.update(m.ledger_id for m in metas)
+                    flush_as_we_go = False
+                    log.error("replay cannot flush for want of space (%s)", e)
+                else:
+                    self._cache = WriteCache()
         self._next_ledger_id = max(max(self._ledgers, default=-1) + 1, self._index.next_ledger_id())
         log.info(
             "recovered %d ledgers, replayed %d WAL records from %s",
@@ -235,7 +256,12 @@ class LedgerStorage:
         if self._checkpointer is not None:
             self._checkpoint_wanted.set()  # the loop sees _running is off and returns
             await self._checkpointer
-        await self.checkpoint(force=True)
+        try:
+            await self.checkpoint(force=True)
+        except Exception as e:
+            # Nothing is lost: the WAL holds everything since the last mark, and the next
+            # start replays it. Stopping goes on, so the WAL and files close cleanly.
+            log.error("the final checkpoint failed (%s); the next start replays the WAL", e)
         await self._wal.close()
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._flush_executor, self._close_files)
@@ -247,7 +273,13 @@ class LedgerStorage:
         self._read_executor.shutdown(wait=False)
 
     def _close_files(self) -> None:
-        self._writer.roll()
+        try:
+            self._writer.roll()
+        except OSError as e:
+            # The map is an optimisation: a log without one is scanned when GC needs it.
+            # Cut off what the failed write left, so the log ends with whole records.
+            log.warning("could not write the ledgers map of the current entry log: %s", e)
+            self._writer.discard_unflushed()
         self._writer.close()
         self._reader.close()
         if self._index is not None:
@@ -375,16 +407,21 @@ class LedgerStorage:
         for _after, waiter in self._lac_waiters.pop(ledger_id, []):
             if not waiter.done():
                 waiter.set_exception(LedgerNotFound(f"ledger {ledger_id} was deleted"))
+        self._deleting.add(ledger_id)  # not purged before the WAL holds the deletion
         try:
             await self._journal(ledger_id, DELETE, b"")
         except (DiskFull, Backpressure):
             # Not in the WAL: the ledger is back, rather than gone until a crash brings it
-            # back (the client retries the delete once there is space).
+            # back (the client retries the delete once there is space). Dirty again: a
+            # checkpoint meanwhile may have written the deletion to the index.
             if meta.state == LedgerState.DELETED and self._ledgers.get(ledger_id) is meta:
                 meta.state = before
+                self._dirty.add(ledger_id)
                 for entry_id in sorted(above):
                     self._on_durable(meta, entry_id)
             raise
+        finally:
+            self._deleting.discard(ledger_id)
 
     async def set_explicit_lac(self, ledger_id: int, lac: int) -> int:
         """Raise the LAC to ``lac`` (never lowers it); entries up to it must be durable."""
@@ -835,13 +872,20 @@ class LedgerStorage:
                 await loop.run_in_executor(
                     self._flush_executor, self._flush, frozen, metas, deleted, mark
                 )
-            except BaseException:
+            except BaseException as e:
                 # Nothing is lost (the WAL holds it); merge back so reads still find it.
-                for lid, eid, crc, payload in frozen.sorted_entries():
+                for lid, eid, crc, payload in frozen.sorted_entries(deleted):
                     if self._cache.get(lid, eid) is None:
                         self._cache.put(lid, eid, crc, payload)
+                written: set[int] = set()
+                if isinstance(e, Exception):
+                    written = await self._write_deletions(metas)
                 # (not a ledger forgotten meanwhile because the WAL refused its creation)
-                self._dirty.update(m.ledger_id for m in metas if m.ledger_id in self._ledgers)
+                self._dirty.update(
+                    m.ledger_id
+                    for m in metas
+                    if m.ledger_id in self._ledgers and m.ledger_id not in written
+                )
                 raise
             finally:
                 self._flushing = None
@@ -853,6 +897,26 @@ class LedgerStorage:
             self.stats.checkpoint_seconds_total += elapsed
             self._probe.checkpoint(elapsed, frozen.count, frozen.size)
 
+    async def _write_deletions(self, metas: list[LedgerMeta]) -> set[int]:
+        """After a failed checkpoint, make its ledger deletions durable on their own: a
+        few bytes of index, where the entries need a whole entry log. On a full disk that
+        is what lets GC purge deleted ledgers and give their space back before any
+        checkpoint succeeds. Returns the ids written (none if the index cannot write)."""
+        deletions = [m for m in metas if m.state == LedgerState.DELETED]
+        if not deletions:
+            return set()
+
+        def write() -> None:
+            self.index.ensure_writable()
+            self.index.write((), deletions)
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._flush_executor, write)
+        except OSError as e:
+            log.warning("could not record %d ledger deletions either: %s", len(deletions), e)
+            return set()
+        return {m.ledger_id for m in deletions}
+
     def _crash_if(self, records: list[tuple[int, int, int, bytes]], point: str) -> None:
         """Checkpoint crash points are steps of writing entries: a checkpoint of metadata
         only (ledger creations) does not reach them."""
@@ -863,7 +927,9 @@ class LedgerStorage:
         return frozenset(lid for lid, m in self._ledgers.items() if m.state == LedgerState.DELETED)
 
     def _snapshot_dirty(self) -> list[LedgerMeta]:
-        metas = [dataclasses.replace(self._ledgers[lid]) for lid in self._dirty]
+        # A dirty id may name a ledger forgotten since (its creation refused by the WAL):
+        # nothing of it is to be written. Raising here would strand the swapped cache.
+        metas = [dataclasses.replace(m) for lid in self._dirty if (m := self._ledgers.get(lid))]
         self._dirty.clear()
         return metas
 
@@ -931,22 +997,28 @@ class LedgerStorage:
 
     async def purge_deleted_ledgers(self) -> list[int]:
         """Forget deleted ledgers whose deletion a checkpoint has made durable: their
-        index entries and metadata go in one batch. Returns their ids."""
-        ready = [
-            lid
-            for lid, meta in self._ledgers.items()
-            if meta.state == LedgerState.DELETED and lid not in self._dirty
-        ]
-        if not ready:
-            return []
-        await asyncio.get_running_loop().run_in_executor(
-            self._flush_executor, self.index.delete_ledgers, ready, self._next_ledger_id
-        )
-        for lid in ready:
-            meta = self._ledgers.get(lid)
-            if meta is not None and meta.state == LedgerState.DELETED:
-                del self._ledgers[lid]
-        return ready
+        index entries and metadata go in one batch. Returns their ids.
+
+        Under the checkpoint lock: a checkpoint in flight has taken its dirty ledgers out
+        of ``_dirty`` before their deletion is durable, and puts them back if it fails;
+        a purge between the two would take a deletion that no checkpoint wrote for a
+        durable one."""
+        async with self._checkpoint_lock:
+            ready = [
+                lid
+                for lid, meta in self._ledgers.items()
+                if meta.state == LedgerState.DELETED
+                and lid not in self._dirty
+                and lid not in self._deleting
+            ]
+            if not ready:
+                return []
+            await asyncio.get_running_loop().run_in_executor(
+                self._flush_executor, self.index.delete_ledgers, ready, self._next_ledger_id
+            )
+            for lid in ready:
+                del self._ledgers[lid]  # still deleted: nothing undeletes a ledger
+            return ready
 
     def retire_log(self, log_id: int) -> bool:
         """Delete a log once no read holds it; True if it is gone already."""

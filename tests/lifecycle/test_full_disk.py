@@ -9,23 +9,29 @@ skips, since a full disk is what it exists to prove.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
 import random
 import re
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node.http.frames import BATCH_CONTENT_TYPE, decode_range, encode_batch
+from node.storage.errors import LedgerNotFound
 from node.storage.index import Index, LedgerMeta
+from node.storage.ledgers import LedgerStorage
+from tests.conftest import make_settings
 from tests.crash.nodeproc import NodeProcess
 
 KiB = 1024
@@ -95,8 +101,13 @@ class SmallDisk:
         self.logs = logs
         self.nodes: list[NodeProcess] = []
 
-    def node(self, env: dict[str, str]) -> NodeProcess:
+    def node(self, env: dict[str, str], defaults: bool = False) -> NodeProcess:
+        """A node on this disk with ``env``; with ``defaults``, with nothing else either:
+        every setting but the data dir and port at its default."""
         node = NodeProcess(self.root / "data", env)
+        if defaults:
+            node.env = {k: v for k, v in os.environ.items() if not k.startswith("NODE_")}
+            node.env.update(env)
         node.log_path = self.logs / f"node-{len(self.nodes)}.log"  # not on the full disk
         self.nodes.append(node)
         node.start()
@@ -128,11 +139,17 @@ class SmallDisk:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    with small_disk(tmp_path, FS_SIZE) as mounted:
+        yield mounted
+
+
+@contextmanager
+def small_disk(tmp_path: Path, size: int) -> Iterator[SmallDisk]:
     image = tmp_path / "disk.img"
     root = tmp_path / "mnt"
     root.mkdir()
     with open(image, "wb") as f:
-        f.truncate(FS_SIZE)
+        f.truncate(size)
     # -m 0: no blocks reserved for root, so the node (root here) sees ENOSPC exactly when
     # statvfs says the disk is full.
     _run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], "make an ext4 file system")
@@ -514,3 +531,138 @@ def test_index_reopens_after_a_write_failed_for_want_of_space(disk: SmallDisk) -
         assert set(index.load_ledgers()) >= {1, 3}
     finally:
         index.close()
+
+
+# --- the defaults on small disks ----------------------------------------------------------
+
+DEFAULTS_LEDGERS = 8
+DEFAULTS_DELETED = 6  # ledgers 1-6 go; 7 and 8 keep their entries
+DEFAULTS_ENTRY = 64 * KiB
+DEFAULTS_AFTER = 16  # entries per survivor once writable again
+# The monitor checks every disk_check_interval (10 s by default): a few of its rounds.
+DEFAULTS_WAIT_S = 120.0
+
+
+@pytest.mark.parametrize("size_mib", [64, 256])
+def test_full_disk_with_default_settings(tmp_path: Path, size_mib: int) -> None:
+    """Only the data dir is set. Adds in turn to 8 ledgers until the disk refuses (507),
+    every acknowledged entry readable all along; deleting 6 ledgers and a forced major GC
+    make the node writable again without a restart; a clean stop and start keep it all."""
+    with small_disk(tmp_path, size_mib * MiB) as disk:
+        node = disk.node({}, defaults=True)
+        rng = random.Random(size_mib)
+        ledgers = [create_ledger(node) for _ in range(DEFAULTS_LEDGERS)]
+        acked: dict[int, dict[int, bytes]] = {lid: {} for lid in ledgers}
+        deadline = time.monotonic() + FILL_TIMEOUT_S
+        n = 0
+        while True:
+            assert time.monotonic() < deadline, f"the disk never filled; log:\n{node.log()}"
+            ledger = ledgers[n % DEFAULTS_LEDGERS]
+            n += 1
+            payload = rng.randbytes(DEFAULTS_ENTRY)
+            status, body = put_entry(node, ledger, len(acked[ledger]), payload)
+            if status == 507:
+                break
+            assert status == 201, body
+            acked[ledger][len(acked[ledger])] = payload
+        assert body["code"] == "disk_full", body
+        assert read_only(node)
+        check_reads(node, acked)
+
+        for ledger in ledgers[:DEFAULTS_DELETED]:
+            status, body = call(node, "DELETE", f"/api/v1/ledgers/{ledger}")
+            assert status == 204, body
+            del acked[ledger]
+        check_reads(node, acked)
+        gc = json.dumps({"forceMajor": True}).encode()
+        status, body = call(node, "PUT", "/api/v1/bookie/gc", gc, "application/json")
+        assert status == 200, body
+        deadline = time.monotonic() + DEFAULTS_WAIT_S
+        while read_only(node):
+            assert time.monotonic() < deadline, f"still read-only; node log:\n{node.log()}"
+            check_reads(node, acked)  # throughout, not only at the end
+            time.sleep(1)
+
+        for ledger in acked:
+            for _ in range(DEFAULTS_AFTER):
+                payload = rng.randbytes(DEFAULTS_ENTRY)
+                status, body = put_entry(node, ledger, len(acked[ledger]), payload)
+                assert status == 201, body
+                acked[ledger][len(acked[ledger])] = payload
+        check_reads(node, acked)
+        assert node.terminate() == 0, node.log()
+        node.start()
+        check_reads(node, acked)
+        assert node.terminate() == 0, node.log()
+
+
+QUEUE_POLLS = 1000
+
+
+async def test_a_purge_racing_a_failed_checkpoint_loses_nothing(tmp_path: Path) -> None:
+    """A GC purge of a deleted ledger that waits behind a checkpoint which then fails for
+    want of space: the checkpoint's ledgers go back to dirty, and the purge must not
+    forget one of them (the next checkpoint then failed with KeyError, forever, and the
+    entries of its frozen cache were no longer readable)."""
+    with ExitStack() as mounted:
+        # Blocking set-up and tear-down off the loop: blockbuster watches test code too.
+        disk = await asyncio.to_thread(mounted.enter_context, small_disk(tmp_path, FS_SIZE))
+        try:
+            await _race_purge_and_failed_checkpoint(disk)
+        finally:
+            await asyncio.to_thread(mounted.close)
+
+
+async def _race_purge_and_failed_checkpoint(disk: SmallDisk) -> None:
+
+    settings = make_settings(
+        disk.root / "data",
+        journal_pre_alloc_size=8 * MiB,  # the journal takes every add without growing
+        flush_interval=600_000,  # only the test's checkpoints run
+    )
+    storage = LedgerStorage(settings)
+    await storage.start()
+    rng = random.Random(23)
+    try:
+        doomed, _ = await storage.create_ledger()
+        kept, _ = await storage.create_ledger()
+        await storage.add_entries(doomed.ledger_id, [rng.randbytes(ENTRY)] * 4)
+        await storage.checkpoint()
+        await storage.delete_ledger(doomed.ledger_id)
+        payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
+        await storage.add_entries(kept.ledger_id, payloads)
+        ballast = await asyncio.to_thread(disk.fill)
+
+        # Hold the flush thread so that the checkpoint's flush and the purge queue up.
+        gate = threading.Event()
+        flush_thread = storage._flush_executor  # the order of its jobs is the test
+        held = flush_thread.submit(gate.wait)
+        checkpoint = asyncio.create_task(storage.checkpoint())
+        for _ in range(QUEUE_POLLS):  # until the checkpoint's flush waits behind it
+            if flush_thread._work_queue.qsize():
+                break
+            await asyncio.sleep(POLL_S / 10)
+        purge = asyncio.create_task(storage.purge_deleted_ledgers())
+        await asyncio.sleep(0.05)  # the purge has chosen what to forget
+        gate.set()
+        await asyncio.wrap_future(held)
+        with pytest.raises(OSError):
+            await checkpoint
+        await purge
+
+        for entry_id, payload in enumerate(payloads):  # from the merged-back cache
+            assert await storage.read_entry(kept.ledger_id, entry_id) == payload
+        await asyncio.to_thread(ballast.unlink)
+        await storage.checkpoint()  # raised KeyError before the fix
+        await storage.purge_deleted_ledgers()
+    finally:
+        await storage.close()
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        for entry_id, payload in enumerate(payloads):
+            assert await storage.read_entry(kept.ledger_id, entry_id) == payload
+        with pytest.raises(LedgerNotFound):
+            storage.ledger(doomed.ledger_id)
+    finally:
+        await storage.close()
