@@ -1,11 +1,12 @@
 """Garbage collection of entry logs (BookKeeper's GarbageCollectorThread), on the storage's
 public API.
 
-A run: finish or undo interrupted compactions; forget deleted ledgers (index entries and
-metadata); learn each sealed log's ledgers (its ledgers map, or a throttled scan) and keep
-that in memory; delete logs that hold no live ledger; then major compaction (usage below
-0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first, within a time
-bound and a throttle that counts bytes read as well as written.
+A run: finish or undo interrupted compactions; when asked for (over HTTP, by the disk
+monitor), checkpoint so that recent deletions are durable; forget deleted ledgers (index
+entries and metadata); learn each sealed log's ledgers (its ledgers map, or a throttled
+scan) and keep that in memory; delete logs that hold no live ledger; then major compaction
+(usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first,
+within a time bound and a throttle that counts bytes read as well as written.
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
 logs (compaction outputs, logs of a short-lived node) get merged instead of lingering.
@@ -156,6 +157,7 @@ class GarbageCollector:
         self._lock = asyncio.Lock()
         self._wanted = asyncio.Event()
         self._force: tuple[bool, bool] | None = None  # (major, minor) asked for over HTTP
+        self._requested = False  # a run was asked for: it makes pending deletions durable
         self._throttle: Throttle | None = None
         self._stopping = False
         self.disk_full = False  # set by the disk monitor
@@ -173,6 +175,7 @@ class GarbageCollector:
         if force_major or force_minor:
             previous = self._force or (False, False)
             self._force = (previous[0] or force_major, previous[1] or force_minor)
+        self._requested = True
         self.status.force_compacting = True
         self._wanted.set()
 
@@ -216,20 +219,38 @@ class GarbageCollector:
             started = self._clock.monotonic()
             force = self._force
             self._force = None
+            requested, self._requested = self._requested, False
             report = GcReport()
             try:
                 report.recovered = await asyncio.to_thread(self._storage.compactor.recover)
+                if requested:
+                    await self._make_deletions_durable()
                 report.purged_ledgers = await self._storage.purge_deleted_ledgers()
                 self.stats.deleted_ledgers += len(report.purged_ledgers)
                 await asyncio.to_thread(self._collect_and_compact, report, force)
             finally:
-                self.status.force_compacting = False
+                # A request that came in during this run is still to be served.
+                self.status.force_compacting = self._requested
                 self.status.compacting_log = None
                 elapsed = self._clock.monotonic() - started
                 self.stats.runs += 1
                 self.stats.last_run_seconds = elapsed
                 self.stats.run_seconds_total += elapsed
             return report
+
+    async def _make_deletions_durable(self) -> None:
+        """A checkpoint, so that ledgers deleted since the last one can be purged by this
+        run: whoever asks for a run (an operator after deleting, a filling disk) wants the
+        space back now, not after the next checkpoint interval. Without it the run goes on
+        with the deletions that are durable already."""
+        try:
+            await self._storage.checkpoint(force=True)
+        except Exception as e:  # no space, a failed index write: logged, not fatal here
+            log.warning(
+                "garbage collection goes on without a checkpoint (%s): ledgers deleted "
+                "since the last checkpoint are reclaimed by a later run",
+                e,
+            )
 
     def _collect_and_compact(self, report: GcReport, force: tuple[bool, bool] | None) -> None:
         """Blocking, on a worker thread."""
