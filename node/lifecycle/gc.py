@@ -9,7 +9,8 @@ scan) and keep that in memory; delete logs that hold no live ledger; then major 
 within a time bound and a throttle that counts bytes read as well as written.
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
-logs (compaction outputs, logs of a short-lived node) get merged instead of lingering.
+logs (compaction outputs, logs of a short-lived node) get merged instead of lingering once
+they hold dead data. A log without dead data is never a candidate: its copy frees nothing.
 
 Two triggers beyond BookKeeper's intervals bound what the intervals alone let through:
 
@@ -65,6 +66,9 @@ class LogMeta:
 
     def live_bytes(self, is_live: Callable[[int], bool]) -> int:
         return sum(n for lid, n in self.ledgers.items() if is_live(lid))
+
+    def record_bytes(self) -> int:
+        return sum(self.ledgers.values())
 
 
 @dataclass(slots=True)
@@ -266,7 +270,7 @@ class GarbageCollector:
                 del self._metas[log_id]
                 report.deleted_logs.append(log_id)
                 self.stats.reclaimed_by_deletion_bytes += meta.size
-            elif meta.dead_since_ms is None and live < sum(meta.ledgers.values()):
+            elif meta.dead_since_ms is None and live < meta.record_bytes():
                 meta.dead_since_ms = now_ms
         if report.deleted_logs:
             log.info("deleted %d entry logs with no live ledger", len(report.deleted_logs))
@@ -284,6 +288,11 @@ class GarbageCollector:
             else s.major_compaction_max_time_millis
         )  # fmt: skip
         candidates = self._candidates(kind)
+        if not candidates:
+            # Nothing would be freed: no new log, no I/O. The run still counts as this
+            # kind's run for the intervals and counters, as BookKeeper's does.
+            self._finish_compaction(kind, CompactionResult(), report)
+            return
         deadline = self._clock.monotonic() + max_ms / 1000 if max_ms > 0 else None
         flag = "minor_compacting" if kind == "minor" else "major_compacting"
         setattr(self.status, flag, True)
@@ -294,6 +303,9 @@ class GarbageCollector:
             )  # fmt: skip
         finally:
             setattr(self.status, flag, False)
+        self._finish_compaction(kind, result, report)
+
+    def _finish_compaction(self, kind: str, result: CompactionResult, report: GcReport) -> None:
         report.result = result
         for source in result.compacted:
             self._metas.pop(source, None)
@@ -410,7 +422,12 @@ class GarbageCollector:
 
     def _over_space_limit(self) -> bool:
         limit = self._settings.compaction_space_amplification_limit
-        return limit > 0 and self.status.space_amplification > limit
+        if limit <= 0 or self.status.space_amplification <= limit:
+            return False
+        # Headers and maps count too: many tiny live logs (a node restarted often) exceed a
+        # limit without a dead byte, and a run with nothing to copy would fire every time.
+        is_live = self._storage.is_live_ledger
+        return any(m.live_bytes(is_live) < m.record_bytes() for m in self._metas.values())
 
     def _candidates(self, kind: str) -> list[tuple[int, int]]:
         """(log id, live bytes) of the logs to compact, emptiest first: those below the
@@ -425,6 +442,10 @@ class GarbageCollector:
         ranked = []
         for log_id, meta in self._metas.items():
             live = meta.live_bytes(is_live)
+            if live >= meta.record_bytes():
+                # No dead record: a copy frees nothing, however low its usage (a small log
+                # is measured against the target size, so every major run would copy it).
+                continue
             if self.disk_full and (live * 2 >= meta.size or live >= free):
                 continue  # copying it would use more than it frees, or does not fit
             dead = meta.dead_since_ms
