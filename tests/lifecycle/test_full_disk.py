@@ -9,6 +9,7 @@ skips, since a full disk is what it exists to prove.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import json
 import os
@@ -25,8 +26,13 @@ from typing import Any
 import pytest
 
 from node.http.frames import BATCH_CONTENT_TYPE, decode_range, encode_batch
+from node.lifecycle.gc import GarbageCollector
+from node.storage.clock import SystemClock
 from node.storage.index import Index, LedgerMeta
+from node.storage.ledgers import LedgerStorage
 from tests.crash.nodeproc import NodeProcess
+from tests.lifecycle.gc_world import gc_settings, interleave
+from tests.lifecycle.gc_world import payload as gc_payload
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -36,6 +42,7 @@ POLL_S = 0.1
 WAIT_S = 60.0  # bound of every wait for the node to change state
 OCTET = "application/octet-stream"
 BALLAST_CHUNKS = (MiB, 4 * KiB)  # big writes first, then the last blocks
+UNFLUSHED_ENTRIES = 40  # cached entries: more than the slack of the current log's last block
 
 # Small enough that the disk fills in seconds and GC keeps up; the monitor checks often.
 COMMON = {
@@ -514,3 +521,35 @@ def test_index_reopens_after_a_write_failed_for_want_of_space(disk: SmallDisk) -
         assert set(index.load_ledgers()) >= {1, 3}
     finally:
         index.close()
+
+
+async def test_a_requested_gc_whose_checkpoint_finds_no_space_reclaims_what_is_durable(
+    disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GC checkpoints before it scans, so that recent deletions count; on a full disk that
+    checkpoint fails, and the run still reclaims the deletions an earlier one made durable."""
+    storage = LedgerStorage(gc_settings(disk.root / "data"))
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, SystemClock())
+        durable = await interleave(storage, ledgers=2, rounds=10)
+        pending = await interleave(storage, ledgers=2, rounds=10)
+        for lid in durable:
+            await storage.delete_ledger(lid)
+        await storage.checkpoint()
+        # Cached entries, so that the checkpoint has an entry log to write, and a deletion
+        # no checkpoint has made durable yet.
+        await storage.add_entries(pending[1], [gc_payload(pending[1], 0)] * UNFLUSHED_ENTRIES)
+        await storage.delete_ledger(pending[0])
+        ballast = await asyncio.to_thread(disk.fill)
+        gc.request()
+        report = await gc.run()
+        assert "goes on without a checkpoint" in caplog.text
+        assert sorted(report.purged_ledgers) == sorted(durable) and report.deleted_logs
+        assert storage.ledger(pending[1])  # the rest is as it was
+
+        await asyncio.to_thread(ballast.unlink)
+        gc.request()
+        assert (await gc.run()).purged_ledgers == [pending[0]]
+    finally:
+        await storage.close()
