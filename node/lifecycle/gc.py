@@ -1,14 +1,16 @@
 """Garbage collection of entry logs (BookKeeper's GarbageCollectorThread), on the storage's
 public API.
 
-A run: finish or undo interrupted compactions; forget deleted ledgers (index entries and
-metadata); learn each sealed log's ledgers (its ledgers map, or a throttled scan) and keep
-that in memory; delete logs that hold no live ledger; then major compaction (usage below
-0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first, within a time
-bound and a throttle that counts bytes read as well as written.
+A run: finish or undo interrupted compactions; when asked for (over HTTP, by the disk
+monitor), checkpoint so that recent deletions are durable; forget deleted ledgers (index
+entries and metadata); learn each sealed log's ledgers (its ledgers map, or a throttled
+scan) and keep that in memory; delete logs that hold no live ledger; then major compaction
+(usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first,
+within a time bound and a throttle that counts bytes read as well as written.
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
-logs (compaction outputs, logs of a short-lived node) get merged instead of lingering.
+logs (compaction outputs, logs of a short-lived node) get merged instead of lingering once
+they hold dead data. A log without dead data is never a candidate: its copy frees nothing.
 
 Two triggers beyond BookKeeper's intervals bound what the intervals alone let through:
 
@@ -64,6 +66,9 @@ class LogMeta:
 
     def live_bytes(self, is_live: Callable[[int], bool]) -> int:
         return sum(n for lid, n in self.ledgers.items() if is_live(lid))
+
+    def record_bytes(self) -> int:
+        return sum(self.ledgers.values())
 
 
 @dataclass(slots=True)
@@ -156,6 +161,7 @@ class GarbageCollector:
         self._lock = asyncio.Lock()
         self._wanted = asyncio.Event()
         self._force: tuple[bool, bool] | None = None  # (major, minor) asked for over HTTP
+        self._requested = False  # a run was asked for: it makes pending deletions durable
         self._throttle: Throttle | None = None
         self._stopping = False
         self.disk_full = False  # set by the disk monitor
@@ -173,6 +179,7 @@ class GarbageCollector:
         if force_major or force_minor:
             previous = self._force or (False, False)
             self._force = (previous[0] or force_major, previous[1] or force_minor)
+        self._requested = True
         self.status.force_compacting = True
         self._wanted.set()
 
@@ -216,20 +223,38 @@ class GarbageCollector:
             started = self._clock.monotonic()
             force = self._force
             self._force = None
+            requested, self._requested = self._requested, False
             report = GcReport()
             try:
                 report.recovered = await asyncio.to_thread(self._storage.compactor.recover)
+                if requested:
+                    await self._make_deletions_durable()
                 report.purged_ledgers = await self._storage.purge_deleted_ledgers()
                 self.stats.deleted_ledgers += len(report.purged_ledgers)
                 await asyncio.to_thread(self._collect_and_compact, report, force)
             finally:
-                self.status.force_compacting = False
+                # A request that came in during this run is still to be served.
+                self.status.force_compacting = self._requested
                 self.status.compacting_log = None
                 elapsed = self._clock.monotonic() - started
                 self.stats.runs += 1
                 self.stats.last_run_seconds = elapsed
                 self.stats.run_seconds_total += elapsed
             return report
+
+    async def _make_deletions_durable(self) -> None:
+        """A checkpoint, so that ledgers deleted since the last one can be purged by this
+        run: whoever asks for a run (an operator after deleting, a filling disk) wants the
+        space back now, not after the next checkpoint interval. Without it the run goes on
+        with the deletions that are durable already."""
+        try:
+            await self._storage.checkpoint(force=True)
+        except Exception as e:  # no space, a failed index write: logged, not fatal here
+            log.warning(
+                "garbage collection goes on without a checkpoint (%s): ledgers deleted "
+                "since the last checkpoint are reclaimed by a later run",
+                e,
+            )
 
     def _collect_and_compact(self, report: GcReport, force: tuple[bool, bool] | None) -> None:
         """Blocking, on a worker thread."""
@@ -245,7 +270,7 @@ class GarbageCollector:
                 del self._metas[log_id]
                 report.deleted_logs.append(log_id)
                 self.stats.reclaimed_by_deletion_bytes += meta.size
-            elif meta.dead_since_ms is None and live < sum(meta.ledgers.values()):
+            elif meta.dead_since_ms is None and live < meta.record_bytes():
                 meta.dead_since_ms = now_ms
         if report.deleted_logs:
             log.info("deleted %d entry logs with no live ledger", len(report.deleted_logs))
@@ -263,6 +288,11 @@ class GarbageCollector:
             else s.major_compaction_max_time_millis
         )  # fmt: skip
         candidates = self._candidates(kind)
+        if not candidates:
+            # Nothing would be freed: no new log, no I/O. The run still counts as this
+            # kind's run for the intervals and counters, as BookKeeper's does.
+            self._finish_compaction(kind, CompactionResult(), report)
+            return
         deadline = self._clock.monotonic() + max_ms / 1000 if max_ms > 0 else None
         flag = "minor_compacting" if kind == "minor" else "major_compacting"
         setattr(self.status, flag, True)
@@ -273,6 +303,9 @@ class GarbageCollector:
             )  # fmt: skip
         finally:
             setattr(self.status, flag, False)
+        self._finish_compaction(kind, result, report)
+
+    def _finish_compaction(self, kind: str, result: CompactionResult, report: GcReport) -> None:
         report.result = result
         for source in result.compacted:
             self._metas.pop(source, None)
@@ -389,7 +422,12 @@ class GarbageCollector:
 
     def _over_space_limit(self) -> bool:
         limit = self._settings.compaction_space_amplification_limit
-        return limit > 0 and self.status.space_amplification > limit
+        if limit <= 0 or self.status.space_amplification <= limit:
+            return False
+        # Headers and maps count too: many tiny live logs (a node restarted often) exceed a
+        # limit without a dead byte, and a run with nothing to copy would fire every time.
+        is_live = self._storage.is_live_ledger
+        return any(m.live_bytes(is_live) < m.record_bytes() for m in self._metas.values())
 
     def _candidates(self, kind: str) -> list[tuple[int, int]]:
         """(log id, live bytes) of the logs to compact, emptiest first: those below the
@@ -404,6 +442,10 @@ class GarbageCollector:
         ranked = []
         for log_id, meta in self._metas.items():
             live = meta.live_bytes(is_live)
+            if live >= meta.record_bytes():
+                # No dead record: a copy frees nothing, however low its usage (a small log
+                # is measured against the target size, so every major run would copy it).
+                continue
             if self.disk_full and (live * 2 >= meta.size or live >= free):
                 continue  # copying it would use more than it frees, or does not fit
             dead = meta.dead_since_ms

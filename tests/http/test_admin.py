@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
-from node.http.state import LIFECYCLE, STORAGE
+from node.http.app import build_app
+from node.http.state import LIFECYCLE, STORAGE, WORK
+from node.settings import Settings
+from node.storage import entrylog
+from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
+SMALL_LOG = 16 * 1024  # entry logs roll every few entries
+GC_DEADLINE_S = 60.0  # generous: a forced run over a few small logs takes well under a second
 
 
 async def test_heartbeat_and_readiness(client: Any) -> None:
@@ -120,3 +129,44 @@ async def test_gc_admin_routes(client: Any) -> None:
     assert (await client.put(suspended, json={})).status == 400
     r = await client.put("/api/v1/bookie/gc/resume_compaction", json={"resumeMajor": True})
     assert (await r.json())["isMajorGcSuspended"] == "false"
+
+
+async def _entry_logs(client: Any) -> set[int]:
+    listing = await (await client.get("/api/v1/bookie/list_disk_file?file_type=entrylog")).json()
+    names = listing["entrylog files"].split("\t")[:-1]
+    return {int(name.removesuffix(entrylog.SUFFIX), 16) for name in names}
+
+
+async def test_forced_gc_right_after_deletes_reclaims_their_logs(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    # The default checkpoint interval: the deletions are not durable when GC is asked for,
+    # so only a GC that makes them durable itself can give their logs back in this run.
+    settings = make_settings(
+        tmp_path / "data", log_size_limit=SMALL_LOG, max_entry_size=SMALL_LOG // 4
+    )
+    assert settings.flush_interval == Settings.model_fields["flush_interval"].default
+    client = await aiohttp_client(build_app(settings))
+    storage = client.server.app[STORAGE]
+    payload = bytes(SMALL_LOG // 8)
+    doomed, kept = [(await storage.create_ledger())[0].ledger_id for _ in range(2)]
+    await storage.add_entries(doomed, [payload] * 40)
+    await storage.checkpoint()  # several sealed logs of the doomed ledger only
+    doomed_logs = await _entry_logs(client)
+    await storage.add_entries(kept, [payload] * 40)
+    await storage.checkpoint()
+    kept_logs = await _entry_logs(client) - doomed_logs
+    assert (await client.delete(f"/api/v1/ledgers/{doomed}")).status == 204
+    gc = client.server.app[WORK].gc
+    assert (await client.put("/api/v1/bookie/gc")).status == 200
+    deadline = time.monotonic() + GC_DEADLINE_S
+    while (await (await client.get("/api/v1/bookie/gc")).json())["is_in_force_gc"] == "true":
+        assert time.monotonic() < deadline, "the forced GC run never ended"
+        await asyncio.sleep(0.05)
+    left = await _entry_logs(client)
+    # All of the doomed ledger's logs but the one it may share with the kept ledger.
+    assert len(doomed_logs - left) >= len(doomed_logs) - 1 >= 2, (doomed_logs, left)
+    assert kept_logs <= left
+    assert gc.stats.deleted_ledgers == 1 and gc.stats.reclaimed_by_deletion_bytes > 0
+    r = await client.get(f"/api/v1/ledgers/{kept}/entries/39")
+    assert r.status == 200 and await r.read() == payload

@@ -21,18 +21,22 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node.http.frames import BATCH_CONTENT_TYPE, decode_range, encode_batch
+from node.lifecycle.gc import GarbageCollector
+from node.storage.clock import SystemClock
 from node.storage.errors import LedgerNotFound
 from node.storage.index import Index, LedgerMeta
 from node.storage.ledgers import LedgerStorage
 from tests.conftest import make_settings
 from tests.crash.nodeproc import NodeProcess
+from tests.lifecycle.gc_world import gc_settings, interleave
+from tests.lifecycle.gc_world import payload as gc_payload
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -42,6 +46,7 @@ POLL_S = 0.1
 WAIT_S = 60.0  # bound of every wait for the node to change state
 OCTET = "application/octet-stream"
 BALLAST_CHUNKS = (MiB, 4 * KiB)  # big writes first, then the last blocks
+UNFLUSHED_ENTRIES = 40  # cached entries: more than the slack of the current log's last block
 
 # Small enough that the disk fills in seconds and GC keeps up; the monitor checks often.
 COMMON = {
@@ -599,22 +604,11 @@ def test_full_disk_with_default_settings(tmp_path: Path, size_mib: int) -> None:
 QUEUE_POLLS = 1000
 
 
-async def test_a_purge_racing_a_failed_checkpoint_loses_nothing(tmp_path: Path) -> None:
+async def test_a_purge_racing_a_failed_checkpoint_loses_nothing(disk: SmallDisk) -> None:
     """A GC purge of a deleted ledger that waits behind a checkpoint which then fails for
     want of space: the checkpoint's ledgers go back to dirty, and the purge must not
     forget one of them (the next checkpoint then failed with KeyError, forever, and the
     entries of its frozen cache were no longer readable)."""
-    with ExitStack() as mounted:
-        # Blocking set-up and tear-down off the loop: blockbuster watches test code too.
-        disk = await asyncio.to_thread(mounted.enter_context, small_disk(tmp_path, FS_SIZE))
-        try:
-            await _race_purge_and_failed_checkpoint(disk)
-        finally:
-            await asyncio.to_thread(mounted.close)
-
-
-async def _race_purge_and_failed_checkpoint(disk: SmallDisk) -> None:
-
     settings = make_settings(
         disk.root / "data",
         journal_pre_alloc_size=8 * MiB,  # the journal takes every add without growing
@@ -664,5 +658,41 @@ async def _race_purge_and_failed_checkpoint(disk: SmallDisk) -> None:
             assert await storage.read_entry(kept.ledger_id, entry_id) == payload
         with pytest.raises(LedgerNotFound):
             storage.ledger(doomed.ledger_id)
+    finally:
+        await storage.close()
+
+
+async def test_a_requested_gc_whose_checkpoint_finds_no_space_reclaims_what_is_durable(
+    disk: SmallDisk, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GC checkpoints before it scans, so that recent deletions count; on a full disk that
+    checkpoint fails, and the run still reclaims the deletions an earlier one made durable."""
+    storage = LedgerStorage(gc_settings(disk.root / "data"))
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, SystemClock())
+        durable = await interleave(storage, ledgers=2, rounds=10)
+        pending = await interleave(storage, ledgers=2, rounds=10)
+        for lid in durable:
+            await storage.delete_ledger(lid)
+        await storage.checkpoint()
+        # Cached entries, so that the checkpoint has an entry log to write, and a deletion
+        # no checkpoint has made durable yet.
+        await storage.add_entries(pending[1], [gc_payload(pending[1], 0)] * UNFLUSHED_ENTRIES)
+        await storage.delete_ledger(pending[0])
+        ballast = await asyncio.to_thread(disk.fill)
+        gc.request()
+        report = await gc.run()
+        assert "goes on without a checkpoint" in caplog.text
+        # The failed checkpoint records its deletions on their own when the index can
+        # take them: the pending one may go in this run already.
+        purged = set(report.purged_ledgers)
+        assert set(durable) <= purged <= {*durable, pending[0]} and report.deleted_logs
+        assert storage.ledger(pending[1])  # the rest is as it was
+
+        await asyncio.to_thread(ballast.unlink)
+        gc.request()
+        purged |= set((await gc.run()).purged_ledgers)
+        assert purged == {*durable, pending[0]}
     finally:
         await storage.close()

@@ -287,3 +287,79 @@ async def test_compaction_io_is_throttled_end_to_end(tmp_path: Path) -> None:
         await check_survivors(storage, ids[2:])
     finally:
         await storage.close()
+
+
+async def _restart(storage: LedgerStorage) -> LedgerStorage:
+    """Close (which seals the current log, however small) and start again on the same dirs."""
+    await storage.close()
+    again = LedgerStorage(storage.settings, clock=storage._clock)
+    await again.start()
+    return again
+
+
+def _log_files(ledgers_dir: Path) -> dict[int, tuple[int, int]]:
+    """(inode, size) of each entry log: a rewritten log would change either."""
+    found = {}
+    for log_id in entrylog.list_logs(ledgers_dir):
+        stat = entrylog.log_path(ledgers_dir, log_id).stat()
+        found[log_id] = (stat.st_ino, stat.st_size)
+    return found
+
+
+async def test_major_compaction_never_rewrites_logs_without_dead_data(tmp_path: Path) -> None:
+    clock = SteppedClock()
+    storage = LedgerStorage(gc_settings(tmp_path / "d"), clock=clock)
+    await storage.start()
+    try:
+        # Three sealed logs far below the target size (usage under the major threshold),
+        # all of them live: copying them frees nothing, whatever their usage says.
+        kept: list[int] = []
+        for ledgers in (1, 1, 2):
+            kept += await interleave(storage, ledgers=ledgers, rounds=2)
+            storage = await _restart(storage)
+        gc = GarbageCollector(storage, clock)
+        directory = storage.settings.ledgers_dir
+        assert (await gc.run()).compaction is None  # learns the logs; nothing is due
+        sealed = set(await asyncio.to_thread(storage.gc_candidate_logs))
+        assert len(sealed) == 3 and len(gc.usages()) == 3
+        assert max(gc.usages()) < storage.settings.major_compaction_threshold
+        files = await asyncio.to_thread(_log_files, directory)
+        for _ in range(2):
+            gc.request(force_major=True)
+            report = await gc.run()
+            assert report.compaction == "major" and report.result.compacted == []
+            assert await asyncio.to_thread(_log_files, directory) == files
+        assert gc.stats.compaction_read_bytes == gc.stats.compaction_written_bytes == 0
+        assert gc.stats.reclaimed_by_compaction_bytes == 0
+        # A log with dead data is still compacted, and only that one.
+        doomed = kept.pop()
+        shared = max(sealed)  # the log of the last two ledgers
+        await _delete(storage, [doomed])
+        gc.request(force_major=True)
+        report = await gc.run()
+        assert report.result.compacted == [shared]
+        assert report.result.reclaimed_bytes > 0
+        left = await asyncio.to_thread(_log_files, directory)
+        assert {i: files[i] for i in sealed - {shared}}.items() <= left.items()
+        await check_survivors(storage, kept)
+        assert await dangling_entries(storage) == []
+    finally:
+        await storage.close()
+
+
+async def test_tiny_live_logs_do_not_fire_the_space_trigger(tmp_path: Path) -> None:
+    limit = 1.25
+    settings = gc_settings(tmp_path / "d", compaction_space_amplification_limit=limit)
+    storage = LedgerStorage(settings, clock=SteppedClock())
+    await storage.start()
+    try:
+        for _ in range(3):  # logs of a node restarted often: headers weigh as much as data
+            await interleave(storage, ledgers=1, rounds=1)
+            storage = await _restart(storage)
+        gc = GarbageCollector(storage, storage._clock)
+        for _ in range(2):
+            assert (await gc.run()).compaction is None
+        assert gc.status.space_amplification > limit  # all of it headers and maps
+        assert gc.status.space_compaction_counter == 0
+    finally:
+        await storage.close()
