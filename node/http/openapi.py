@@ -39,7 +39,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         403: "Wrong bearer token or write token",
         404: "No such ledger, entry or route",
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
-        "stream, which only the stream API changes (owned_by_stream)",
+        "stream, which only the stream API changes (owned_by_stream); an append past entry id "
+        "2^63 - 1 (ledger_full: nothing of it is added)",
         413: "Entry or request too large",
         415: "Unsupported content type",
         500: "An entry failed its CRC check, or the WAL failed",

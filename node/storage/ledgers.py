@@ -55,6 +55,7 @@ from node.storage.errors import (
     LedgerClosed,
     LedgerExists,
     LedgerFenced,
+    LedgerFull,
     LedgerNotFound,
     NodeReadOnly,
     StorageClosed,
@@ -417,6 +418,7 @@ class LedgerStorage:
             await self._throttle()
         meta = self._writable(ledger_id, write_token)
         if entry_id is None:
+            self._check_ids_left(meta, 1)
             entry_id = meta.last_entry_id + 1
         elif not 0 <= entry_id <= MAX_ID:
             raise InvalidArgument(f"entry id {entry_id} is outside [0, 2^63)")
@@ -437,6 +439,9 @@ class LedgerStorage:
         if self._cache.size >= self._half_cache:
             await self._throttle()
         meta = self._writable(ledger_id, write_token)
+        # Before the first append: a batch is acknowledged or refused whole, never cut
+        # in two with its head journaled.
+        self._check_ids_left(meta, len(payloads))
         first = meta.last_entry_id + 1
         ids = list(range(first, first + len(payloads)))
         if not payloads:
@@ -448,6 +453,13 @@ class LedgerStorage:
         for entry_id in ids:
             self._on_durable(meta, entry_id)
         return ids
+
+    def _check_ids_left(self, meta: LedgerMeta, count: int) -> None:
+        if count > MAX_ID - meta.last_entry_id:
+            raise LedgerFull(
+                f"ledger {meta.ledger_id} has room for {MAX_ID - meta.last_entry_id} more "
+                f"entries, not {count}: entry ids end at 2^63 - 1"
+            )
 
     def _append_now(
         self, meta: LedgerMeta, entry_id: int, payload: bytes

@@ -12,6 +12,7 @@ import pytest
 
 from node.http.app import build_app
 from node.http.frames import decode_range, encode_batch
+from node.storage.index import MAX_ID
 from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -281,3 +282,42 @@ async def test_a_client_cannot_create_a_ledger_claiming_a_stream(client: Any, me
     assert (await r.json())["ledgers"] == []  # nothing was created
     r = await client.post("/api/v1/ledgers", json={"properties": {"streams": "x"}})
     assert r.status == 201  # only the exact key is reserved
+
+
+# --- the last entry id -----------------------------------------------------------------------
+
+
+async def test_appends_past_the_last_entry_id_are_refused_whole(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = make_settings(tmp_path / "d")
+    client = await aiohttp_client(build_app(settings))
+    lid = await _ledger(client)
+    base = f"/api/v1/ledgers/{lid}/entries"
+    r = await client.put(f"{base}/{MAX_ID - 1}", data=b"a", headers=OCTET)
+    assert r.status == 201
+    # Its first entry would fit, its second would not: none of it is added.
+    r = await client.post(base, data=encode_batch([b"b", b"c"]), headers=BATCH)
+    await _error(r, 409, "ledger_full")
+    await _error(await client.get(f"{base}/{MAX_ID}"), 404, "entry_not_found")
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (1, 1, MAX_ID - 1)
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))  # nothing of it was journaled either
+    await _error(await client.get(f"{base}/{MAX_ID}"), 404, "entry_not_found")
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (1, 1, MAX_ID - 1)
+    r = await client.put(f"{base}/{MAX_ID}", data=b"z", headers=OCTET)
+    assert r.status == 201, await r.text()
+    # The ledger has no id left to append at: single and batch appends are refused.
+    await _error(await client.post(base, data=b"y", headers=OCTET), 409, "ledger_full")
+    r = await client.post(base, data=encode_batch([b"y"]), headers=BATCH)
+    await _error(r, 409, "ledger_full")
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (2, 2, MAX_ID)
+    r = await client.get(f"{base}?from={MAX_ID - 1}")
+    assert list(decode_range(await r.read())) == [(MAX_ID - 1, b"a"), (MAX_ID, b"z")]
