@@ -154,7 +154,7 @@ async def get_ledger(request: web.Request) -> web.Response:
 async def delete_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     _not_stream_owned(_storage(request), ledger_id)
-    await _storage(request).delete_ledger(ledger_id)
+    await _storage(request).delete_ledger(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.Response(status=204)
 
 
@@ -162,7 +162,8 @@ async def delete_ledger(request: web.Request) -> web.Response:
 async def close_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     _not_stream_owned(_storage(request), ledger_id)
-    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id)))
+    token = request.headers.get(WRITE_TOKEN_HEADER)
+    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id, token)))
 
 
 @routes.post("/api/v1/ledgers/{lid}/fence")
@@ -170,7 +171,7 @@ async def fence_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
     _not_stream_owned(storage, ledger_id)
-    await storage.fence(ledger_id)
+    await storage.fence(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.json_response(meta_json(storage.ledger(ledger_id)))
 
 

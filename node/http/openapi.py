@@ -36,7 +36,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     described = {
         400: "Malformed id, query, body or frame; a reserved ledger property (reserved_property)",
         401: "Missing bearer token (when an admin token is configured)",
-        403: "Wrong bearer token or write token",
+        403: "Wrong bearer token (forbidden) or write token (write_token_mismatch)",
         404: "No such ledger, entry or route",
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
@@ -254,6 +254,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             },
             "delete": {
                 "summary": "Delete a ledger: its entries are unreadable at once",
+                "parameters": [WRITE_TOKEN],
                 "responses": {
                     "204": {"description": "Deleted"},
                     **_errors(400, 401, 403, 404, 409, 503),
@@ -264,6 +265,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "parameters": [LID],
             "post": {
                 "summary": "Seal the ledger",
+                "parameters": [WRITE_TOKEN],
                 "responses": {"200": ledger, **_errors(400, 401, 403, 404, 409, 503)},
             },
         },
@@ -271,6 +273,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "parameters": [LID],
             "post": {
                 "summary": "Fence the ledger: no more adds",
+                "parameters": [WRITE_TOKEN],
                 "responses": {"200": ledger, **_errors(400, 401, 403, 404, 409, 503)},
             },
         },

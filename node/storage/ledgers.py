@@ -322,9 +322,11 @@ class LedgerStorage:
         """Every ledger the node knows, deleted ones (tombstones until GC) included."""
         return self._ledgers.values()
 
-    async def fence(self, ledger_id: int) -> int:
-        """No add succeeds after this returns; returns the LAC (BookKeeper's fence read)."""
+    async def fence(self, ledger_id: int, write_token: str | None = None) -> int:
+        """No add succeeds after this returns; returns the LAC (BookKeeper's fence read).
+        A ledger's write token is asked for as for adds (BookKeeper's master key)."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         if meta.state == LedgerState.OPEN:
             meta.state = LedgerState.FENCED
             self._dirty.add(ledger_id)
@@ -335,9 +337,10 @@ class LedgerStorage:
             await self._wal.sync_point()  # in-flight adds settle before the LAC is read
         return meta.lac
 
-    async def close_ledger(self, ledger_id: int) -> LedgerMeta:
+    async def close_ledger(self, ledger_id: int, write_token: str | None = None) -> LedgerMeta:
         """Seal the ledger: its last entry is fixed (adds in flight finish first)."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         if meta.state != LedgerState.CLOSED:
             meta.state = LedgerState.CLOSED
             meta.closed_ms = self._clock.now_ms()
@@ -366,9 +369,10 @@ class LedgerStorage:
             raise
         self._unjournaled.discard(ledger_id)
 
-    async def delete_ledger(self, ledger_id: int) -> None:
+    async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None:
         """Entries become unreadable at once; GC reclaims their space later."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         before = meta.state
         meta.state = LedgerState.DELETED
         self._dirty.add(ledger_id)
@@ -604,8 +608,7 @@ class LedgerStorage:
             raise LedgerClosed(f"ledger {ledger_id} is closed")
         if meta.state == LedgerState.FENCED:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
-        if meta.token_digest and not hmac.compare_digest(meta.token_digest, _digest(write_token)):
-            raise WriteTokenMismatch(f"wrong or missing write token for ledger {ledger_id}")
+        _check_token(meta, write_token)
         return meta
 
     def _check_running(self) -> None:
@@ -1015,3 +1018,9 @@ class LedgerStorage:
 
 def _digest(token: str | None) -> bytes:
     return hashlib.sha256(token.encode()).digest() if token else b""
+
+
+def _check_token(meta: LedgerMeta, write_token: str | None) -> None:
+    """A ledger created with a write token changes only for a holder of it."""
+    if meta.token_digest and not hmac.compare_digest(meta.token_digest, _digest(write_token)):
+        raise WriteTokenMismatch(f"wrong or missing write token for ledger {meta.ledger_id}")

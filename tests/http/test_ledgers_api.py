@@ -18,6 +18,7 @@ from tests.conftest import make_settings
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
 STREAM_FRAME = struct.Struct(">QQI")  # a stream read: ledger id u64 | entry id u64 | len u32
+TOKEN = "s3cret"
 
 
 async def _error(response: Any, status: int, code: str) -> None:
@@ -321,3 +322,39 @@ async def test_appends_past_the_last_entry_id_are_refused_whole(
     assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (2, 2, MAX_ID)
     r = await client.get(f"{base}?from={MAX_ID - 1}")
     assert list(decode_range(await r.read())) == [(MAX_ID - 1, b"a"), (MAX_ID, b"z")]
+
+
+# --- the write token guards fence, close and delete as it guards adds ------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "status", "state"),
+    [
+        ("post", "/fence", 200, "fenced"),
+        ("post", "/close", 200, "closed"),
+        ("delete", "", 204, None),
+    ],
+)
+async def test_fence_close_and_delete_need_the_write_token(
+    client: Any, method: str, suffix: str, status: int, state: str | None
+) -> None:
+    lid = await _ledger(client, writeToken=TOKEN)
+    r = await client.post(
+        f"/api/v1/ledgers/{lid}/entries", data=b"x", headers={**OCTET, "X-Write-Token": TOKEN}
+    )
+    assert r.status == 201
+    url = f"/api/v1/ledgers/{lid}{suffix}"
+    for headers in ({}, {"X-Write-Token": "wrong"}, {"X-Write-Token": ""}):
+        await _error(
+            await getattr(client, method)(url, headers=headers), 403, "write_token_mismatch"
+        )
+        meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+        assert meta["state"] == "open"  # untouched
+        assert await (await client.get(f"/api/v1/ledgers/{lid}/entries/0")).read() == b"x"
+    r = await getattr(client, method)(url, headers={"X-Write-Token": TOKEN})
+    assert r.status == status, await r.text()
+    r = await client.get(f"/api/v1/ledgers/{lid}")
+    if state is None:
+        await _error(r, 404, "ledger_not_found")
+    else:
+        assert (await r.json())["state"] == state

@@ -52,7 +52,7 @@ async def test_everything_survives_a_graceful_restart_which_replays_nothing(
 ) -> None:
     await storage.create_ledger(7, {"k": "v"}, "secret")
     await storage.add_entries(7, [bytes([i]) * i for i in range(50)], "secret")
-    await storage.fence(7)
+    await storage.fence(7, "secret")  # a ledger with a write token asks for it
     other, _ = await storage.create_ledger()
     await storage.add_entry(other.ledger_id, None, b"x")
     await storage.close_ledger(other.ledger_id)
@@ -137,6 +137,30 @@ async def test_fence_close_delete_and_write_token(storage: LedgerStorage) -> Non
         await storage.add_entry(
             c.ledger_id, None, bytes(storage.settings.max_entry_size + 1), "t0ken"
         )
+
+
+async def test_fence_close_and_delete_ask_for_the_write_token(storage: LedgerStorage) -> None:
+    fenced, _ = await storage.create_ledger(write_token="t0ken")
+    closed, _ = await storage.create_ledger(write_token="t0ken")
+    deleted, _ = await storage.create_ledger(write_token="t0ken")
+    for token in (None, "wrong"):
+        with pytest.raises(WriteTokenMismatch):
+            await storage.fence(fenced.ledger_id, token)
+        with pytest.raises(WriteTokenMismatch):
+            await storage.close_ledger(closed.ledger_id, token)
+        with pytest.raises(WriteTokenMismatch):
+            await storage.delete_ledger(deleted.ledger_id, token)
+    assert {m.state for m in (fenced, closed, deleted)} == {LedgerState.OPEN}
+    await storage.fence(fenced.ledger_id, "t0ken")
+    await storage.close_ledger(closed.ledger_id, "t0ken")
+    await storage.delete_ledger(deleted.ledger_id, "t0ken")
+    assert (fenced.state, closed.state, deleted.state) == (
+        LedgerState.FENCED, LedgerState.CLOSED, LedgerState.DELETED,
+    )  # fmt: skip
+    # A ledger without a token (a stream's) needs none, as before.
+    plain, _ = await storage.create_ledger()
+    await storage.close_ledger(plain.ledger_id)
+    await storage.delete_ledger(plain.ledger_id)
 
 
 async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -> None:
