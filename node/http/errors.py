@@ -19,6 +19,7 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.LedgerExists: 409,
     storage_errors.LedgerClosed: 409,
     storage_errors.LedgerFenced: 409,
+    storage_errors.LedgerFull: 409,
     storage_errors.EntryConflict: 409,
     storage_errors.EntryTooLarge: 413,
     storage_errors.InvalidArgument: 400,

@@ -21,7 +21,7 @@ from node.http.frames import (
 )
 from node.http.state import METRICS, SETTINGS, STORAGE
 from node.storage.errors import StorageError
-from node.storage.index import MAX_ID, LedgerMeta
+from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
 from node.storage.ledgers import LedgerStorage
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,23 @@ def parse_id(text: str | None, what: str, default: int | None = None) -> int:
 
 def _storage(request: web.Request) -> LedgerStorage:
     return request.app[STORAGE]
+
+
+def _not_stream_owned(storage: LedgerStorage, ledger_id: int) -> None:
+    """Refuse to change a stream's ledger: the stream manager alone adds to, closes and
+    deletes it (a foreign entry would be read as the stream's, a close or fence would fail
+    every later append, a delete would drop unconsumed entries). A ledger's properties never
+    change and a stream takes a fresh id for each ledger (short of every id having been
+    taken), so the check holds for the operation that follows it; a missing ledger answers
+    404 here, as the operation would."""
+    owner = storage.ledger(ledger_id).properties.get(STREAM_PROPERTY)
+    if owner is not None:
+        raise ApiError(
+            409,
+            "owned_by_stream",
+            f"ledger {ledger_id} belongs to stream {owner!r}: append to, trim or delete it "
+            f"through the stream API (/api/v1/streams/{owner})",
+        )
 
 
 def _observe(request: web.Request, operation: str, kind: str, started: float) -> None:
@@ -87,6 +104,14 @@ async def _create_options(request: web.Request) -> tuple[dict[str, str], str | N
         isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
     ):
         raise ApiError(400, "invalid_body", "properties must map strings to strings")
+    if STREAM_PROPERTY in properties:
+        # It marks a stream's ledger: forged, it would shield the ledger from this API, and
+        # the stream manager deletes, at start-up, stream ledgers no stream names.
+        raise ApiError(
+            400,
+            "reserved_property",
+            f"the property {STREAM_PROPERTY!r} is reserved for ledgers of streams",
+        )
     token = options.get("writeToken")
     if "writeToken" in options and (not isinstance(token, str) or not token):
         raise ApiError(400, "invalid_body", "writeToken must be a non-empty string")
@@ -128,21 +153,25 @@ async def get_ledger(request: web.Request) -> web.Response:
 @routes.delete("/api/v1/ledgers/{lid}")
 async def delete_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    await _storage(request).delete_ledger(ledger_id)
+    _not_stream_owned(_storage(request), ledger_id)
+    await _storage(request).delete_ledger(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.Response(status=204)
 
 
 @routes.post("/api/v1/ledgers/{lid}/close")
 async def close_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id)))
+    _not_stream_owned(_storage(request), ledger_id)
+    token = request.headers.get(WRITE_TOKEN_HEADER)
+    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id, token)))
 
 
 @routes.post("/api/v1/ledgers/{lid}/fence")
 async def fence_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
-    await storage.fence(ledger_id)
+    _not_stream_owned(storage, ledger_id)
+    await storage.fence(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.json_response(meta_json(storage.ledger(ledger_id)))
 
 
@@ -164,8 +193,9 @@ async def _payload(request: web.Request) -> bytes:
 async def put_entry(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
-    payload = await _payload(request)
     storage = _storage(request)
+    _not_stream_owned(storage, ledger_id)
+    payload = await _payload(request)
     started = time.perf_counter()
     await storage.add_entry(ledger_id, entry_id, payload, request.headers.get(WRITE_TOKEN_HEADER))
     _observe(request, "add", "single", started)
@@ -177,6 +207,7 @@ async def put_entry(request: web.Request) -> web.Response:
 async def append_entries(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
+    _not_stream_owned(storage, ledger_id)
     token = request.headers.get(WRITE_TOKEN_HEADER)
     if _content_type(request) == BATCH_CONTENT_TYPE:
         try:

@@ -34,11 +34,13 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*statuses: int) -> dict[str, Any]:
     """Error responses: the listed statuses, and any other as the same JSON shape."""
     described = {
-        400: "Malformed id, query, body or frame",
+        400: "Malformed id, query, body or frame; a reserved ledger property (reserved_property)",
         401: "Missing bearer token (when an admin token is configured)",
-        403: "Wrong bearer token or write token",
+        403: "Wrong bearer token (forbidden) or write token (write_token_mismatch)",
         404: "No such ledger, entry or route",
-        409: "Closed or fenced ledger, conflicting entry, or an existing ledger",
+        409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
+        "stream, which only the stream API changes (owned_by_stream); an append past entry id "
+        "2^63 - 1 (ledger_full: nothing of it is added)",
         413: "Entry or request too large",
         415: "Unsupported content type",
         500: "An entry failed its CRC check, or the WAL failed",
@@ -252,9 +254,10 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             },
             "delete": {
                 "summary": "Delete a ledger: its entries are unreadable at once",
+                "parameters": [WRITE_TOKEN],
                 "responses": {
                     "204": {"description": "Deleted"},
-                    **_errors(400, 401, 403, 404, 503),
+                    **_errors(400, 401, 403, 404, 409, 503),
                 },
             },
         },
@@ -262,14 +265,16 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "parameters": [LID],
             "post": {
                 "summary": "Seal the ledger",
-                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 503)},
+                "parameters": [WRITE_TOKEN],
+                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 409, 503)},
             },
         },
         "/api/v1/ledgers/{lid}/fence": {
             "parameters": [LID],
             "post": {
                 "summary": "Fence the ledger: no more adds",
-                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 503)},
+                "parameters": [WRITE_TOKEN],
+                "responses": {"200": ledger, **_errors(400, 401, 403, 404, 409, 503)},
             },
         },
         "/api/v1/ledgers/{lid}/entries/{eid}": {

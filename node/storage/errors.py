@@ -33,6 +33,12 @@ class LedgerFenced(StorageError):
     code = "ledger_fenced"
 
 
+class LedgerFull(StorageError):
+    """An append would take an entry id past 2^63 - 1: the ledger has no id left for it."""
+
+    code = "ledger_full"
+
+
 class EntryConflict(StorageError):
     """The same (ledger, entry) was added before with different bytes."""
 

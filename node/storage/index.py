@@ -53,6 +53,10 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 META_VERSION = 1
 MAX_ID = (1 << 63) - 1
+# Ledger property naming the stream that owns the ledger. Here, below both the streams
+# package (which sets it) and the HTTP ledger routes (which refuse to let clients set it or
+# change such a ledger), so that neither imports the other for it.
+STREAM_PROPERTY = "stream"
 COLUMN_FAMILIES = ("locations", "ledgers", "streams", "node")
 NEXT_LEDGER_ID_KEY = b"next_ledger_id"
 # Reopening after a failed write waits for reads still using the old database (it holds

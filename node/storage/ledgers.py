@@ -55,6 +55,7 @@ from node.storage.errors import (
     LedgerClosed,
     LedgerExists,
     LedgerFenced,
+    LedgerFull,
     LedgerNotFound,
     NodeReadOnly,
     StorageClosed,
@@ -353,9 +354,11 @@ class LedgerStorage:
         """Every ledger the node knows, deleted ones (tombstones until GC) included."""
         return self._ledgers.values()
 
-    async def fence(self, ledger_id: int) -> int:
-        """No add succeeds after this returns; returns the LAC (BookKeeper's fence read)."""
+    async def fence(self, ledger_id: int, write_token: str | None = None) -> int:
+        """No add succeeds after this returns; returns the LAC (BookKeeper's fence read).
+        A ledger's write token is asked for as for adds (BookKeeper's master key)."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         if meta.state == LedgerState.OPEN:
             meta.state = LedgerState.FENCED
             self._dirty.add(ledger_id)
@@ -366,9 +369,10 @@ class LedgerStorage:
             await self._wal.sync_point()  # in-flight adds settle before the LAC is read
         return meta.lac
 
-    async def close_ledger(self, ledger_id: int) -> LedgerMeta:
+    async def close_ledger(self, ledger_id: int, write_token: str | None = None) -> LedgerMeta:
         """Seal the ledger: its last entry is fixed (adds in flight finish first)."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         if meta.state != LedgerState.CLOSED:
             meta.state = LedgerState.CLOSED
             meta.closed_ms = self._clock.now_ms()
@@ -397,9 +401,10 @@ class LedgerStorage:
             raise
         self._unjournaled.discard(ledger_id)
 
-    async def delete_ledger(self, ledger_id: int) -> None:
+    async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None:
         """Entries become unreadable at once; GC reclaims their space later."""
         meta = self.ledger(ledger_id)
+        _check_token(meta, write_token)
         before = meta.state
         meta.state = LedgerState.DELETED
         self._dirty.add(ledger_id)
@@ -454,6 +459,7 @@ class LedgerStorage:
             await self._throttle()
         meta = self._writable(ledger_id, write_token)
         if entry_id is None:
+            self._check_ids_left(meta, 1)
             entry_id = meta.last_entry_id + 1
         elif not 0 <= entry_id <= MAX_ID:
             raise InvalidArgument(f"entry id {entry_id} is outside [0, 2^63)")
@@ -474,6 +480,9 @@ class LedgerStorage:
         if self._cache.size >= self._half_cache:
             await self._throttle()
         meta = self._writable(ledger_id, write_token)
+        # Before the first append: a batch is acknowledged or refused whole, never cut
+        # in two with its head journaled.
+        self._check_ids_left(meta, len(payloads))
         first = meta.last_entry_id + 1
         ids = list(range(first, first + len(payloads)))
         if not payloads:
@@ -485,6 +494,13 @@ class LedgerStorage:
         for entry_id in ids:
             self._on_durable(meta, entry_id)
         return ids
+
+    def _check_ids_left(self, meta: LedgerMeta, count: int) -> None:
+        if count > MAX_ID - meta.last_entry_id:
+            raise LedgerFull(
+                f"ledger {meta.ledger_id} has room for {MAX_ID - meta.last_entry_id} more "
+                f"entries, not {count}: entry ids end at 2^63 - 1"
+            )
 
     def _append_now(
         self, meta: LedgerMeta, entry_id: int, payload: bytes
@@ -629,8 +645,7 @@ class LedgerStorage:
             raise LedgerClosed(f"ledger {ledger_id} is closed")
         if meta.state == LedgerState.FENCED:
             raise LedgerFenced(f"ledger {ledger_id} is fenced")
-        if meta.token_digest and not hmac.compare_digest(meta.token_digest, _digest(write_token)):
-            raise WriteTokenMismatch(f"wrong or missing write token for ledger {ledger_id}")
+        _check_token(meta, write_token)
         return meta
 
     def _check_running(self) -> None:
@@ -1075,3 +1090,9 @@ class LedgerStorage:
 
 def _digest(token: str | None) -> bytes:
     return hashlib.sha256(token.encode()).digest() if token else b""
+
+
+def _check_token(meta: LedgerMeta, write_token: str | None) -> None:
+    """A ledger created with a write token changes only for a holder of it."""
+    if meta.token_digest and not hmac.compare_digest(meta.token_digest, _digest(write_token)):
+        raise WriteTokenMismatch(f"wrong or missing write token for ledger {meta.ledger_id}")

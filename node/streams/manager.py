@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
-from node.storage.index import LedgerState
+from node.storage.index import STREAM_PROPERTY, LedgerState
 from node.storage.ledgers import LedgerStorage
 from node.streams.model import (
     CURSOR_PREFIX,
@@ -41,7 +41,6 @@ from node.streams.model import (
 
 log = logging.getLogger(__name__)
 
-STREAM_PROPERTY = "stream"  # ledger property naming the stream that owns it
 APPEND_ATTEMPTS = 3  # an append that lands on a ledger closed by a rollover tries again
 
 

@@ -5,14 +5,20 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from node.http.app import build_app
 from node.http.frames import decode_range, encode_batch
+from node.storage.index import MAX_ID
+from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
+STREAM_FRAME = struct.Struct(">QQI")  # a stream read: ledger id u64 | entry id u64 | len u32
+TOKEN = "s3cret"
 
 
 async def _error(response: Any, status: int, code: str) -> None:
@@ -197,3 +203,158 @@ async def test_bad_bodies(client: Any) -> None:
     await _error(r, 400, "invalid_body")
     r = await client.get(f"/api/v1/ledgers/{lid}")
     assert (await r.json())["entries"] == 0  # nothing was half-added
+
+
+# --- a stream's ledgers belong to the stream API ---------------------------------------------
+
+
+async def _stream_entries(client: Any, name: str) -> list[tuple[int, int, bytes]]:
+    """Every entry of the stream, in order, as (ledger id, entry id, payload)."""
+    r = await client.get(f"/api/v1/streams/{name}/entries")
+    assert r.status == 200, await r.text()
+    body = await r.read()
+    found = []
+    pos = 0
+    while pos < len(body):
+        ledger, entry, length = STREAM_FRAME.unpack_from(body, pos)
+        pos += STREAM_FRAME.size
+        found.append((ledger, entry, body[pos : pos + length]))
+        pos += length
+    return found
+
+
+async def _stream_append(client: Any, name: str, payload: bytes) -> tuple[int, int]:
+    r = await client.post(f"/api/v1/streams/{name}/entries", data=payload, headers=OCTET)
+    assert r.status == 201, await r.text()
+    ledger, entry = str((await r.json())["position"]).split(":")
+    return int(ledger), int(entry)
+
+
+STREAM_REFUSED = [
+    ("put", "/entries/2", {"data": b"foreign", "headers": OCTET}),  # the next id
+    ("put", "/entries/0", {"data": b"a", "headers": OCTET}),  # a retry of a stream entry
+    ("put", "/entries/100", {"data": b"foreign", "headers": OCTET}),  # past a hole
+    ("post", "/entries", {"data": b"foreign", "headers": OCTET}),
+    ("post", "/entries", {"data": encode_batch([b"f1", b"f2"]), "headers": BATCH}),
+    ("post", "/fence", {}),
+    ("post", "/close", {}),
+    ("delete", "", {}),
+]
+
+
+@pytest.mark.parametrize(("method", "suffix", "request_args"), STREAM_REFUSED)
+async def test_the_ledger_api_refuses_to_change_a_streams_ledger(
+    tmp_path: Path, aiohttp_client: Any, method: str, suffix: str, request_args: dict[str, Any]
+) -> None:
+    settings = make_settings(tmp_path / "d")
+    client = await aiohttp_client(build_app(settings))
+    assert (await client.put("/api/v1/streams/orders", json={})).status == 201
+    lid, _ = await _stream_append(client, "orders", b"a")
+    await _stream_append(client, "orders", b"b")
+    url = f"/api/v1/ledgers/{lid}{suffix}"
+    r = await getattr(client, method)(url, **request_args)
+    await _error(r, 409, "owned_by_stream")
+    message = (await r.json())["message"]
+    assert "orders" in message and "stream API" in message
+    # Reads and metadata stay open to the ledger API.
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert meta["state"] == "open" and meta["lastEntryId"] == 1 and meta["entries"] == 2
+    assert meta["properties"] == {"stream": "orders"}
+    assert await (await client.get(f"/api/v1/ledgers/{lid}/entries/1")).read() == b"b"
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries")
+    assert list(decode_range(await r.read())) == [(0, b"a"), (1, b"b")]
+    # The stream goes on, on the same ledger, and so it does after a restart.
+    assert await _stream_append(client, "orders", b"c") == (lid, 2)
+    await client.close()
+    client = await aiohttp_client(build_app(settings))
+    assert await _stream_append(client, "orders", b"d") == (lid, 3)
+    assert await _stream_entries(client, "orders") == [
+        (lid, 0, b"a"), (lid, 1, b"b"), (lid, 2, b"c"), (lid, 3, b"d"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["post", "put"])
+async def test_a_client_cannot_create_a_ledger_claiming_a_stream(client: Any, method: str) -> None:
+    url = "/api/v1/ledgers" if method == "post" else "/api/v1/ledgers/77"
+    r = await getattr(client, method)(url, json={"properties": {"stream": "orders", "x": "y"}})
+    await _error(r, 400, "reserved_property")
+    assert "stream" in (await r.json())["message"]
+    r = await client.get("/api/v1/ledgers")
+    assert (await r.json())["ledgers"] == []  # nothing was created
+    r = await client.post("/api/v1/ledgers", json={"properties": {"streams": "x"}})
+    assert r.status == 201  # only the exact key is reserved
+
+
+# --- the last entry id -----------------------------------------------------------------------
+
+
+async def test_appends_past_the_last_entry_id_are_refused_whole(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = make_settings(tmp_path / "d")
+    client = await aiohttp_client(build_app(settings))
+    lid = await _ledger(client)
+    base = f"/api/v1/ledgers/{lid}/entries"
+    r = await client.put(f"{base}/{MAX_ID - 1}", data=b"a", headers=OCTET)
+    assert r.status == 201
+    # Its first entry would fit, its second would not: none of it is added.
+    r = await client.post(base, data=encode_batch([b"b", b"c"]), headers=BATCH)
+    await _error(r, 409, "ledger_full")
+    await _error(await client.get(f"{base}/{MAX_ID}"), 404, "entry_not_found")
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (1, 1, MAX_ID - 1)
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))  # nothing of it was journaled either
+    await _error(await client.get(f"{base}/{MAX_ID}"), 404, "entry_not_found")
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (1, 1, MAX_ID - 1)
+    r = await client.put(f"{base}/{MAX_ID}", data=b"z", headers=OCTET)
+    assert r.status == 201, await r.text()
+    # The ledger has no id left to append at: single and batch appends are refused.
+    await _error(await client.post(base, data=b"y", headers=OCTET), 409, "ledger_full")
+    r = await client.post(base, data=encode_batch([b"y"]), headers=BATCH)
+    await _error(r, 409, "ledger_full")
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))
+    meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+    assert (meta["entries"], meta["bytes"], meta["lastEntryId"]) == (2, 2, MAX_ID)
+    r = await client.get(f"{base}?from={MAX_ID - 1}")
+    assert list(decode_range(await r.read())) == [(MAX_ID - 1, b"a"), (MAX_ID, b"z")]
+
+
+# --- the write token guards fence, close and delete as it guards adds ------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix", "status", "state"),
+    [
+        ("post", "/fence", 200, "fenced"),
+        ("post", "/close", 200, "closed"),
+        ("delete", "", 204, None),
+    ],
+)
+async def test_fence_close_and_delete_need_the_write_token(
+    client: Any, method: str, suffix: str, status: int, state: str | None
+) -> None:
+    lid = await _ledger(client, writeToken=TOKEN)
+    r = await client.post(
+        f"/api/v1/ledgers/{lid}/entries", data=b"x", headers={**OCTET, "X-Write-Token": TOKEN}
+    )
+    assert r.status == 201
+    url = f"/api/v1/ledgers/{lid}{suffix}"
+    for headers in ({}, {"X-Write-Token": "wrong"}, {"X-Write-Token": ""}):
+        await _error(
+            await getattr(client, method)(url, headers=headers), 403, "write_token_mismatch"
+        )
+        meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
+        assert meta["state"] == "open"  # untouched
+        assert await (await client.get(f"/api/v1/ledgers/{lid}/entries/0")).read() == b"x"
+    r = await getattr(client, method)(url, headers={"X-Write-Token": TOKEN})
+    assert r.status == status, await r.text()
+    r = await client.get(f"/api/v1/ledgers/{lid}")
+    if state is None:
+        await _error(r, 404, "ledger_not_found")
+    else:
+        assert (await r.json())["state"] == state

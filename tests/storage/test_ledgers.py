@@ -18,10 +18,11 @@ from node.storage.errors import (
     LedgerClosed,
     LedgerExists,
     LedgerFenced,
+    LedgerFull,
     LedgerNotFound,
     WriteTokenMismatch,
 )
-from node.storage.index import LedgerState
+from node.storage.index import MAX_ID, LedgerState
 from node.storage.ledgers import LedgerStorage
 from tests.conftest import make_settings
 
@@ -51,7 +52,7 @@ async def test_everything_survives_a_graceful_restart_which_replays_nothing(
 ) -> None:
     await storage.create_ledger(7, {"k": "v"}, "secret")
     await storage.add_entries(7, [bytes([i]) * i for i in range(50)], "secret")
-    await storage.fence(7)
+    await storage.fence(7, "secret")  # a ledger with a write token asks for it
     other, _ = await storage.create_ledger()
     await storage.add_entry(other.ledger_id, None, b"x")
     await storage.close_ledger(other.ledger_id)
@@ -138,6 +139,30 @@ async def test_fence_close_delete_and_write_token(storage: LedgerStorage) -> Non
         )
 
 
+async def test_fence_close_and_delete_ask_for_the_write_token(storage: LedgerStorage) -> None:
+    fenced, _ = await storage.create_ledger(write_token="t0ken")
+    closed, _ = await storage.create_ledger(write_token="t0ken")
+    deleted, _ = await storage.create_ledger(write_token="t0ken")
+    for token in (None, "wrong"):
+        with pytest.raises(WriteTokenMismatch):
+            await storage.fence(fenced.ledger_id, token)
+        with pytest.raises(WriteTokenMismatch):
+            await storage.close_ledger(closed.ledger_id, token)
+        with pytest.raises(WriteTokenMismatch):
+            await storage.delete_ledger(deleted.ledger_id, token)
+    assert {m.state for m in (fenced, closed, deleted)} == {LedgerState.OPEN}
+    await storage.fence(fenced.ledger_id, "t0ken")
+    await storage.close_ledger(closed.ledger_id, "t0ken")
+    await storage.delete_ledger(deleted.ledger_id, "t0ken")
+    assert (fenced.state, closed.state, deleted.state) == (
+        LedgerState.FENCED, LedgerState.CLOSED, LedgerState.DELETED,
+    )  # fmt: skip
+    # A ledger without a token (a stream's) needs none, as before.
+    plain, _ = await storage.create_ledger()
+    await storage.close_ledger(plain.ledger_id)
+    await storage.delete_ledger(plain.ledger_id)
+
+
 async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -> None:
     settings = make_settings(tmp_path / "d", flush_interval=3_600_000)
     storage = LedgerStorage(settings)
@@ -154,6 +179,38 @@ async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -
         assert again.stats.replayed_records >= 3
         with pytest.raises(LedgerNotFound):
             again.ledger(meta.ledger_id)
+    finally:
+        await again.close()
+
+
+async def test_appends_past_the_last_entry_id_leave_nothing_behind(tmp_path: Path) -> None:
+    settings = make_settings(tmp_path / "d", flush_interval=3_600_000)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    meta, _ = await storage.create_ledger()
+    await storage.add_entry(meta.ledger_id, MAX_ID - 1, b"a")
+    cached = storage.write_cache_bytes
+    with pytest.raises(LedgerFull):  # its first entry fits, its second does not
+        await storage.add_entries(meta.ledger_id, [b"b", b"c"])
+    assert storage.write_cache_bytes == cached
+    assert (meta.entries, meta.payload_bytes, meta.last_entry_id) == (1, 1, MAX_ID - 1)
+    await storage.add_entry(meta.ledger_id, MAX_ID, b"z")
+    with pytest.raises(LedgerFull):
+        await storage.add_entry(meta.ledger_id, None, b"y")
+    with pytest.raises(LedgerFull):
+        await storage.add_entries(meta.ledger_id, [b"y"])
+    assert await storage.add_entries(meta.ledger_id, []) == []  # nothing asked, nothing refused
+    # A crash: the journal alone tells what was acknowledged.
+    await storage._wal.close()
+    storage._close_files()
+    again = LedgerStorage(settings)
+    await again.start()
+    try:
+        assert again.stats.replayed_records == 3  # the creation and the two entries added
+        replayed = again.ledger(meta.ledger_id)
+        assert (replayed.entries, replayed.payload_bytes) == (2, 2)
+        got = [(e, p) async for e, p in again.read_range(meta.ledger_id, MAX_ID - 1)]
+        assert got == [(MAX_ID - 1, b"a"), (MAX_ID, b"z")]
     finally:
         await again.close()
 
