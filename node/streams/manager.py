@@ -229,6 +229,11 @@ class StreamManager:
             meta.ledger_id,
         )
 
+    def live_orphans(self) -> dict[int, str]:
+        """The orphans kept at start that the operator has not deleted yet."""
+        alive = {meta.ledger_id for meta in self._storage.ledgers()}
+        return {lid: owner for lid, owner in self.orphans.items() if lid in alive}
+
     async def _close_ledger(self, info: LedgerInfo) -> None:
         try:
             meta = await self._storage.close_ledger(info.ledger_id)
