@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.app import build_app
 from node.http.frames import encode_batch
+from node.http.state import STORAGE
 from node.settings import KiB, MiB
 from node.storage.blockwal import HEADER_AREA
 from tests.conftest import make_settings
@@ -345,10 +346,11 @@ async def test_orphan_ledgers_with_entries_are_kept_and_counted(
     (it may be acknowledged data) and the operator sees it in a gauge."""
     settings = make_settings(tmp_path / "data")
     client = await aiohttp_client(build_app(settings))
-    r = await client.post("/api/v1/ledgers", json={"properties": {"stream": "gone"}})
-    lid = (await r.json())["ledgerId"]
-    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"kept", headers=OCTET)
-    assert r.status == 201, await r.text()
+    # Through the storage: the 'stream' property is the streams layer's, not a client's.
+    storage = client.server.app[STORAGE]
+    meta, _ = await storage.create_ledger(properties={"stream": "gone"})
+    lid = meta.ledger_id
+    await storage.add_entry(lid, None, b"kept")
     assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 0
     await client.close()
 

@@ -33,7 +33,7 @@ from node.storage import entrylog
 from node.storage.errors import EntryTooLarge, LedgerNotFound
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
-from node.streams.manager import InvalidPosition, StreamManager
+from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
 from node.streams.model import MB, MINUTE_MS, Position
 from tests.conftest import make_settings
 
@@ -661,3 +661,17 @@ async def test_an_orphan_ledger_with_entries_is_kept_and_readable(tmp_path: Path
     async with open_world(tmp_path / "data") as w:  # stable: a second start changes nothing
         assert ledger_ids(w, "s")[:2] == [first.ledger_id, orphan.ledger_id]
         assert set(w.streams.orphans) == {stray_old.ledger_id, gone.ledger_id}
+
+
+async def test_a_deletion_racing_a_rollover_leaves_no_ledger_behind(w: World) -> None:
+    # The first append creates the stream's first ledger while the stream is deleted: that
+    # ledger must not take the append (no record would name it), nor outlive the stream.
+    await w.streams.put_stream("s", ROLLING)
+    appended, deleted = await asyncio.gather(
+        append(w, "s", 0), w.streams.delete_stream("s"), return_exceptions=True
+    )
+    assert deleted is None
+    assert isinstance(appended, StreamNotFound), appended
+    assert [m.ledger_id for m in w.storage.ledgers() if m.properties.get("stream") == "s"] == []
+    again = await restarted(w)
+    assert again.streams.streams() == [] and again.streams.orphans == {}
