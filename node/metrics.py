@@ -109,6 +109,7 @@ class EngineSnapshot:
     disk_warning: bool = False
     reserve_bytes: int = 0  # the emergency reserve held
     streams: list[StreamSnapshot] = field(default_factory=list)
+    orphan_ledgers: int = 0  # ledgers of streams that no stream names yet hold entries
     retention: RetentionStats = field(default_factory=RetentionStats)
     wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
 
@@ -246,6 +247,7 @@ class Metrics:
             )
         if streams is not None:
             self._snapshot.streams = _stream_snapshots(streams)
+            self._snapshot.orphan_ledgers = len(streams.live_orphans())
 
     def _ring_snapshot(self) -> RingSnapshot | None:
         ring = self._ring
@@ -533,6 +535,12 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
     yield from (appended, appended_bytes, rollovers, ledgers, retained, backlog, backlog_bytes)
     yield from (oldest, deleted, deleted_bytes)
     yield CounterMetricFamily(f"{PREFIX}_retention_runs", "Retention runs.", value=r.runs)
+    yield GaugeMetricFamily(
+        f"{PREFIX}_stream_orphan_ledgers",
+        "Ledgers of streams that no stream names yet hold entries, kept at start (the log "
+        "names them; an operator reads, then deletes them).",
+        value=s.orphan_ledgers,
+    )
     yield CounterMetricFamily(
         f"{PREFIX}_retention_ttl_cursor_moves",
         "Cursors a message TTL moved past expired ledgers.",

@@ -2,31 +2,62 @@
 ledgers, the last of which takes appends and rolls over by Pulsar's rule; cursors with a
 durable mark-delete position; reads that cross ledger boundaries and long-poll at the end.
 
-Durability: a stream's record changes (rollover, trim) are written in one fsynced RocksDB
-batch before anything depends on them, and a cursor's mark-delete is written before an
-acknowledgment is answered. Order of a rollover: create the new ledger (journaled) ->
-write the stream record naming it -> close the old ledger. Order of a trim: write the
-stream record without the ledgers -> delete them. A crash between steps leaves a stream
-record that is true, plus at most a ledger it does not name (tagged with the stream's
-name in its properties), which start() deletes, or an old ledger still open, which start()
-closes.
+Durability: a stream's record changes (creation, rollover, trim, deletion) are written in
+one fsynced RocksDB batch before anything depends on them, and a cursor's mark-delete is
+written before an acknowledgment is answered. A stream's record and its in-memory object
+change under one per-stream lock (``_writing``), and the object is never replaced while the
+stream exists: appends and rollovers in flight hold it, so what they change is what the next
+record write encodes.
+
+Order of a rollover: create the new ledger (journaled) -> write the stream record naming it
+-> only then let appends reach it -> once the adds in flight on the old ledger settled,
+close it. So an append only ever lands on a ledger a durable stream record names. Order of a
+trim or a stream deletion: write the stream record without the ledgers, together with a
+``doomed`` record per ledger -> delete the ledgers -> drop the ``doomed`` records.
+
+A crash between steps leaves a stream record that is true, plus:
+- ledgers named by ``doomed`` records: start() finishes deleting them;
+- an old ledger still open: start() closes it;
+- a ledger tagged with the stream's name (its ``stream`` property) that no record names and
+  that holds no entry: the new ledger of a rollover cut short; start() deletes it.
+A ledger that no record names yet holds entries is none of these: its entries may have been
+acknowledged (a bug, or records restored from an older copy), so start() never deletes it.
+It logs an ERROR and, as a Pulsar operator would expect of a managed ledger (data is only
+ever deleted by retention or by an explicit delete), keeps the data reachable: when its
+stream exists and the ledger is newer than every ledger the stream names, it is closed and
+re-attached as the stream's last ledger (the next append rolls over to a new one), so its
+entries read through the stream and cursors reach them; otherwise (its stream is gone, or it
+would go in the middle of ledgers cursors may already be past) it stays a plain ledger,
+listed in ``orphans`` and counted by the ``stream_orphan_ledgers`` metric, for the operator
+to read (``GET /api/v1/ledgers/{id}/entries``) and delete (``DELETE /api/v1/ledgers/{id}``).
+
+Rollover limits: an append reserves room in the ledger taking appends synchronously, before
+its first await, against the ledger's entries plus those of the adds still in flight; when
+the reservation would pass ``maxEntriesPerLedger`` or ``maxSizePerLedgerMbytes`` the append
+waits for (or makes) the rollover, as Pulsar queues adds while it rolls over. So a ledger
+never holds more than the limits, with one exception: an append (a batch is one append, and
+never splits across ledgers) that alone passes them goes whole into an empty ledger. As in
+Pulsar, a ledger younger than ``minLedgerRolloverTimeMinutes`` takes appends past its limits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
-from node.storage.index import STREAM_PROPERTY, LedgerState
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
 from node.storage.ledgers import LedgerStorage
 from node.streams.model import (
     CURSOR_PREFIX,
+    DOOMED_PREFIX,
     MB,
     MINUTE_MS,
     NAME,
@@ -37,6 +68,9 @@ from node.streams.model import (
     Position,
     Stream,
     cursor_key,
+    decode_doomed_key,
+    doomed_key,
+    encode_doomed,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +104,16 @@ class Backlog:
     size_bytes: int
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """The appends reserved on one ledger whose adds have not settled yet."""
+
+    appends: int = 0
+    entries: int = 0
+    size_bytes: int = 0
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class StreamManager:
     def __init__(self, storage: LedgerStorage, clock: Clock) -> None:
         self._storage = storage
@@ -82,6 +126,10 @@ class StreamManager:
         # as it is then, so that they reach the disk in the order they take effect.
         self._writing: dict[str, asyncio.Lock] = {}
         self._arrivals: dict[str, asyncio.Event] = {}
+        self._in_flight: dict[int, _InFlight] = {}  # ledger id -> its unsettled appends
+        # Ledgers of streams that no stream record names yet hold entries (see the module's
+        # docstring): ledger id -> the stream its properties name.
+        self.orphans: dict[int, str] = {}
         self.rollovers = 0
         # stream -> ledgers it rolled over to from a previous one (its first is not counted)
         self.rollovers_by_stream: dict[str, int] = {}
@@ -91,6 +139,7 @@ class StreamManager:
 
     async def start(self) -> None:
         """Load streams and cursors; repair what a crash between two steps left."""
+        doomed = []
         for key, value in (await self._storage.load_records()).items():
             if key.startswith(STREAM_PREFIX):
                 stream = Stream.decode(value)
@@ -98,19 +147,91 @@ class StreamManager:
             elif key.startswith(CURSOR_PREFIX):
                 cursor = Cursor.decode(key, value)
                 self._cursors.setdefault(cursor.stream, {})[cursor.name] = cursor
+            elif key.startswith(DOOMED_PREFIX):
+                doomed.append(decode_doomed_key(key))
+        await self._delete_doomed(doomed)
         named = {info.ledger_id for s in self._streams.values() for info in s.ledgers}
-        for meta in list(self._storage.ledgers()):
-            owner = meta.properties.get(STREAM_PROPERTY)
-            if owner is not None and meta.ledger_id not in named:
-                log.warning(
-                    "deleting ledger %d of stream %s: no stream names it", meta.ledger_id, owner
-                )
-                await self._storage.delete_ledger(meta.ledger_id)
+        unnamed = sorted(  # oldest first: orphans re-attach to a stream in id order
+            (
+                meta
+                for meta in self._storage.ledgers()
+                if STREAM_PROPERTY in meta.properties and meta.ledger_id not in named
+            ),
+            key=lambda meta: meta.ledger_id,
+        )
+        for meta in unnamed:
+            await self._unnamed(meta)
         for stream in self._streams.values():
             for info in stream.ledgers[:-1]:
                 await self._close_ledger(info)
             if stream.ledgers:
                 await self._refresh(stream.ledgers[-1])
+
+    async def _delete_doomed(self, ledger_ids: list[int]) -> None:
+        """Delete ledgers a trim or stream deletion dropped, then their ``doomed`` records."""
+        for ledger_id in ledger_ids:
+            with contextlib.suppress(LedgerNotFound):
+                await self._storage.delete_ledger(ledger_id)
+        if ledger_ids:
+            await self._storage.write_records({doomed_key(i): None for i in ledger_ids})
+
+    async def _unnamed(self, meta: LedgerMeta) -> None:
+        """A ledger of a stream that no stream record names (see the module's docstring)."""
+        owner = meta.properties[STREAM_PROPERTY]
+        if meta.entries == 0 and meta.last_entry_id == -1:
+            log.warning(
+                "deleting ledger %d of stream %s: no stream names it and it holds no entry "
+                "(a rollover cut short created it)",
+                meta.ledger_id,
+                owner,
+            )
+            await self._storage.delete_ledger(meta.ledger_id)
+            return
+        stream = self._streams.get(owner)
+        if stream is not None and all(meta.ledger_id > i.ledger_id for i in stream.ledgers):
+            closed = await self._storage.close_ledger(meta.ledger_id)
+            now = self._clock.now_ms()
+            if stream.ledgers and not stream.ledgers[-1].closed_ms:
+                stream.ledgers[-1].closed_ms = now  # start() closes it in the storage next
+            info = LedgerInfo(
+                meta.ledger_id,
+                closed.last_entry_id + 1,
+                closed.payload_bytes,
+                closed.created_ms,
+                closed.closed_ms or now,
+            )
+            stream.ledgers = [*stream.ledgers, info]
+            await self._storage.write_records({stream.key(): stream.encode()})
+            log.error(
+                "ledger %d of stream %s holds %d entries (%d bytes) but no stream record named "
+                "it: they may be acknowledged data. Re-attached it, closed, as the stream's "
+                "last ledger so that they read through the stream; check them, and report "
+                "the bug that left it out",
+                meta.ledger_id,
+                owner,
+                info.entries,
+                info.size_bytes,
+            )
+            return
+        self.orphans[meta.ledger_id] = owner
+        log.error(
+            "ledger %d of stream %s holds %d entries (%d bytes) but no stream record names it, "
+            "and it cannot rejoin the stream (%s): kept as a plain ledger, never deleted "
+            "automatically. Read its entries with GET /api/v1/ledgers/%d/entries, then delete "
+            "it with DELETE /api/v1/ledgers/%d",
+            meta.ledger_id,
+            owner,
+            meta.entries,
+            meta.payload_bytes,
+            "the stream does not exist" if stream is None else "older than its ledgers",
+            meta.ledger_id,
+            meta.ledger_id,
+        )
+
+    def live_orphans(self) -> dict[int, str]:
+        """The orphans kept at start that the operator has not deleted yet."""
+        alive = {meta.ledger_id for meta in self._storage.ledgers()}
+        return {lid: owner for lid, owner in self.orphans.items() if lid in alive}
 
     async def _close_ledger(self, info: LedgerInfo) -> None:
         try:
@@ -151,12 +272,16 @@ class StreamManager:
             policies = Policies.from_json(given, self.default_policies())
         except ValueError as e:
             raise InvalidPolicy(str(e)) from None
-        existing = self._streams.get(name)
-        stream = existing or Stream(name, policies, self._clock.now_ms())
         async with self._writing.setdefault(name, asyncio.Lock()):
+            # Read under the lock: PUTs racing to create the stream see each other's, and
+            # the object stays (appends and rollovers in flight hold it).
+            existing = self._streams.get(name)
+            stream = existing or Stream(name, policies, self._clock.now_ms())
+            updated = Stream(name, policies, stream.created_ms, stream.ledgers)
+            await self._storage.write_records({updated.key(): updated.encode()})
             stream.policies = policies
-            await self._storage.write_records({stream.key(): stream.encode()})
-        self._streams[name] = stream
+            if existing is None:
+                self._streams[name] = stream
         return stream, existing is None
 
     def stream(self, name: str) -> Stream:
@@ -178,78 +303,171 @@ class StreamManager:
             changes: dict[bytes, bytes | None] = {stream.key(): None}
             for cursor in self._cursors.get(name, {}).values():
                 changes[cursor.key()] = None
+            for info in stream.ledgers:
+                changes[doomed_key(info.ledger_id)] = encode_doomed(name)
             await self._storage.write_records(changes)
             del self._streams[name]
             self._cursors.pop(name, None)
         self._wake(name)
-        for info in stream.ledgers:
-            with contextlib.suppress(LedgerNotFound):
-                await self._storage.delete_ledger(info.ledger_id)
+        await self._delete_doomed([info.ledger_id for info in stream.ledgers])
 
     # --- appends -------------------------------------------------------------------------
 
     async def append(self, name: str, payloads: list[bytes]) -> list[Position]:
         """Append entries (one durable acknowledgment for all); their positions."""
         stream = self.stream(name)
+        if not payloads:
+            return []
+        count, size = len(payloads), sum(map(len, payloads))
         for _attempt in range(APPEND_ATTEMPTS):
-            info = await self._ledger_for_append(stream)
+            info = await self._ledger_for_append(stream, count, size)
+            add = asyncio.ensure_future(self._add(info.ledger_id, payloads))
+            # The reservation ends when the storage settles the add, also when the caller
+            # gives up first (its entries may land anyway): the counts stay true.
+            add.add_done_callback(functools.partial(self._settle, info, count, size))
             try:
-                if len(payloads) == 1:
-                    ids = [await self._storage.add_entry(info.ledger_id, None, payloads[0])]
-                else:
-                    ids = await self._storage.add_entries(info.ledger_id, payloads)
+                ids = await asyncio.shield(add)
             except (LedgerClosed, LedgerFenced):
-                continue  # a rollover closed it under us: the next ledger takes it
-            size = sum(map(len, payloads))
-            info.entries = max(info.entries, ids[-1] + 1) if ids else info.entries
-            info.size_bytes += size
+                continue  # closed under us (by an operator): try again
+            except LedgerNotFound:
+                if self._streams.get(name) is not stream:
+                    raise StreamNotFound(f"stream {name[:100]!r} was deleted") from None
+                raise
             entries, total = self.appended.get(name, (0, 0))
             self.appended[name] = (entries + len(ids), total + size)
             self._wake(name)
             return [Position(info.ledger_id, entry) for entry in ids]
         raise LedgerClosed(f"stream {name}: appends kept landing on closed ledgers; retry")
 
-    async def _ledger_for_append(self, stream: Stream) -> LedgerInfo:
-        current = stream.ledgers[-1] if stream.ledgers else None
-        if current is not None and not current.closed_ms and not self._full(stream, current):
-            return current
-        lock = self._rolling.setdefault(stream.name, asyncio.Lock())
-        async with lock:
-            current = stream.ledgers[-1] if stream.ledgers else None
-            if current is None or current.closed_ms or self._full(stream, current):
-                current = await self._roll(stream)
-            return current
+    async def _add(self, ledger_id: int, payloads: list[bytes]) -> list[int]:
+        if len(payloads) == 1:
+            return [await self._storage.add_entry(ledger_id, None, payloads[0])]
+        return await self._storage.add_entries(ledger_id, payloads)
 
-    def _full(self, stream: Stream, info: LedgerInfo) -> bool:
-        """Pulsar's currentLedgerIsFull: a size or age limit, and past the minimum age."""
+    def _reserve(self, info: LedgerInfo, count: int, size: int) -> LedgerInfo:
+        flight = self._in_flight.get(info.ledger_id)
+        if flight is None:
+            flight = self._in_flight[info.ledger_id] = _InFlight()
+        flight.appends += 1
+        flight.entries += count
+        flight.size_bytes += size
+        return info
+
+    def _settle(
+        self, info: LedgerInfo, count: int, size: int, add: asyncio.Future[list[int]]
+    ) -> None:
+        """An add on ``info`` is over: its reservation becomes counted entries, or nothing."""
+        flight = self._in_flight[info.ledger_id]
+        flight.appends -= 1
+        flight.entries -= count
+        flight.size_bytes -= size
+        if not add.cancelled() and add.exception() is None:
+            ids = add.result()
+            info.entries = max(info.entries, ids[-1] + 1)
+            info.size_bytes += size
+        if not flight.appends:
+            del self._in_flight[info.ledger_id]
+            flight.settled.set()
+
+    def _reserve_now(self, stream: Stream, count: int, size: int) -> LedgerInfo | None:
+        """Room for the append in the ledger taking appends, reserved (no await: nothing
+        else reserves between the check and the reservation); None: it must roll first."""
+        current = stream.ledgers[-1] if stream.ledgers else None
+        if current is None or not self._takes(stream, current, count, size):
+            return None
+        return self._reserve(current, count, size)
+
+    async def _ledger_for_append(self, stream: Stream, count: int, size: int) -> LedgerInfo:
+        """The ledger the append goes to, with room reserved in it."""
+        info = self._reserve_now(stream, count, size)
+        if info is not None:
+            return info
+        async with self._rolling.setdefault(stream.name, asyncio.Lock()):
+            info = self._reserve_now(stream, count, size)  # another append rolled meanwhile
+            if info is not None:
+                return info
+            fresh, old = await self._open_next(stream)
+            # Synchronously after the new ledger appeared: no other append took its room.
+            info = self._reserve(fresh, count, size)
+            try:
+                await self._seal(stream, old)
+            except BaseException:
+                self._settle_unsent(info, count, size)
+                raise
+            return info
+
+    def _settle_unsent(self, info: LedgerInfo, count: int, size: int) -> None:
+        never: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
+        never.cancel()
+        self._settle(info, count, size, never)
+
+    def _takes(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
+        """Whether the ledger takes an append of ``count`` entries and ``size`` bytes, with
+        the appends in flight on it: Pulsar's currentLedgerIsFull, checked before the add."""
+        if info.closed_ms:
+            return False
         p = stream.policies
         age_ms = self._clock.now_ms() - info.created_ms
-        space = (
-            info.entries >= p.maxEntriesPerLedger
-            or info.size_bytes >= p.maxSizePerLedgerMbytes * MB
+        if age_ms < p.minLedgerRolloverTimeMinutes * MINUTE_MS:
+            return True  # Pulsar: a ledger younger than the minimum time passes its limits
+        flight = self._in_flight.get(info.ledger_id) or _InFlight()
+        entries = info.entries + flight.entries
+        if not entries:
+            return True  # an empty ledger takes any one append whole, and never rolls by time
+        if age_ms >= p.maxLedgerRolloverTimeMinutes * MINUTE_MS:
+            return False
+        return (
+            entries + count <= p.maxEntriesPerLedger
+            and info.size_bytes + flight.size_bytes + size <= p.maxSizePerLedgerMbytes * MB
         )
-        too_old = age_ms >= p.maxLedgerRolloverTimeMinutes * MINUTE_MS and info.entries > 0
-        return (space or too_old) and age_ms >= p.minLedgerRolloverTimeMinutes * MINUTE_MS
 
-    async def _roll(self, stream: Stream) -> LedgerInfo:
+    def _full(self, stream: Stream, info: LedgerInfo) -> bool:
+        """Pulsar's currentLedgerIsFull: no room for one more entry of at least a byte."""
+        return not self._takes(stream, info, 1, 1)
+
+    async def _open_next(self, stream: Stream) -> tuple[LedgerInfo, LedgerInfo | None]:
+        """Create the stream's next ledger and write the record naming it; only then does
+        it take appends. Returns it and the ledger it replaces (None: none was open)."""
         meta, _ = await self._storage.create_ledger(properties={STREAM_PROPERTY: stream.name})
-        now = self._clock.now_ms()
-        old = stream.ledgers[-1] if stream.ledgers and not stream.ledgers[-1].closed_ms else None
-        if old is not None:
-            old.closed_ms = now
-        fresh = LedgerInfo(meta.ledger_id, created_ms=now)
-        rolled = bool(stream.ledgers)  # the stream's first ledger is no rollover
-        stream.ledgers.append(fresh)
-        await self._save(stream)
-        if old is not None:
-            await self._close_ledger(old)  # its final counts, once in-flight adds are in
-            await self._save(stream)
+        async with self._writing.setdefault(stream.name, asyncio.Lock()):
+            if self._streams.get(stream.name) is not stream:
+                # Deleted while the ledger was created: it must not take appends.
+                await self._storage.delete_ledger(meta.ledger_id)
+                raise StreamNotFound(f"stream {stream.name[:100]!r} was deleted")
+            now = self._clock.now_ms()
+            last = stream.ledgers[-1] if stream.ledgers else None
+            old = last if last is not None and not last.closed_ms else None
+            fresh = LedgerInfo(meta.ledger_id, created_ms=now)
+            written = [dataclasses.replace(info) for info in stream.ledgers]
+            if old is not None:
+                written[-1].closed_ms = now
+            record = Stream(stream.name, stream.policies, stream.created_ms, [*written, fresh])
+            try:
+                await self._storage.write_records({record.key(): record.encode()})
+            except BaseException:
+                with contextlib.suppress(StorageError):  # else start() deletes it: empty
+                    await self._storage.delete_ledger(meta.ledger_id)
+                raise
+            if old is not None:
+                old.closed_ms = now
+            stream.ledgers = [*stream.ledgers, fresh]
         self.rollovers += 1
-        if rolled:
+        if last is not None:  # the stream's first ledger is no rollover
             count = self.rollovers_by_stream.get(stream.name, 0)
             self.rollovers_by_stream[stream.name] = count + 1
         log.info("stream %s rolled over to ledger %d", stream.name, meta.ledger_id)
-        return fresh
+        return fresh, old
+
+    async def _seal(self, stream: Stream, old: LedgerInfo | None) -> None:
+        """Close the replaced ledger once the adds in flight on it settled, so that its final
+        counts are theirs, and write them into the stream record."""
+        if old is None:
+            return
+        flight = self._in_flight.get(old.ledger_id)
+        if flight is not None:
+            await flight.settled.wait()
+        await self._close_ledger(old)
+        await self._save(stream)
 
     async def _save(self, stream: Stream) -> None:
         """Write the stream record as it is now, unless the stream was deleted."""
@@ -266,7 +484,8 @@ class StreamManager:
             current = stream.ledgers[-1] if stream.ledgers else None
             if current is None or current.closed_ms or not self._full(stream, current):
                 return False
-            await self._roll(stream)
+            _fresh, old = await self._open_next(stream)
+            await self._seal(stream, old)
             return True
 
     # --- reads ---------------------------------------------------------------------------
@@ -512,6 +731,8 @@ class StreamManager:
             changes: dict[bytes, bytes | None] = {
                 c.key(): Cursor(c.stream, c.name, first, c.created_ms).encode() for c in behind
             }
+            for info in removed:
+                changes[doomed_key(info.ledger_id)] = encode_doomed(name)
             await self._storage.write_records({stream.key(): stream.encode(), **changes})
             for cursor in behind:
                 cursor.mark_delete = first
@@ -520,6 +741,7 @@ class StreamManager:
                 await asyncio.sleep(pace_s)
             with contextlib.suppress(LedgerNotFound):
                 await self._storage.delete_ledger(info.ledger_id)
+        await self._storage.write_records({doomed_key(info.ledger_id): None for info in removed})
         return [info.ledger_id for info in removed]
 
     def expiry_mark(self, name: str, before_ms: int) -> Position | None:

@@ -4,6 +4,12 @@ Records (JSON values, each with a format version ``v``)::
 
     key  b"stream/" + name              value {"v": 1, "name", "created", "policies", "ledgers"}
     key  b"cursor/" + name + 0x00 + cur value {"v": 1, "markDelete": [ledger, entry], "created"}
+    key  b"doomed/" + ledger id (decimal) value {"v": 1, "stream"}
+
+A ``doomed`` record names a ledger that a trim or a stream deletion dropped from its stream
+and has yet to delete: written in the same batch as the stream record that drops it, removed
+once the ledger is deleted, so that start() tells a ledger it must finish deleting from one
+that no stream names for another reason (which it keeps: it may hold acknowledged data).
 
 ``ledgers`` lists the stream's ledgers oldest first, each ``{"id", "entries", "bytes",
 "created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed.
@@ -22,6 +28,7 @@ from typing import Any, NamedTuple
 FORMAT_VERSION = 1
 STREAM_PREFIX = b"stream/"
 CURSOR_PREFIX = b"cursor/"
+DOOMED_PREFIX = b"doomed/"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 # ASCII digits only (str.isdigit also takes other scripts' digits, which int() reads), at
 # most 19 of them: 2^63 has 19.
@@ -175,3 +182,15 @@ class Cursor:
 
 def cursor_key(stream: str, name: str) -> bytes:
     return CURSOR_PREFIX + stream.encode() + b"\0" + name.encode()
+
+
+def doomed_key(ledger_id: int) -> bytes:
+    return DOOMED_PREFIX + str(ledger_id).encode()
+
+
+def encode_doomed(stream: str) -> bytes:
+    return json.dumps({"v": FORMAT_VERSION, "stream": stream}).encode()
+
+
+def decode_doomed_key(key: bytes) -> int:
+    return int(key.removeprefix(DOOMED_PREFIX))

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.app import build_app
 from node.http.frames import encode_batch
+from node.http.state import STORAGE
 from node.settings import KiB, MiB
 from node.storage.blockwal import HEADER_AREA
 from tests.conftest import make_settings
@@ -336,3 +337,26 @@ async def _ring_metrics_move(client: Any, storage: Any) -> None:
     assert _value(after, "storage_node_wal_ring_used_bytes") > (WAL_RING - HEADER_AREA) // 2
     r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"z", headers=OCTET)
     assert r.status == 201  # the checkpoint went on and trimmed
+
+
+async def test_orphan_ledgers_with_entries_are_kept_and_counted(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A ledger tagged with a stream that does not exist, holding an entry: start() keeps it
+    (it may be acknowledged data) and the operator sees it in a gauge."""
+    settings = make_settings(tmp_path / "data")
+    client = await aiohttp_client(build_app(settings))
+    # Through the storage: the 'stream' property is the streams layer's, not a client's.
+    storage = client.server.app[STORAGE]
+    meta, _ = await storage.create_ledger(properties={"stream": "gone"})
+    lid = meta.ledger_id
+    await storage.add_entry(lid, None, b"kept")
+    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 0
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))
+    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 1
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
+    assert r.status == 200 and await r.read() == b"kept"
+    assert (await client.delete(f"/api/v1/ledgers/{lid}")).status == 204  # the operator's call
+    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 0

@@ -193,25 +193,27 @@ async def test_appends_return_positions_and_roll_over(client: Any) -> None:
     rolled = await _append(client, b"dddd")  # the ledger holds maxEntriesPerLedger: a new one
     l1 = _ledger(rolled)
     assert l1 > l0 and rolled == f"{l1}:0"
-    # A batch goes whole into one ledger, even past the limit; the next append rolls over.
+    # A batch never splits: past the room left it goes whole into a new ledger, even past
+    # the limit when it alone passes it; the next append rolls over.
     batch = await _append_batch(client, [b"e", b"f", b"g", b"h"])
-    assert batch == [f"{l1}:{i}" for i in range(1, 5)]
-    l2 = _ledger(await _append(client, b"i"))
-    assert l2 > l1
+    l2 = _ledger(batch[0])
+    assert l2 > l1 and batch == [f"{l2}:{i}" for i in range(4)]
+    l3 = _ledger(await _append(client, b"i"))
+    assert l3 > l2
 
     details = await _details(client)
     ledgers = details["ledgers"]
-    assert [x["ledgerId"] for x in ledgers] == [l0, l1, l2]
+    assert [x["ledgerId"] for x in ledgers] == [l0, l1, l2, l3]
     for item in ledgers:
         assert set(item) == {"ledgerId", "entries", "bytes", "createdTime", "closedTime"}
-    assert [x["entries"] for x in ledgers] == [3, 5, 1]
-    assert [x["bytes"] for x in ledgers] == [6, 1 + 4 + 3, 1]
-    assert all(type(x["closedTime"]) is int for x in ledgers[:2])
-    assert ledgers[2]["closedTime"] is None
-    assert details["entries"] == 9 and details["bytes"] == 6 + 8 + 1
+    assert [x["entries"] for x in ledgers] == [3, 1, 4, 1]
+    assert [x["bytes"] for x in ledgers] == [6, 4, 4, 1]
+    assert all(type(x["closedTime"]) is int for x in ledgers[:3])
+    assert ledgers[3]["closedTime"] is None
+    assert details["entries"] == 9 and details["bytes"] == 6 + 4 + 4 + 1
     assert details["oldestDataTime"] == ledgers[0]["createdTime"]
     # A rollover closes the old ledger; the stream's ledgers carry its name.
-    for lid, state in ((l0, "closed"), (l1, "closed"), (l2, "open")):
+    for lid, state in ((l0, "closed"), (l1, "closed"), (l2, "closed"), (l3, "open")):
         meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
         assert meta["state"] == state and meta["properties"] == {"stream": "orders"}
 
@@ -640,3 +642,57 @@ async def test_invalid_policy_update_keeps_the_policies(client: Any) -> None:
     r = await client.put("/api/v1/streams/orders", json={"maxEntriesPerLedger": -9})
     await _error(r, 400, "invalid_policy")
     assert (await _details(client))["policies"]["maxEntriesPerLedger"] == 9
+
+
+# --- races -----------------------------------------------------------------------------------
+
+RACING_PUTS = 10
+APPENDERS = 10
+APPENDS_EACH = 3
+
+
+async def test_creates_racing_appends_answer_one_201_and_lose_no_acknowledged_entry(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """Issue 10: PUTs of a new stream racing appends to it. Exactly one PUT creates it; every
+    append answered 201 lands on a ledger the stream names durably, so that it reads back
+    after a restart (start() deletes ledgers no stream names)."""
+    settings = make_settings(tmp_path / "data")
+    client = await aiohttp_client(build_app(settings))
+    path = "/api/v1/streams/x"
+
+    async def put() -> int:
+        r = await client.put(path, json=ROLLING)
+        assert r.status in (200, 201), await r.text()
+        return int(r.status)
+
+    async def appender(k: int) -> list[tuple[str, bytes]]:
+        """Appends until APPENDS_EACH are acknowledged, again at once after a 404 (the
+        stream does not exist yet), so that appends arrive while the PUTs still land."""
+        acked: list[tuple[str, bytes]] = []
+        while len(acked) < APPENDS_EACH:
+            payload = f"appender {k} entry {len(acked)}".encode()
+            r = await client.post(f"{path}/entries", data=payload, headers=OCTET)
+            if r.status == 404:  # not acknowledged
+                await _error(r, 404, "stream_not_found")
+                continue
+            assert r.status == 201, await r.text()
+            acked.append((str((await r.json())["position"]), payload))
+        return acked
+
+    answers = await asyncio.gather(
+        *(put() for _ in range(RACING_PUTS)), *(appender(k) for k in range(APPENDERS))
+    )
+    statuses = [a for a in answers if isinstance(a, int)]
+    assert sorted(statuses) == [200] * (RACING_PUTS - 1) + [201], statuses
+    acked = dict(pair for a in answers if isinstance(a, list) for pair in a)
+    assert len(acked) == APPENDERS * APPENDS_EACH
+    acked[await _append(client, b"after the race", "x")] = b"after the race"
+    await client.close()
+
+    client = await aiohttp_client(build_app(settings))
+    frames, _ = await _read(client, f"{path}/entries?limit=1000")
+    stored = dict(frames)
+    missing = sorted(set(acked) - set(stored))
+    assert not missing, f"acknowledged entries lost at the restart: {missing}"
+    assert {p: stored[p] for p in acked} == acked

@@ -33,7 +33,7 @@ from node.storage import entrylog
 from node.storage.errors import EntryTooLarge, LedgerNotFound
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
-from node.streams.manager import InvalidPosition, StreamManager
+from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
 from node.streams.model import MB, MINUTE_MS, Position
 from tests.conftest import make_settings
 
@@ -200,12 +200,18 @@ async def test_rollover_at_max_entries(w: World) -> None:
         meta = w.storage.ledger(lid)
         assert (meta.state, meta.last_entry_id) == (LedgerState.CLOSED, 2)
     assert w.storage.ledger(l3).state == LedgerState.OPEN
-    # A batch is one durable append: it lands whole in one ledger (which may take it past
-    # the limit), and the next append rolls.
+    # A batch is one durable append that never splits: one that does not fit the ledger's
+    # room goes whole into the next ledger, even past the limit when it alone passes it;
+    # the next append rolls again.
+    assert await w.streams.append("s", [payload(i, 10) for i in range(2)]) == [
+        Position(l3, 1),
+        Position(l3, 2),
+    ]
     batch = await w.streams.append("s", [payload(i, 10) for i in range(4)])
-    assert batch == [Position(l3, e) for e in range(1, 5)]
-    l4 = (await append(w, "s", 9)).ledger_id
-    assert ledger_ids(w, "s") == [l1, l2, l3, l4]
+    l4 = batch[0].ledger_id
+    assert batch == [Position(l4, e) for e in range(4)]
+    l5 = (await append(w, "s", 9)).ledger_id
+    assert ledger_ids(w, "s") == [l1, l2, l3, l4, l5]
     # The stream record is durable: a manager started afresh reads the same stream.
     again = StreamManager(w.storage, w.clock)
     await again.start()
@@ -581,3 +587,91 @@ async def test_gc_reclaims_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
         # What the stream still names reads back.
         found = await w.streams.read("s", None, 100, 0)
         assert found == [(Position(ids[6], 0), payload(48, 100))]
+
+
+# --- issue 10: concurrency and orphans ------------------------------------------------------
+
+CONCURRENT_APPENDS = 200
+SMALL_LEDGER = 7
+
+
+async def restarted(w: World) -> World:
+    """A manager started afresh on the same storage: what is durable."""
+    again = StreamManager(w.storage, w.clock)
+    await again.start()
+    return World(w.clock, w.storage, again)
+
+
+async def test_concurrent_appends_never_overfill_a_ledger(tmp_path: Path) -> None:
+    # Pulsar queues adds while it rolls over: the limit holds for appends already in flight.
+    async with open_world(tmp_path / "data") as w:
+        await w.streams.put_stream("s", {**ROLLING, "maxEntriesPerLedger": SMALL_LEDGER})
+        payloads = [payload(i, 50 + i) for i in range(CONCURRENT_APPENDS)]
+        positions = await asyncio.gather(*(append(w, "s", i, 50 + i) for i in range(200)))
+        assert len(set(positions)) == CONCURRENT_APPENDS
+        written = dict(zip(positions, payloads, strict=True))
+
+        async def check(world: World) -> None:
+            infos = world.streams.stream("s").ledgers
+            counts = {
+                info.ledger_id: world.storage.ledger(info.ledger_id).entries for info in infos
+            }
+            assert all(n <= SMALL_LEDGER for n in counts.values()), counts
+            found = dict(await world.streams.read("s", None, 10_000, 0))
+            assert found == written
+
+        await check(w)
+        await check(await restarted(w))
+    async with open_world(tmp_path / "data") as w:  # a real restart of the storage too
+        await check(w)
+
+
+async def test_an_orphan_ledger_with_entries_is_kept_and_readable(tmp_path: Path) -> None:
+    """A ledger of a stream that no stream record names: empty (a rollover's crash window),
+    start() deletes it; with entries (acknowledged data a bug left outside the stream), it is
+    kept: re-attached to its stream when newer than the stream's ledgers, else left as a
+    plain ledger the manager reports."""
+    async with open_world(tmp_path / "data") as w:
+        await w.streams.put_stream("s", ROLLING)
+        await w.streams.put_stream("old", ROLLING)
+        first = await append(w, "s", 0)
+        stray_old, _ = await w.storage.create_ledger(properties={"stream": "old"})
+        await w.storage.add_entry(stray_old.ledger_id, None, b"older than the stream")
+        await append(w, "old", 1)  # the stream "old" names a ledger newer than the stray one
+        gone, _ = await w.storage.create_ledger(properties={"stream": "deleted"})
+        await w.storage.add_entry(gone.ledger_id, None, b"of a deleted stream")
+        empty, _ = await w.storage.create_ledger(properties={"stream": "s"})
+        orphan, _ = await w.storage.create_ledger(properties={"stream": "s"})
+        orphaned = [b"acknowledged", b"outside", b"the stream"]
+        await w.storage.add_entries(orphan.ledger_id, orphaned)
+    async with open_world(tmp_path / "data") as w:
+        with pytest.raises(LedgerNotFound):
+            w.storage.ledger(empty.ledger_id)
+        assert ledger_ids(w, "s") == [first.ledger_id, orphan.ledger_id]
+        found = await w.streams.read("s", None, 100, 0)
+        assert found == [(first, payload(0, 100))] + [
+            (Position(orphan.ledger_id, i), p) for i, p in enumerate(orphaned)
+        ]
+        assert w.storage.ledger(orphan.ledger_id).state == LedgerState.CLOSED
+        # The next append goes to a fresh ledger after the re-attached one.
+        assert (await append(w, "s", 2)).ledger_id > orphan.ledger_id
+        assert w.streams.orphans == {stray_old.ledger_id: "old", gone.ledger_id: "deleted"}
+        for kept in (stray_old, gone):
+            assert w.storage.ledger(kept.ledger_id).entries == 1
+    async with open_world(tmp_path / "data") as w:  # stable: a second start changes nothing
+        assert ledger_ids(w, "s")[:2] == [first.ledger_id, orphan.ledger_id]
+        assert set(w.streams.orphans) == {stray_old.ledger_id, gone.ledger_id}
+
+
+async def test_a_deletion_racing_a_rollover_leaves_no_ledger_behind(w: World) -> None:
+    # The first append creates the stream's first ledger while the stream is deleted: that
+    # ledger must not take the append (no record would name it), nor outlive the stream.
+    await w.streams.put_stream("s", ROLLING)
+    appended, deleted = await asyncio.gather(
+        append(w, "s", 0), w.streams.delete_stream("s"), return_exceptions=True
+    )
+    assert deleted is None
+    assert isinstance(appended, StreamNotFound), appended
+    assert [m.ledger_id for m in w.storage.ledgers() if m.properties.get("stream") == "s"] == []
+    again = await restarted(w)
+    assert again.streams.streams() == [] and again.streams.orphans == {}
