@@ -155,7 +155,11 @@ class StreamManager:
             (
                 meta
                 for meta in self._storage.ledgers()
-                if STREAM_PROPERTY in meta.properties and meta.ledger_id not in named
+                # A ledger with a write token is a client's: streams never set one (it
+                # claimed the property before the ledger API refused it).
+                if STREAM_PROPERTY in meta.properties
+                and meta.ledger_id not in named
+                and not meta.token_digest
             ),
             key=lambda meta: meta.ledger_id,
         )
