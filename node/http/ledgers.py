@@ -19,7 +19,7 @@ from node.http.frames import (
     decode_batch,
     encode_range_frame,
 )
-from node.http.state import METRICS, SETTINGS, STORAGE
+from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
 from node.storage.ledgers import LedgerStorage
@@ -48,15 +48,16 @@ def _storage(request: web.Request) -> LedgerStorage:
     return request.app[STORAGE]
 
 
-def _not_stream_owned(storage: LedgerStorage, ledger_id: int) -> None:
+def _not_stream_owned(request: web.Request, ledger_id: int) -> None:
     """Refuse to change a stream's ledger: the stream manager alone adds to, closes and
     deletes it (a foreign entry would be read as the stream's, a close or fence would fail
     every later append, a delete would drop unconsumed entries). A ledger's properties never
     change and a stream takes a fresh id for each ledger (short of every id having been
     taken), so the check holds for the operation that follows it; a missing ledger answers
-    404 here, as the operation would."""
-    owner = storage.ledger(ledger_id).properties.get(STREAM_PROPERTY)
-    if owner is not None:
+    404 here, as the operation would. An orphan that start-up kept (no stream names it)
+    is a plain ledger: the operator reads and deletes it here."""
+    owner = _storage(request).ledger(ledger_id).properties.get(STREAM_PROPERTY)
+    if owner is not None and ledger_id not in request.app[STREAMS].orphans:
         raise ApiError(
             409,
             "owned_by_stream",
@@ -153,7 +154,7 @@ async def get_ledger(request: web.Request) -> web.Response:
 @routes.delete("/api/v1/ledgers/{lid}")
 async def delete_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    _not_stream_owned(_storage(request), ledger_id)
+    _not_stream_owned(request, ledger_id)
     await _storage(request).delete_ledger(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.Response(status=204)
 
@@ -161,7 +162,7 @@ async def delete_ledger(request: web.Request) -> web.Response:
 @routes.post("/api/v1/ledgers/{lid}/close")
 async def close_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    _not_stream_owned(_storage(request), ledger_id)
+    _not_stream_owned(request, ledger_id)
     token = request.headers.get(WRITE_TOKEN_HEADER)
     return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id, token)))
 
@@ -170,7 +171,7 @@ async def close_ledger(request: web.Request) -> web.Response:
 async def fence_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
-    _not_stream_owned(storage, ledger_id)
+    _not_stream_owned(request, ledger_id)
     await storage.fence(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.json_response(meta_json(storage.ledger(ledger_id)))
 
@@ -194,7 +195,7 @@ async def put_entry(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
     storage = _storage(request)
-    _not_stream_owned(storage, ledger_id)
+    _not_stream_owned(request, ledger_id)
     payload = await _payload(request)
     started = time.perf_counter()
     await storage.add_entry(ledger_id, entry_id, payload, request.headers.get(WRITE_TOKEN_HEADER))
@@ -207,7 +208,7 @@ async def put_entry(request: web.Request) -> web.Response:
 async def append_entries(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
-    _not_stream_owned(storage, ledger_id)
+    _not_stream_owned(request, ledger_id)
     token = request.headers.get(WRITE_TOKEN_HEADER)
     if _content_type(request) == BATCH_CONTENT_TYPE:
         try:
