@@ -420,6 +420,9 @@ def _check_ledger(node: NodeProcess, ledger: LedgerModel) -> None:
     if ledger.deleted or status == 404:
         assert ledger.delete_sent, f"ledger {lid} is gone, yet it was never deleted"
         assert status == 404, f"ledger {lid} is back after its delete was acknowledged"
+        for entry_id in sorted(ledger.acked)[:1]:  # nor do its entries come back by id
+            path = f"/api/v1/ledgers/{lid}/entries/{entry_id}"
+            assert http_status(node, path) == 404, f"({lid}, {entry_id}) of a deleted ledger"
         ledger.deleted = True
         return
     ledger.delete_sent = False  # the delete did not happen: the ledger lives on
