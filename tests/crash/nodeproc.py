@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from node.settings import Settings
 from tests.hostdisk import neutral_env
 
 READY_TIMEOUT_S = 30.0
@@ -26,6 +27,12 @@ CHURN_SETTINGS = {
     "NODE_LOG_SIZE_LIMIT": str(1024 * 1024),
     "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(2 * 1024 * 1024),
     "NODE_MAX_ENTRY_SIZE": str(256 * 1024),
+}
+# The node's own defaults for the settings above: NodeProcess(env=DEFAULT_SETTINGS) runs a
+# node as shipped (host-disk-neutral still), since what matters must pass with defaults too.
+DEFAULT_SETTINGS = {
+    key: str(Settings.model_fields[key.removeprefix("NODE_").lower()].default)
+    for key in CHURN_SETTINGS
 }
 
 

@@ -19,14 +19,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from node.http.frames import decode_range, encode_batch
+from node.http.frames import encode_batch
+from tests.crash.clients import BATCH, OCTET, REPLY_LOST, read_ledger
 from tests.crash.nodeproc import NodeProcess
 
 RANDOM_TRIALS = 20
 WRITERS = 6
 MAX_PAYLOAD = 24 * 1024
-OCTET = {"Content-Type": "application/octet-stream"}
-BATCH = {"Content-Type": "application/x-entry-batch"}
 CRASH_POINTS = [
     "checkpoint.before_entrylog",
     "checkpoint.after_entrylog_fsync",
@@ -97,7 +96,7 @@ async def _writer(
                     body = await r.json()
                 for entry_id, p in zip(body["entryIds"], payloads, strict=True):
                     acked.ack(ledger, entry_id, p, body["lac"])
-        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+        except REPLY_LOST:
             return  # the node is gone: whatever was in flight is not acknowledged
 
 
@@ -143,7 +142,7 @@ def _check(node: NodeProcess, acked: Acknowledged) -> None:
         assert meta["lac"] >= acked.lac[ledger], (
             f"ledger {ledger}: LAC went back from {acked.lac[ledger]} to {meta['lac']}"
         )
-        stored = dict(decode_range(node.get_bytes(f"/api/v1/ledgers/{ledger}/entries?from=0")))
+        stored = read_ledger(node, ledger)
         missing = sorted(set(entries) - set(stored))
         assert not missing, f"ledger {ledger}: acknowledged entries lost: {missing[:10]}"
         for entry, payload in entries.items():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,10 +31,9 @@ import pytest
 from node.http.frames import encode_batch
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
+from tests.crash.clients import BATCH, OCTET, REPLY_LOST, http_status, read_stream
 from tests.crash.nodeproc import NodeProcess
 
-OCTET = {"Content-Type": "application/octet-stream"}
-BATCH = {"Content-Type": "application/x-entry-batch"}
 ENV = {"NODE_RETENTION_SCHEDULER_ENABLED": "false"}  # only the test runs retention
 APPEND_TRIALS = 12
 ACK_TRIALS = 6
@@ -75,27 +73,6 @@ def put_stream(node: NodeProcess, name: str, policies: dict[str, int]) -> None:
     asyncio.run(put())
 
 
-def read_stream(node: NodeProcess, name: str, start: Position) -> list[tuple[Position, bytes]]:
-    """Every entry from ``start`` to the end, a page at a time through ``?from=L:E``."""
-    found: list[tuple[Position, bytes]] = []
-    while True:
-        body = node.get_bytes(f"/api/v1/streams/{name}/entries?from={start}&limit=1000")
-        frames = decode_stream_frames(body)
-        if not frames:
-            return found
-        found.extend(frames)
-        last = frames[-1][0]
-        start = Position(last.ledger_id, last.entry_id + 1)
-
-
-def http_status(node: NodeProcess, path: str) -> int:
-    try:
-        node.get_bytes(path)
-    except urllib.error.HTTPError as e:
-        return e.code
-    return 200
-
-
 # --- (a) appends with rollover --------------------------------------------------------------
 
 
@@ -130,7 +107,7 @@ async def _appender(
                     body = await r.json()
                 for position, payload in zip(body["positions"], payloads, strict=True):
                     acked.ack(position, payload)
-        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+        except REPLY_LOST:
             return  # the node is gone: what was in flight is not acknowledged
 
 
@@ -242,7 +219,7 @@ async def _acknowledger(
             async with session.post(path, json={"position": str(positions[index])}) as r:
                 assert r.status == 200, await r.text()
                 body = await r.json()
-        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+        except REPLY_LOST:
             return
         assert pos(body["markDeletePosition"]) >= positions[index]
         cursor.answered = max(cursor.answered, index)
@@ -260,7 +237,7 @@ async def _append_batches(
             ) as r:
                 assert r.status == 201, await r.text()
                 positions.extend(pos(p) for p in (await r.json())["positions"])
-        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+        except REPLY_LOST:
             assert n, "the first batch failed"
             return
 
@@ -390,7 +367,7 @@ async def _retention_until_killed(node: NodeProcess, kill_after_s: float) -> dic
                 async with session.post(f"{node.url}/api/v1/retention/run") as r:
                     assert r.status == 200, await r.text()
                     return dict(await r.json())
-            except (TimeoutError, aiohttp.ClientError, ConnectionError):
+            except REPLY_LOST:
                 return None
 
         task = asyncio.create_task(run())
