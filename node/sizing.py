@@ -34,14 +34,15 @@ from node.settings import KiB, MiB, Settings, SettingsError
 log = logging.getLogger(__name__)
 
 # Share of its file system that a knob may take when it was not set explicitly. Together,
-# at most ~0.4 of a disk that holds everything is working space; the rest is for data.
+# at most ~0.45 of a disk that holds everything is working space; the rest is for data.
 SHARES: dict[str, float] = {
     "journal_max_size": 1 / 16,
     "journal_pre_alloc_size": 1 / 64,
     "db_storage_write_cache_max_size": 1 / 8,
     "log_size_limit": 1 / 16,
     "max_entry_size": 1 / 32,
-    "disk_emergency_reserve_bytes": 1 / 32,
+    # as large as an entry log: released, it lets compaction copy any one log's live part
+    "disk_emergency_reserve_bytes": 1 / 16,
 }
 BACKUPS_SHARE = 1 / 16  # journal backups together take at most this share of their disk
 ROUNDING = 4 * KiB  # fitted sizes are whole file-system blocks

@@ -299,7 +299,7 @@ class GarbageCollector:
         try:
             result = self._storage.compactor.compact(
                 candidates, self._storage.is_live_ledger, throttle, self._progress, deadline,
-                self._clock.monotonic,
+                self._clock.monotonic, self._output_limit(),
             )  # fmt: skip
         finally:
             setattr(self.status, flag, False)
@@ -429,6 +429,11 @@ class GarbageCollector:
         is_live = self._storage.is_live_ledger
         return any(m.live_bytes(is_live) < m.record_bytes() for m in self._metas.values())
 
+    def _output_limit(self) -> int | None:
+        """On a full disk, outputs no larger than the free space: each is sealed and its
+        sources deleted before the next begins, so compaction frees space as it goes."""
+        return self._free_bytes(self._settings.ledgers_dir) if self.disk_full else None
+
     def _candidates(self, kind: str) -> list[tuple[int, int]]:
         """(log id, live bytes) of the logs to compact, emptiest first: those below the
         kind's usage threshold, and those over the lag bound whatever their usage. A space
@@ -446,8 +451,8 @@ class GarbageCollector:
                 # No dead record: a copy frees nothing, however low its usage (a small log
                 # is measured against the target size, so every major run would copy it).
                 continue
-            if self.disk_full and (live * 2 >= meta.size or live >= free):
-                continue  # copying it would use more than it frees, or does not fit
+            if self.disk_full and live >= free:
+                continue  # its copy does not fit (any other frees more than it uses)
             dead = meta.dead_since_ms
             lagging = lag_ms > 0 and dead is not None and now_ms - dead >= lag_ms
             usage = live / max(meta.size, s.log_size_limit)

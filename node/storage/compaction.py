@@ -208,9 +208,13 @@ class Compactor:
         progress: Progress | None = None,
         deadline: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        output_limit: int | None = None,
     ) -> CompactionResult:
         """Compact ``sources`` ((log id, estimated live bytes), emptiest first) into as few
-        output logs as fit ``log_size_limit``, until ``deadline`` (a ``clock`` time)."""
+        output logs as fit ``log_size_limit`` (or the smaller ``output_limit``: on a full
+        disk, an output that fits the free space, whose sources go before the next one
+        starts), until ``deadline`` (a ``clock`` time)."""
+        limit = min(self._limit, output_limit) if output_limit is not None else self._limit
         result = CompactionResult()
         output: _Output | None = None
         try:
@@ -219,7 +223,7 @@ class Compactor:
                     break
                 if throttle.cancelled:
                     break
-                if output is not None and output.position + live_estimate > self._limit:
+                if output is not None and output.position + live_estimate > limit:
                     self._finish(output, result)
                     output = None
                 if output is None:
