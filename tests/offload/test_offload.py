@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.app import build_app
 from node.http.frames import encode_batch
@@ -121,6 +122,15 @@ async def test_offload_reads_back_every_byte_before_and_after_the_local_copy_goe
     assert stats.fetched_bytes >= state["bytes"] - 32 * 1024  # nearly all of it, once
     assert stats.cache_hits > 0 and stats.prefetches > 0
 
+    figures = await metric_values(client)
+    assert figures["storage_node_offload_ledgers"] == 1
+    assert figures["storage_node_offload_bytes"] == state["bytes"]
+    assert figures["storage_node_offload_completed_ledgers_total"] == 1
+    assert figures["storage_node_offload_upload_bytes_total"] > state["bytes"]
+    assert figures["storage_node_offload_block_cache_hits_total"] == stats.cache_hits
+    assert figures["storage_node_offload_block_cache_misses_total"] == stats.cache_misses
+    assert figures["storage_node_offload_object_read_seconds_count"] > 0
+
     again = await run(client, {"ledgers": [lid]})
     assert again["offloaded"] == [] and again["skipped"] == [
         {"ledgerId": lid, "reason": "already_offloaded"}
@@ -150,6 +160,39 @@ async def test_offload_reads_back_every_byte_before_and_after_the_local_copy_goe
     assert await objects(client) == []
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["unknownObjects"] == [] and status["totals"]["offloadedLedgers"] == 0
+
+
+async def metric_values(client: Any) -> dict[str, float]:
+    r = await client.get("/metrics")
+    assert r.status == 200
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(await r.text())
+        for sample in family.samples
+        if not sample.labels
+    }
+
+
+async def test_objects_no_ledger_names_are_reported_and_removed_only_on_request(
+    aiohttp_client: Any, tmp_path: Path, store_settings: dict[str, Any]
+) -> None:
+    client = await new_client(aiohttp_client, tmp_path / "data", store_settings)
+    lid = await closed_ledger(client, payloads(20, seed=5))
+    assert (await run(client, {"ledgers": [lid]}))["offloaded"] == [lid]
+    known = await objects(client)
+    store = offload_of(client).store
+    await store.put("4242/0123abcd.data", b"left by another node")
+    await store.put("notes.txt", b"not ours at all")
+
+    status = await (await client.get("/api/v1/offload/status")).json()
+    assert sorted(o["key"] for o in status["unknownObjects"]) == ["4242/0123abcd.data", "notes.txt"]
+    await run(client, {})
+    assert len(await objects(client)) == len(known) + 2  # runs never remove them
+
+    r = await client.delete("/api/v1/offload/unknown-objects")
+    assert r.status == 200
+    assert sorted((await r.json())["removed"]) == ["4242/0123abcd.data", "notes.txt"]
+    assert await objects(client) == known
 
 
 async def read_stream(client: Any, name: str) -> list[bytes]:
