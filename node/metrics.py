@@ -35,6 +35,8 @@ from prometheus_client.registry import Collector
 from node.lifecycle import BackgroundWork
 from node.lifecycle.gc import USAGE_BUCKETS, GcStats
 from node.lifecycle.retention import RetentionStats
+from node.offload.stats import READ_LATENCY_BUCKETS as OFFLOAD_READ_BUCKETS
+from node.offload.stats import OffloadStats
 from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
@@ -112,6 +114,9 @@ class EngineSnapshot:
     orphan_ledgers: int = 0  # ledgers of streams that no stream names yet hold entries
     retention: RetentionStats = field(default_factory=RetentionStats)
     wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
+    offload: OffloadStats = field(default_factory=OffloadStats)
+    offload_totals: dict[str, float] = field(default_factory=dict)  # of Offload.summary()
+    offload_cache_bytes: int = 0
 
 
 class Metrics:
@@ -245,6 +250,13 @@ class Metrics:
                 deleted_bytes=dict(retention.deleted_bytes),
                 expired_cursor_moves=retention.expired_cursor_moves,
             )
+            offload = work.offload
+            self._snapshot.offload = dataclasses.replace(
+                offload.stats, read_latency_counts=list(offload.stats.read_latency_counts)
+            )
+            self._snapshot.offload_totals = dict(offload.summary()["totals"])
+            if offload._reader is not None:
+                self._snapshot.offload_cache_bytes = offload.reader.cached_bytes
         if streams is not None:
             self._snapshot.streams = _stream_snapshots(streams)
             self._snapshot.orphan_ledgers = len(streams.live_orphans())
@@ -353,6 +365,7 @@ class _StateCollector(Collector):
         )
         yield from _gc_metrics(s)
         yield from _stream_metrics(s)
+        yield from _offload_metrics(s)
         if s.wal_ring is not None:
             yield from _wal_ring_metrics(s.wal_ring)
         yield from _entry_log_metrics(settings.ledgers_dir)
@@ -429,6 +442,57 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         "Entry logs by usage (live bytes over the larger of size and log_size_limit).",
         buckets=cumulative,
         sum_value=sum(s.log_usages),
+    )
+
+
+def _offload_metrics(s: EngineSnapshot) -> Iterator[Metric]:
+    o = s.offload
+    counters = {
+        "offload_runs": (o.runs, "Offload runs."),
+        "offload_completed_ledgers": (o.offloaded_ledgers, "Ledgers offloaded and verified."),
+        "offload_upload_bytes": (o.upload_bytes, "Bytes uploaded to the object store."),
+        "offload_upload_failures": (o.upload_failures, "Offload attempts that failed."),
+        "offload_objects_deleted": (o.objects_deleted, "Object deletions sent."),
+        "offload_local_copies_deleted": (o.local_copies_deleted, "Local copies dropped."),
+        "offload_block_cache_hits": (o.cache_hits, "Offloaded reads served from the cache."),
+        "offload_block_cache_misses": (o.cache_misses, "Offloaded reads that fetched a range."),
+        "offload_prefetches": (o.prefetches, "Ranges fetched ahead of sequential reads."),
+        "offload_fetched_bytes": (o.fetched_bytes, "Bytes read from the object store."),
+        "offload_unreadable_objects": (
+            o.unreadable_objects,
+            "Reads refused: an offloaded object missing or damaged.",
+        ),
+    }
+    for name, (value, doc) in counters.items():
+        yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    t = s.offload_totals
+    gauges = {
+        "offload_ledgers": (t.get("offloadedLedgers", 0), "Ledgers offloaded."),
+        "offload_bytes": (t.get("offloadedBytes", 0), "Bytes of offloaded data objects."),
+        "offload_awaiting_deletion_bytes": (
+            t.get("awaitingDeletionBytes", 0),
+            "Local bytes of offloaded ledgers waiting for the deletion lag.",
+        ),
+        "offload_lag_seconds": (
+            t.get("lagSeconds", 0),
+            "Age of the oldest ledger due for offload and not offloaded.",
+        ),
+        "offload_block_cache_bytes": (s.offload_cache_bytes, "Bytes in the offload block cache."),
+    }
+    for name, (figure, doc) in gauges.items():
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=figure)
+    cumulative = 0
+    buckets = []
+    for bound, count in zip(
+        [*map(str, OFFLOAD_READ_BUCKETS), "+Inf"], o.read_latency_counts, strict=True
+    ):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    yield HistogramMetricFamily(
+        f"{PREFIX}_offload_object_read_seconds",
+        "Latency of reads from the object store.",
+        buckets=buckets,
+        sum_value=o.read_latency_sum,
     )
 
 

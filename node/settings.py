@@ -122,11 +122,33 @@ class Settings(BaseSettings):
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
     delete_commit_log_files_interval: int = Field(100, ge=0)  # ms between deletions
 
-    # --- offload (Pulsar tiered storage) ---------------------------------------------------
-    offload_store_url: str = ""  # s3://bucket/prefix or a local directory; "" = data_dir/offload
-    managed_ledger_offload_threshold_in_bytes: int = Field(-1, ge=-1)  # -1 = by age only
-    managed_ledger_offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=0)
-    managed_ledger_offload_max_block_size_in_bytes: int = Field(64 * MiB, gt=0)
+    # --- offload (Pulsar tiered storage, README "Offload") ---------------------------------
+    offload_store: Literal["local", "s3"] = "local"  # a local directory, or any S3 service
+    offload_local_dir: Path | None = None  # the local store's directory; None = data_dir/offload
+    offload_bucket: str = ""  # S3 bucket (offload_store=s3)
+    offload_prefix: str = ""  # key prefix in the bucket (or under the local directory)
+    offload_endpoint: str = ""  # S3 endpoint URL; "" = AWS itself (http:// allowed: MinIO, moto)
+    offload_region: str = ""  # S3 region; "" = AWS_REGION / AWS_DEFAULT_REGION
+    offload_access_key_id: str = ""  # "" = AWS_ACCESS_KEY_ID (the standard variables)
+    offload_secret_access_key: SecretStr | None = None  # None = AWS_SECRET_ACCESS_KEY
+    offload_virtual_hosted_style: bool = False  # bucket in the host name; path style otherwise
+    offload_max_retries: int = Field(3, ge=0)  # retries of one object request before it fails
+    offload_request_timeout_s: float = Field(30.0, gt=0)  # one object request (Pulsar: 25 s)
+    managed_ledger_offload_threshold_in_bytes: int = Field(-1, ge=-1)  # keep newest N local
+    managed_ledger_offload_threshold_in_seconds: int = Field(-1, ge=-1)  # offload older; -1 off
+    managed_ledger_offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=0)  # then local goes
+    managed_ledger_offload_max_block_size_in_bytes: int = Field(64 * MiB, gt=0)  # data blocks
+    # index stride: an index point at least this often, so a random read fetches at most this
+    managed_ledger_offload_read_buffer_size_in_bytes: int = Field(1 * MiB, gt=0)
+    managed_ledger_offload_prefetch_rounds: int = Field(1, ge=0)  # ranges read ahead in order
+    # where reads of an offloaded ledger go while the local copy still exists (Pulsar's key)
+    managed_ledger_data_read_priority: Literal["tiered-storage-first", "bookkeeper-first"] = (
+        "tiered-storage-first"
+    )
+    offload_block_cache_size: int = Field(64 * MiB, ge=0)  # bytes of fetched ranges kept
+    offload_index_cache_ledgers: int = Field(1024, gt=0)  # index objects kept in memory
+    offload_scheduler_enabled: bool = False  # offload by itself (off: Airflow calls the route)
+    offload_scheduler_interval_s: int = Field(600, gt=0)  # period of the in-node scheduler
 
     # --- tests only ---------------------------------------------------------------------
     crash_points: frozenset[str] = frozenset()  # named points where the node SIGKILLs itself
@@ -181,6 +203,8 @@ class Settings(BaseSettings):
             raise ValueError("log_size_limit must fit an entry location's 32-bit offset")
         if self.wal_kind == "blockdev" and self.wal_path is None:
             raise ValueError("wal_path must name a block device or file when wal_kind=blockdev")
+        if self.offload_store == "s3" and not self.offload_bucket:
+            raise ValueError("offload_bucket must name a bucket when offload_store=s3")
         if self.wal_capacity % WAL_BLOCK_ALIGNMENT:
             raise ValueError(f"wal_capacity must be a multiple of {WAL_BLOCK_ALIGNMENT}")
         return self
@@ -209,6 +233,10 @@ class Settings(BaseSettings):
     @property
     def index_dir(self) -> Path:
         return self.data_dir / "index"
+
+    @property
+    def offload_dir(self) -> Path:
+        return self.offload_local_dir or self.data_dir / "offload"
 
 
 def _read_config_file(path: Path) -> dict[str, Any]:

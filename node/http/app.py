@@ -14,7 +14,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, ledgers, openapi, streams
+from node.http import admin, ledgers, offload, openapi, streams
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK, Lifecycle
@@ -49,6 +49,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
+    app.add_routes(offload.routes)
     app.add_routes(openapi.routes)
     return app
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from node.offload import errors as offload_errors
 from node.storage import errors as storage_errors
 from node.streams import manager as stream_errors
 
@@ -35,6 +36,8 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     stream_errors.InvalidName: 400,
     storage_errors.JournalFailed: 500,
     storage_errors.CorruptRecord: 500,
+    offload_errors.OffloadObjectUnreadable: 502,
+    offload_errors.OffloadFailed: 502,
 }
 RETRY_AFTER_S = "1"  # Backpressure clears within a checkpoint, a second or so
 

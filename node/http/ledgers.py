@@ -85,6 +85,19 @@ def meta_json(meta: LedgerMeta) -> dict[str, Any]:
         "closedTime": meta.closed_ms or None,
         "properties": meta.properties,
         "hasWriteToken": bool(meta.token_digest),
+        "offload": _offload_json(meta),
+    }
+
+
+def _offload_json(meta: LedgerMeta) -> dict[str, Any]:
+    offload = meta.offload
+    if offload is None:
+        return {"state": "none", "attempt": None, "bytes": 0, "localDeleted": False}
+    return {
+        "state": offload.state.name.lower(),
+        "attempt": offload.attempt,
+        "bytes": offload.data_bytes,
+        "localDeleted": offload.local_deleted,
     }
 
 

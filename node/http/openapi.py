@@ -44,6 +44,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         413: "Entry or request too large",
         415: "Unsupported content type",
         500: "An entry failed its CRC check, or the WAL failed",
+        502: "An offloaded object is missing or damaged (offload_object_unreadable)",
         503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
         507: "A data disk is full: the node is read-only",
     }
@@ -97,6 +98,16 @@ SCHEMAS: dict[str, Any] = {
             "closedTime": {"type": ["integer", "null"], "description": "ms since the epoch"},
             "properties": {"type": "object", "additionalProperties": {"type": "string"}},
             "hasWriteToken": {"type": "boolean"},
+            "offload": {
+                "type": "object",
+                "required": ["state", "attempt", "bytes", "localDeleted"],
+                "properties": {
+                    "state": {"type": "string", "enum": ["none", "in_progress", "offloaded"]},
+                    "attempt": {"type": ["string", "null"]},
+                    "bytes": {"type": "integer", "minimum": 0},
+                    "localDeleted": {"type": "boolean"},
+                },
+            },
         },
     },
     "CreateLedger": {
@@ -699,6 +710,66 @@ def document(settings: Settings) -> dict[str, Any]:
             **_ledger_paths(settings.max_long_poll_ms),
             **_stream_paths(settings.max_long_poll_ms),
             **_admin_paths(),
+            **_offload_paths(),
+        },
+    }
+
+
+def _offload_paths() -> dict[str, Any]:
+    run_body = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "stream": {"type": "string"},
+            "ledgers": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        },
+    }
+    run_result = {
+        "type": "object",
+        "required": ["dryRun", "offloaded", "skipped", "failed", "localDeleted"],
+        "properties": {
+            "dryRun": {"type": "boolean"},
+            "offloaded": {"type": "array", "items": {"type": "integer"}},
+            "skipped": {"type": "array", "items": {"type": "object"}},
+            "failed": {"type": "array", "items": {"type": "object"}},
+            "localDeleted": {"type": "array", "items": {"type": "integer"}},
+        },
+    }
+    return {
+        "/api/v1/offload/run": {
+            "post": {
+                "summary": "Offload eligible ledgers now (a stream's by its policies, or the "
+                "ledgers named), then drop local copies past their deletion lag",
+                "parameters": [
+                    {
+                        "name": "dryRun",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "string", "enum": ["true", "false"]},
+                    }
+                ],
+                "requestBody": {"required": False, "content": {JSON: {"schema": run_body}}},
+                "responses": {
+                    "200": _json(run_result, "Offloaded, skipped and failed ledgers"),
+                    **_errors(400, 401, 403, 404),
+                },
+            }
+        },
+        "/api/v1/offload/status": {
+            "get": {
+                "summary": "Offloaded ledgers and bytes per stream and in total, the offload "
+                "lag, the last run and error, objects no ledger names",
+                "responses": {"200": _json({"type": "object"}, "Offload status")},
+            }
+        },
+        "/api/v1/offload/unknown-objects": {
+            "delete": {
+                "summary": "Delete the objects that no ledger's offload record names",
+                "responses": {
+                    "200": _json({"type": "object"}, "The keys removed"),
+                    **_errors(401, 403),
+                },
+            }
         },
     }
 

@@ -1,5 +1,5 @@
 """Background work on the storage's public API: garbage collection, disk watermarks and
-stream retention (offload joins them in its issue)."""
+stream retention, tiered storage (node/offload)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 from node.lifecycle.disks import DiskMonitor, usage
 from node.lifecycle.gc import GarbageCollector
 from node.lifecycle.retention import Retention
+from node.offload.service import Offload
 from node.storage.clock import SystemClock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
@@ -16,11 +17,13 @@ from node.streams.manager import StreamManager
 class BackgroundWork:
     def __init__(self, storage: LedgerStorage, streams: StreamManager) -> None:
         clock = SystemClock()
+        self._settings = storage.settings
         self.gc = GarbageCollector(storage, clock)
         self.disks = DiskMonitor(storage, self.gc)
         self.retention = Retention(
             streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values())
         )
+        self.offload = Offload(storage, streams, clock)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def before_storage_start(self) -> None:
@@ -28,11 +31,14 @@ class BackgroundWork:
 
     async def start(self) -> None:
         await self.disks.check()  # a node that starts on a full disk starts read-only
+        await self.offload.start()
         self._tasks = [
             asyncio.create_task(self.gc.run_forever(), name="gc"),
             asyncio.create_task(self.disks.run_forever(), name="disk-monitor"),
             asyncio.create_task(self.retention.run_forever(), name="retention"),
         ]
+        if self._settings.offload_scheduler_enabled:
+            self._tasks.append(asyncio.create_task(self.offload.run_forever(), name="offload"))
 
     async def stop(self) -> None:
         gc_task, *others = self._tasks

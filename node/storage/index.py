@@ -23,6 +23,15 @@ LedgerMeta value, version 1::
     42  8   closed ms u64           0 = not closed
     50  2   write token length u16, then the token's SHA-256 digest (or nothing)
     ..  4   properties length u32, then properties as UTF-8 JSON
+
+Version 2 (written only for a ledger with an offload record; version 1 otherwise) appends
+the offload record (tiered storage, node/offload), durable before any upload::
+
+    ..  1   offload state u8 (0 none, 1 in progress, 2 offloaded)
+    ..  1   attempt id length u8, then the attempt id (ASCII; it names the objects)
+    ..  8   data object bytes u64
+    ..  8   offloaded ms u64        when the upload was verified, 0 before
+    ..  1   local copy deleted u8   1 = the entries are only in the object store
 """
 
 from __future__ import annotations
@@ -52,6 +61,9 @@ META_FIXED = struct.Struct(">BBqqQQQQ")
 U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 META_VERSION = 1
+META_VERSION_OFFLOAD = 2
+OFFLOAD_FIXED = struct.Struct(">QQB")
+U8 = struct.Struct(">B")
 MAX_ID = (1 << 63) - 1
 # Ledger property naming the stream that owns the ledger. Here, below both the streams
 # package (which sets it) and the HTTP ledger routes (which refuse to let clients set it or
@@ -72,6 +84,28 @@ class LedgerState(enum.IntEnum):
     DELETED = 3
 
 
+class OffloadState(enum.IntEnum):
+    NONE = 0
+    IN_PROGRESS = 1
+    OFFLOADED = 2
+
+
+@dataclass(slots=True, frozen=True)
+class OffloadInfo:
+    """Where a ledger's offload stands. The engine keeps it durable with the metadata and
+    reads an offloaded ledger through its cold reader; node/offload decides the rest."""
+
+    state: OffloadState
+    attempt: str  # names the attempt's objects; fresh per attempt
+    data_bytes: int = 0
+    offloaded_ms: int = 0
+    local_deleted: bool = False  # the entry logs no longer hold the entries
+
+    @property
+    def offloaded(self) -> bool:
+        return self.state == OffloadState.OFFLOADED
+
+
 @dataclass(slots=True)
 class LedgerMeta:
     ledger_id: int
@@ -84,13 +118,28 @@ class LedgerMeta:
     closed_ms: int = 0
     token_digest: bytes = b""
     properties: dict[str, str] = field(default_factory=dict)
+    offload: OffloadInfo | None = None
 
     def encode(self) -> bytes:
         props = json.dumps(self.properties, separators=(",", ":"), sort_keys=True).encode()
+        offload = self.offload
+        tail = b""
+        if offload is not None:
+            attempt = offload.attempt.encode("ascii")
+            tail = b"".join(
+                (
+                    U8.pack(offload.state),
+                    U8.pack(len(attempt)),
+                    attempt,
+                    OFFLOAD_FIXED.pack(
+                        offload.data_bytes, offload.offloaded_ms, int(offload.local_deleted)
+                    ),
+                )
+            )
         return b"".join(
             (
                 META_FIXED.pack(
-                    META_VERSION,
+                    META_VERSION if offload is None else META_VERSION_OFFLOAD,
                     self.state,
                     self.lac,
                     self.last_entry_id,
@@ -103,13 +152,14 @@ class LedgerMeta:
                 self.token_digest,
                 U32.pack(len(props)),
                 props,
+                tail,
             )
         )
 
     @classmethod
     def decode(cls, ledger_id: int, data: bytes) -> LedgerMeta:
         version, state, lac, last, entries, size, created, closed = META_FIXED.unpack_from(data)
-        if version != META_VERSION:
+        if version not in (META_VERSION, META_VERSION_OFFLOAD):
             raise ValueError(f"unsupported ledger metadata version {version}")
         pos = META_FIXED.size
         (token_len,) = U16.unpack_from(data, pos)
@@ -118,11 +168,32 @@ class LedgerMeta:
         pos += token_len
         (props_len,) = U32.unpack_from(data, pos)
         pos += U32.size
-        if pos + props_len != len(data):
+        end = pos + props_len
+        props = json.loads(data[pos:end]) if props_len else {}
+        offload = None
+        if version == META_VERSION_OFFLOAD:
+            offload_state, attempt_len = data[end], data[end + 1]
+            attempt = bytes(data[end + 2 : end + 2 + attempt_len]).decode("ascii")
+            end += 2 + attempt_len
+            data_bytes, offloaded_ms, local_deleted = OFFLOAD_FIXED.unpack_from(data, end)
+            end += OFFLOAD_FIXED.size
+            offload = OffloadInfo(
+                OffloadState(offload_state), attempt, data_bytes, offloaded_ms, bool(local_deleted)
+            )
+        if end != len(data):
             raise ValueError("ledger metadata length does not match its fields")
-        props = json.loads(data[pos : pos + props_len]) if props_len else {}
         return cls(
-            ledger_id, LedgerState(state), lac, last, entries, size, created, closed, token, props
+            ledger_id,
+            LedgerState(state),
+            lac,
+            last,
+            entries,
+            size,
+            created,
+            closed,
+            token,
+            props,
+            offload,
         )
 
 
@@ -305,6 +376,17 @@ class Index:
                 moved += 1
         self._commit(batch)
         return moved
+
+    def drop_locations(self, meta: LedgerMeta) -> None:
+        """The ledger's metadata and the removal of all its locations, in one batch: its
+        entries become garbage in the entry logs while the ledger stays known."""
+        batch = WriteBatch(raw_mode=True)
+        lid = meta.ledger_id
+        batch.delete_range(
+            LOCATION_KEY.pack(lid, 0), LOCATION_KEY.pack(lid + 1, 0), self._locations_cf
+        )
+        batch.put(LEDGER_KEY.pack(lid), meta.encode(), self._ledgers_cf)
+        self._commit(batch)
 
     def next_ledger_id(self) -> int:
         """The allocation floor the last purge recorded (0 if none)."""

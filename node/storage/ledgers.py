@@ -28,10 +28,10 @@ import hmac
 import itertools
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from node.settings import Settings
 from node.storage.blockwal import BlockWal
@@ -63,7 +63,7 @@ from node.storage.errors import (
 )
 from node.storage.faults import CrashPoints
 from node.storage.fsutil import is_no_space
-from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState
+from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.storage.journal import Journal
 from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import (
@@ -86,6 +86,15 @@ READER_THREADS = 4  # enough to overlap a few cold reads; reads mostly hit the c
 OPERATOR = "operator"  # sources of read-only mode
 DISK = "disk"
 READ_ATTEMPTS = 3  # lookups of an entry whose log compaction retires under the read
+
+
+class ColdReader(Protocol):
+    """Reads entries of an offloaded ledger from wherever the offload put them."""
+
+    async def read(self, meta: LedgerMeta, entry_id: int) -> bytes: ...
+
+
+DeletionListener = Callable[[LedgerMeta], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -145,6 +154,8 @@ class LedgerStorage:
         self._deleting: set[int] = set()  # deletions waiting for the WAL
         # Ledgers whose fence or close the WAL refused for want of space: in memory only.
         self._unjournaled: set[int] = set()
+        self._cold: ColdReader | None = None  # reads of offloaded ledgers
+        self._deletion_listeners: list[DeletionListener] = []
         self.stats = Stats()
         self.last_checkpoint_mark = LogMark(0, 0)
 
@@ -223,6 +234,8 @@ class LedgerStorage:
             return
         if meta is None or meta.state == LedgerState.DELETED:
             return  # deleted since (or its creation was lost with a torn tail)
+        if entry_id >= 0 and meta.offload is not None and meta.offload.local_deleted:
+            return  # its entries live in the object store now: never back into the logs
         self._dirty.add(ledger_id)
         if entry_id >= 0:
             known = entry_id <= meta.last_entry_id and (
@@ -427,6 +440,13 @@ class LedgerStorage:
             raise
         finally:
             self._deleting.discard(ledger_id)
+        for listener in self._deletion_listeners:
+            try:
+                await listener(meta)
+            except Exception:
+                # The ledger is deleted; what the listener left (offloaded objects) stays
+                # recorded with the tombstone, and its owner retries (purge waits for it).
+                log.exception("a deletion listener failed for ledger %d", ledger_id)
 
     async def set_explicit_lac(self, ledger_id: int, lac: int) -> int:
         """Raise the LAC to ``lac`` (never lowers it); entries up to it must be durable."""
@@ -762,6 +782,13 @@ class LedgerStorage:
         meta = self.ledger(ledger_id)
         if not self._is_durable(meta, entry_id):
             raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} does not exist")
+        if self._reads_cold(meta):
+            assert self._cold is not None
+            cold = await self._cold.read(meta, entry_id)
+            self.ledger(ledger_id)  # deleted while we read
+            self.stats.reads += 1
+            self.stats.read_bytes += len(cold)
+            return cold
         found = self._cached(ledger_id, entry_id)
         if found is None:
             found = self._read_cache.get(ledger_id, entry_id)
@@ -773,6 +800,17 @@ class LedgerStorage:
         self.stats.reads += 1
         self.stats.read_bytes += len(found)
         return found
+
+    def _reads_cold(self, meta: LedgerMeta) -> bool:
+        offload = meta.offload
+        if offload is None or not offload.offloaded:
+            return False
+        if offload.local_deleted:
+            if self._cold is None:
+                raise StorageClosed(f"ledger {meta.ledger_id} is offloaded; no reader is set")
+            return True
+        tiered_first = self.settings.managed_ledger_data_read_priority == "tiered-storage-first"
+        return tiered_first and self._cold is not None
 
     async def _read_stored(self, ledger_id: int, entry_id: int) -> bytes | None:
         """Index -> entry log on a reader thread; read-ahead fills the read cache."""
@@ -1007,8 +1045,11 @@ class LedgerStorage:
 
     def is_live_ledger(self, ledger_id: int) -> bool:
         """Known to the node (a deleted ledger counts until its index entries are purged,
-        so compaction never leaves an index entry pointing at nothing). Thread safe."""
-        return ledger_id in self._ledgers
+        so compaction never leaves an index entry pointing at nothing), unless its local
+        copy was dropped after an offload (its index entries went in the same batch).
+        Thread safe."""
+        meta = self._ledgers.get(ledger_id)
+        return meta is not None and not (meta.offload is not None and meta.offload.local_deleted)
 
     async def purge_deleted_ledgers(self) -> list[int]:
         """Forget deleted ledgers whose deletion a checkpoint has made durable: their
@@ -1025,6 +1066,7 @@ class LedgerStorage:
                 if meta.state == LedgerState.DELETED
                 and lid not in self._dirty
                 and lid not in self._deleting
+                and meta.offload is None  # its objects first (node/offload clears this)
             ]
             if not ready:
                 return []
@@ -1049,6 +1091,61 @@ class LedgerStorage:
     def run_serialized(self, work: Callable[[], T]) -> T:
         """Blocking, from a worker thread: run ``work`` between checkpoints."""
         return self._flush_executor.submit(work).result()
+
+    # --- tiered storage (driven by node.offload) --------------------------------------------
+
+    def set_cold_reader(self, reader: ColdReader | None) -> None:
+        self._cold = reader
+
+    def add_deletion_listener(self, listener: DeletionListener) -> None:
+        """``listener(meta)`` runs after each ledger deletion is in the WAL."""
+        self._deletion_listeners.append(listener)
+
+    async def record_offload(self, ledger_id: int, info: OffloadInfo | None) -> LedgerMeta:
+        """Make a ledger's offload record durable (the index, synchronously), then adopt
+        it. Only a closed ledger gets one; None clears it (also of a deleted ledger, once
+        its objects are gone, which lets GC purge the ledger)."""
+        async with self._checkpoint_lock:  # a checkpoint must not write an older snapshot
+            meta = self._ledgers.get(ledger_id)
+            if meta is None or (info is not None and meta.state == LedgerState.DELETED):
+                raise LedgerNotFound(f"ledger {ledger_id} does not exist")
+            if info is not None and meta.state != LedgerState.CLOSED:
+                raise InvalidArgument(f"ledger {ledger_id} is not closed")
+            if info is not None and meta.offload is not None and meta.offload.local_deleted:
+                raise InvalidArgument(f"ledger {ledger_id} has no local copy left")
+            updated = dataclasses.replace(meta, offload=info)
+            await asyncio.get_running_loop().run_in_executor(
+                self._flush_executor, self.index.write, (), [updated]
+            )
+            meta.offload = info
+            return meta
+
+    async def drop_local_copy(self, ledger_id: int) -> LedgerMeta:
+        """Forget where an offloaded ledger's entries are in the entry logs (GC reclaims
+        them like any deleted data); reads go to the object store from now on. Refused
+        unless the offload is recorded as verified."""
+        meta = self.ledger(ledger_id)
+        if meta.offload is None or meta.offload.state != OffloadState.OFFLOADED:
+            raise InvalidArgument(f"ledger {ledger_id} is not offloaded")
+        if meta.offload.local_deleted:
+            return meta
+        if self._cold is None:
+            raise InvalidArgument("no reader of offloaded ledgers is set")
+        # Entries still cached would be indexed again by a later checkpoint: flush them.
+        await self.checkpoint()
+        async with self._checkpoint_lock:
+            meta = self.ledger(ledger_id)
+            cached = self._cache.highest_entry_id(ledger_id) >= 0
+            if cached or (self._flushing and self._flushing.highest_entry_id(ledger_id) >= 0):
+                raise Backpressure(f"entries of ledger {ledger_id} are still being flushed")
+            assert meta.offload is not None
+            offload = dataclasses.replace(meta.offload, local_deleted=True)
+            updated = dataclasses.replace(meta, offload=offload)
+            await asyncio.get_running_loop().run_in_executor(
+                self._flush_executor, self.index.drop_locations, updated
+            )
+            meta.offload = offload
+            return meta
 
     # --- records of the layers above (streams) ---------------------------------------------
 

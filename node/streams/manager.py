@@ -266,6 +266,9 @@ class StreamManager:
             maxSizePerLedgerMbytes=s.managed_ledger_max_size_per_ledger_mbytes,
             retentionTimeInMinutes=s.default_retention_time_in_minutes,
             retentionSizeInMB=s.default_retention_size_in_mb,
+            offloadThresholdInBytes=s.managed_ledger_offload_threshold_in_bytes,
+            offloadThresholdInSeconds=s.managed_ledger_offload_threshold_in_seconds,
+            offloadDeletionLagInMillis=s.managed_ledger_offload_deletion_lag_ms,
         )
 
     async def put_stream(self, name: str, given: dict[str, object]) -> tuple[Stream, bool]:

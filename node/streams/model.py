@@ -67,6 +67,9 @@ class Policies:
     retentionTimeInMinutes: int = 72 * 60
     retentionSizeInMB: int = -1
     messageTtlInSeconds: int = 0
+    offloadThresholdInBytes: int = -1  # keep the newest N bytes local; -1 = off
+    offloadThresholdInSeconds: int = -1  # offload ledgers closed longer ago; -1 = off
+    offloadDeletionLagInMillis: int = 4 * 3600 * 1000  # then the local copy goes
 
     LIMITS = {  # name -> smallest allowed value
         "minLedgerRolloverTimeMinutes": 0,
@@ -76,6 +79,9 @@ class Policies:
         "retentionTimeInMinutes": -1,
         "retentionSizeInMB": -1,
         "messageTtlInSeconds": 0,
+        "offloadThresholdInBytes": -1,
+        "offloadThresholdInSeconds": -1,
+        "offloadDeletionLagInMillis": 0,
     }
 
     @classmethod

@@ -30,6 +30,9 @@ POLICY_KEYS = {
     "retentionTimeInMinutes",
     "retentionSizeInMB",
     "messageTtlInSeconds",
+    "offloadThresholdInBytes",
+    "offloadThresholdInSeconds",
+    "offloadDeletionLagInMillis",
 }
 NODE_DEFAULTS = {  # the settings' defaults (SPEC.md section 2 and 8)
     "minLedgerRolloverTimeMinutes": 10,
@@ -39,6 +42,9 @@ NODE_DEFAULTS = {  # the settings' defaults (SPEC.md section 2 and 8)
     "retentionTimeInMinutes": 72 * 60,
     "retentionSizeInMB": -1,
     "messageTtlInSeconds": 0,
+    "offloadThresholdInBytes": -1,  # offload off (Pulsar's broker default)
+    "offloadThresholdInSeconds": -1,
+    "offloadDeletionLagInMillis": 4 * 3600 * 1000,  # Pulsar: 4 h
 }
 POLL_S = 5  # a long poll that should be answered by an append waits at most this long
 NOT_YET_S = 0.05  # how long a long poll is watched to see that it does not return early

@@ -1,0 +1,350 @@
+"""Tiered storage as the node runs it: which ledgers go (policies), runs on request or on
+a schedule, the deletion lag, deletion of objects with their ledger, status.
+
+Selection (Pulsar's maybeOffload): for each stream, its ledgers newest first, summing their
+bytes; a closed ledger not yet offloaded is chosen when the sum passes
+``offloadThresholdInBytes`` (the newest N bytes stay local; -1 off) or when it closed at
+least ``offloadThresholdInSeconds`` ago (-1 off); chosen ledgers go oldest first. Plain
+ledgers go only when asked for by id. The local copy of an offloaded ledger is dropped
+``offloadDeletionLagInMillis`` after the offload was verified (plain ledgers:
+``managed_ledger_offload_deletion_lag_ms``).
+
+Objects and ledgers: a ledger's offload record (in its metadata) names its objects. When
+the ledger is deleted, its objects go and then the record; GC purges the ledger only after
+that, so a failure or a crash in between is retried (at start and every run), never
+orphaned. Objects that no record names are reported by status and deleted only on request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.offload.format import parse_key
+from node.offload.offloader import Ineligible, Offloader, ineligible_reason
+from node.offload.reader import OffloadReader
+from node.offload.stats import OffloadStats
+from node.offload.store import ObjectStore, open_store
+from node.storage.clock import Clock
+from node.storage.errors import InvalidArgument, LedgerNotFound, StorageError
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadState
+from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
+from node.streams.model import Stream
+
+log = logging.getLogger(__name__)
+
+MS_PER_S = 1000
+
+
+@dataclass(slots=True)
+class RunResult:
+    offloaded: list[int] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
+    local_deleted: list[int] = field(default_factory=list)
+
+    def to_json(self, dry_run: bool) -> dict[str, Any]:
+        return {
+            "dryRun": dry_run,
+            "offloaded": self.offloaded,
+            "skipped": [{"ledgerId": lid, "reason": why} for lid, why in self.skipped],
+            "failed": [{"ledgerId": lid, "error": why} for lid, why in self.failed],
+            "localDeleted": self.local_deleted,
+        }
+
+
+class Offload:
+    def __init__(self, storage: LedgerStorage, streams: StreamManager, clock: Clock) -> None:
+        self._storage = storage
+        self._streams = streams
+        self._settings = storage.settings
+        self._clock = clock
+        self.stats = OffloadStats()
+        self._lock = asyncio.Lock()  # one run (or removal of unknown objects) at a time
+        self._store: ObjectStore | None = None
+        self._reader: OffloadReader | None = None
+        self._offloader: Offloader | None = None
+        self.last_run_ms: int | None = None
+        self.last_error: str | None = None
+
+    async def start(self) -> None:
+        self._store = await open_store(self._settings)
+        self._reader = OffloadReader(self._store, self._settings, self._clock, self.stats)
+        self._offloader = Offloader(
+            self._storage, self._store, self._settings, self._clock, self.stats
+        )
+        self._storage.set_cold_reader(self._reader)
+        self._storage.add_deletion_listener(self._ledger_deleted)
+        try:
+            await self.reap_deleted()
+        except Exception as e:  # the store may be down now: the next run retries
+            log.warning("could not delete the objects of deleted ledgers yet: %s", e)
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            raise InvalidArgument("offload is not started")
+        return self._store
+
+    @property
+    def offloader(self) -> Offloader:
+        if self._offloader is None:
+            raise InvalidArgument("offload is not started")
+        return self._offloader
+
+    @property
+    def reader(self) -> OffloadReader:
+        if self._reader is None:
+            raise InvalidArgument("offload is not started")
+        return self._reader
+
+    # --- deletion of objects with their ledger ---------------------------------------------
+
+    async def _ledger_deleted(self, meta: LedgerMeta) -> None:
+        if meta.offload is not None:
+            await self._remove_objects(meta)
+
+    async def _remove_objects(self, meta: LedgerMeta) -> None:
+        assert meta.offload is not None
+        await self.offloader.remove_attempt(meta.ledger_id, meta.offload.attempt)
+        self.reader.forget(meta.ledger_id)
+        await self._storage.record_offload(meta.ledger_id, None)
+
+    async def reap_deleted(self) -> list[int]:
+        """Objects of deleted ledgers that a failure or a crash left: delete them now."""
+        reaped = []
+        for meta in list(self._storage.all_ledgers()):
+            if meta.state == LedgerState.DELETED and meta.offload is not None:
+                await self._remove_objects(meta)
+                reaped.append(meta.ledger_id)
+        return reaped
+
+    # --- runs --------------------------------------------------------------------------------
+
+    async def run(
+        self, dry_run: bool = False, stream: str | None = None, ledgers: list[int] | None = None
+    ) -> RunResult:
+        async with self._lock:
+            if not dry_run:
+                self.stats.runs += 1
+                await self.reap_deleted()
+            result = RunResult()
+            candidates = self._plan(stream, ledgers, result)
+            if dry_run:
+                result.offloaded = candidates
+                result.local_deleted = [m.ledger_id for m in self._local_copies_due()]
+                return result
+            for ledger_id in candidates:
+                try:
+                    await self.offloader.offload(ledger_id)
+                except Ineligible as e:
+                    result.skipped.append((ledger_id, str(e)))
+                except LedgerNotFound:
+                    result.skipped.append((ledger_id, "not_found"))
+                except StorageError as e:
+                    result.failed.append((ledger_id, e.message))
+                    self.last_error = e.message
+                    log.error("%s", e.message)
+                else:
+                    result.offloaded.append(ledger_id)
+            result.local_deleted = await self._delete_local_copies()
+            self.last_run_ms = self._clock.now_ms()
+            if not result.failed:
+                self.last_error = None
+            return result
+
+    def _plan(self, stream: str | None, ledgers: list[int] | None, result: RunResult) -> list[int]:
+        if ledgers is not None:
+            named = None
+            if stream is not None:
+                named = {info.ledger_id for info in self._streams.stream(stream).ledgers}
+            chosen = []
+            for ledger_id in ledgers:
+                try:
+                    meta = self._storage.ledger(ledger_id)
+                except LedgerNotFound:
+                    result.skipped.append((ledger_id, "not_found"))
+                    continue
+                reason = ineligible_reason(meta)
+                if named is not None and ledger_id not in named:
+                    reason = "not_in_stream"
+                if reason is None:
+                    chosen.append(ledger_id)
+                else:
+                    result.skipped.append((ledger_id, reason))
+            return chosen
+        streams = [self._streams.stream(stream)] if stream is not None else self._streams.streams()
+        chosen = []
+        for s in streams:
+            for ledger_id in self.select(s):
+                try:
+                    reason = ineligible_reason(self._storage.ledger(ledger_id))
+                except LedgerNotFound:
+                    continue
+                if reason is None:
+                    chosen.append(ledger_id)
+                elif reason != "already_offloaded":
+                    result.skipped.append((ledger_id, reason))
+        return chosen
+
+    def select(self, stream: Stream) -> list[int]:
+        """Ledgers of ``stream`` its policies send to the object store, oldest first
+        (offloaded ones included)."""
+        by_bytes = stream.policies.offloadThresholdInBytes
+        by_age = stream.policies.offloadThresholdInSeconds
+        if by_bytes < 0 and by_age < 0:
+            return []
+        now = self._clock.now_ms()
+        summed = 0
+        chosen = []
+        for info in reversed(stream.ledgers):
+            summed += info.size_bytes
+            if not info.closed_ms:
+                continue  # the ledger taking appends
+            over = by_bytes >= 0 and summed > by_bytes
+            old = by_age >= 0 and now - info.closed_ms >= by_age * MS_PER_S
+            if over or old:
+                chosen.append(info.ledger_id)
+        return sorted(chosen)
+
+    def _deletion_lag_ms(self, meta: LedgerMeta) -> int:
+        owner = meta.properties.get(STREAM_PROPERTY)
+        if owner is not None:
+            try:
+                return self._streams.stream(owner).policies.offloadDeletionLagInMillis
+            except StorageError:
+                pass
+        return self._settings.managed_ledger_offload_deletion_lag_ms
+
+    def _local_copies_due(self) -> list[LedgerMeta]:
+        now = self._clock.now_ms()
+        return [
+            meta
+            for meta in self._storage.ledgers()
+            if meta.offload is not None
+            and meta.offload.offloaded
+            and not meta.offload.local_deleted
+            and now - meta.offload.offloaded_ms >= self._deletion_lag_ms(meta)
+        ]
+
+    async def _delete_local_copies(self) -> list[int]:
+        dropped = []
+        for meta in self._local_copies_due():
+            try:
+                await self._storage.drop_local_copy(meta.ledger_id)
+            except StorageError as e:
+                log.warning("ledger %d: local copy kept for now: %s", meta.ledger_id, e)
+                continue
+            self.stats.local_copies_deleted += 1
+            dropped.append(meta.ledger_id)
+        return dropped
+
+    async def run_forever(self) -> None:
+        """The in-node scheduler (``offload_scheduler_enabled``)."""
+        while True:
+            await asyncio.sleep(self._settings.offload_scheduler_interval_s)
+            try:
+                await self.run()
+            except Exception:
+                log.exception("offload run failed; trying again at the next interval")
+
+    # --- status and unknown objects ------------------------------------------------------
+
+    def _known(self) -> set[tuple[int, str]]:
+        return {
+            (meta.ledger_id, meta.offload.attempt)
+            for meta in list(self._storage.all_ledgers())
+            if meta.offload is not None
+        }
+
+    async def unknown_objects(self) -> list[tuple[str, int]]:
+        """Objects that no ledger's offload record names."""
+        found = await self.store.list()
+        known = self._known()
+        return [(key, size) for key, size in found if parse_key(key) not in known]
+
+    async def remove_unknown_objects(self) -> list[str]:
+        async with self._lock:
+            unknown = await self.unknown_objects()
+            for key, _size in unknown:
+                await self.store.delete(key)
+                self.stats.objects_deleted += 1
+            return [key for key, _size in unknown]
+
+    def lag_seconds(self) -> float:
+        """Age of the oldest ledger due for offload and not offloaded (0 if none)."""
+        now = self._clock.now_ms()
+        oldest = [
+            info.closed_ms
+            for s in self._streams.streams()
+            for lid in self.select(s)
+            for info in s.ledgers
+            if info.ledger_id == lid and not self._is_offloaded(lid)
+        ]
+        return max(0.0, (now - min(oldest)) / MS_PER_S) if oldest else 0.0
+
+    def _is_offloaded(self, ledger_id: int) -> bool:
+        try:
+            offload = self._storage.ledger(ledger_id).offload
+        except LedgerNotFound:
+            return True  # gone: nothing to wait for
+        return offload is not None and offload.offloaded
+
+    def summary(self) -> dict[str, Any]:
+        """Figures per stream (plain ledgers under ``""``) and in total."""
+        groups: dict[str, dict[str, Any]] = {}
+        now = self._clock.now_ms()
+
+        def group(name: str) -> dict[str, Any]:
+            return groups.setdefault(
+                name,
+                {
+                    "offloadedLedgers": 0,
+                    "offloadedBytes": 0,
+                    "inProgress": 0,
+                    "awaitingDeletionBytes": 0,
+                    "oldestEligible": None,
+                },
+            )
+
+        for s in self._streams.streams():
+            g = group(s.name)
+            closed = {info.ledger_id: info.closed_ms for info in s.ledgers}
+            due = [lid for lid in self.select(s) if not self._is_offloaded(lid)]
+            if due:
+                g["oldestEligible"] = {
+                    "ledgerId": due[0],
+                    "closedTime": closed[due[0]],
+                    "lagSeconds": max(0.0, (now - closed[due[0]]) / MS_PER_S),
+                }
+        for meta in list(self._storage.ledgers()):
+            offload = meta.offload
+            if offload is None:
+                continue
+            g = group(meta.properties.get(STREAM_PROPERTY, ""))
+            if offload.state == OffloadState.IN_PROGRESS:
+                g["inProgress"] += 1
+            elif offload.offloaded:
+                g["offloadedLedgers"] += 1
+                g["offloadedBytes"] += offload.data_bytes
+                if not offload.local_deleted:
+                    g["awaitingDeletionBytes"] += meta.payload_bytes
+        totals = {
+            key: sum(g[key] for g in groups.values())
+            for key in ("offloadedLedgers", "offloadedBytes", "inProgress", "awaitingDeletionBytes")
+        }
+        totals["lagSeconds"] = self.lag_seconds()
+        return {"streams": groups, "totals": totals}
+
+    async def status(self) -> dict[str, Any]:
+        unknown = await self.unknown_objects()
+        return {
+            "store": self.store.description,
+            **self.summary(),
+            "lastRun": self.last_run_ms,
+            "lastError": self.last_error,
+            "unknownObjects": [{"key": key, "bytes": size} for key, size in unknown],
+        }

@@ -1,0 +1,81 @@
+"""SIGKILL in the middle of an offload (the node as a real process, killed at named steps):
+after a restart every entry reads back, the next run finishes the offload, and no object
+of the interrupted attempt stays behind."""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.crash.nodeproc import NodeProcess
+
+ENTRIES = 200
+OCTET = {"Content-Type": "application/octet-stream"}
+
+
+def request(node: NodeProcess, method: str, path: str, body: bytes = b"", **headers: str) -> Any:
+    req = urllib.request.Request(f"{node.url}{path}", data=body, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+def stored_objects(data: Path) -> list[str]:
+    root = data / "offload"
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("point", ["offload.after_attempt_recorded", "offload.after_upload"])
+def test_sigkill_during_an_offload_loses_nothing_and_leaves_no_stray_object(
+    tmp_path: Path, point: str
+) -> None:
+    data = tmp_path / "data"
+    rng = random.Random(point)
+    entries = [rng.randbytes(rng.randint(1, 8192)) for _ in range(ENTRIES)]
+    small = {
+        "NODE_MANAGED_LEDGER_OFFLOAD_MAX_BLOCK_SIZE_IN_BYTES": str(128 * 1024),
+        "NODE_MANAGED_LEDGER_OFFLOAD_READ_BUFFER_SIZE_IN_BYTES": str(16 * 1024),
+    }
+    node = NodeProcess(data, env={**small, "NODE_CRASH_POINTS": json.dumps([point])})
+    try:
+        node.start()
+        lid = request(node, "POST", "/api/v1/ledgers")["ledgerId"]
+        for eid, payload in enumerate(entries):
+            request(node, "PUT", f"/api/v1/ledgers/{lid}/entries/{eid}", payload, **OCTET)
+        request(node, "POST", f"/api/v1/ledgers/{lid}/close")
+        try:
+            request(node, "POST", "/api/v1/offload/run", json.dumps({"ledgers": [lid]}).encode())
+        except urllib.error.HTTPError:
+            raise
+        except OSError:
+            pass  # the node died under the request
+        else:
+            raise AssertionError("the node answered instead of dying at the crash point")
+        node.kill()
+
+        node = NodeProcess(data, env={**small, "NODE_MANAGED_LEDGER_OFFLOAD_DELETION_LAG_MS": "0"})
+        node.start()
+        state = request(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]
+        assert state["state"] == "in_progress" and not state["localDeleted"]
+        interrupted = state["attempt"]
+        for eid, payload in enumerate(entries):
+            assert node.get_bytes(f"/api/v1/ledgers/{lid}/entries/{eid}") == payload
+
+        done = request(node, "POST", "/api/v1/offload/run", json.dumps({"ledgers": [lid]}).encode())
+        assert done["offloaded"] == [lid] and done["localDeleted"] == [lid], done
+        state = request(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]
+        assert state["state"] == "offloaded" and state["attempt"] != interrupted
+        attempt = state["attempt"]
+        assert stored_objects(data) == [f"{lid}/{attempt}.data", f"{lid}/{attempt}.index"]
+        assert request(node, "GET", "/api/v1/offload/status")["unknownObjects"] == []
+        for eid, payload in enumerate(entries):
+            assert node.get_bytes(f"/api/v1/ledgers/{lid}/entries/{eid}") == payload
+        assert node.terminate() == 0
+    finally:
+        node.kill()
