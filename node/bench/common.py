@@ -44,7 +44,7 @@ def require_positive(**options: float) -> None:
     """UsageError unless every option (``--name`` = value) is positive."""
     if all(value > 0 for value in options.values()):
         return
-    names = [f"--{name}" for name in options]
+    names = [f"--{name.replace('_', '-')}" for name in options]  # as typed: --ledger-mib
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     raise UsageError(f"{listed} must be positive")
 
