@@ -5,7 +5,9 @@
 - ``wal`` (wal.py): the raw-device WAL against fio on the same device;
 - ``gc`` (gc.py): compaction throughput, and what throttled compaction costs the writers;
 - ``http`` (http.py): the live server over loopback, next to the engine in-process;
-- ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback.
+- ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback;
+- ``offload`` (offload.py): upload and reads of an offloaded ledger (local store, S3 on moto)
+  beside entry-log reads of the same ledger, and the bytes a random read fetches.
 
 common.py holds what they all share; server.py what http and stream share (the node they
 start, the load process they drive it with). A benchmark's module is imported only when it
