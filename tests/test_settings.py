@@ -1,4 +1,4 @@
-"""The one settings object: defaults of SPEC.md, NODE_* variables, config file, refusals."""
+"""The one settings object: defaults, NODE_* variables, config file, refusals."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ POLICY_KEYS = {
     "retentionSizeInMB",
     "messageTtlInSeconds",
 }
-NODE_DEFAULTS = {  # the settings' defaults (SPEC.md section 2 and 8)
+NODE_DEFAULTS = {  # the settings' defaults (README "Streams")
     "minLedgerRolloverTimeMinutes": 10,
     "maxLedgerRolloverTimeMinutes": 240,
     "maxEntriesPerLedger": 50_000,
