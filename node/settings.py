@@ -12,8 +12,11 @@ Precedence: explicit arguments (the CLI's ``--data-dir`` ...) > environment > co
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import tomllib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,12 +34,47 @@ SECTOR = 512  # the smallest unit a disk writes atomically
 WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
 
 
+ENV_PREFIX = "NODE_"
+# Variables of Node.js (nodejs.org/api/cli.html) share the prefix; a tool started from npm or
+# an editor carries them (NODE_EXTRA_CA_CERTS, NODE_OPTIONS), so they are not typos of ours.
+FOREIGN_ENV = frozenset(
+    {
+        "NODE_CHANNEL_FD",
+        "NODE_CHANNEL_SERIALIZATION_MODE",
+        "NODE_CLUSTER_SCHED_POLICY",
+        "NODE_COMPILE_CACHE",
+        "NODE_DEBUG",
+        "NODE_DEBUG_NATIVE",
+        "NODE_DISABLE_COLORS",
+        "NODE_DISABLE_COMPILE_CACHE",
+        "NODE_ENV",
+        "NODE_EXTRA_CA_CERTS",
+        "NODE_ICU_DATA",
+        "NODE_NO_WARNINGS",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+        "NODE_PENDING_DEPRECATION",
+        "NODE_PENDING_PIPE_INSTANCES",
+        "NODE_PRESERVE_SYMLINKS",
+        "NODE_REDIRECT_WARNINGS",
+        "NODE_REPL_EXTERNAL_MODULE",
+        "NODE_REPL_HISTORY",
+        "NODE_SKIP_PLATFORM_CHECK",
+        "NODE_TEST_CONTEXT",
+        "NODE_TLS_REJECT_UNAUTHORIZED",
+        "NODE_UNIQUE_ID",
+        "NODE_USE_ENV_PROXY",
+        "NODE_V8_COVERAGE",
+    }
+)
+
+
 class SettingsError(ValueError):
     """Settings that the node refuses to start with; the message names the setting."""
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="NODE_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 
     # --- node and HTTP -------------------------------------------------------------------
     data_dir: Path = Path("./data")  # journal/, ledgers/ (entry logs), index/ (RocksDB)
@@ -260,6 +298,9 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
     """
     file_values = _read_config_file(config_file) if config_file else {}
     explicit = {k: v for k, v in overrides.items() if v is not None}
+    _refuse_unknown(file_values, f"in config file {config_file}")
+    _refuse_unknown(explicit, "given")
+    _refuse_unknown_env(os.environ)
 
     class _FromFile(Settings):
         @classmethod
@@ -280,6 +321,31 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
     # Which settings were given (not defaulted) is kept: sizing.fit_to_disks fits only
     # the defaults to the disks.
     return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+
+
+def _closest(name: str) -> str:
+    close = difflib.get_close_matches(name.lower(), Settings.model_fields, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _refuse_unknown(names: Iterable[str], where: str) -> None:
+    """A misspelled setting is refused rather than silently left at its default."""
+    for name in names:
+        if name not in Settings.model_fields:
+            raise SettingsError(f"unknown setting {name!r} {where}{_closest(name)}")
+
+
+def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
+    """The environment is read case-insensitively, as pydantic-settings reads it."""
+    for variable in sorted(environ):
+        upper = variable.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in FOREIGN_ENV:
+            continue
+        name = upper.removeprefix(ENV_PREFIX).lower()
+        if name not in Settings.model_fields:
+            close = difflib.get_close_matches(name, Settings.model_fields, n=1)
+            hint = f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
+            raise SettingsError(f"unknown setting in the environment: {variable}{hint}")
 
 
 class _DictSource(PydanticBaseSettingsSource):

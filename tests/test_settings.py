@@ -1,4 +1,4 @@
-"""The one settings object: defaults of SPEC.md, NODE_* variables, config file, refusals."""
+"""The one settings object: defaults, NODE_* variables, config file, refusals."""
 
 from __future__ import annotations
 
@@ -73,6 +73,27 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("NODE_JOURNAL_MAX_SIZE", "lots")
     with pytest.raises(SettingsError, match="NODE_JOURNAL_MAX_SIZE"):
         load()
+
+
+def test_misspelled_environment_variable_is_refused_naming_the_closest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NODE_HTTP_PROT", "9000")
+    with pytest.raises(SettingsError, match=r"NODE_HTTP_PROT; did you mean NODE_HTTP_PORT\?"):
+        load()
+
+
+def test_unknown_config_file_key_is_refused_naming_the_closest(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text("journal_max_backup = 3\n")
+    with pytest.raises(SettingsError, match=r"'journal_max_backup'.*mean journal_max_backups"):
+        load(config)
+
+
+def test_node_js_variables_are_not_taken_for_typos(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_OPTIONS", "--max-old-space-size=4096")
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", "/etc/ssl/certs/ca-certificates.crt")
+    assert isinstance(load(), Settings)
 
 
 def test_serve_refuses_to_start_with_a_clear_message(tmp_path: Path) -> None:

@@ -9,8 +9,8 @@ On each medium, per record size (``--record-sizes``, default 1 KiB, 16 KiB, 256 
 
 - **wal unthrottled**: ``--writers`` appenders back to back (each awaits its append's
   durable acknowledgment, then appends again), ``wal_write_rate_limit`` off.
-- **wal at target**: appends issued at a fixed rate, the budget of an AWS gp3 volume that
-  SPEC.md quotes (3,000 IOPS, 125 MiB/s): min(3,000/s, 125 MiB/s / record size), with the
+- **wal at target**: appends issued at a fixed rate, the budget of an AWS gp3 volume's
+  baseline (3,000 IOPS, 125 MiB/s): min(3,000/s, 125 MiB/s / record size), with the
   default settings (so the 3,000 blocks/s limit is on).
 - **fio**: sequential writes, ``direct=1``, ``ioengine=libaio``, ``iodepth`` = the WAL's
   ``wal_io_depth``, block size = the WAL's average block in the unthrottled run (4 KiB
@@ -78,7 +78,7 @@ from node.storage.wal import record_crc
 
 RING_CAPACITY = 256 * MiB  # large enough that trims, not the ring's size, pace the writes
 DEFAULT_RECORD_SIZES = "1024,16384,262144"
-GP3_IOPS = 3000  # AWS gp3 baseline (SPEC.md section 10)
+GP3_IOPS = 3000  # AWS gp3 baseline
 GP3_BYTES_PER_S = 125 * MiB
 IOPS_BLOCK = 4 * KiB  # the block size of the IOPS comparison
 OPEN_LOOP_TICK_S = 0.0005  # the rate generator wakes this often (uvloop rounds to 1 ms)

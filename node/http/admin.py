@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from node.http import models
 from node.http.errors import ApiError
 from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
 from node.metrics import CONTENT_TYPE, data_dirs
@@ -33,7 +33,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 @routes.get("/api/v1/bookie/info")
 async def bookie_info(request: web.Request) -> web.Response:
     free, total = await asyncio.to_thread(_space, request.app[SETTINGS])
-    return web.json_response({"freeSpace": free, "totalSpace": total})
+    return web.json_response(models.Space(freeSpace=free, totalSpace=total).to_json())
 
 
 def _space(settings: Settings) -> tuple[int, int]:
@@ -67,27 +67,24 @@ def _state(request: web.Request) -> dict[str, bool]:
 
 @routes.get("/api/v1/bookie/state")
 async def bookie_state(request: web.Request) -> web.Response:
-    return web.json_response(_state(request))
+    return web.json_response(models.BookieState(**_state(request)).to_json())
+
+
+def _read_only(request: web.Request) -> web.Response:
+    read_only = request.app[STORAGE].read_only_reason is not None
+    return web.json_response(models.ReadOnlyState(readOnly=read_only).to_json())
 
 
 @routes.get("/api/v1/bookie/state/readonly")
 async def get_read_only(request: web.Request) -> web.Response:
-    return web.json_response({"readOnly": request.app[STORAGE].read_only_reason is not None})
+    return _read_only(request)
 
 
 @routes.put("/api/v1/bookie/state/readonly")
 async def put_read_only(request: web.Request) -> web.Response:
-    try:
-        body = json.loads(await request.read())
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if not isinstance(body, dict) or not isinstance(body.get("readOnly"), bool):
-        raise ApiError(
-            400, "invalid_body", 'body must be {"readOnly": true} or {"readOnly": false}'
-        )
-    storage = request.app[STORAGE]
-    storage.set_read_only(READ_ONLY_BY_OPERATOR if body["readOnly"] else None)
-    return web.json_response({"readOnly": storage.read_only_reason is not None})
+    body = models.READ_ONLY.parse(await request.read())
+    request.app[STORAGE].set_read_only(READ_ONLY_BY_OPERATOR if body["readOnly"] else None)
+    return _read_only(request)
 
 
 @routes.get("/api/v1/bookie/is_ready")
@@ -160,27 +157,9 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
-def _json_body(raw: bytes, allowed: set[str]) -> dict[str, bool]:
-    """An optional JSON object of booleans with only the ``allowed`` keys."""
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        body = None
-    if (
-        not isinstance(body, dict)
-        or set(body) - allowed
-        or not all(isinstance(v, bool) for v in body.values())
-    ):
-        keys = ", ".join(f'"{k}": bool' for k in sorted(allowed))
-        raise ApiError(400, "invalid_body", f"body must be empty or {{{keys}}}")
-    return body
-
-
 @routes.put("/api/v1/bookie/gc")
 async def trigger_gc(request: web.Request) -> web.Response:
-    body = _json_body(await request.read(), {"forceMajor", "forceMinor"})
+    body = models.GC_REQUEST.parse(await request.read())
     gc = request.app[WORK].gc
     gc.request(body.get("forceMajor", False), body.get("forceMinor", False))
     return web.json_response(f"Triggered GC on BookieServer: node {request.app[SETTINGS].node_id}")
@@ -189,20 +168,23 @@ async def trigger_gc(request: web.Request) -> web.Response:
 @routes.get("/api/v1/bookie/gc")
 async def gc_state(request: web.Request) -> web.Response:
     in_force = request.app[WORK].gc.in_force_gc
-    return web.json_response({"is_in_force_gc": "true" if in_force else "false"})
+    return web.json_response(
+        models.ForceGcState(is_in_force_gc="true" if in_force else "false").to_json()
+    )
 
 
 @routes.get("/api/v1/bookie/gc_details")
 async def gc_details(request: web.Request) -> web.Response:
-    return web.json_response([request.app[WORK].gc.status.as_bookkeeper()])
+    status = models.GcStatus.model_validate(request.app[WORK].gc.status.as_bookkeeper())
+    return web.json_response([status.to_json()])
 
 
-def _suspension(request: web.Request) -> dict[str, str]:
+def _suspension(request: web.Request) -> dict[str, Any]:
     status = request.app[WORK].gc.status
-    return {
-        "isMajorGcSuspended": "true" if status.major_suspended else "false",
-        "isMinorGcSuspended": "true" if status.minor_suspended else "false",
-    }
+    return models.Suspension(
+        isMajorGcSuspended="true" if status.major_suspended else "false",
+        isMinorGcSuspended="true" if status.minor_suspended else "false",
+    ).to_json()
 
 
 @routes.get("/api/v1/bookie/gc/suspend_compaction")
@@ -212,17 +194,13 @@ async def get_suspension(request: web.Request) -> web.Response:
 
 @routes.put("/api/v1/bookie/gc/suspend_compaction")
 async def suspend_compaction(request: web.Request) -> web.Response:
-    body = _json_body(await request.read(), {"suspendMajor", "suspendMinor"})
-    if not body:
-        raise ApiError(400, "invalid_body", "say suspendMajor and/or suspendMinor")
+    body = models.SUSPEND.parse(await request.read())
     request.app[WORK].gc.suspend(body.get("suspendMajor", False), body.get("suspendMinor", False))
     return web.json_response(_suspension(request))
 
 
 @routes.put("/api/v1/bookie/gc/resume_compaction")
 async def resume_compaction(request: web.Request) -> web.Response:
-    body = _json_body(await request.read(), {"resumeMajor", "resumeMinor"})
-    if not body:
-        raise ApiError(400, "invalid_body", "say resumeMajor and/or resumeMinor")
+    body = models.RESUME.parse(await request.read())
     request.app[WORK].gc.resume(body.get("resumeMajor", False), body.get("resumeMinor", False))
     return web.json_response(_suspension(request))

@@ -31,8 +31,12 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.DiskFull: 507,
     stream_errors.StreamNotFound: 404,
     stream_errors.CursorNotFound: 404,
-    stream_errors.InvalidPosition: 400,
+    # 400: the request is malformed (a schema of /openapi.json says so); 422: well formed,
+    # but the stream as it is now, or a rule between two values, refuses it.
+    stream_errors.MalformedPosition: 400,
+    stream_errors.InvalidPosition: 422,
     stream_errors.InvalidPolicy: 400,
+    stream_errors.ConflictingPolicies: 422,
     stream_errors.InvalidName: 400,
     storage_errors.JournalFailed: 500,
     storage_errors.CorruptRecord: 500,

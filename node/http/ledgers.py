@@ -1,9 +1,7 @@
-"""Ledger routes (SPEC.md section 10): create, metadata, close, fence, delete, add, read,
-range, long-poll LAC."""
+"""Ledger routes: create, metadata, close, fence, delete, add, read, range, long-poll LAC."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -11,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.http import models
 from node.http.errors import ApiError
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
@@ -23,12 +22,15 @@ from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
 from node.storage.ledgers import LedgerStorage
+from node.streams.model import ID_DIGITS
 
 log = logging.getLogger(__name__)
 
 WRITE_TOKEN_HEADER = "X-Write-Token"
 RANGE_WRITE_CHUNK = 256 * 1024  # frames are gathered into writes of about this size
-_ID = re.compile(r"[0-9]{1,19}")
+# Canonical decimal only: "00100" is not another name of ledger 100 (a cache or a log keyed by
+# the path would see two ledgers).
+_ID = re.compile(ID_DIGITS)
 _RAW_TYPES = {"application/octet-stream", ""}
 
 routes = web.RouteTableDef()
@@ -40,7 +42,11 @@ def parse_id(text: str | None, what: str, default: int | None = None) -> int:
             raise ApiError(400, "invalid_id", f"{what} is required")
         return default
     if not _ID.fullmatch(text) or int(text) > MAX_ID:
-        raise ApiError(400, "invalid_id", f"{what} must be an integer in [0, 2^63): {text[:40]!r}")
+        raise ApiError(
+            400,
+            "invalid_id",
+            f"{what} must be a decimal integer in [0, 2^63) without leading zeros: {text[:40]!r}",
+        )
     return int(text)
 
 
@@ -74,50 +80,41 @@ def _observe(request: web.Request, operation: str, kind: str, started: float) ->
 
 
 def meta_json(meta: LedgerMeta) -> dict[str, Any]:
-    return {
-        "ledgerId": meta.ledger_id,
-        "state": meta.state.name.lower(),
-        "lac": meta.lac,
-        "lastEntryId": meta.last_entry_id,
-        "entries": meta.entries,
-        "bytes": meta.payload_bytes,
-        "createdTime": meta.created_ms,
-        "closedTime": meta.closed_ms or None,
-        "properties": meta.properties,
-        "hasWriteToken": bool(meta.token_digest),
-        "offload": _offload_json(meta),
-    }
+    return models.Ledger(
+        ledgerId=meta.ledger_id,
+        state=models.LEDGER_STATES[meta.state],
+        lac=meta.lac,
+        lastEntryId=meta.last_entry_id,
+        entries=meta.entries,
+        bytes=meta.payload_bytes,
+        createdTime=meta.created_ms,
+        closedTime=meta.closed_ms or None,
+        properties=meta.properties,
+        hasWriteToken=bool(meta.token_digest),
+        offload=_offload(meta),
+    ).to_json()
 
 
-def _offload_json(meta: LedgerMeta) -> dict[str, Any]:
+def _offload(meta: LedgerMeta) -> models.LedgerOffload:
     offload = meta.offload
     if offload is None:
-        return {"state": "none", "attempt": None, "bytes": 0, "localDeleted": False}
-    return {
-        "state": offload.state.name.lower(),
-        "attempt": offload.attempt,
-        "bytes": offload.data_bytes,
-        "localDeleted": offload.local_deleted,
-    }
+        return models.LedgerOffload(state="none", attempt=None, bytes=0, localDeleted=False)
+    return models.LedgerOffload(
+        state=models.OFFLOAD_STATES[offload.state],
+        attempt=offload.attempt,
+        bytes=offload.data_bytes,
+        localDeleted=offload.local_deleted,
+    )
+
+
+def _added(ledger_id: int, entry_id: int, lac: int) -> web.Response:
+    reply = models.AddResult(ledgerId=ledger_id, entryId=entry_id, lac=lac)
+    return web.json_response(reply.to_json(), status=201)
 
 
 async def _create_options(request: web.Request) -> tuple[dict[str, str], str | None]:
-    body = await request.read()
-    if not body:
-        return {}, None
-    try:
-        options = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
-    if not isinstance(options, dict) or set(options) - {"properties", "writeToken"}:
-        raise ApiError(
-            400, "invalid_body", 'body must be {"properties": {...}, "writeToken": "..."}'
-        )
+    options = models.CREATE_LEDGER.parse(await request.read())
     properties = options.get("properties", {})
-    if not isinstance(properties, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in properties.items()
-    ):
-        raise ApiError(400, "invalid_body", "properties must map strings to strings")
     if STREAM_PROPERTY in properties:
         # It marks a stream's ledger: forged, it would shield the ledger from this API, and
         # the stream manager deletes, at start-up, stream ledgers no stream names.
@@ -126,21 +123,13 @@ async def _create_options(request: web.Request) -> tuple[dict[str, str], str | N
             "reserved_property",
             f"the property {STREAM_PROPERTY!r} is reserved for ledgers of streams",
         )
-    token = options.get("writeToken")
-    if "writeToken" in options and (not isinstance(token, str) or not token):
-        raise ApiError(400, "invalid_body", "writeToken must be a non-empty string")
-    return properties, token
+    return properties, options.get("writeToken")
 
 
 @routes.get("/api/v1/ledgers")
 async def list_ledgers(request: web.Request) -> web.Response:
-    return web.json_response(
-        {
-            "ledgers": [
-                meta_json(m) for m in sorted(_storage(request).ledgers(), key=lambda m: m.ledger_id)
-            ]
-        }
-    )
+    ledgers = sorted(_storage(request).ledgers(), key=lambda m: m.ledger_id)
+    return web.json_response({"ledgers": [meta_json(m) for m in ledgers]})
 
 
 @routes.post("/api/v1/ledgers")
@@ -213,8 +202,7 @@ async def put_entry(request: web.Request) -> web.Response:
     started = time.perf_counter()
     await storage.add_entry(ledger_id, entry_id, payload, request.headers.get(WRITE_TOKEN_HEADER))
     _observe(request, "add", "single", started)
-    lac = storage.ledger(ledger_id).lac
-    return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
+    return _added(ledger_id, entry_id, storage.ledger(ledger_id).lac)
 
 
 @routes.post("/api/v1/ledgers/{lid}/entries")
@@ -228,6 +216,8 @@ async def append_entries(request: web.Request) -> web.Response:
             payloads = decode_batch(await request.read())
         except FrameError as e:
             raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        if not payloads:
+            raise ApiError(400, "empty_batch", "a batch holds at least one entry")
         started = time.perf_counter()
         ids = await storage.add_entries(ledger_id, payloads, token)
         _observe(request, "add", "batch", started)
@@ -245,8 +235,7 @@ async def append_entries(request: web.Request) -> web.Response:
     started = time.perf_counter()
     entry_id = await storage.add_entry(ledger_id, None, payload, token)
     _observe(request, "add", "single", started)
-    lac = storage.ledger(ledger_id).lac
-    return web.json_response({"ledgerId": ledger_id, "entryId": entry_id, "lac": lac}, status=201)
+    return _added(ledger_id, entry_id, storage.ledger(ledger_id).lac)
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries/{eid}")
@@ -266,6 +255,10 @@ async def read_range(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     first = parse_id(request.query.get("from"), "from", default=0)
     last = parse_id(request.query["to"], "to") if "to" in request.query else None
+    if last is not None and first > last:
+        # Well formed, so not a 400 (every schema of the document holds): a rule between
+        # two values, like a minimum rollover time above the maximum.
+        raise ApiError(422, "invalid_range", f"from ({first}) is after to ({last})")
     storage = _storage(request)
     storage.ledger(ledger_id)  # 404 before the stream starts
     response = web.StreamResponse(headers={"Content-Type": RANGE_CONTENT_TYPE})
@@ -310,4 +303,4 @@ async def long_poll_lac(request: web.Request) -> web.Response:
         lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
         lac = storage.ledger(ledger_id).lac
-    return web.json_response({"ledgerId": ledger_id, "lac": lac})
+    return web.json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())

@@ -1,7 +1,9 @@
 """The OpenAPI 3 document of the whole HTTP API, served at /openapi.json.
 
-A test checks that it names exactly the routes the application registers, and
-schemathesis fuzzes the live server against it."""
+Paths and parameters are written here; every JSON body's schema comes from node/http/models.py,
+the types the handlers validate with and reply through. A test checks that the document names
+exactly the routes the application registers, and schemathesis fuzzes the live server
+against it."""
 
 from __future__ import annotations
 
@@ -10,12 +12,14 @@ from typing import Any
 from aiohttp import web
 
 from node import __version__
+from node.http import models
 from node.http.state import SETTINGS
 from node.settings import Settings
+from node.storage.index import MAX_ID
 
 routes = web.RouteTableDef()
 
-MAX_ID = (1 << 63) - 1
+
 JSON = "application/json"
 OCTET = "application/octet-stream"
 BATCH = "application/x-entry-batch"
@@ -34,7 +38,8 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
 def _errors(*statuses: int) -> dict[str, Any]:
     """Error responses: the listed statuses, and any other as the same JSON shape."""
     described = {
-        400: "Malformed id, query, body or frame; a reserved ledger property (reserved_property)",
+        400: "Malformed id, query, body or frame (against this document's schemas); an empty "
+        "batch (empty_batch); a reserved ledger property (reserved_property)",
         401: "Missing bearer token (when an admin token is configured)",
         403: "Wrong bearer token (forbidden) or write token (write_token_mismatch)",
         404: "No such ledger, entry or route",
@@ -43,6 +48,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "2^63 - 1 (ledger_full: nothing of it is added)",
         413: "Entry or request too large",
         415: "Unsupported content type",
+        422: "Well formed, but refused for what it means: a position not in the stream or past "
+        "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
+        "a range whose from is after its to (invalid_range)",
         500: "An entry failed its CRC check, or the WAL failed",
         502: "An offloaded object is missing or damaged (offload_object_unreadable)",
         503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
@@ -75,153 +83,14 @@ WRITE_TOKEN = {
 }
 MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503, 507)
 
-SCHEMAS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["code", "message"],
-        "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-    },
-    "Ledger": {
-        "type": "object",
-        "required": [
-            "ledgerId", "state", "lac", "lastEntryId", "entries", "bytes",
-            "createdTime", "closedTime", "properties", "hasWriteToken",
-        ],
-        "properties": {
-            "ledgerId": {"type": "integer", "minimum": 0},
-            "state": {"type": "string", "enum": ["open", "fenced", "closed", "deleted"]},
-            "lac": {"type": "integer", "minimum": -1},
-            "lastEntryId": {"type": "integer", "minimum": -1},
-            "entries": {"type": "integer", "minimum": 0},
-            "bytes": {"type": "integer", "minimum": 0},
-            "createdTime": {"type": "integer", "description": "ms since the epoch"},
-            "closedTime": {"type": ["integer", "null"], "description": "ms since the epoch"},
-            "properties": {"type": "object", "additionalProperties": {"type": "string"}},
-            "hasWriteToken": {"type": "boolean"},
-            "offload": {
-                "type": "object",
-                "required": ["state", "attempt", "bytes", "localDeleted"],
-                "properties": {
-                    "state": {"type": "string", "enum": ["none", "in_progress", "offloaded"]},
-                    "attempt": {"type": ["string", "null"]},
-                    "bytes": {"type": "integer", "minimum": 0},
-                    "localDeleted": {"type": "boolean"},
-                },
-            },
-        },
-    },
-    "CreateLedger": {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "properties": {"type": "object", "additionalProperties": {"type": "string"}},
-            "writeToken": {"type": "string", "minLength": 1},
-        },
-    },
-    "AddResult": {
-        "type": "object",
-        "required": ["ledgerId", "entryId", "lac"],
-        "properties": {
-            "ledgerId": {"type": "integer"},
-            "entryId": {"type": "integer"},
-            "lac": {"type": "integer"},
-        },
-    },
-    "BatchResult": {
-        "type": "object",
-        "required": ["ledgerId", "firstEntryId", "lastEntryId", "entryIds", "lac"],
-        "properties": {
-            "ledgerId": {"type": "integer"},
-            "firstEntryId": {"type": ["integer", "null"]},
-            "lastEntryId": {"type": ["integer", "null"]},
-            "entryIds": {"type": "array", "items": {"type": "integer"}},
-            "lac": {"type": "integer"},
-        },
-    },
-    "GcStatus": {
-        "type": "object",
-        "required": [
-            "forceCompacting", "majorCompacting", "minorCompacting",
-            "lastMajorCompactionTime", "lastMinorCompactionTime",
-            "majorCompactionCounter", "minorCompactionCounter",
-        ],
-        "properties": {
-            "forceCompacting": {"type": "boolean"},
-            "majorCompacting": {"type": "boolean"},
-            "minorCompacting": {"type": "boolean"},
-            "lastMajorCompactionTime": {"type": "integer"},
-            "lastMinorCompactionTime": {"type": "integer"},
-            "majorCompactionCounter": {"type": "integer"},
-            "minorCompactionCounter": {"type": "integer"},
-            "spaceCompactionCounter": {"type": "integer"},
-            "spaceAmplification": {"type": ["number", "null"]},
-            "compactingLog": {"type": ["string", "null"]},
-            "compactingBytesDone": {"type": "integer"},
-            "compactingBytesLeft": {"type": "integer"},
-            "lastErrors": {"type": "object", "additionalProperties": {"type": "string"}},
-            "unreadableLogs": {"type": "array", "items": {"type": "string"}},
-        },
-    },
-    "Policies": {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "minLedgerRolloverTimeMinutes": {"type": "integer", "minimum": 0},
-            "maxLedgerRolloverTimeMinutes": {"type": "integer", "minimum": 0},
-            "maxEntriesPerLedger": {"type": "integer", "minimum": 1},
-            "maxSizePerLedgerMbytes": {"type": "integer", "minimum": 1},
-            "retentionTimeInMinutes": {"type": "integer", "minimum": -1},
-            "retentionSizeInMB": {"type": "integer", "minimum": -1},
-            "messageTtlInSeconds": {"type": "integer", "minimum": 0},
-        },
-    },
-    "Stream": {
-        "type": "object",
-        "required": ["name", "policies", "ledgers", "entries", "bytes", "cursors"],
-        "properties": {
-            "name": {"type": "string"},
-            "createdTime": {"type": "integer"},
-            "policies": {"type": "object"},
-            "ledgers": {"type": "array", "items": {"type": "object"}},
-            "entries": {"type": "integer"},
-            "bytes": {"type": "integer"},
-            "oldestDataTime": {"type": ["integer", "null"]},
-            "cursors": {"type": "array", "items": {"$ref": "#/components/schemas/Cursor"}},
-        },
-    },
-    "Cursor": {
-        "type": "object",
-        "required": ["name", "markDeletePosition", "backlogEntries", "backlogBytes"],
-        "properties": {
-            "name": {"type": "string"},
-            "markDeletePosition": {"type": "string"},
-            "backlogEntries": {"type": "integer"},
-            "backlogBytes": {"type": "integer"},
-            "createdTime": {"type": "integer"},
-        },
-    },
-    "Lac": {
-        "type": "object",
-        "required": ["ledgerId", "lac"],
-        "properties": {"ledgerId": {"type": "integer"}, "lac": {"type": "integer"}},
-    },
-}  # fmt: skip
 
-
-def _bool_body(*names: str, required: bool = False) -> dict[str, Any]:
-    schema: dict[str, Any] = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {name: {"type": "boolean"} for name in names},
-    }
-    if required:
-        schema["minProperties"] = 1
-    return {"required": required, "content": {JSON: {"schema": schema}}}
+def _body(name: str, required: bool) -> dict[str, Any]:
+    return {"required": required, "content": {JSON: {"schema": _ref(name)}}}
 
 
 def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
     ledger = _json(_ref("Ledger"), "Ledger metadata")
-    create_body = {"required": False, "content": {JSON: {"schema": _ref("CreateLedger")}}}
+    create_body = _body("CreateLedger", required=False)
     octet_body = {
         "required": True,
         "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
@@ -231,14 +100,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "get": {
                 "summary": "List ledgers",
                 "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "required": ["ledgers"],
-                            "properties": {"ledgers": {"type": "array", "items": _ref("Ledger")}},
-                        },
-                        "Ledgers",
-                    ),
+                    "200": _json(_ref("LedgerList"), "Ledgers"),
                     **_errors(),
                 },
             },
@@ -334,14 +196,18 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 "summary": "A range of entries as frames (entry id u64 | len u32 | payload)",
                 "parameters": [
                     _id("from", "query", "First entry id (default 0)"),
-                    _id("to", "query", "Last entry id (default: the LAC)"),
+                    _id(
+                        "to",
+                        "query",
+                        "Last entry id (default: the highest durable entry, past the LAC too)",
+                    ),
                 ],
                 "responses": {
                     "200": {
                         "description": "Frames, streamed",
                         "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
                     },
-                    **_errors(400, 404),
+                    **_errors(400, 404, 422),
                 },
             },
         },
@@ -363,12 +229,9 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
 
 
 def _admin_paths() -> dict[str, Any]:
-    boolean = {"type": "boolean"}
     text = {"description": "Text", "content": {TEXT: {"schema": {"type": "string"}}}}
-    read_only = _json(
-        {"type": "object", "required": ["readOnly"], "properties": {"readOnly": boolean}},
-        "Read-only mode",
-    )
+    read_only = _json(_ref("ReadOnlyState"), "Read-only mode")
+    suspension = _json(_ref("Suspension"), "Suspension")
     string_map = {"type": "object", "additionalProperties": {"type": "string"}}
     return {
         "/heartbeat": {"get": {"summary": "Liveness", "responses": {"200": text}}},
@@ -376,17 +239,7 @@ def _admin_paths() -> dict[str, Any]:
             "get": {
                 "summary": "Free and total bytes of the data disks",
                 "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "required": ["freeSpace", "totalSpace"],
-                            "properties": {
-                                "freeSpace": {"type": "integer"},
-                                "totalSpace": {"type": "integer"},
-                            },
-                        },
-                        "Space",
-                    ),
+                    "200": _json(_ref("Space"), "Space"),
                     **_errors(),
                 },
             }
@@ -395,24 +248,7 @@ def _admin_paths() -> dict[str, Any]:
             "get": {
                 "summary": "The node's state",
                 "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "required": [
-                                "running",
-                                "readOnly",
-                                "shuttingDown",
-                                "availableForHighPriorityWrites",
-                            ],
-                            "properties": {
-                                "running": boolean,
-                                "readOnly": boolean,
-                                "shuttingDown": boolean,
-                                "availableForHighPriorityWrites": boolean,
-                            },
-                        },
-                        "State",
-                    ),
+                    "200": _json(_ref("BookieState"), "State"),
                     **_errors(),
                 },
             }
@@ -421,18 +257,7 @@ def _admin_paths() -> dict[str, Any]:
             "get": {"summary": "Read-only mode", "responses": {"200": read_only, **_errors()}},
             "put": {
                 "summary": "Turn read-only mode on or off",
-                "requestBody": {
-                    "required": True,
-                    "content": {
-                        JSON: {
-                            "schema": {
-                                "type": "object",
-                                "required": ["readOnly"],
-                                "properties": {"readOnly": boolean},
-                            }
-                        }
-                    },
-                },
+                "requestBody": _body("ReadOnlyBody", required=True),
                 "responses": {"200": read_only, **_errors(400, 401, 403)},
             },
         },
@@ -468,7 +293,7 @@ def _admin_paths() -> dict[str, Any]:
         "/api/v1/bookie/gc": {
             "put": {
                 "summary": "Run garbage collection now (forceMajor/forceMinor override suspension)",
-                "requestBody": _bool_body("forceMajor", "forceMinor"),
+                "requestBody": _body("GcRequest", required=False),
                 "responses": {
                     "200": _json({"type": "string"}, "Triggered"),
                     **_errors(400, 401, 403),
@@ -476,7 +301,7 @@ def _admin_paths() -> dict[str, Any]:
             },
             "get": {
                 "summary": "Whether a forced GC is pending or running",
-                "responses": {"200": _json(string_map, "is_in_force_gc"), **_errors()},
+                "responses": {"200": _json(_ref("ForceGcState"), "is_in_force_gc"), **_errors()},
             },
         },
         "/api/v1/bookie/gc_details": {
@@ -491,19 +316,19 @@ def _admin_paths() -> dict[str, Any]:
         "/api/v1/bookie/gc/suspend_compaction": {
             "get": {
                 "summary": "Whether major and minor compaction are suspended",
-                "responses": {"200": _json(string_map, "Suspension"), **_errors()},
+                "responses": {"200": suspension, **_errors()},
             },
             "put": {
                 "summary": "Suspend major and/or minor compaction",
-                "requestBody": _bool_body("suspendMajor", "suspendMinor", required=True),
-                "responses": {"200": _json(string_map, "Suspension"), **_errors(400, 401, 403)},
+                "requestBody": _body("SuspendCompaction", required=True),
+                "responses": {"200": suspension, **_errors(400, 401, 403)},
             },
         },
         "/api/v1/bookie/gc/resume_compaction": {
             "put": {
                 "summary": "Resume major and/or minor compaction",
-                "requestBody": _bool_body("resumeMajor", "resumeMinor", required=True),
-                "responses": {"200": _json(string_map, "Suspension"), **_errors(400, 401, 403)},
+                "requestBody": _body("ResumeCompaction", required=True),
+                "responses": {"200": suspension, **_errors(400, 401, 403)},
             }
         },
         "/metrics": {
@@ -524,16 +349,16 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
         "in": "path",
         "required": True,
         "example": "orders",
-        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"},
+        "schema": {"type": "string", "pattern": models.NAME_PATTERN},
     }
     cursor = {
         "name": "cursor",
         "in": "path",
         "required": True,
         "example": "c1",
-        "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"},
+        "schema": {"type": "string", "pattern": models.NAME_PATTERN},
     }
-    position = {"type": "string", "pattern": "^[0-9]{1,19}:(-1|[0-9]{1,19})$"}
+    position = {"type": "string", "pattern": models.POSITION_PATTERN}
     read_params = [
         {
             "name": "limit",
@@ -556,25 +381,13 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
     }
     stream = _json(_ref("Stream"), "Stream")
     cursor_json = _json(_ref("Cursor"), "Cursor")
-    policies = {"required": False, "content": {JSON: {"schema": _ref("Policies")}}}
-    position_body = {
-        "required": True,
-        "content": {
-            JSON: {
-                "schema": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["position"],
-                    "properties": {"position": position},
-                }
-            }
-        },
-    }
+    policies = _body("StreamPolicies", required=False)
+    position_body = _body("PositionBody", required=True)
     return {
         "/api/v1/streams": {
             "get": {
                 "summary": "List streams",
-                "responses": {"200": _json({"type": "object"}, "Streams"), **_errors()},
+                "responses": {"200": _json(_ref("StreamList"), "Streams"), **_errors()},
             },
         },
         "/api/v1/streams/{name}": {
@@ -582,7 +395,11 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "put": {
                 "summary": "Create a stream or update its policies",
                 "requestBody": policies,
-                "responses": {"200": stream, "201": stream, **_errors(400, 401, 403, 503, 507)},
+                "responses": {
+                    "200": stream,
+                    "201": stream,
+                    **_errors(400, 401, 403, 422, 503, 507),
+                },
             },
             "get": {
                 "summary": "Ledgers, sizes, cursors, backlog",
@@ -605,7 +422,10 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     },
                 },
                 "responses": {
-                    "201": _json({"type": "object"}, "Position(s), durable"),
+                    "201": _json(
+                        {"oneOf": [_ref("Appended"), _ref("AppendedBatch")]},
+                        "Durable: the position, or every position of the batch",
+                    ),
                     **_errors(*MUTATION_ERRORS),
                 },
             },
@@ -615,29 +435,18 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     {"name": "from", "in": "query", "required": False, "schema": position},
                     *read_params,
                 ],
-                "responses": {"200": frames, **_errors(400, 404)},
+                "responses": {"200": frames, **_errors(400, 404, 422)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}": {
             "parameters": [name, cursor],
             "put": {
                 "summary": "Create a cursor at earliest, latest or a position",
-                "requestBody": {
-                    "required": False,
-                    "content": {
-                        JSON: {
-                            "schema": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "properties": {"start": {"type": "string"}},
-                            }
-                        }
-                    },
-                },
+                "requestBody": _body("CreateCursor", required=False),
                 "responses": {
                     "200": cursor_json,
                     "201": cursor_json,
-                    **_errors(400, 401, 403, 404, 503),
+                    **_errors(400, 401, 403, 404, 422, 503),
                 },
             },
             "get": {
@@ -662,7 +471,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "post": {
                 "summary": "Mark-delete up to a position",
                 "requestBody": position_body,
-                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 503)},
+                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 422, 503)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}/reset": {
@@ -670,7 +479,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "post": {
                 "summary": "Read from a position next",
                 "requestBody": position_body,
-                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 503)},
+                "responses": {"200": cursor_json, **_errors(400, 401, 403, 404, 422, 503)},
             },
         },
         "/api/v1/retention/run": {
@@ -685,7 +494,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     }
                 ],
                 "responses": {
-                    "200": _json({"type": "object"}, "Deleted ledgers per stream"),
+                    "200": _json(_ref("RetentionResult"), "Deleted ledgers per stream"),
                     **_errors(400, 401, 403),
                 },
             }
@@ -703,7 +512,7 @@ def document(settings: Settings) -> dict[str, Any]:
             "bookie), and its admin API at BookKeeper's paths.",
         },
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": models.component_schemas(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "paths": {
@@ -716,14 +525,6 @@ def document(settings: Settings) -> dict[str, Any]:
 
 
 def _offload_paths() -> dict[str, Any]:
-    run_body = {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "stream": {"type": "string"},
-            "ledgers": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        },
-    }
     run_result = {
         "type": "object",
         "required": ["dryRun", "offloaded", "skipped", "failed", "localDeleted"],
@@ -748,7 +549,7 @@ def _offload_paths() -> dict[str, Any]:
                         "schema": {"type": "string", "enum": ["true", "false"]},
                     }
                 ],
-                "requestBody": {"required": False, "content": {JSON: {"schema": run_body}}},
+                "requestBody": _body("OffloadRun", required=False),
                 "responses": {
                     "200": _json(run_result, "Offloaded, skipped and failed ledgers"),
                     **_errors(400, 401, 403, 404),

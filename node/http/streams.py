@@ -6,13 +6,13 @@ Positions are written ``L:E``. A stream read returns frames
 
 from __future__ import annotations
 
-import json
 import struct
 import time
 from typing import Any
 
 from aiohttp import web
 
+from node.http import models
 from node.http.errors import ApiError
 from node.http.frames import BATCH_CONTENT_TYPE, FrameError, decode_batch
 from node.http.ledgers import parse_id
@@ -52,24 +52,8 @@ def _name(request: web.Request) -> str:
     return request.match_info["name"]
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "invalid_body", "body must be a JSON object")
-    return body
-
-
-def _position_field(body: dict[str, Any]) -> Position:
-    value = body.get("position")
-    if not isinstance(value, str) or set(body) != {"position"}:
-        raise ApiError(400, "invalid_body", 'body must be {"position": "L:E"}')
-    return parse_position(value)
+async def _position_field(request: web.Request) -> Position:
+    return parse_position(models.POSITION_BODY.parse(await request.read())["position"])
 
 
 def _limit_and_wait(request: web.Request) -> tuple[int, float]:
@@ -83,38 +67,46 @@ def _limit_and_wait(request: web.Request) -> tuple[int, float]:
     return limit, wait_ms / 1000
 
 
-def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
+def _stream_model(streams: StreamManager, stream: Stream) -> models.Stream:
     ledgers = [
-        {
-            "ledgerId": info.ledger_id,
-            "entries": streams._last_entry(info) + 1,
-            "bytes": info.size_bytes,
-            "createdTime": info.created_ms,
-            "closedTime": info.closed_ms or None,
-        }
+        models.StreamLedger(
+            ledgerId=info.ledger_id,
+            entries=streams._last_entry(info) + 1,
+            bytes=info.size_bytes,
+            createdTime=info.created_ms,
+            closedTime=info.closed_ms or None,
+        )
         for info in stream.ledgers
     ]
-    return {
-        "name": stream.name,
-        "createdTime": stream.created_ms,
-        "policies": stream.policies.to_json(),
-        "ledgers": ledgers,
-        "entries": sum(item["entries"] for item in ledgers),
-        "bytes": sum(info.size_bytes for info in stream.ledgers),
-        "oldestDataTime": stream.ledgers[0].created_ms if stream.ledgers else None,
-        "cursors": [_cursor_json(streams, c) for c in streams.cursors(stream.name)],
-    }
+    return models.Stream(
+        name=stream.name,
+        createdTime=stream.created_ms,
+        policies=models.PolicyValues(**stream.policies.to_json()),
+        ledgers=ledgers,
+        entries=sum(item.entries for item in ledgers),
+        bytes=sum(info.size_bytes for info in stream.ledgers),
+        oldestDataTime=stream.ledgers[0].created_ms if stream.ledgers else None,
+        cursors=[_cursor_model(streams, c) for c in streams.cursors(stream.name)],
+    )
+
+
+def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
+    return _stream_model(streams, stream).to_json()
+
+
+def _cursor_model(streams: StreamManager, cursor: Cursor) -> models.Cursor:
+    backlog = streams.backlog(cursor.stream, cursor.mark_delete)
+    return models.Cursor(
+        name=cursor.name,
+        markDeletePosition=str(cursor.mark_delete),
+        backlogEntries=backlog.entries,
+        backlogBytes=backlog.size_bytes,
+        createdTime=cursor.created_ms,
+    )
 
 
 def _cursor_json(streams: StreamManager, cursor: Cursor) -> dict[str, Any]:
-    backlog = streams.backlog(cursor.stream, cursor.mark_delete)
-    return {
-        "name": cursor.name,
-        "markDeletePosition": str(cursor.mark_delete),
-        "backlogEntries": backlog.entries,
-        "backlogBytes": backlog.size_bytes,
-        "createdTime": cursor.created_ms,
-    }
+    return _cursor_model(streams, cursor).to_json()
 
 
 def _frames(found: list[tuple[Position, bytes]]) -> web.Response:
@@ -130,13 +122,15 @@ def _frames(found: list[tuple[Position, bytes]]) -> web.Response:
 @routes.get("/api/v1/streams")
 async def list_streams(request: web.Request) -> web.Response:
     streams = _streams(request)
-    return web.json_response({"streams": [_stream_json(streams, s) for s in streams.streams()]})
+    listing = models.StreamList(streams=[_stream_model(streams, s) for s in streams.streams()])
+    return web.json_response(listing.to_json())
 
 
 @routes.put("/api/v1/streams/{name}")
 async def put_stream(request: web.Request) -> web.Response:
     streams = _streams(request)
-    stream, created = await streams.put_stream(_name(request), await _json_object(request))
+    policies = models.STREAM_POLICIES.parse(await request.read())
+    stream, created = await streams.put_stream(_name(request), dict(policies))
     return web.json_response(_stream_json(streams, stream), status=201 if created else 200)
 
 
@@ -162,7 +156,7 @@ async def append(request: web.Request) -> web.Response:
         except FrameError as e:
             raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
         if not payloads:
-            raise ApiError(400, "invalid_frame", "an empty batch")
+            raise ApiError(400, "empty_batch", "a batch holds at least one entry")
     elif content_type in _RAW_TYPES:
         payloads = [body]
     else:
@@ -178,8 +172,9 @@ async def append(request: web.Request) -> web.Response:
     positions = await _streams(request).append(_name(request), payloads)
     request.app[METRICS].add_latency.labels("stream").observe(time.perf_counter() - started)
     if content_type == BATCH_CONTENT_TYPE:
-        return web.json_response({"positions": [str(p) for p in positions]}, status=201)
-    return web.json_response({"position": str(positions[0])}, status=201)
+        batch = models.AppendedBatch(positions=[str(p) for p in positions])
+        return web.json_response(batch.to_json(), status=201)
+    return web.json_response(models.Appended(position=str(positions[0])).to_json(), status=201)
 
 
 @routes.get("/api/v1/streams/{name}/entries")
@@ -191,10 +186,7 @@ async def read(request: web.Request) -> web.Response:
 
 @routes.put("/api/v1/streams/{name}/cursors/{cursor}")
 async def create_cursor(request: web.Request) -> web.Response:
-    body = await _json_object(request)
-    start = body.get("start", "latest")
-    if not isinstance(start, str) or set(body) - {"start"}:
-        raise ApiError(400, "invalid_body", 'body must be {"start": "earliest" | "latest" | "L:E"}')
+    start = models.CREATE_CURSOR.parse(await request.read()).get("start", "latest")
     streams = _streams(request)
     cursor, created = await streams.create_cursor(
         _name(request), request.match_info["cursor"], start
@@ -227,7 +219,7 @@ async def read_cursor(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/ack")
 async def acknowledge(request: web.Request) -> web.Response:
-    position = _position_field(await _json_object(request))
+    position = await _position_field(request)
     streams = _streams(request)
     cursor = await streams.acknowledge(_name(request), request.match_info["cursor"], position)
     return web.json_response(_cursor_json(streams, cursor))
@@ -235,7 +227,7 @@ async def acknowledge(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/reset")
 async def reset(request: web.Request) -> web.Response:
-    position = _position_field(await _json_object(request))
+    position = await _position_field(request)
     streams = _streams(request)
     cursor = await streams.reset(_name(request), request.match_info["cursor"], position)
     return web.json_response(_cursor_json(streams, cursor))
@@ -247,9 +239,10 @@ async def run_retention(request: web.Request) -> web.Response:
     if dry_run not in ("true", "false"):
         raise ApiError(400, "invalid_query", "dryRun is true or false")
     done = await request.app[WORK].retention.run(dry_run=dry_run == "true")
-    return web.json_response(
+    result = models.RetentionResult.model_validate(
         {
             "dryRun": dry_run == "true",
             "streams": {name: [d.to_json() for d in plan] for name, plan in done.items()},
         }
     )
+    return web.json_response(result.to_json())

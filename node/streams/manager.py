@@ -65,7 +65,9 @@ from node.streams.model import (
     Cursor,
     LedgerInfo,
     Policies,
+    PolicyConflict,
     Position,
+    PositionOutOfRange,
     Stream,
     cursor_key,
     decode_doomed_key,
@@ -87,11 +89,21 @@ class CursorNotFound(StorageError):
 
 
 class InvalidPosition(StorageError):
+    """Well formed, but not a position of the stream (or past its end) as it is now."""
+
     code = "invalid_position"
+
+
+class MalformedPosition(InvalidPosition):
+    """Not ``L:E`` at all."""
 
 
 class InvalidPolicy(StorageError):
     code = "invalid_policy"
+
+
+class ConflictingPolicies(InvalidPolicy):
+    """Each value is allowed, but together they are not."""
 
 
 class InvalidName(StorageError):
@@ -277,6 +289,8 @@ class StreamManager:
             raise InvalidName(f"a stream name is 1-255 of [A-Za-z0-9._-], not {name[:60]!r}")
         try:
             policies = Policies.from_json(given, self.default_policies())
+        except PolicyConflict as e:
+            raise ConflictingPolicies(str(e)) from None
         except ValueError as e:
             raise InvalidPolicy(str(e)) from None
         async with self._writing.setdefault(name, asyncio.Lock()):
@@ -775,8 +789,10 @@ class StreamManager:
 def _parse(text: str) -> Position:
     try:
         return Position.parse(text)
-    except ValueError as e:
+    except PositionOutOfRange as e:
         raise InvalidPosition(str(e)) from None
+    except ValueError as e:
+        raise MalformedPosition(str(e)) from None
 
 
 def parse_position(text: str) -> Position:

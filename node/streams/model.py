@@ -31,10 +31,23 @@ CURSOR_PREFIX = b"cursor/"
 DOOMED_PREFIX = b"doomed/"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 # ASCII digits only (str.isdigit also takes other scripts' digits, which int() reads), at
-# most 19 of them: 2^63 has 19.
-POSITION = re.compile(r"([0-9]{1,19}):(-1|[0-9]{1,19})")
+# most 19 of them (2^63 has 19), in canonical form: "00:1" is not another name of "0:1".
+ID_DIGITS = "(0|[1-9][0-9]{0,18})"
+POSITION = re.compile(rf"{ID_DIGITS}:(-1|{ID_DIGITS})")
 MB = 1024 * 1024
 MINUTE_MS = 60_000
+# Policy values are Java ints in Pulsar (retentionSizeInMB a long): clients and tools that
+# read them back in another language hold them in those types.
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+
+
+class PositionOutOfRange(ValueError):
+    """Well formed, but past 2^63 - 1: no stream holds such a position."""
+
+
+class PolicyConflict(ValueError):
+    """Each value is allowed, but together they are not (a rule between two policies)."""
 
 
 class Position(NamedTuple):
@@ -51,8 +64,8 @@ class Position(NamedTuple):
         if match is None:
             raise ValueError(f"a position is written L:E (ledger id:entry id), not {text[:40]!r}")
         position = cls(int(match[1]), int(match[2]))
-        if position.ledger_id >= 1 << 63 or position.entry_id >= 1 << 63:
-            raise ValueError(f"position {text[:40]!r} is out of range")
+        if position.ledger_id > INT64_MAX or position.entry_id > INT64_MAX:
+            raise PositionOutOfRange(f"position {text[:40]!r} is out of range")
         return position
 
 
@@ -83,10 +96,23 @@ class Policies:
         "offloadThresholdInSeconds": -1,
         "offloadDeletionLagInMillis": 0,
     }
+    MAXIMA = {  # name -> largest allowed value: Pulsar's type, and a byte count in an int64
+        "minLedgerRolloverTimeMinutes": INT32_MAX,
+        "maxLedgerRolloverTimeMinutes": INT32_MAX,
+        "maxEntriesPerLedger": INT32_MAX,
+        "maxSizePerLedgerMbytes": INT32_MAX,
+        "retentionTimeInMinutes": INT32_MAX,
+        "retentionSizeInMB": INT64_MAX // MB,
+        "messageTtlInSeconds": INT32_MAX,
+        "offloadThresholdInBytes": INT64_MAX,  # Pulsar: long
+        "offloadThresholdInSeconds": INT64_MAX // 1000,  # as milliseconds, still an int64
+        "offloadDeletionLagInMillis": INT64_MAX,
+    }
 
     @classmethod
     def from_json(cls, given: dict[str, Any], defaults: Policies) -> Policies:
-        """``given`` over ``defaults``; ValueError naming the bad key."""
+        """``given`` over ``defaults``; ValueError naming the bad key, PolicyConflict when the
+        values are each allowed but not together."""
         unknown = set(given) - set(cls.LIMITS)
         if unknown:
             raise ValueError(
@@ -94,12 +120,16 @@ class Policies:
             )
         values = defaults.to_json()
         for key, value in given.items():
-            if type(value) is not int or value < cls.LIMITS[key]:
-                raise ValueError(f"{key} must be an integer >= {cls.LIMITS[key]}, got {value!r}")
+            low, high = cls.LIMITS[key], cls.MAXIMA[key]
+            if type(value) is not int or not low <= value <= high:
+                raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
             values[key] = value
         policies = cls(**values)
         if policies.minLedgerRolloverTimeMinutes > policies.maxLedgerRolloverTimeMinutes:
-            raise ValueError("minLedgerRolloverTimeMinutes exceeds maxLedgerRolloverTimeMinutes")
+            raise PolicyConflict(
+                f"minLedgerRolloverTimeMinutes ({policies.minLedgerRolloverTimeMinutes}) exceeds "
+                f"maxLedgerRolloverTimeMinutes ({policies.maxLedgerRolloverTimeMinutes})"
+            )
         return policies
 
     def to_json(self) -> dict[str, int]:

@@ -65,7 +65,8 @@ async def test_read_only_mode_refuses_adds_and_serves_reads(client: Any) -> None
     assert (await client.post("/api/v1/ledgers")).status == 201
     for bad in (b"", b"{}", b'{"readOnly": "yes"}', b"[true]", b"\xff"):
         r = await client.put("/api/v1/bookie/state/readonly", data=bad)
-        assert r.status == 400 and (await r.json())["code"] == "invalid_body"
+        code = "invalid_json" if bad == b"\xff" else "invalid_body"
+        assert r.status == 400 and (await r.json())["code"] == code
 
 
 async def test_list_disk_file_and_last_log_mark(client: Any) -> None:
@@ -104,7 +105,8 @@ async def test_gc_admin_routes(client: Any) -> None:
     assert r.status == 200
     for bad in (b"[1]", b'{"forceMajor": "yes"}', b'{"other": true}', b"{"):
         r = await client.put("/api/v1/bookie/gc", data=bad)
-        assert r.status == 400 and (await r.json())["code"] == "invalid_body"
+        code = "invalid_json" if bad == b"{" else "invalid_body"
+        assert r.status == 400 and (await r.json())["code"] == code
     (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()
     for name in ("forceCompacting", "majorCompacting", "minorCompacting"):
         assert type(details[name]) is bool

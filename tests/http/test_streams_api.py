@@ -34,7 +34,7 @@ POLICY_KEYS = {
     "offloadThresholdInSeconds",
     "offloadDeletionLagInMillis",
 }
-NODE_DEFAULTS = {  # the settings' defaults (SPEC.md section 2 and 8)
+NODE_DEFAULTS = {  # the settings' defaults (README "Streams")
     "minLedgerRolloverTimeMinutes": 10,
     "maxLedgerRolloverTimeMinutes": 240,
     "maxEntriesPerLedger": 50_000,
@@ -382,7 +382,7 @@ async def test_cursor_lifecycle_reads_acks_resets_and_backlog(client: Any) -> No
 async def test_a_cursor_at_a_position_of_an_empty_stream_is_refused(client: Any) -> None:
     await _stream(client)
     r = await client.put("/api/v1/streams/orders/cursors/c", json={"start": "0:0"})
-    await _error(r, 400, "invalid_position")
+    await _error(r, 422, "invalid_position")
     await _error(await client.get("/api/v1/streams/orders/cursors/c"), 404, "cursor_not_found")
     for start in ("earliest", "latest"):  # what an empty stream can start from
         r = await client.put(f"/api/v1/streams/orders/cursors/{start}", json={"start": start})
@@ -443,7 +443,7 @@ async def test_retention_run_deletes_acknowledged_closed_ledgers_oldest_first(
     assert details["entries"] == 4 and details["bytes"] == 4 * len(ENTRY)
     await _error(await client.get(f"/api/v1/ledgers/{l0}"), 404, "ledger_not_found")
     r = await client.get(f"/api/v1/streams/orders/entries?from={l0}:0")
-    await _error(r, 400, "invalid_position")
+    await _error(r, 422, "invalid_position")
     frames, _ = await _read(client, "/api/v1/streams/orders/entries")  # the first is l1's
     assert [p for p, _ in frames] == positions[3:]
     cursor = await _cursor(client)
@@ -519,8 +519,8 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("get", "/api/v1/streams/orders/entries?from=-1:0", None, 400, "invalid_position"),
     ("get", "/api/v1/streams/orders/entries?from={l0}:-2", None, 400, "invalid_position"),
     ("get", "/api/v1/streams/orders/entries?from={l0}:", None, 400, "invalid_position"),
-    ("get", "/api/v1/streams/orders/entries?from=9223372036854775808:0", None, 400,
-     "invalid_position"),
+    ("get", "/api/v1/streams/orders/entries?from=9223372036854775808:0", None, 422,
+     "invalid_position"),  # well formed, but no stream has such a ledger
     ("get", "/api/v1/streams/orders/entries?from=" + "9" * 5000 + ":0", None, 400,
      "invalid_position"),
     ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "x"}, 400, "invalid_position"),
@@ -528,21 +528,21 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
      "invalid_position"),
     ("put", "/api/v1/streams/orders/cursors/c9", {"start": "first"}, 400, "invalid_position"),
     # positions out of range
-    ("get", "/api/v1/streams/orders/entries?from=999:0", None, 400, "invalid_position"),
-    ("get", "/api/v1/streams/orders/entries?from={l1}:5", None, 400, "invalid_position"),
-    ("get", "/api/v1/streams/orders/entries?from={l0}:4", None, 400, "invalid_position"),
-    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "{l1}:1"}, 400,
+    ("get", "/api/v1/streams/orders/entries?from=999:0", None, 422, "invalid_position"),
+    ("get", "/api/v1/streams/orders/entries?from={l1}:5", None, 422, "invalid_position"),
+    ("get", "/api/v1/streams/orders/entries?from={l0}:4", None, 422, "invalid_position"),
+    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "{l1}:1"}, 422,
      "invalid_position"),
-    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "{l0}:3"}, 400,
+    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "{l0}:3"}, 422,
      "invalid_position"),
-    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "999:0"}, 400,
+    ("post", "/api/v1/streams/orders/cursors/c1/ack", {"position": "999:0"}, 422,
      "invalid_position"),
-    ("post", "/api/v1/streams/orders/cursors/c1/reset", {"position": "{l1}:2"}, 400,
+    ("post", "/api/v1/streams/orders/cursors/c1/reset", {"position": "{l1}:2"}, 422,
      "invalid_position"),
-    ("post", "/api/v1/streams/orders/cursors/c1/reset", {"position": "999:0"}, 400,
+    ("post", "/api/v1/streams/orders/cursors/c1/reset", {"position": "999:0"}, 422,
      "invalid_position"),
-    ("put", "/api/v1/streams/orders/cursors/c9", {"start": "{l1}:2"}, 400, "invalid_position"),
-    ("put", "/api/v1/streams/orders/cursors/c9", {"start": "999:0"}, 400, "invalid_position"),
+    ("put", "/api/v1/streams/orders/cursors/c9", {"start": "{l1}:2"}, 422, "invalid_position"),
+    ("put", "/api/v1/streams/orders/cursors/c9", {"start": "999:0"}, 422, "invalid_position"),
     # invalid policies
     ("put", "/api/v1/streams/orders", {"maxEntriesPerLedger": 0}, 400, "invalid_policy"),
     ("put", "/api/v1/streams/orders", {"maxSizePerLedgerMbytes": -1}, 400, "invalid_policy"),
@@ -557,10 +557,13 @@ BAD_REQUESTS: list[tuple[str, str, Any, int, str]] = [
     ("put", "/api/v1/streams/orders", {"maxEntriesPerLedger": None}, 400, "invalid_policy"),
     ("put", "/api/v1/streams/orders", {"maxEntriesPerLedger": [5]}, 400, "invalid_policy"),
     ("put", "/api/v1/streams/orders", {"retentionTime": 5}, 400, "invalid_policy"),
+    ("put", "/api/v1/streams/orders", {"maxEntriesPerLedger": 10**30}, 400, "invalid_policy"),
+    ("put", "/api/v1/streams/orders", {"retentionSizeInMB": 1 << 63}, 400, "invalid_policy"),
+    # each value allowed, but not together: 422
     ("put", "/api/v1/streams/orders",
-     {"minLedgerRolloverTimeMinutes": 20, "maxLedgerRolloverTimeMinutes": 10}, 400,
+     {"minLedgerRolloverTimeMinutes": 20, "maxLedgerRolloverTimeMinutes": 10}, 422,
      "invalid_policy"),
-    ("put", "/api/v1/streams/orders", {"minLedgerRolloverTimeMinutes": 300}, 400,
+    ("put", "/api/v1/streams/orders", {"minLedgerRolloverTimeMinutes": 300}, 422,
      "invalid_policy"),  # above the default maximum of 240
     ("put", "/api/v1/streams/orders", ["maxEntriesPerLedger"], 400, "invalid_body"),
     # invalid names
@@ -625,7 +628,7 @@ async def test_bad_appends_get_json_errors(client: Any) -> None:
     torn = encode_batch([b"abc"]) + struct.pack(">I", 100) + b"short"
     await _error(await client.post(url, data=torn, headers=BATCH), 400, "invalid_frame")
     await _error(await client.post(url, data=b"\x00\x00", headers=BATCH), 400, "invalid_frame")
-    await _error(await client.post(url, data=b"", headers=BATCH), 400, "invalid_frame")
+    await _error(await client.post(url, data=b"", headers=BATCH), 400, "empty_batch")
     big = bytes((1 << 20) + 1)  # max_entry_size in tests is 1 MiB
     r = await client.post(url, data=io.BytesIO(big), headers=OCTET)
     await _error(r, 413, "entry_too_large")

@@ -1,0 +1,465 @@
+"""The JSON bodies of the HTTP API, described once.
+
+Handlers validate request bodies with these types and build their JSON replies from the
+response models; /openapi.json takes its component schemas from the same types
+(``json_schema``), so the document and the node cannot disagree about what a body may hold.
+What a schema cannot say (a position must be in the stream, a minimum rollover time must
+not exceed the maximum) is refused with 422, which the document declares; 400 means the
+request breaks a schema of the document.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
+
+# pydantic needs typing_extensions.TypedDict below Python 3.12
+from typing_extensions import TypedDict
+
+from node.http.errors import ApiError
+from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerState, OffloadState
+from node.streams.model import ID_DIGITS, NAME, POSITION, Policies
+
+REF_TEMPLATE = "#/components/schemas/{model}"
+POSITION_PATTERN = f"^{POSITION.pattern}$"
+CURSOR_START_PATTERN = f"^(earliest|latest|{POSITION.pattern})$"
+NAME_PATTERN = f"^{NAME.pattern}$"
+ID_PATTERN = f"^{ID_DIGITS}$"
+MESSAGE_LIMIT = 300  # characters of a validation error echoed back
+REQUEST = ConfigDict(extra="forbid", strict=True)
+
+Position = Annotated[
+    str, Field(pattern=POSITION_PATTERN, description="L:E (ledger id:entry id), decimal")
+]
+Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+Count = Annotated[int, Field(ge=0)]
+Millis = Annotated[int, Field(description="ms since the epoch")]
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's integer is a number with no fractional part, so 5.0 is one: take it."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _policy(name: str, description: str) -> Any:
+    return Field(ge=Policies.LIMITS[name], le=Policies.MAXIMA[name], description=description)
+
+
+# After the bounds in an Annotated: placed before them, it would hide them from the schema.
+INTEGRAL = BeforeValidator(_integral)
+
+
+# --- request bodies ----------------------------------------------------------------------
+
+
+@with_config(REQUEST)
+class CreateLedger(TypedDict, total=False):
+    properties: Annotated[
+        dict[str, str],
+        Field(
+            description=f"Free-form; {STREAM_PROPERTY!r} is reserved for ledgers of streams",
+            json_schema_extra={"propertyNames": {"not": {"const": STREAM_PROPERTY}}},
+        ),
+    ]
+    writeToken: Annotated[str, Field(min_length=1, description="Required with every change")]
+
+
+@with_config(REQUEST)
+class StreamPolicies(TypedDict, total=False):
+    """Pulsar's names; an absent key takes the node's default (its setting)."""
+
+    minLedgerRolloverTimeMinutes: Annotated[
+        int, _policy("minLedgerRolloverTimeMinutes", "No rollover before this age"), INTEGRAL
+    ]
+    maxLedgerRolloverTimeMinutes: Annotated[
+        int, _policy("maxLedgerRolloverTimeMinutes", "Roll over at this age"), INTEGRAL
+    ]
+    maxEntriesPerLedger: Annotated[
+        int, _policy("maxEntriesPerLedger", "Roll over at this many"), INTEGRAL
+    ]
+    maxSizePerLedgerMbytes: Annotated[
+        int, _policy("maxSizePerLedgerMbytes", "Roll over at this size"), INTEGRAL
+    ]
+    retentionTimeInMinutes: Annotated[
+        int,
+        _policy("retentionTimeInMinutes", "Keep acknowledged data this long; -1 = forever"),
+        INTEGRAL,
+    ]
+    retentionSizeInMB: Annotated[
+        int, _policy("retentionSizeInMB", "Keep at least this much; -1 = no limit"), INTEGRAL
+    ]
+    messageTtlInSeconds: Annotated[
+        int, _policy("messageTtlInSeconds", "Cursors skip data older than this; 0 = none"), INTEGRAL
+    ]
+    offloadThresholdInBytes: Annotated[
+        int,
+        _policy("offloadThresholdInBytes", "Keep the newest N bytes local; -1 = off"),
+        INTEGRAL,
+    ]
+    offloadThresholdInSeconds: Annotated[
+        int,
+        _policy("offloadThresholdInSeconds", "Offload ledgers closed longer ago; -1 = off"),
+        INTEGRAL,
+    ]
+    offloadDeletionLagInMillis: Annotated[
+        int,
+        _policy("offloadDeletionLagInMillis", "Then the local copy goes"),
+        INTEGRAL,
+    ]
+
+
+@with_config(REQUEST)
+class CreateCursor(TypedDict, total=False):
+    start: Annotated[
+        str,
+        Field(
+            pattern=CURSOR_START_PATTERN,
+            description='"earliest", "latest" (the default) or L:E, the next entry it reads',
+        ),
+    ]
+
+
+@with_config(REQUEST)
+class PositionBody(TypedDict):
+    position: Position
+
+
+@with_config(REQUEST)
+class ReadOnlyBody(TypedDict):
+    readOnly: bool
+
+
+@with_config(REQUEST)
+class GcRequest(TypedDict, total=False):
+    forceMajor: bool
+    forceMinor: bool
+
+
+@with_config({**REQUEST, "json_schema_extra": {"minProperties": 1}})
+class SuspendCompaction(TypedDict, total=False):
+    suspendMajor: bool
+    suspendMinor: bool
+
+
+@with_config({**REQUEST, "json_schema_extra": {"minProperties": 1}})
+class ResumeCompaction(TypedDict, total=False):
+    resumeMajor: bool
+    resumeMinor: bool
+
+
+T = TypeVar("T")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+class Body(Generic[T]):
+    """A request body: its type, whether it may be empty, and its error codes."""
+
+    def __init__(
+        self,
+        type_: type[T],
+        *,
+        required: bool = False,
+        code: str = "invalid_body",
+        pattern_code: str | None = None,
+        nonempty: bool = False,
+    ) -> None:
+        self.type = type_
+        self.adapter: TypeAdapter[T] = TypeAdapter(type_)
+        self.required = required
+        self.code = code  # any refusal but a string that misses its pattern
+        self.pattern_code = pattern_code or code
+        self.nonempty = nonempty  # an object with no keys is refused (minProperties 1)
+
+    def parse(self, raw: bytes) -> T:
+        if not raw.strip():
+            if self.required or self.nonempty:
+                raise ApiError(400, "invalid_body", f"a JSON body is required: {self._shape()}")
+            return self.adapter.validate_python({})
+        try:
+            data = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "invalid_body", f"body must be a JSON object: {self._shape()}")
+        if self.nonempty and not data:
+            raise ApiError(400, "invalid_body", f"name at least one key: {self._shape()}")
+        try:
+            return self.adapter.validate_python(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            code = self.code
+            if first["type"] == "string_pattern_mismatch":
+                code = self.pattern_code
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            message = f"{where}: {first['msg']} (got {str(first.get('input'))[:60]!r})"
+            raise ApiError(400, code, message[:MESSAGE_LIMIT]) from None
+
+    def _shape(self) -> str:
+        keys = self.adapter.json_schema()["properties"]
+        return "{" + ", ".join(f'"{k}"' for k in keys) + "}"
+
+
+@with_config(REQUEST)
+class OffloadRun(TypedDict, total=False):
+    stream: Annotated[
+        str,
+        Field(pattern=NAME_PATTERN, description="Offload by this stream's policies"),
+    ]
+    ledgers: Annotated[
+        list[Annotated[int, Field(ge=0, le=MAX_ID), INTEGRAL]],
+        Field(description="Offload these ledgers (closed ones), whatever the policies"),
+    ]
+
+
+CREATE_LEDGER = Body(CreateLedger)
+OFFLOAD_RUN = Body(OffloadRun)
+STREAM_POLICIES = Body(StreamPolicies, code="invalid_policy")
+CREATE_CURSOR = Body(CreateCursor, pattern_code="invalid_position")
+POSITION_BODY = Body(PositionBody, required=True, pattern_code="invalid_position")
+READ_ONLY = Body(ReadOnlyBody, required=True)
+GC_REQUEST = Body(GcRequest)
+SUSPEND = Body(SuspendCompaction, nonempty=True)
+RESUME = Body(ResumeCompaction, nonempty=True)
+REQUEST_BODIES: tuple[Body[Any], ...] = (
+    CREATE_LEDGER,
+    STREAM_POLICIES,
+    CREATE_CURSOR,
+    POSITION_BODY,
+    READ_ONLY,
+    GC_REQUEST,
+    SUSPEND,
+    RESUME,
+    OFFLOAD_RUN,
+)
+
+
+# --- response bodies ---------------------------------------------------------------------
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class Error(Reply):
+    code: str = Field(description="Stable, snake_case")
+    message: str
+
+
+LedgerStateName = Literal["open", "fenced", "closed", "deleted"]
+LEDGER_STATES: dict[LedgerState, LedgerStateName] = {
+    LedgerState.OPEN: "open",
+    LedgerState.FENCED: "fenced",
+    LedgerState.CLOSED: "closed",
+    LedgerState.DELETED: "deleted",
+}
+
+
+OffloadStateName = Literal["none", "in_progress", "offloaded"]
+OFFLOAD_STATES: dict[OffloadState, OffloadStateName] = {
+    OffloadState.NONE: "none",
+    OffloadState.IN_PROGRESS: "in_progress",
+    OffloadState.OFFLOADED: "offloaded",
+}
+
+
+class LedgerOffload(Reply):
+    state: OffloadStateName
+    attempt: str | None
+    bytes: Count
+    localDeleted: bool
+
+
+class Ledger(Reply):
+    ledgerId: Id
+    state: LedgerStateName
+    lac: Annotated[int, Field(ge=-1)]
+    lastEntryId: Annotated[int, Field(ge=-1)]
+    entries: Count
+    bytes: Count
+    createdTime: Millis
+    closedTime: Millis | None
+    properties: dict[str, str]
+    hasWriteToken: bool
+    offload: LedgerOffload
+
+
+class LedgerList(Reply):
+    ledgers: list[Ledger]
+
+
+class AddResult(Reply):
+    ledgerId: Id
+    entryId: Id
+    lac: Annotated[int, Field(ge=-1)]
+
+
+class BatchResult(Reply):
+    ledgerId: Id
+    firstEntryId: Id | None
+    lastEntryId: Id | None
+    entryIds: list[Id]
+    lac: Annotated[int, Field(ge=-1)]
+
+
+class Lac(Reply):
+    ledgerId: Id
+    lac: Annotated[int, Field(ge=-1)]
+
+
+class PolicyValues(Reply):
+    minLedgerRolloverTimeMinutes: int
+    maxLedgerRolloverTimeMinutes: int
+    maxEntriesPerLedger: int
+    maxSizePerLedgerMbytes: int
+    retentionTimeInMinutes: int
+    retentionSizeInMB: int
+    messageTtlInSeconds: int
+    offloadThresholdInBytes: int
+    offloadThresholdInSeconds: int
+    offloadDeletionLagInMillis: int
+
+
+class StreamLedger(Reply):
+    ledgerId: Id
+    entries: Count
+    bytes: Count
+    createdTime: Millis
+    closedTime: Millis | None
+
+
+class Cursor(Reply):
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    markDeletePosition: Position
+    backlogEntries: Count
+    backlogBytes: Count
+    createdTime: Millis
+
+
+class Stream(Reply):
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    createdTime: Millis
+    policies: PolicyValues
+    ledgers: list[StreamLedger]
+    entries: Count
+    bytes: Count
+    oldestDataTime: Millis | None
+    cursors: list[Cursor]
+
+
+class StreamList(Reply):
+    streams: list[Stream]
+
+
+class Appended(Reply):
+    position: Position
+
+
+class AppendedBatch(Reply):
+    positions: list[Position]
+
+
+class RetentionDeletion(Reply):
+    ledgerId: Id
+    reason: Literal["time", "size", "disk"]
+    bytes: Count
+
+
+class RetentionResult(Reply):
+    dryRun: bool
+    streams: dict[str, list[RetentionDeletion]]
+
+
+class GcStatus(Reply):
+    forceCompacting: bool
+    majorCompacting: bool
+    minorCompacting: bool
+    lastMajorCompactionTime: int
+    lastMinorCompactionTime: int
+    majorCompactionCounter: Count
+    minorCompactionCounter: Count
+    spaceCompactionCounter: Count
+    spaceAmplification: float | None
+    compactingLog: str | None
+    compactingBytesDone: Count
+    compactingBytesLeft: Count
+    lastErrors: dict[str, str]
+    unreadableLogs: list[str]
+
+
+class BookieState(Reply):
+    running: bool
+    readOnly: bool
+    shuttingDown: bool
+    availableForHighPriorityWrites: bool
+
+
+class ReadOnlyState(Reply):
+    readOnly: bool
+
+
+class Space(Reply):
+    freeSpace: Count
+    totalSpace: Count
+
+
+TrueFalse = Literal["true", "false"]  # BookKeeper's answers are strings
+
+
+class ForceGcState(Reply):
+    is_in_force_gc: TrueFalse
+
+
+class Suspension(Reply):
+    isMajorGcSuspended: TrueFalse
+    isMinorGcSuspended: TrueFalse
+
+
+RESPONSE_MODELS: tuple[type[Reply], ...] = (
+    Error,
+    Ledger,
+    LedgerList,
+    AddResult,
+    BatchResult,
+    Lac,
+    Cursor,
+    Stream,
+    StreamList,
+    Appended,
+    AppendedBatch,
+    RetentionResult,
+    GcStatus,
+    BookieState,
+    ReadOnlyState,
+    Space,
+    ForceGcState,
+    Suspension,
+)
+
+
+def component_schemas() -> dict[str, Any]:
+    """Every body's JSON schema by name, nested models hoisted to the top level."""
+    schemas: dict[str, Any] = {}
+    types: list[Any] = [body.type for body in REQUEST_BODIES] + list(RESPONSE_MODELS)
+    for tp in types:
+        schema = TypeAdapter(tp).json_schema(ref_template=REF_TEMPLATE)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[tp.__name__] = schema
+    return schemas
