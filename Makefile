@@ -2,14 +2,16 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean
+.PHONY: run test lint typecheck bench tools clean lock
 
-$(STAMP): pyproject.toml
+# The runtime libraries at the versions of requirements.lock, as in the image (Dockerfile):
+# the tests run against what ships, and tests/deploy checks the lock against this venv.
+$(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev]' --constraint requirements.lock
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -36,6 +38,11 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m node bench write
+
+## After changing the runtime dependencies: install them, then pin what was installed.
+lock:
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m tests.deploy.lockfile > requirements.lock
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

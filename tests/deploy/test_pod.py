@@ -1,0 +1,100 @@
+"""The node started as each overlay's StatefulSet starts it, probed on every path and port the
+manifests name (probes, Services, ServiceMonitor), and stopped with SIGTERM within the grace
+period."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+from tests.deploy.pod import ADMIN_TOKEN, pod_environment
+from tests.deploy.podrun import PROBE_OK, PodSpec, Probe, run_pod
+from tests.deploy.render import OVERLAYS, REPO, container, of_kind, only, render, resolve_port
+
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+SERVICE_CHECK_PATH = "/heartbeat"  # a Service names a port only; this path answers on any
+SETTINGS_PATH = "/api/v1/config/server_config"  # what the node made of its environment
+# A start with a fresh WAL takes seconds; this bounds a hang, not the speed.
+READY_TIMEOUT_S = 60.0
+# Written before SIGTERM: a write cache for the final checkpoint to flush (16 MiB).
+WRITES = 256
+WRITE_SIZE = 64 * 1024
+
+
+def _entrypoint() -> list[str]:
+    """The image's ENTRYPOINT, with this interpreter for its python."""
+    parser = DockerfileParser(str(REPO / "Dockerfile"))
+    command = [i["value"] for i in parser.structure if i["instruction"] == "ENTRYPOINT"]
+    argv: list[str] = json.loads(command[-1])
+    assert argv[0] == "python"
+    return [sys.executable, *argv[1:]]
+
+
+def _image_env() -> dict[str, str]:
+    return dict(DockerfileParser(str(REPO / "Dockerfile")).envs)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Path) -> None:
+    objects = render(overlay)
+    statefulset = only(objects, "StatefulSet")
+    cont = container(statefulset)
+    ready = cont["startupProbe"]["httpGet"]
+    probes = [
+        Probe(resolve_port(cont, cont[p]["httpGet"]["port"]), cont[p]["httpGet"]["path"])
+        for p in PROBES
+    ]
+    for service in of_kind(objects, "Service"):
+        for port in service["spec"]["ports"]:
+            probes.append(Probe(resolve_port(cont, port["targetPort"]), SERVICE_CHECK_PATH))
+    monitor = only(render("monitoring"), "ServiceMonitor")
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    for service in of_kind(objects, "Service"):
+        if selector.items() <= service["metadata"]["labels"].items():
+            by_name = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
+            for endpoint in monitor["spec"]["endpoints"]:
+                port = resolve_port(cont, by_name[endpoint["port"]])
+                probes.append(Probe(port, endpoint["path"]))
+    http_port = resolve_port(cont, ready["port"])
+    probes.append(Probe(http_port, SETTINGS_PATH))
+
+    with pod_environment(objects, _image_env(), tmp_path / "root") as env:
+        report = run_pod(
+            PodSpec(
+                argv=[*_entrypoint(), *cont["args"]],
+                env=env,
+                cwd=str(REPO),
+                log=str(tmp_path / "node.log"),
+                ready=Probe(http_port, ready["path"]),
+                probes=probes,
+                ready_timeout_s=READY_TIMEOUT_S,
+                writes=WRITES,
+                write_size=WRITE_SIZE,
+                token=ADMIN_TOKEN,
+            )
+        )
+        assert report["ready"], f"never ready; node log:\n{report['log']}"
+        for seen in report["probes"]:
+            assert seen["status"] in PROBE_OK, (seen, report["log"])
+        config = json.loads(report["probes"][-1]["body"])
+        # The node runs on what the manifests give it, not on its defaults.
+        assert config["http_host"] == env["NODE_HTTP_HOST"]
+        assert config["http_port"] == int(env["NODE_HTTP_PORT"])
+        assert config["wal_kind"] == env["NODE_WAL_KIND"]
+        if config["wal_kind"] == "blockdev":
+            assert config["wal_path"] == env["NODE_WAL_PATH"]
+            assert env["NODE_WAL_PATH"].startswith("/dev/loop")
+        assert config["node_id"] == int(env["NODE_NODE_ID"])
+        assert config["admin_token"] == "******"
+        assert config["offload_store"] == env.get("NODE_OFFLOAD_STORE", "local")
+        # The Secret's token guards writes; with it they succeed.
+        assert report["writes"] == {"without_token": 401, "create": 201, "adds": [201]}
+
+    grace = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert report["exit_code"] == 0, report["log"]
+    assert "stopped cleanly" in report["log"]
+    assert report["stop_s"] < grace, "the kubelet would SIGKILL before the final checkpoint"
