@@ -176,7 +176,7 @@ def test_dockerfile_promises_match_the_node_and_the_manifests() -> None:
     labels = parser.labels
     assert labels["org.opencontainers.image.title"] == PROJECT["name"]
     assert labels["org.opencontainers.image.version"] == PROJECT["version"]
-    assert labels["org.opencontainers.image.licenses"] == PROJECT["license"]["text"]
+    assert labels["org.opencontainers.image.licenses"] == PROJECT["license"]
     kustomization = (MANIFESTS / "base" / "kustomization.yaml").read_text()
     assert f"newTag: {PROJECT['version']}" in kustomization, "the manifests run this version"
 
