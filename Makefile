@@ -19,9 +19,11 @@ $(STAMP): pyproject.toml requirements.lock
 run: $(STAMP)
 	$(PY) -m node serve
 
-## System tools of the tests and benchmarks: fio, the raw-device WAL's baseline.
+## System tools of the tests and benchmarks: fio (the raw-device WAL's baseline) and a Java
+## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs).
 tools:
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
+	@command -v java >/dev/null || (apt-get update && apt-get install -y --no-install-recommends default-jre-headless)
 
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) tools
