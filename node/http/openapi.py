@@ -41,10 +41,14 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
         "2^63 - 1 (ledger_full: nothing of it is added)",
-        413: "Entry or request too large",
+        408: "The body stopped arriving for body_read_timeout_s (body_timeout); the "
+        "connection closes",
+        413: "Entry or request too large (a declared Content-Length is refused before the "
+        "body), or more entries than max_entries_per_batch (too_many_entries)",
         415: "Unsupported content type",
         500: "An entry failed its CRC check, or the WAL failed",
-        503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
+        503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
+        "filling max_request_bytes_in_flight (overloaded); see Retry-After",
         507: "A data disk is full: the node is read-only",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
@@ -72,7 +76,7 @@ WRITE_TOKEN = {
     "description": "The ledger's write token, when it was created with one",
     "schema": {"type": "string"},
 }
-MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503, 507)
+MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
 
 SCHEMAS: dict[str, Any] = {
     "Error": {
@@ -118,13 +122,28 @@ SCHEMAS: dict[str, Any] = {
     },
     "BatchResult": {
         "type": "object",
-        "required": ["ledgerId", "firstEntryId", "lastEntryId", "entryIds", "lac"],
+        "description": "A batch takes consecutive ids: firstEntryId..lastEntryId",
+        "required": ["ledgerId", "firstEntryId", "lastEntryId", "lac"],
         "properties": {
             "ledgerId": {"type": "integer"},
             "firstEntryId": {"type": ["integer", "null"]},
             "lastEntryId": {"type": ["integer", "null"]},
-            "entryIds": {"type": "array", "items": {"type": "integer"}},
             "lac": {"type": "integer"},
+        },
+    },
+    "StreamAppendResult": {
+        "type": "object",
+        "required": ["position"],
+        "properties": {"position": {"type": "string", "pattern": "^[0-9]+:[0-9]+$"}},
+    },
+    "StreamBatchResult": {
+        "type": "object",
+        "description": "A batch lands in one ledger at consecutive entry ids: "
+        "firstPosition..lastPosition",
+        "required": ["firstPosition", "lastPosition"],
+        "properties": {
+            "firstPosition": {"type": "string", "pattern": "^[0-9]+:[0-9]+$"},
+            "lastPosition": {"type": "string", "pattern": "^[0-9]+:[0-9]+$"},
         },
     },
     "GcStatus": {
@@ -594,7 +613,10 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     },
                 },
                 "responses": {
-                    "201": _json({"type": "object"}, "Position(s), durable"),
+                    "201": _json(
+                        {"oneOf": [_ref("StreamAppendResult"), _ref("StreamBatchResult")]},
+                        "The entry's position, or a batch's first and last, once durable",
+                    ),
                     **_errors(*MUTATION_ERRORS),
                 },
             },

@@ -14,8 +14,8 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import ApiError
-from node.http.frames import BATCH_CONTENT_TYPE, FrameError, decode_batch
-from node.http.ledgers import parse_id
+from node.http.frames import BATCH_CONTENT_TYPE
+from node.http.ledgers import batch_payloads, parse_id
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
 from node.streams.manager import StreamManager, parse_position
 from node.streams.model import Cursor, Position, Stream
@@ -155,16 +155,12 @@ async def delete_stream(request: web.Request) -> web.Response:
 @routes.post("/api/v1/streams/{name}/entries")
 async def append(request: web.Request) -> web.Response:
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    body = await request.read()
     if content_type == BATCH_CONTENT_TYPE:
-        try:
-            payloads = decode_batch(body)
-        except FrameError as e:
-            raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        payloads = await batch_payloads(request)
         if not payloads:
             raise ApiError(400, "invalid_frame", "an empty batch")
     elif content_type in _RAW_TYPES:
-        payloads = [body]
+        payloads = [await request.read()]
     else:
         raise ApiError(
             415,
@@ -178,7 +174,10 @@ async def append(request: web.Request) -> web.Response:
     positions = await _streams(request).append(_name(request), payloads)
     request.app[METRICS].add_latency.labels("stream").observe(time.perf_counter() - started)
     if content_type == BATCH_CONTENT_TYPE:
-        return web.json_response({"positions": [str(p) for p in positions]}, status=201)
+        # A batch lands in one ledger at consecutive entry ids: first and last name them all.
+        return web.json_response(
+            {"firstPosition": str(positions[0]), "lastPosition": str(positions[-1])}, status=201
+        )
     return web.json_response({"position": str(positions[0])}, status=201)
 
 

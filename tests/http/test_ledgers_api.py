@@ -61,7 +61,8 @@ async def test_add_read_range_and_lac(client: Any) -> None:
     )
     assert r.status == 201
     body = await r.json()
-    assert body["entryIds"] == [2, 3, 4] and body["lac"] == 4
+    assert (body["firstEntryId"], body["lastEntryId"], body["lac"]) == (2, 4, 4)
+    assert "entryIds" not in body  # consecutive ids: the first and last name them all
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/3")
     assert r.status == 200 and await r.read() == b""
     r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=1&to=3")
