@@ -198,6 +198,7 @@ def test_stalled_bodies_keep_memory_bounded_and_are_closed(start_node: NodeFacto
     node = start_node(body_read_timeout_s=SHORT_TIMEOUT_S)
     assert node.proc is not None
     ledger_id = _create_ledger(node)
+    at_start = _rss(node.proc.pid)
     sampler = _RssSampler(node.proc.pid)
     sampler.start()
     adder = _Adder(node, ledger_id)
@@ -216,7 +217,10 @@ def test_stalled_bodies_keep_memory_bounded_and_are_closed(start_node: NodeFacto
         sampler.join()
         for sock in socks:
             sock.close()
-    print(f"peak RSS {sampler.peak / MB:.0f} MB; slowest add {max(adder.latencies):.3f} s")
+    print(
+        f"RSS {at_start / MB:.0f} MB at start, peak {sampler.peak / MB:.0f} MB; "
+        f"{len(adder.latencies)} adds, slowest {max(adder.latencies):.3f} s"
+    )
     assert sampler.peak < STALLED_RSS_BOUND, f"RSS peaked at {sampler.peak / MB:.0f} MB"
     assert all(closed), f"{closed.count(False)} stalled connections still open"
     assert not adder.failures, adder.failures[:5]
