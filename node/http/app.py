@@ -134,7 +134,9 @@ class _JsonErrorRequestHandler(RequestHandler):
 
     def _head_late(self) -> None:
         self._head_timer = None
-        if self._between_requests():
+        # Still waiting for a head (as aiohttp's keep-alive check asks): not handling a
+        # request, nor draining a refused body (bytes that also started the timer).
+        if self._waiter is not None and not self._waiter.done():
             log.info("closed a connection: no complete request head in %s s", self._header_timeout)
             self.force_close()
 

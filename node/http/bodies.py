@@ -69,6 +69,9 @@ async def bounded_body(request: web.Request, handler: Handler) -> web.StreamResp
     try:
         if declared:
             held = await _take(request, budget, declared)
+            # Its bytes are counted: buffer up to all of them rather than pause the socket
+            # every 128 KiB (the body ends at its declared length, so no more can come).
+            request.content.set_read_chunk_size(declared)
         chunks: list[bytes] = []
         received = 0
         while chunk := await _next_chunk(request, settings.body_read_timeout_s):
@@ -80,7 +83,8 @@ async def bounded_body(request: web.Request, handler: Handler) -> web.StreamResp
                     f"the body passed max_request_size ({settings.max_request_size} bytes)",
                 )
             if received > held:
-                held += await _take(request, budget, max(received - held, CHUNKED_BUDGET_STEP))
+                step = max(received - held, CHUNKED_BUDGET_STEP)
+                held += await _take(request, budget, min(step, settings.max_request_size - held))
             chunks.append(chunk)
         # aiohttp's read() returns what is set here instead of reading (and buffering) again.
         request._read_bytes = b"".join(chunks)

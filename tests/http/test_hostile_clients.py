@@ -296,6 +296,37 @@ def test_slowloris_head_and_idle_connections_are_closed(start_node: NodeFactory)
         assert _closed_by_server(idle, SHORT_TIMEOUT_S + CLOSE_SLACK_S)
 
 
+def test_slow_but_steady_clients_are_served(start_node: NodeFactory) -> None:
+    """The timeouts bound silence, not duration: a long poll and a body sent a byte at a
+    time (each within the timeouts, all of it well past them) are served, and their
+    connections stay open for the next request."""
+    node = start_node(
+        header_timeout_s=SHORT_TIMEOUT_S,
+        body_read_timeout_s=SHORT_TIMEOUT_S,
+        keepalive_timeout_s=SHORT_TIMEOUT_S,
+    )
+    ledger_id = _create_ledger(node)
+    poll_ms = int(2 * SHORT_TIMEOUT_S * 1000)
+    with _connect(node) as sock:
+        sock.sendall(
+            f"GET /api/v1/ledgers/{ledger_id}/lac?after=0&timeoutMs={poll_ms} HTTP/1.1\r\n"
+            "Host: x\r\n\r\n".encode()
+        )
+        status, _, body = _reply(sock)
+        assert status == 200 and json.loads(body)["lac"] == -1
+        path = f"/api/v1/ledgers/{ledger_id}/entries"
+        payload = b"steady"
+        sock.sendall(_head("POST", path, len(payload), "application/octet-stream"))
+        for byte in payload:
+            time.sleep(SHORT_TIMEOUT_S / 3)
+            sock.sendall(bytes([byte]))
+        status, _, body = _reply(sock)
+        assert status == 201 and json.loads(body)["entryId"] == 0
+        sock.sendall(_head("POST", path, 1, "application/octet-stream") + b"x")
+        assert _reply(sock)[0] == 201
+    assert node.get_bytes(f"/api/v1/ledgers/{ledger_id}/entries/0") == payload
+
+
 class _HeartbeatProbe(threading.Thread):
     """Times /heartbeat back to back on one keep-alive connection."""
 
