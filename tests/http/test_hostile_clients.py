@@ -272,6 +272,29 @@ def test_declared_size_above_the_limit_is_refused_before_the_body(
     assert status == 413 and json.loads(body)["code"] == "request_too_large"
 
 
+def test_chunked_bodies_are_bounded_as_they_arrive(start_node: NodeFactory) -> None:
+    """Without a declared length the budget and the limit are applied as chunks arrive."""
+    node = start_node(max_request_size=MiB)
+    ledger_id = _create_ledger(node)
+    head = (
+        f"POST /api/v1/ledgers/{ledger_id}/entries HTTP/1.1\r\nHost: x\r\n"
+        "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    chunk = bytes(256 * 1024)
+    framed = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    with _connect(node) as sock:
+        sock.sendall(head + framed + b"0\r\n\r\n")
+        assert _reply(sock)[0] == 201
+    with _connect(node) as sock:
+        sock.sendall(head)
+        with contextlib.suppress(OSError):  # refused mid-body: the rest may meet a reset
+            for _ in range(5):  # 1.25 MiB in all
+                sock.sendall(framed)
+        status, _, body = _reply(sock)
+    assert status == 413 and json.loads(body)["code"] == "request_too_large"
+    assert node.get_json(f"/api/v1/ledgers/{ledger_id}")["entries"] == 1
+
+
 def test_slowloris_head_and_idle_connections_are_closed(start_node: NodeFactory) -> None:
     node = start_node(header_timeout_s=SHORT_TIMEOUT_S, keepalive_timeout_s=SHORT_TIMEOUT_S)
     trickler = _connect(node)
