@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -143,6 +143,11 @@ class Metrics:
             "http_request_duration_seconds",
             "HTTP requests by method, route template and status, and how long they took.",
             ("method", "route", "status"),
+        )
+        self.request_body_bytes = Gauge(
+            f"{PREFIX}_http_request_body_bytes_in_flight",
+            "Bytes of request bodies held, out of max_request_bytes_in_flight.",
+            registry=self.registry,
         )
         self.add_latency = histogram(
             "add_latency_seconds",

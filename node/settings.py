@@ -82,6 +82,13 @@ class Settings(BaseSettings):
     http_port: int = Field(8080, ge=0, le=65535)  # BookKeeper httpServerPort
     max_entry_size: int = Field(5 * MiB, gt=0)  # largest payload (BookKeeper nettyMaxFrameSize)
     max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
+    max_entries_per_batch: int = Field(10_000, gt=0)  # entries in one batch request
+    # Request bodies held at once, node-wide: what bounds their memory (not connections).
+    max_request_bytes_in_flight: int = Field(128 * MiB, gt=0)
+    request_budget_wait_s: float = Field(1.0, ge=0)  # a body waits this for the budget, then 503
+    body_read_timeout_s: float = Field(30.0, gt=0)  # longest silence within a request body
+    header_timeout_s: float = Field(10.0, gt=0)  # a request head must arrive within this
+    keepalive_timeout_s: float = Field(75.0, gt=0)  # an idle connection is closed after this
     range_read_chunk_entries: int = Field(256, gt=0)  # a range read yields the loop this often
     max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
@@ -233,6 +240,11 @@ class Settings(BaseSettings):
             raise ValueError(f"journal_alignment_size must be a power of two >= {SECTOR}")
         if self.journal_pre_alloc_size % self.journal_alignment_size:
             raise ValueError("journal_pre_alloc_size must be a multiple of journal_alignment_size")
+        if self.max_request_bytes_in_flight < self.max_request_size:
+            raise ValueError(
+                "max_request_bytes_in_flight must be at least max_request_size "
+                "(else a body of the largest size could never be read)"
+            )
         if self.max_entry_size > self.log_size_limit // 2:
             raise ValueError("max_entry_size must be at most half of log_size_limit")
         if self.max_entry_size > self.db_storage_write_cache_max_size // 2:

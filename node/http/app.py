@@ -9,15 +9,27 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 from http import HTTPStatus
+from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from node.http import admin, ledgers, offload, openapi, streams
+from node.http.bodies import bounded_body
+from node.http.budget import BodyBudget
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK, Lifecycle
+from node.http.state import (
+    BUDGET,
+    LIFECYCLE,
+    METRICS,
+    SETTINGS,
+    STORAGE,
+    STREAMS,
+    WORK,
+    Lifecycle,
+)
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -34,11 +46,19 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     """The application; it starts and closes its own storage unless one is given."""
     app = web.Application(
         client_max_size=settings.max_request_size,
-        middlewares=[request_context, error_middleware, require_admin_token],
-        handler_args={"max_field_size": MAX_HEADER_FIELD_SIZE},
+        # Bodies are read after authentication: an unauthorized one is never buffered.
+        middlewares=[request_context, error_middleware, require_admin_token, bounded_body],
+        handler_args={
+            "max_field_size": MAX_HEADER_FIELD_SIZE,
+            "keepalive_timeout": settings.keepalive_timeout_s,
+            # A refused body (413, 503) is read and dropped this long, so that its client
+            # sees the answer instead of a reset; then the connection closes.
+            "lingering_time": settings.body_read_timeout_s,
+        },
     )
     metrics = Metrics(settings)
     app[SETTINGS] = settings
+    app[BUDGET] = BodyBudget(settings.max_request_bytes_in_flight)
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
@@ -80,7 +100,50 @@ async def _begin_shutdown(app: web.Application) -> None:
 
 class _JsonErrorRequestHandler(RequestHandler):
     """Errors found before a request reaches the application (a malformed request line,
-    headers too large) get the same JSON error body as every other error."""
+    headers too large) get the same JSON error body as every other error; a request head
+    that is not complete ``header_timeout`` seconds after its first byte closes the
+    connection (slowloris: a head trickled a byte at a time would otherwise hold it until
+    the keep-alive timeout, and bytes keep coming)."""
+
+    def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def _between_requests(self) -> bool:
+        # aiohttp's own state: no request is being handled and none is parsed and queued,
+        # so bytes arriving now are the head of the next one.
+        return not self._request_in_progress and not self._messages
+
+    def data_received(self, data: bytes) -> None:
+        if data and self._head_timer is None and self._between_requests():
+            self._head_timer = self._loop.call_later(self._header_timeout, self._head_late)
+        super().data_received(data)
+        if self._messages:
+            self._cancel_head_timer()
+
+    async def _handle_request(self, *args: Any, **kwargs: Any) -> Any:
+        # A body's bytes can arrive between the parse of its head and this call and start
+        # the timer as if they began a head: the head is complete, so stop it.
+        self._cancel_head_timer()
+        return await super()._handle_request(*args, **kwargs)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        # Still waiting for a head (as aiohttp's keep-alive check asks): not handling a
+        # request, nor draining a refused body (bytes that also started the timer).
+        if self._waiter is not None and not self._waiter.done():
+            log.info("closed a connection: no complete request head in %s s", self._header_timeout)
+            self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
 
     def handle_error(
         self,
@@ -112,6 +175,9 @@ class _JsonErrorServer(web.Server):
 
 
 class NodeRunner(web.AppRunner):
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        super().__init__(app, header_timeout=app[SETTINGS].header_timeout_s, **kwargs)
+
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # aiohttp builds the Server privately; swapping in the subclass (same layout)

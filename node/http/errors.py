@@ -56,6 +56,10 @@ class ApiError(Exception):
         self.message = message
 
 
+class ClientAborted(Exception):
+    """The client hung up before its request was read: nobody is left to answer."""
+
+
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> web.Response:
@@ -79,6 +83,7 @@ HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "request_too_large",
     415: "unsupported_media_type",
     431: "headers_too_large",

@@ -15,6 +15,7 @@ from node.http.frames import (
     BATCH_CONTENT_TYPE,
     RANGE_CONTENT_TYPE,
     FrameError,
+    TooManyEntries,
     decode_batch,
     encode_range_frame,
 )
@@ -205,6 +206,17 @@ async def put_entry(request: web.Request) -> web.Response:
     return _added(ledger_id, entry_id, storage.ledger(ledger_id).lac)
 
 
+async def batch_payloads(request: web.Request) -> list[bytes]:
+    """The entries of a batch body (413 past max_entries_per_batch, 400 if malformed)."""
+    limit = request.app[SETTINGS].max_entries_per_batch
+    try:
+        return await decode_batch(await request.read(), limit)
+    except TooManyEntries as e:
+        raise ApiError(413, "too_many_entries", f"{e} (max_entries_per_batch)") from None
+    except FrameError as e:
+        raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+
+
 @routes.post("/api/v1/ledgers/{lid}/entries")
 async def append_entries(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
@@ -212,25 +224,21 @@ async def append_entries(request: web.Request) -> web.Response:
     _not_stream_owned(request, ledger_id)
     token = request.headers.get(WRITE_TOKEN_HEADER)
     if _content_type(request) == BATCH_CONTENT_TYPE:
-        try:
-            payloads = decode_batch(await request.read())
-        except FrameError as e:
-            raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        payloads = await batch_payloads(request)
         if not payloads:
             raise ApiError(400, "empty_batch", "a batch holds at least one entry")
         started = time.perf_counter()
         ids = await storage.add_entries(ledger_id, payloads, token)
         _observe(request, "add", "batch", started)
-        return web.json_response(
-            {
-                "ledgerId": ledger_id,
-                "firstEntryId": ids[0] if ids else None,
-                "lastEntryId": ids[-1] if ids else None,
-                "entryIds": ids,
-                "lac": storage.ledger(ledger_id).lac,
-            },
-            status=201,
+        # A batch takes consecutive ids: the first and last name them all (a list of every
+        # id made a reply as big as the batch).
+        reply = models.BatchResult(
+            ledgerId=ledger_id,
+            firstEntryId=ids[0],
+            lastEntryId=ids[-1],
+            lac=storage.ledger(ledger_id).lac,
         )
+        return web.json_response(reply.to_json(), status=201)
     payload = await _payload(request)
     started = time.perf_counter()
     entry_id = await storage.add_entry(ledger_id, None, payload, token)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from node import logs
-from node.http.errors import ApiError
+from node.http.errors import ApiError, ClientAborted
 from node.http.state import METRICS, SETTINGS
 
 log = logging.getLogger("node.http.access")
@@ -22,6 +22,9 @@ REQUEST_ID_HEADER = "X-Request-Id"
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")  # echoed back and logged: keep it tame
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 GUARDED_PREFIX = "/api/v1/"
+# nginx's status for a client that closed the connection before the answer: in the metrics
+# it tells a careless client from a failing node (it never goes on the wire).
+CLIENT_CLOSED_REQUEST = 499
 
 
 @web.middleware
@@ -42,6 +45,11 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     except web.HTTPException as e:
         status = e.status
         raise
+    except (ClientAborted, ConnectionError) as e:  # mid-body, or while the answer streamed
+        status = CLIENT_CLOSED_REQUEST
+        log.info("client hung up during %s %s: %s", request.method, request.path, e)
+        # aiohttp finds the connection gone when it writes this, and drops it quietly.
+        return web.Response(status=status)
     finally:
         elapsed = time.perf_counter() - started
         resource = request.match_info.route.resource

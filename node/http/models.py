@@ -312,10 +312,12 @@ class AddResult(Reply):
 
 
 class BatchResult(Reply):
+    """A batch takes consecutive ids: the first and last name them all (a list of every id
+    made a reply as big as the batch)."""
+
     ledgerId: Id
-    firstEntryId: Id | None
-    lastEntryId: Id | None
-    entryIds: list[Id]
+    firstEntryId: Id
+    lastEntryId: Id
     lac: Annotated[int, Field(ge=-1)]
 
 
@@ -373,7 +375,10 @@ class Appended(Reply):
 
 
 class AppendedBatch(Reply):
-    positions: list[Position]
+    """A batch lands in one ledger at consecutive entry ids: first and last name them all."""
+
+    firstPosition: Position
+    lastPosition: Position
 
 
 class RetentionDeletion(Reply):

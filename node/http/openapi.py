@@ -46,14 +46,18 @@ def _errors(*statuses: int) -> dict[str, Any]:
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
         "2^63 - 1 (ledger_full: nothing of it is added)",
-        413: "Entry or request too large",
+        408: "The body stopped arriving for body_read_timeout_s (body_timeout); the "
+        "connection closes",
+        413: "Entry or request too large (a declared Content-Length is refused before the "
+        "body), or more entries than max_entries_per_batch (too_many_entries)",
         415: "Unsupported content type",
         422: "Well formed, but refused for what it means: a position not in the stream or past "
         "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
         "a range whose from is after its to (invalid_range)",
         500: "An entry failed its CRC check, or the WAL failed",
         502: "An offloaded object is missing or damaged (offload_object_unreadable)",
-        503: "Back-pressure, read-only node, or shutting down (see Retry-After)",
+        503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
+        "filling max_request_bytes_in_flight (overloaded); see Retry-After",
         507: "A data disk is full: the node is read-only",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
@@ -81,7 +85,7 @@ WRITE_TOKEN = {
     "description": "The ledger's write token, when it was created with one",
     "schema": {"type": "string"},
 }
-MUTATION_ERRORS = (400, 401, 403, 404, 409, 413, 415, 503, 507)
+MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
 
 
 def _body(name: str, required: bool) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from node.http.budget import BodyBudget
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -27,3 +28,4 @@ METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 WORK = web.AppKey("work", BackgroundWork)
 STREAMS = web.AppKey("streams", StreamManager)
+BUDGET = web.AppKey("budget", BodyBudget)

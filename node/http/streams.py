@@ -14,8 +14,8 @@ from aiohttp import web
 
 from node.http import models
 from node.http.errors import ApiError
-from node.http.frames import BATCH_CONTENT_TYPE, FrameError, decode_batch
-from node.http.ledgers import parse_id
+from node.http.frames import BATCH_CONTENT_TYPE
+from node.http.ledgers import batch_payloads, parse_id
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
 from node.streams.manager import StreamManager, parse_position
 from node.streams.model import Cursor, Position, Stream
@@ -149,16 +149,12 @@ async def delete_stream(request: web.Request) -> web.Response:
 @routes.post("/api/v1/streams/{name}/entries")
 async def append(request: web.Request) -> web.Response:
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    body = await request.read()
     if content_type == BATCH_CONTENT_TYPE:
-        try:
-            payloads = decode_batch(body)
-        except FrameError as e:
-            raise ApiError(400, "invalid_frame", f"bad batch body: {e}") from None
+        payloads = await batch_payloads(request)
         if not payloads:
             raise ApiError(400, "empty_batch", "a batch holds at least one entry")
     elif content_type in _RAW_TYPES:
-        payloads = [body]
+        payloads = [await request.read()]
     else:
         raise ApiError(
             415,
@@ -172,7 +168,10 @@ async def append(request: web.Request) -> web.Response:
     positions = await _streams(request).append(_name(request), payloads)
     request.app[METRICS].add_latency.labels("stream").observe(time.perf_counter() - started)
     if content_type == BATCH_CONTENT_TYPE:
-        batch = models.AppendedBatch(positions=[str(p) for p in positions])
+        # A batch lands in one ledger at consecutive entry ids: first and last name them all.
+        batch = models.AppendedBatch(
+            firstPosition=str(positions[0]), lastPosition=str(positions[-1])
+        )
         return web.json_response(batch.to_json(), status=201)
     return web.json_response(models.Appended(position=str(positions[0])).to_json(), status=201)
 

@@ -86,6 +86,8 @@ READER_THREADS = 4  # enough to overlap a few cold reads; reads mostly hit the c
 OPERATOR = "operator"  # sources of read-only mode
 DISK = "disk"
 READ_ATTEMPTS = 3  # lookups of an entry whose log compaction retires under the read
+# No add moves the LAC of a ledger in these states: a long poll on one returns at once.
+_SEALED = frozenset({LedgerState.FENCED, LedgerState.CLOSED})
 
 
 class ColdReader(Protocol):
@@ -372,29 +374,35 @@ class LedgerStorage:
         A ledger's write token is asked for as for adds (BookKeeper's master key)."""
         meta = self.ledger(ledger_id)
         _check_token(meta, write_token)
-        if meta.state == LedgerState.OPEN:
-            meta.state = LedgerState.FENCED
-            self._dirty.add(ledger_id)
-            await self._journal_state(meta)
-        elif ledger_id in self._unjournaled:
-            await self._journal_state(meta)
-        else:
-            await self._wal.sync_point()  # in-flight adds settle before the LAC is read
+        try:
+            if meta.state == LedgerState.OPEN:
+                meta.state = LedgerState.FENCED
+                self._dirty.add(ledger_id)
+                await self._journal_state(meta)
+            elif ledger_id in self._unjournaled:
+                await self._journal_state(meta)
+            else:
+                await self._wal.sync_point()  # in-flight adds settle before the LAC is read
+        finally:
+            self._answer_lac_waiters(meta)
         return meta.lac
 
     async def close_ledger(self, ledger_id: int, write_token: str | None = None) -> LedgerMeta:
         """Seal the ledger: its last entry is fixed (adds in flight finish first)."""
         meta = self.ledger(ledger_id)
         _check_token(meta, write_token)
-        if meta.state != LedgerState.CLOSED:
-            meta.state = LedgerState.CLOSED
-            meta.closed_ms = self._clock.now_ms()
-            self._dirty.add(ledger_id)
-            await self._journal_state(meta)
-        elif ledger_id in self._unjournaled:
-            await self._journal_state(meta)
-        else:
-            await self._wal.sync_point()
+        try:
+            if meta.state != LedgerState.CLOSED:
+                meta.state = LedgerState.CLOSED
+                meta.closed_ms = self._clock.now_ms()
+                self._dirty.add(ledger_id)
+                await self._journal_state(meta)
+            elif ledger_id in self._unjournaled:
+                await self._journal_state(meta)
+            else:
+                await self._wal.sync_point()
+        finally:
+            self._answer_lac_waiters(meta)
         return meta
 
     async def _journal_state(self, meta: LedgerMeta) -> None:
@@ -742,10 +750,18 @@ class LedgerStorage:
         else:
             del self._lac_waiters[meta.ledger_id]
 
+    def _answer_lac_waiters(self, meta: LedgerMeta) -> None:
+        """Answer the ledger's long polls now with its LAC: fenced or closed (the adds in
+        flight settled), it will not pass what they wait for."""
+        for _after, waiter in self._lac_waiters.pop(meta.ledger_id, []):
+            if not waiter.done():
+                waiter.set_result(meta.lac)
+
     async def wait_lac(self, ledger_id: int, after: int, timeout_s: float) -> int:
-        """Long-poll: the LAC once it passes ``after``, or the current LAC at the timeout."""
+        """Long-poll: the LAC once it passes ``after``, or the current LAC at the timeout
+        or as soon as the ledger is fenced or closed (no add moves it any more)."""
         meta = self.ledger(ledger_id)
-        if meta.lac > after or timeout_s <= 0:
+        if meta.lac > after or timeout_s <= 0 or meta.state in _SEALED:
             return meta.lac
         waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._lac_waiters.setdefault(ledger_id, []).append((after, waiter))

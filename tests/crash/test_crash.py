@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from node.http.frames import encode_batch
+from node.http.frames import batch_entry_ids, encode_batch
 from tests.crash.clients import BATCH, OCTET, REPLY_LOST, read_ledger
 from tests.crash.nodeproc import NodeProcess
 
@@ -94,7 +94,7 @@ async def _writer(
                 ) as r:
                     assert r.status == 201, await r.text()
                     body = await r.json()
-                for entry_id, p in zip(body["entryIds"], payloads, strict=True):
+                for entry_id, p in zip(batch_entry_ids(body), payloads, strict=True):
                     acked.ack(ledger, entry_id, p, body["lac"])
         except REPLY_LOST:
             return  # the node is gone: whatever was in flight is not acknowledged

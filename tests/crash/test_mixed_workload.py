@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.http.frames import decode_range, encode_batch
+from node.http.frames import batch_entry_ids, batch_positions, decode_range, encode_batch
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
 from tests.crash.clients import BATCH, OCTET, REPLY_LOST, http_status, read_ledger, read_stream
@@ -180,7 +180,7 @@ async def _add(c: Client, model: Model, rng: random.Random, ledger: LedgerModel)
         ledger.maybe.difference_update(payloads)
     if status == 201:
         reply = json.loads(body)
-        ids = reply["entryIds"] if headers is BATCH else [reply["entryId"]]
+        ids = batch_entry_ids(reply) if headers is BATCH else [reply["entryId"]]
         for entry_id, payload in zip(ids, payloads, strict=True):
             ledger.ack(entry_id, payload, reply["lac"])
         model.count("add", len(ids))
@@ -298,9 +298,11 @@ async def _stream_appender(c: Client, model: Model, rng: random.Random) -> None:
             stream.maybe.difference_update(payloads)
         if status == 201:
             reply = json.loads(body)
-            texts = reply["positions"] if headers is BATCH else [reply["position"]]
-            for text, payload in zip(texts, payloads, strict=True):
-                stream.ack(Position.parse(text), payload)
+            positions = (
+                batch_positions(reply) if headers is BATCH else [Position.parse(reply["position"])]
+            )
+            for position, payload in zip(positions, payloads, strict=True):
+                stream.ack(position, payload)
             model.count("stream append", len(payloads))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
 STREAM_FRAME = struct.Struct(">QQI")  # a stream read: ledger id u64 | entry id u64 | len u32
 TOKEN = "s3cret"
+PROMPT_S = 2.0  # a long poll that has its answer returns within this (its timeout is 30 s)
 
 
 async def _error(response: Any, status: int, code: str) -> None:
@@ -61,7 +63,8 @@ async def test_add_read_range_and_lac(client: Any) -> None:
     )
     assert r.status == 201
     body = await r.json()
-    assert body["entryIds"] == [2, 3, 4] and body["lac"] == 4
+    assert (body["firstEntryId"], body["lastEntryId"], body["lac"]) == (2, 4, 4)
+    assert "entryIds" not in body  # consecutive ids: the first and last name them all
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/3")
     assert r.status == 200 and await r.read() == b""
     r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=1&to=3")
@@ -116,6 +119,25 @@ async def test_long_poll_lac_wakes_on_add(client: Any) -> None:
     assert await r.json() == {"ledgerId": lid, "lac": 0}
     r = await client.get(f"/api/v1/ledgers/{lid}/lac?after=0&timeoutMs=50")  # times out
     assert await r.json() == {"ledgerId": lid, "lac": 0}
+
+
+@pytest.mark.parametrize("seal", ["close", "fence"])
+async def test_long_poll_lac_wakes_on_close_and_fence(client: Any, seal: str) -> None:
+    """No add will move the LAC of a closed or fenced ledger: a poll waiting for one is
+    answered at once with the LAC, not at its timeout, and so is a poll begun after."""
+    lid = await _ledger(client)
+    await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x", headers=OCTET)
+    poll_url = f"/api/v1/ledgers/{lid}/lac?after=0&timeoutMs=30000"
+    poll = asyncio.create_task(client.get(poll_url))
+    await asyncio.sleep(0.1)
+    assert not poll.done()
+    started = time.monotonic()
+    assert (await client.post(f"/api/v1/ledgers/{lid}/{seal}")).status == 200
+    r = await asyncio.wait_for(poll, PROMPT_S)
+    assert await r.json() == {"ledgerId": lid, "lac": 0}
+    r = await asyncio.wait_for(client.get(poll_url), PROMPT_S)
+    assert await r.json() == {"ledgerId": lid, "lac": 0}
+    assert time.monotonic() - started < PROMPT_S
 
 
 async def test_close_fence_delete(client: Any) -> None:

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import encode_batch
+from node.http.frames import batch_positions, encode_batch
+from node.settings import Settings
 from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -86,8 +87,8 @@ async def _append_batch(client: Any, payloads: list[bytes], name: str = "orders"
     )
     assert r.status == 201, await r.text()
     body = await r.json()
-    assert set(body) == {"positions"}
-    return [str(p) for p in body["positions"]]
+    assert set(body) == {"firstPosition", "lastPosition"}
+    return [str(p) for p in batch_positions(body)]
 
 
 def _frames(body: bytes) -> list[tuple[str, bytes]]:
@@ -222,6 +223,19 @@ async def test_appends_return_positions_and_roll_over(client: Any) -> None:
     for lid, state in ((l0, "closed"), (l1, "closed"), (l2, "closed"), (l3, "open")):
         meta = await (await client.get(f"/api/v1/ledgers/{lid}")).json()
         assert meta["state"] == state and meta["properties"] == {"stream": "orders"}
+
+
+async def test_batches_are_bounded_in_entries(client: Any, settings: Settings) -> None:
+    """One entry past max_entries_per_batch is refused whole, on a stream as on a ledger."""
+    await _stream(client)
+    largest = settings.max_entries_per_batch
+    assert len(await _append_batch(client, [b""] * largest)) == largest
+    lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
+    for path in ("/api/v1/streams/orders/entries", f"/api/v1/ledgers/{lid}/entries"):
+        r = await client.post(path, data=encode_batch([b""] * (largest + 1)), headers=BATCH)
+        await _error(r, 413, "too_many_entries")
+    assert (await _details(client))["entries"] == largest
+    assert (await (await client.get(f"/api/v1/ledgers/{lid}")).json())["entries"] == 0
 
 
 async def test_reads_from_a_position_with_a_limit_across_ledgers(client: Any) -> None:

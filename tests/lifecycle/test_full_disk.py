@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from node.http.frames import BATCH_CONTENT_TYPE, decode_range, encode_batch
+from node.http.frames import BATCH_CONTENT_TYPE, batch_entry_ids, decode_range, encode_batch
 from node.lifecycle.gc import GarbageCollector
 from node.storage.clock import SystemClock
 from node.storage.errors import LedgerNotFound
@@ -284,7 +284,7 @@ def test_full_disk_turns_read_only_and_gc_makes_it_writable(disk: SmallDisk) -> 
         payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
         status, body = append_batch(node, ledger, payloads)
         if status == 201:
-            acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+            acked[ledger].update(zip(batch_entry_ids(body), payloads, strict=True))
         elif status == 507:
             refused = body
         else:
@@ -310,7 +310,7 @@ def test_full_disk_turns_read_only_and_gc_makes_it_writable(disk: SmallDisk) -> 
         payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
         status, body = append_batch(node, ledger, payloads)
         assert status == 201, body
-        acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+        acked[ledger].update(zip(batch_entry_ids(body), payloads, strict=True))
     check_reads(node, acked)
 
     assert node.terminate() == 0, node.log()
@@ -404,7 +404,7 @@ def test_checkpoint_enospc_turns_read_only_and_retries(disk: SmallDisk) -> None:
         payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
         status, body = append_batch(node, ledger, payloads)
         if status == 201:
-            entries.update(zip(body["entryIds"], payloads, strict=True))
+            entries.update(zip(batch_entry_ids(body), payloads, strict=True))
         return status, body
 
     assert add_batch()[0] == 201
@@ -464,7 +464,7 @@ def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: Sma
             payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
             status, body = append_batch(node, ledger, payloads)
             assert status == 201, body
-            acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+            acked[ledger].update(zip(batch_entry_ids(body), payloads, strict=True))
     done = checkpoints(node)
     wait_until(node, lambda: checkpoints(node) > done, "a checkpoint")
 
@@ -476,7 +476,7 @@ def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: Sma
         payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
         status, body = append_batch(node, ledger, payloads)
         if status == 201:
-            acked[ledger].update(zip(body["entryIds"], payloads, strict=True))
+            acked[ledger].update(zip(batch_entry_ids(body), payloads, strict=True))
         else:
             assert (status, body["code"]) == (507, "disk_full"), body
         assert n < LEDGERS * RESERVE_ROUNDS, "the full disk never refused an add"
@@ -490,7 +490,7 @@ def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: Sma
     wait_until(node, reserve.exists, "the reserve being made again")
     status, body = append_batch(node, ledgers[0], [b"after"])
     assert status == 201, body
-    acked[ledgers[0]][body["entryIds"][0]] = b"after"
+    acked[ledgers[0]][body["firstEntryId"]] = b"after"
     check_reads(node, acked)
 
 

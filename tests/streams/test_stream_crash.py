@@ -28,7 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.http.frames import encode_batch
+from node.http.frames import batch_positions, encode_batch
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
 from tests.crash.clients import BATCH, OCTET, REPLY_LOST, http_status, read_stream
@@ -80,8 +80,8 @@ def put_stream(node: NodeProcess, name: str, policies: dict[str, int]) -> None:
 class Acknowledged:
     entries: dict[Position, bytes] = field(default_factory=dict)
 
-    def ack(self, position: str, payload: bytes) -> None:
-        previous = self.entries.setdefault(pos(position), payload)
+    def ack(self, position: Position, payload: bytes) -> None:
+        previous = self.entries.setdefault(position, payload)
         assert previous == payload, f"{position} acknowledged twice, with different bytes"
 
 
@@ -97,7 +97,7 @@ async def _appender(
                 async with session.post(path, data=payload, headers=OCTET) as r:
                     assert r.status == 201, await r.text()
                     body = await r.json()
-                acked.ack(body["position"], payload)
+                acked.ack(pos(body["position"]), payload)
             else:
                 payloads = [
                     rng.randbytes(rng.randrange(0, 2048)) for _ in range(rng.randrange(1, 6))
@@ -105,7 +105,7 @@ async def _appender(
                 async with session.post(path, data=encode_batch(payloads), headers=BATCH) as r:
                     assert r.status == 201, await r.text()
                     body = await r.json()
-                for position, payload in zip(body["positions"], payloads, strict=True):
+                for position, payload in zip(batch_positions(body), payloads, strict=True):
                     acked.ack(position, payload)
         except REPLY_LOST:
             return  # the node is gone: what was in flight is not acknowledged
@@ -236,7 +236,7 @@ async def _append_batches(
                 f"{url}/api/v1/streams/acks/entries", data=encode_batch(payloads), headers=BATCH
             ) as r:
                 assert r.status == 201, await r.text()
-                positions.extend(pos(p) for p in (await r.json())["positions"])
+                positions.extend(batch_positions(await r.json()))
         except REPLY_LOST:
             assert n, "the first batch failed"
             return
@@ -344,8 +344,9 @@ async def _prepare_retention(node: NodeProcess, name: str, rng: random.Random) -
                 headers=BATCH,
             ) as r:
                 assert r.status == 201, await r.text()
-                for text, payload in zip((await r.json())["positions"], payloads, strict=True):
-                    entries[pos(text)] = payload
+                reply = await r.json()
+                for position, payload in zip(batch_positions(reply), payloads, strict=True):
+                    entries[position] = payload
         ledgers = sorted({p.ledger_id for p in entries})
         assert len(ledgers) == 40
         # "slow" at the last entry of the 34th ledger: the first 34 go, the 35th on stay.
