@@ -37,6 +37,7 @@ from tests.crash.nodeproc import NodeProcess
 ENV = {"NODE_RETENTION_SCHEDULER_ENABLED": "false"}  # only the test runs retention
 APPEND_TRIALS = 12
 ACK_TRIALS = 6
+FIRST_BATCH_TIMEOUT_S = 60.0  # bounds a hang only: the kill timer starts after one batch
 RETENTION_TRIALS = 4
 APPENDERS = 5
 
@@ -226,9 +227,16 @@ async def _acknowledger(
 
 
 async def _append_batches(
-    session: aiohttp.ClientSession, url: str, count: int, positions: list[Position]
+    session: aiohttp.ClientSession,
+    url: str,
+    count: int,
+    positions: list[Position],
+    first_done: asyncio.Event | None = None,
 ) -> None:
-    """``count`` batches of 8 entries (one ledger each); stops quietly when the node dies."""
+    """``count`` batches of 8 entries (one ledger each); stops quietly when the node dies.
+    ``first_done`` is set once one batch is answered: the kill waits for it, so a busy
+    machine cannot kill the node before any batch made it (the first batch after a restart
+    rolls over, a few fsyncs)."""
     for n in range(count):
         try:
             payloads = [f"{len(positions) + i}".encode() * 10 for i in range(8)]
@@ -240,6 +248,8 @@ async def _append_batches(
         except REPLY_LOST:
             assert n, "the first batch failed"
             return
+        if first_done is not None:
+            first_done.set()
 
 
 async def _ack_until_killed(
@@ -257,7 +267,10 @@ async def _ack_until_killed(
             for cursor in cursors
             for _ in range(3)  # three concurrent acknowledgers per cursor
         ]
-        tasks.append(asyncio.create_task(_append_batches(session, node.url, 10_000, positions)))
+        first_done = asyncio.Event()
+        appender = _append_batches(session, node.url, 10_000, positions, first_done)
+        tasks.append(asyncio.create_task(appender))
+        await asyncio.wait_for(first_done.wait(), FIRST_BATCH_TIMEOUT_S)
         await asyncio.sleep(kill_after_s)
         await asyncio.to_thread(node.kill)
         done, _ = await asyncio.wait(tasks, timeout=60)
