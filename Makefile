@@ -19,21 +19,26 @@ $(STAMP): pyproject.toml requirements.lock
 run: $(STAMP)
 	$(PY) -m node serve
 
-## System tools of the tests and benchmarks: fio (the raw-device WAL's baseline) and a Java
-## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs).
+## System tools of the tests and benchmarks: fio (the raw-device WAL's baseline), a Java
+## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs),
+## and Prometheus with promtool (tests/monitoring runs the binary on a free loopback port; the
+## Debian service the package enables is stopped: the tests never use it or port 9090).
 tools:
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
 	@command -v java >/dev/null || (apt-get update && apt-get install -y --no-install-recommends default-jre-headless)
+	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus \
+		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
 
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) tools
-	$(PY) -m ruff check node tests
+	$(PY) -m ruff check node tests grafana
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check node tests
-	$(PY) -m ruff format --check node tests
+	$(PY) -m ruff check node tests grafana
+	$(PY) -m ruff format --check node tests grafana
+	$(PY) -m grafana.generate --check
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

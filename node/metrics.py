@@ -17,6 +17,7 @@ series go with it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -59,6 +60,8 @@ GROUP_BYTE_BUCKETS = tuple(float(512 * 4**i) for i in range(10))  # 512 B .. 128
 BLOCK_BYTE_BUCKETS = tuple(float(4096 * 2**i) for i in range(12))  # 4 KiB .. 8 MiB
 MS_PER_S = 1000.0
 RETENTION_REASONS = ("time", "size", "disk")  # why retention deleted a stream's ledger
+# Ledgers named as pinning the oldest entry log: the largest few, so the label stays bounded.
+PINNING_LEDGERS_SHOWN = 10
 
 
 @dataclass(slots=True)
@@ -117,6 +120,8 @@ class EngineSnapshot:
     offload: OffloadStats = field(default_factory=OffloadStats)
     offload_totals: dict[str, float] = field(default_factory=dict)  # of Offload.summary()
     offload_cache_bytes: int = 0
+    oldest_log_live_ledgers: int = 0
+    oldest_log_pinning: list[tuple[int, int]] = field(default_factory=list)  # (ledger, bytes)
 
 
 class Metrics:
@@ -128,6 +133,7 @@ class Metrics:
         self._settings = settings
         self._snapshot = EngineSnapshot()
         self._ring: RingFigures | None = None
+        self._start_time_s = time.time()
 
         def histogram(
             name: str,
@@ -254,7 +260,11 @@ class Metrics:
                 deleted=dict(retention.deleted),  # copies: the loop goes on changing them
                 deleted_bytes=dict(retention.deleted_bytes),
                 expired_cursor_moves=retention.expired_cursor_moves,
+                last_run_ms=retention.last_run_ms,
             )
+            live, pinning = work.gc.oldest_log_pinning(PINNING_LEDGERS_SHOWN)
+            self._snapshot.oldest_log_live_ledgers = live
+            self._snapshot.oldest_log_pinning = pinning
             offload = work.offload
             self._snapshot.offload = dataclasses.replace(
                 offload.stats, read_latency_counts=list(offload.stats.read_latency_counts)
@@ -289,6 +299,10 @@ class Metrics:
     @property
     def settings(self) -> Settings:
         return self._settings
+
+    @property
+    def start_time_s(self) -> float:
+        return self._start_time_s
 
 
 def _stream_snapshots(manager: StreamManager) -> list[StreamSnapshot]:
@@ -380,6 +394,12 @@ class _StateCollector(Collector):
             value=_directory_bytes(settings.index_dir),
         )
         yield from _disk_metrics(settings)
+        yield from _settings_metrics(settings)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_start_time_seconds",
+            "Unix time the node started (alerts on runs that never happened count from it).",
+            value=self._metrics.start_time_s,
+        )
 
 
 def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
@@ -390,6 +410,7 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         ("gc_run_seconds", g.run_seconds_total, "Time spent in GC runs."),
         ("gc_compaction_read_bytes", g.compaction_read_bytes, "Bytes compaction read."),
         ("gc_compaction_written_bytes", g.compaction_written_bytes, "Bytes compaction wrote."),
+        ("gc_failures", g.failures, "GC runs that failed (logged; retried at the next run)."),
     ):
         yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
     reclaimed = CounterMetricFamily(
@@ -410,6 +431,24 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         compacting.add_metric([kind], float(busy))
     yield runs
     yield compacting
+    yield GaugeMetricFamily(
+        f"{PREFIX}_gc_last_success_timestamp_seconds",
+        "Unix time the last successful GC run ended (0: none since start).",
+        value=g.last_success_ms / MS_PER_S,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_entry_log_oldest_live_ledgers",
+        "Live ledgers in the oldest entry log GC knows: what pins it (0: none or no log).",
+        value=s.oldest_log_live_ledgers,
+    )
+    pinning = GaugeMetricFamily(
+        f"{PREFIX}_entry_log_oldest_pinning_ledger_bytes",
+        f"Live bytes of the largest {PINNING_LEDGERS_SHOWN} ledgers in the oldest entry log.",
+        labels=["ledger"],
+    )
+    for ledger, size in s.oldest_log_pinning:
+        pinning.add_metric([str(ledger)], size)
+    yield pinning
     yield GaugeMetricFamily(
         f"{PREFIX}_gc_last_run_duration_seconds",
         "Duration of the last GC run.",
@@ -605,6 +644,11 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
     yield from (oldest, deleted, deleted_bytes)
     yield CounterMetricFamily(f"{PREFIX}_retention_runs", "Retention runs.", value=r.runs)
     yield GaugeMetricFamily(
+        f"{PREFIX}_retention_last_run_timestamp_seconds",
+        "Unix time the last retention run ended (0: none since start).",
+        value=r.last_run_ms / MS_PER_S,
+    )
+    yield GaugeMetricFamily(
         f"{PREFIX}_stream_orphan_ledgers",
         "Ledgers of streams that no stream names yet hold entries, kept at start (the log "
         "names them; an operator reads, then deletes them).",
@@ -672,6 +716,44 @@ def _disk_metrics(settings: Settings) -> Iterator[Metric]:
     yield used
     yield total
     yield ratio
+
+
+def _settings_metrics(settings: Settings) -> Iterator[Metric]:
+    """The settings alerts compare against, so that one rule fits nodes configured apart
+    (Prometheus has no other way to know a node's watermarks and intervals)."""
+    retention_s = (
+        math.inf
+        if settings.default_retention_time_in_minutes < 0
+        else settings.default_retention_time_in_minutes * 60.0
+    )
+    for name, value, doc in (
+        (
+            "disk_usage_warn_threshold_ratio",
+            settings.disk_usage_warn_threshold,
+            "disk_usage_warn_threshold: above it a warning and disk_warning.",
+        ),
+        (
+            "disk_usage_read_only_threshold_ratio",
+            settings.disk_usage_threshold,
+            "disk_usage_threshold: above it the node turns read-only.",
+        ),
+        (
+            "gc_interval_seconds",
+            settings.gc_wait_time / MS_PER_S,
+            "gc_wait_time: the period of GC runs.",
+        ),
+        (
+            "major_compaction_interval_seconds",
+            float(settings.major_compaction_interval),
+            "major_compaction_interval (0: major compaction off).",
+        ),
+        (
+            "default_retention_seconds",
+            retention_s,
+            "default_retention_time_in_minutes in seconds (+Inf: kept forever).",
+        ),
+    ):
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
 
 def data_dirs(settings: Settings) -> dict[str, Path]:

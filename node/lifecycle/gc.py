@@ -83,6 +83,8 @@ class GcStats:
     compaction_written_bytes: int = 0
     last_run_seconds: float = 0.0
     run_seconds_total: float = 0.0
+    failures: int = 0  # runs that raised (run_forever logs them and waits for the next)
+    last_success_ms: int = 0  # wall clock of the last run that finished; 0: none yet
 
 
 @dataclass(slots=True)
@@ -225,6 +227,7 @@ class GarbageCollector:
             self._force = None
             requested, self._requested = self._requested, False
             report = GcReport()
+            succeeded = False
             try:
                 report.recovered = await asyncio.to_thread(self._storage.compactor.recover)
                 if requested:
@@ -232,6 +235,7 @@ class GarbageCollector:
                 report.purged_ledgers = await self._storage.purge_deleted_ledgers()
                 self.stats.deleted_ledgers += len(report.purged_ledgers)
                 await asyncio.to_thread(self._collect_and_compact, report, force)
+                succeeded = True
             finally:
                 # A request that came in during this run is still to be served.
                 self.status.force_compacting = self._requested
@@ -240,6 +244,11 @@ class GarbageCollector:
                 self.stats.runs += 1
                 self.stats.last_run_seconds = elapsed
                 self.stats.run_seconds_total += elapsed
+                # Alerts need both: a GC that raises every run, and one that stopped running.
+                if succeeded:
+                    self.stats.last_success_ms = self._clock.now_ms()
+                else:
+                    self.stats.failures += 1
             return report
 
     async def _make_deletions_durable(self) -> None:
@@ -494,6 +503,18 @@ class GarbageCollector:
         size = sum(m.size for m in metas)
         live = sum(m.live_bytes(is_live) for m in metas)
         return size / live if live else (float("inf") if size else 1.0)
+
+    def oldest_log_pinning(self, limit: int) -> tuple[int, list[tuple[int, int]]]:
+        """The oldest known log (lowest id: ids grow) and its live ledgers with their bytes,
+        largest first, at most ``limit``: what keeps it from being deleted or compacted."""
+        metas = list(self._metas.values())
+        if not metas:
+            return 0, []
+        oldest = min(metas, key=lambda m: m.log_id)
+        is_live = self._storage.is_live_ledger
+        live = [(lid, n) for lid, n in oldest.ledgers.items() if is_live(lid)]
+        live.sort(key=lambda item: (-item[1], item[0]))
+        return len(live), live[:limit]
 
     def usages(self) -> list[float]:
         """Usage of every known log (live bytes over the larger of size and target)."""

@@ -50,6 +50,7 @@ class RetentionStats:
     deleted: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
     deleted_bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
     expired_cursor_moves: int = 0
+    last_run_ms: int = 0  # wall clock of the last run's end; 0: none since start
 
 
 class Retention:
@@ -137,6 +138,8 @@ class Retention:
                     "retention deleted %d ledgers of stream %s (%s)",
                     len(plan), stream.name, ", ".join(sorted({d.reason for d in plan})),
                 )  # fmt: skip
+            if not dry_run:  # a run that finished: the "retention not running" alert's clock
+                self.stats.last_run_ms = self._clock.now_ms()
             return done
 
     async def roll_idle(self) -> None:

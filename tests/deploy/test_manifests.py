@@ -31,7 +31,10 @@ OLDEST_VERSION = "1.30"  # the oldest Kubernetes the manifests support (EKS stan
 KUBERNETES_VERSIONS = (OLDEST_VERSION, kubernetes_validate.latest_version())
 SCHEMAS = Path(__file__).parent / "schemas"
 # Custom resources have no schema in kubernetes-validate: ours, kept in the repo.
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.v1.schema.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.v1.schema.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.v1.schema.json",
+}
 SETTING_VARIABLES = {f"NODE_{name.upper()}" for name in Settings.model_fields}
 READY_PATH = "/api/v1/bookie/is_ready"
 LIVE_PATH = "/heartbeat"
@@ -86,6 +89,23 @@ def test_the_crd_schema_refuses_what_prometheus_operator_would() -> None:
     bad_duration = json.loads(json.dumps(monitor))
     bad_duration["spec"]["endpoints"][0]["interval"] = "30 seconds"
     for wrong in (typo, bad_duration):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_the_rule_schema_refuses_what_prometheus_operator_would() -> None:
+    """The kept PrometheusRule schema matters: a misspelt rule key, a bad `for` and a rule
+    that is neither an alert nor a recording rule fail it."""
+    rule = only(render("monitoring"), "PrometheusRule")
+    assert rule["spec"]["groups"][0]["rules"], "the PrometheusRule holds no rule"
+    schema = json.loads(
+        (SCHEMAS / CRD_SCHEMAS[("monitoring.coreos.com/v1", "PrometheusRule")]).read_text()
+    )
+    typo, bad_for, nameless = (json.loads(json.dumps(rule)) for _ in range(3))
+    typo["spec"]["groups"][0]["rules"][0]["anotations"] = {}
+    bad_for["spec"]["groups"][0]["rules"][0]["for"] = "2 minutes"
+    del nameless["spec"]["groups"][0]["rules"][0]["alert"]
+    for wrong in (typo, bad_for, nameless):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(wrong, schema, cls=jsonschema.Draft202012Validator)
 

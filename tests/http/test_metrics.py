@@ -153,6 +153,45 @@ async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
     assert _value(samples, "storage_node_disk_emergency_reserve_bytes") == KiB * KiB
     (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()
     assert details["majorCompactionCounter"] == 1 and 1.8 < details["spaceAmplification"] < 2.5
+    # What the alerts of grafana/alerts need: a successful run's time, no failure, the live
+    # ledger that pins the oldest log (the compacted logs hold only the undeleted ledger; GC
+    # learns a compaction's outputs at its next run).
+    runs = gc.stats.runs
+    assert (await client.put("/api/v1/bookie/gc", json={})).status == 200
+    for _ in range(500):
+        if gc.stats.runs > runs and not gc.in_force_gc:
+            break
+        await asyncio.sleep(0.01)
+    samples = await _scrape(client)
+    started = _value(samples, "storage_node_start_time_seconds")
+    assert 0 < started <= _value(samples, "storage_node_gc_last_success_timestamp_seconds")
+    assert _value(samples, "storage_node_gc_failures_total") == 0
+    assert _value(samples, "storage_node_entry_log_oldest_live_ledgers") == 1
+    pinned = _value(
+        samples, "storage_node_entry_log_oldest_pinning_ledger_bytes", ledger=str(ids[1])
+    )
+    assert pinned > 0
+    assert (
+        _value(samples, "storage_node_entry_log_oldest_pinning_ledger_bytes", ledger=str(ids[0]))
+        == 0
+    )
+    assert (
+        _value(samples, "storage_node_disk_usage_warn_threshold_ratio")
+        == settings.disk_usage_warn_threshold
+    )
+    assert (
+        _value(samples, "storage_node_disk_usage_read_only_threshold_ratio")
+        == settings.disk_usage_threshold
+    )
+    assert (
+        _value(samples, "storage_node_major_compaction_interval_seconds")
+        == settings.major_compaction_interval
+    )
+    assert _value(samples, "storage_node_gc_interval_seconds") == settings.gc_wait_time / 1000
+    assert (
+        _value(samples, "storage_node_default_retention_seconds")
+        == settings.default_retention_time_in_minutes * 60
+    )
 
 
 ROLLING = {"maxEntriesPerLedger": 3, "minLedgerRolloverTimeMinutes": 0}  # 3 entries a ledger
@@ -221,6 +260,10 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     assert stream_value(samples, "append_entries_total", **orders) == 8  # a counter
     runs = _value(samples, "storage_node_retention_runs_total")
     assert runs - _value(before, "storage_node_retention_runs_total") == 1
+    assert _value(before, "storage_node_retention_last_run_timestamp_seconds") == 0  # never
+    assert _value(samples, "storage_node_retention_last_run_timestamp_seconds") >= _value(
+        samples, "storage_node_start_time_seconds"
+    )
 
     # By time (0 minutes, no cursor), and by disk pressure (a forced run ignores the time).
     await _stream_call(
