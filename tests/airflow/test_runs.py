@@ -119,3 +119,22 @@ def test_major_compaction_on_two_nodes_reclaims_space(airflow: Airflow, tmp_path
         assert moved >= 1 and result["compactions"]["majorCompactionCounter"] == moved
         assert result["reclaimedBytes"]["compaction"] > 0, result
         assert after["forceCompacting"] is False
+
+
+def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path) -> None:
+    nodes = start_nodes(tmp_path, 2)  # the local store: <data dir>/offload
+    ledgers = {}
+    for node in nodes:
+        # offloadThresholdInBytes 0: every closed ledger goes to the store.
+        ledgers[node.url] = rolling_stream(node, 3, offloadThresholdInBytes=0)
+    urls = sorted(ledgers)
+
+    run = run_dag(airflow, "storage_node_offload", urls)
+    assert run.result["state"] == "success", run.output[-5000:]
+    tasks = mapped(run.result, "run_offload")
+    for node in nodes:
+        result = tasks[urls.index(node.url)]["xcom"]
+        closed = ledgers[node.url][:-1]
+        assert result["offloaded"] == closed and result["failed"] == [], result
+        for lid in closed:
+            assert call(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]["state"] == "offloaded"
