@@ -4,7 +4,16 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean lock
+.PHONY: run test lint typecheck bench tools clean lock airflow
+
+# Airflow in its own venv: its pins clash with the node's (requirements.lock constrains .venv),
+# so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
+AIRFLOW_VENV  := .venv-airflow
+AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed-airflow-3.3.2
+# PySpark 4.2.0 and pandas<3: the spark provider's pyspark-client shares pyspark/ (STACK.md).
+AIRFLOW_PKGS  := apache-airflow==3.3.2 apache-airflow-providers-http \
+	apache-airflow-providers-apache-spark apache-airflow-providers-cncf-kubernetes \
+	'pyspark==4.2.0' 'pandas<3' 'kubernetes<37'
 
 # The runtime libraries at the versions of requirements.lock, as in the image (Dockerfile):
 # the tests run against what ships, and tests/deploy checks the lock against this venv.
@@ -14,6 +23,23 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q -e '.[dev]' --constraint requirements.lock
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+$(AIRFLOW_STAMP):
+	@test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install -q $(AIRFLOW_PKGS)
+	@touch $@
+
+.venv-airflow: $(AIRFLOW_STAMP)
+
+## Airflow standalone on 127.0.0.1:8081 with dags/, working on the local node (make run) through
+## static discovery; its state in ./airflow-home.
+airflow: $(AIRFLOW_STAMP)
+	AIRFLOW_HOME=$(CURDIR)/airflow-home AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__API__HOST=127.0.0.1 \
+	AIRFLOW__API__PORT=8081 \
+	AIRFLOW_VAR_STORAGE_NODE_DISCOVERY='{"kind": "static", "urls": ["http://127.0.0.1:8080"]}' \
+	AIRFLOW_CONN_STORAGE_NODE='{"conn_type": "http", "host": "127.0.0.1", "port": 8080, "password": "$(NODE_ADMIN_TOKEN)"}' \
+	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH $(AIRFLOW_VENV)/bin/airflow standalone
 
 ## Start the node with embedded defaults: data in ./data, file journal, on 127.0.0.1:8080.
 run: $(STAMP)
@@ -30,18 +56,20 @@ tools:
 		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
 
 ## Lint, type-check and run the whole test suite.
-test: $(STAMP) tools
-	$(PY) -m ruff check node tests grafana
+test: $(STAMP) $(AIRFLOW_STAMP) tools
+	$(PY) -m ruff check node tests grafana dags
 	$(PY) -m mypy
+	$(PY) -m mypy dags
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check node tests grafana
-	$(PY) -m ruff format --check node tests grafana
+	$(PY) -m ruff check node tests grafana dags
+	$(PY) -m ruff format --check node tests grafana dags
 	$(PY) -m grafana.generate --check
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
+	$(PY) -m mypy dags
 
 bench: $(STAMP)
 	$(PY) -m node bench write
@@ -52,4 +80,4 @@ lock:
 	$(PY) -m tests.deploy.lockfile > requirements.lock
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,98 @@
+"""Daily audit of every node's data with Spark (issue 14's job): each node writes a snapshot
+consistent with one checkpoint (POST /api/v1/audit/snapshot, answering its URI), one
+spark-submit audits all the snapshots together, and the summary is posted back to every node
+(POST /api/v1/audit/result), which keeps it and exports it as metrics.
+
+Spark runs through the connection spark_default: local[*] unless the connection names a
+cluster. The job writes <outDir>/<run id>/summary.json; with a cluster, outDir must be storage
+that the Airflow worker reads too. The job exits 1 when it finds violations: the summary is
+still posted, then the run fails, so a violation alerts like any failed DAG.
+
+The audit routes are built on another branch; this DAG follows the issue's description."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Param, Variable, dag, get_current_context, task
+from storage_node_common import DEFAULT_ARGS, DISCOVERY_VARIABLE, TAGS, NodeError, discover
+
+log = logging.getLogger(__name__)
+
+
+@dag(
+    dag_id="storage_node_audit",
+    schedule="@daily",
+    start_date=datetime(2025, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=[*TAGS, "audit", "spark"],
+    params={
+        "application": Param(
+            "/opt/storage-node/node/audit/job.py", type="string", description="spark-submit's"
+        ),
+        "outDir": Param("/tmp/storage-node-audit", type="string"),
+    },
+    doc_md=__doc__,
+)
+def storage_node_audit() -> None:
+    @task
+    def discover_nodes() -> list[str]:
+        return discover(Variable.get(DISCOVERY_VARIABLE, deserialize_json=True))
+
+    @task(map_index_template="{{ url }}")
+    def snapshot(url: str) -> str:
+        from storage_node_common import node_client
+
+        reply = node_client(url).call("POST", "/api/v1/audit/snapshot", {})
+        uri = str(reply["uri"])
+        log.info("node %s: snapshot at %s", url, uri)
+        return uri
+
+    @task
+    def audit_arguments(uris: list[str]) -> list[str]:
+        context = get_current_context()
+        out = Path(context["params"]["outDir"]) / context["run_id"]
+        args = []
+        for uri in uris:
+            args += ["--snapshot", uri]
+        return [*args, "--out", str(out)]
+
+    @task(trigger_rule="all_done", map_index_template="{{ url }}")
+    def post_result(url: str) -> dict[str, Any]:
+        """Runs after the audit whatever its exit status: violations (exit 1) are results to
+        store on the nodes. No summary at all means the audit could not run: that fails."""
+        from storage_node_common import node_client
+
+        context = get_current_context()
+        summary_path = Path(context["params"]["outDir"]) / context["run_id"] / "summary.json"
+        if not summary_path.is_file():
+            raise RuntimeError(f"the audit wrote no {summary_path}: see the audit task's log")
+        summary: dict[str, Any] = json.loads(summary_path.read_text())
+        node_client(url).call("POST", "/api/v1/audit/result", summary)
+        violations = summary.get("violations", {})
+        log.info("node %s: audit result posted; violations %s", url, violations)
+        if any(violations.values()) if isinstance(violations, dict) else violations:
+            raise NodeError(f"node {url}: the audit found violations: {violations}")
+        return {"node": url, "violations": violations}
+
+    urls = discover_nodes()
+    uris = snapshot.expand(url=urls)
+    audit = SparkSubmitOperator(
+        task_id="audit",
+        conn_id="spark_default",
+        application="{{ params.application }}",
+        application_args=audit_arguments(uris),
+        name="storage-node-audit-{{ ds_nodash }}",
+        conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+    )
+    audit >> post_result.expand(url=urls)
+
+
+storage_node_audit()

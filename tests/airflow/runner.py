@@ -1,0 +1,107 @@
+"""Runs Airflow for the DAG tests, inside .venv-airflow (Airflow's pins clash with the node's,
+so the tests drive it through this script in a subprocess; the nodes run from the node's venv).
+
+    python runner.py migrate                 create the metadata DB in $AIRFLOW_HOME
+    python runner.py dagbag                  the DAGs' ids, schedules, tags, retries, errors
+    python runner.py test DAG_ID [CONF]      dag.test() with retries off; JSON of the run
+    python runner.py discover CONFIG         storage_node_common.discover(CONFIG)
+
+Results are printed as one line "RESULT <json>" (Airflow logs around it go to stdout too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+MARK = "RESULT "
+
+
+def emit(value: Any) -> None:
+    print(MARK + json.dumps(value, default=str), flush=True)
+
+
+def dagbag() -> Any:
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(DAGS))
+
+
+def describe() -> None:
+    bag = dagbag()
+    dags = {}
+    for dag_id, dag in bag.dags.items():
+        dags[dag_id] = {
+            "schedule": str(dag.schedule),
+            "tags": sorted(dag.tags),
+            "retries": {t.task_id: t.retries for t in dag.tasks},
+            "timeouts": {t.task_id: str(t.execution_timeout) for t in dag.tasks},
+            "backoff": {t.task_id: t.retry_exponential_backoff for t in dag.tasks},
+            "tasks": sorted(t.task_id for t in dag.tasks),
+        }
+    emit({"importErrors": dict(bag.import_errors), "dags": dags})
+
+
+def run_test(dag_id: str, conf: dict[str, Any]) -> None:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    dag = dagbag().get_dag(dag_id)
+    # Retries would make dag.test() wait out the backoff of a task failing on purpose (a node
+    # that is down); the import test checks the retries the DAGs really declare.
+    for t in dag.tasks:
+        t.retries = 0
+    dr = dag.test(run_conf=conf or None)
+    tasks = []
+    with create_session() as session:
+        for ti in dr.get_task_instances(session=session):
+            rows = (
+                session.query(XComModel)
+                .filter_by(
+                    dag_id=dag_id,
+                    run_id=dr.run_id,
+                    task_id=ti.task_id,
+                    map_index=ti.map_index,
+                    key="return_value",
+                )
+                .all()
+            )
+            tasks.append(
+                {
+                    "taskId": ti.task_id,
+                    "mapIndex": ti.map_index,
+                    "state": str(ti.state),
+                    "xcom": XComModel.deserialize_value(rows[0]) if rows else None,
+                }
+            )
+    tasks.sort(key=lambda t: (t["taskId"], t["mapIndex"]))
+    emit({"state": str(dr.state), "tasks": tasks})
+
+
+def main() -> None:
+    # Airflow's DAG processor and workers put the dags folder on sys.path (the DAG files import
+    # storage_node_common from it); this process parses the DAGs itself, so it does the same.
+    sys.path.insert(0, str(DAGS))
+    command = sys.argv[1]
+    if command == "migrate":
+        from airflow.utils.db import resetdb
+
+        resetdb()
+        emit({"home": os.environ["AIRFLOW_HOME"]})
+    elif command == "dagbag":
+        describe()
+    elif command == "test":
+        run_test(sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
+    elif command == "discover":
+        from storage_node_common import discover
+
+        emit(discover(json.loads(sys.argv[2])))
+    else:
+        raise SystemExit(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The DAG files import cleanly in Airflow and declare what the fleet relies on. The audit DAG
+is checked here only for its structure: its node routes (POST /api/v1/audit/snapshot and
+/api/v1/audit/result) are not on this branch yet, so no run of it is possible here."""
+
+from __future__ import annotations
+
+from tests.airflow.conftest import Airflow
+
+EXPECTED = {
+    "storage_node_retention": ("@hourly", {"retention"}),
+    "storage_node_compaction": ("@hourly", {"compaction"}),
+    "storage_node_offload": ("@hourly", {"offload"}),
+    "storage_node_audit": ("@daily", {"audit", "spark"}),
+}
+
+
+def test_dags_import_with_their_schedules_tags_and_retries(airflow: Airflow) -> None:
+    bag = airflow.run("dagbag").result
+    assert bag["importErrors"] == {}
+    dags = bag["dags"]
+    assert set(dags) == set(EXPECTED)
+    for dag_id, (schedule, tags) in EXPECTED.items():
+        dag = dags[dag_id]
+        assert dag["schedule"] == schedule, dag_id
+        assert set(dag["tags"]) == {"storage-node", *tags}, dag_id
+        # Every task, the Spark one included: bounded retries, backoff, a timeout.
+        assert set(dag["retries"].values()) == {3}, dag_id
+        assert all(dag["backoff"].values()), dag_id
+        assert set(dag["timeouts"].values()) == {"0:30:00"}, dag_id
+        assert "discover_nodes" in dag["tasks"], dag_id
+    assert dags["storage_node_audit"]["tasks"] == [
+        "audit",
+        "audit_arguments",
+        "discover_nodes",
+        "post_result",
+        "snapshot",
+    ]
+    assert dags["storage_node_compaction"]["tasks"] == [
+        "compaction_kind",
+        "discover_nodes",
+        "run_compaction",
+    ]

@@ -1,0 +1,140 @@
+"""dag.test() runs of the DAGs against live nodes (NodeProcess, from the node's venv), checking
+what the nodes report afterwards. The nodes require an admin token: it reaches the tasks only
+through the Airflow connection storage_node."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tests.airflow.conftest import Airflow
+from tests.crash.nodeproc import NodeProcess
+
+TOKEN = "airflow-test-token"
+CONNECTION = {"conn_type": "http", "host": "127.0.0.1", "password": TOKEN}
+
+
+def call(node: NodeProcess, method: str, path: str, body: Any = None, raw: bytes = b"") -> Any:
+    data = raw or (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(f"{node.url}{path}", data=data, method=method)
+    request.add_header("Authorization", f"Bearer {TOKEN}")
+    if raw:
+        request.add_header("Content-Type", "application/octet-stream")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        text = reply.read()
+    return json.loads(text) if text else None
+
+
+def start_nodes(tmp_path: Path, count: int, **env: str) -> list[NodeProcess]:
+    nodes = [
+        NodeProcess(tmp_path / f"n{i}", {"NODE_ADMIN_TOKEN": TOKEN, **env}) for i in range(count)
+    ]
+    for node in nodes:
+        node.start()
+    return nodes
+
+
+def rolling_stream(node: NodeProcess, entries: int, **policies: int) -> list[int]:
+    """A stream whose every entry lands in a ledger of its own; the ledger ids."""
+    call(
+        node,
+        "PUT",
+        "/api/v1/streams/orders",
+        {"maxEntriesPerLedger": 1, "minLedgerRolloverTimeMinutes": 0, **policies},
+    )
+    for i in range(entries):
+        call(node, "POST", "/api/v1/streams/orders/entries", raw=bytes([i]) * 1000)
+    return [x["ledgerId"] for x in call(node, "GET", "/api/v1/streams/orders")["ledgers"]]
+
+
+def run_dag(airflow: Airflow, dag_id: str, urls: list[str], conf: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+    run = airflow.run(
+        "test",
+        dag_id,
+        json.dumps(conf or {}),
+        variables={"storage_node_discovery": {"kind": "static", "urls": urls}},
+        connections={"storage_node": CONNECTION},
+    )
+    return run
+
+
+def mapped(run_result: dict[str, Any], task_id: str) -> dict[int, dict[str, Any]]:
+    return {t["mapIndex"]: t for t in run_result["tasks"] if t["taskId"] == task_id}
+
+
+def test_retention_on_two_nodes_and_one_down(airflow: Airflow, tmp_path: Path) -> None:
+    a, b, down = start_nodes(tmp_path, 3)
+    # Retention time 0 and no cursor: every closed ledger is out of retention.
+    ledgers = {node.url: rolling_stream(node, 3, retentionTimeInMinutes=0) for node in (a, b)}
+    down.kill()  # a node that was in the fleet and died
+    time.sleep(0.05)
+    urls = sorted([a.url, b.url, down.url])  # discovery sorts: map index i is urls[i]
+
+    run = run_dag(airflow, "storage_node_retention", urls)
+    assert run.result["state"] == "failed"
+    tasks = mapped(run.result, "run_retention")
+    assert {i: t["state"] for i, t in tasks.items()} == {
+        i: "failed" if url == down.url else "success" for i, url in enumerate(urls)
+    }
+    # The failure names the node that is down.
+    assert f"node {down.url} is unreachable" in run.output
+    for node in (a, b):
+        result = tasks[urls.index(node.url)]["xcom"]
+        assert result["node"] == node.url
+        # All three: the run also rolls the last ledger, full at one entry, and deletes it.
+        assert result["deletedLedgers"] == {"orders": ledgers[node.url]}
+        assert result["bytes"] == 3 * 1000
+        stream = call(node, "GET", "/api/v1/streams/orders")
+        assert stream["entries"] == 0
+        assert not set(ledgers[node.url]) & {x["ledgerId"] for x in stream["ledgers"]}
+
+
+def test_major_compaction_on_two_nodes_reclaims_space(airflow: Airflow, tmp_path: Path) -> None:
+    nodes = start_nodes(tmp_path, 2)
+    before = {}
+    for node in nodes:
+        # Six ledgers written round-robin, so that each 1 MiB entry log holds all six; four
+        # deleted: every sealed log is a third live, below the major threshold (0.8).
+        lids = [call(node, "POST", "/api/v1/ledgers")["ledgerId"] for _ in range(6)]
+        for i in range(60):
+            for lid in lids:
+                call(node, "POST", f"/api/v1/ledgers/{lid}/entries", raw=bytes([i]) * 8000)
+        for lid in lids[:4]:
+            call(node, "DELETE", f"/api/v1/ledgers/{lid}")
+        before[node.url] = call(node, "GET", "/api/v1/bookie/gc_details")[0]
+    urls = sorted(n.url for n in nodes)
+
+    run = run_dag(airflow, "storage_node_compaction", urls, {"kind": "major"})
+    assert run.result["state"] == "success", run.output[-5000:]
+    tasks = mapped(run.result, "run_compaction")
+    assert {t["state"] for t in tasks.values()} == {"success"}
+    for node in nodes:
+        result = tasks[urls.index(node.url)]["xcom"]
+        after = call(node, "GET", "/api/v1/bookie/gc_details")[0]
+        assert result["kind"] == "major"
+        moved = after["majorCompactionCounter"] - before[node.url]["majorCompactionCounter"]
+        assert moved >= 1 and result["compactions"]["majorCompactionCounter"] == moved
+        assert result["reclaimedBytes"]["compaction"] > 0, result
+        assert after["forceCompacting"] is False
+
+
+def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path) -> None:
+    nodes = start_nodes(tmp_path, 2)  # the local store: <data dir>/offload
+    ledgers = {}
+    for node in nodes:
+        # offloadThresholdInBytes 0: every closed ledger goes to the store.
+        ledgers[node.url] = rolling_stream(node, 3, offloadThresholdInBytes=0)
+    urls = sorted(ledgers)
+
+    run = run_dag(airflow, "storage_node_offload", urls)
+    assert run.result["state"] == "success", run.output[-5000:]
+    tasks = mapped(run.result, "run_offload")
+    for node in nodes:
+        result = tasks[urls.index(node.url)]["xcom"]
+        closed = ledgers[node.url][:-1]
+        assert result["offloaded"] == closed and result["failed"] == [], result
+        for lid in closed:
+            assert call(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]["state"] == "offloaded"
