@@ -135,7 +135,11 @@ def check_garbage(i: Inputs) -> tuple[DataFrame, DataFrame]:
     live = _live_ledgers(i).select("node", "ledger_id")
     valid_elsewhere = (
         i.tables["locations"]
-        .join(referenced.select("node", "log_id", "offset"), ["node", "log_id", "offset"], "semi")
+        .join(
+            referenced.select("node", "log_id", "offset", "ledger_id", "entry_id"),
+            ["node", "log_id", "offset", "ledger_id", "entry_id"],
+            "semi",
+        )
         .select(
             "node",
             "ledger_id",
