@@ -1,4 +1,4 @@
-"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect."""
+"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit."""
 
 from __future__ import annotations
 
@@ -52,6 +52,13 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from node.inspect import main as inspect_main
 
     return inspect_main(args)
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    # Imported late: pyspark loads only for the audit, never for `serve`.
+    from node.audit.job import run
+
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--records", action="store_true", help="print every record")
     inspect.set_defaults(func=_cmd_inspect)
+
+    from node.audit.job import add_arguments as audit_arguments  # argparse only, no pyspark
+
+    audit = sub.add_parser("audit", help="audit the data with Spark (README: Audit)")
+    audit_arguments(audit)
+    audit.set_defaults(func=_cmd_audit)
     return parser
 
 
