@@ -61,6 +61,12 @@ MS_PER_S = 1000.0
 RETENTION_REASONS = ("time", "size", "disk")  # why retention deleted a stream's ledger
 
 
+@dataclass(slots=True, frozen=True)
+class AuditFigures:
+    finished_s: float  # when the audit job finished (its clock), s since the epoch
+    violations: dict[str, int]  # by check
+
+
 @dataclass(slots=True)
 class CursorSnapshot:
     name: str
@@ -128,6 +134,7 @@ class Metrics:
         self._settings = settings
         self._snapshot = EngineSnapshot()
         self._ring: RingFigures | None = None
+        self._audit: AuditFigures | None = None
 
         def histogram(
             name: str,
@@ -193,6 +200,14 @@ class Metrics:
 
     def wal_ring(self, ring: RingFigures) -> None:
         self._ring = ring
+
+    def audit_result(self, finished_ms: int, violations: dict[str, int]) -> None:
+        """The last audit summary posted to the node (POST /api/v1/audit/result)."""
+        self._audit = AuditFigures(finished_ms / MS_PER_S, dict(violations))
+
+    @property
+    def audit(self) -> AuditFigures | None:
+        return self._audit
 
     # --- scraping --------------------------------------------------------------------------
 
@@ -375,6 +390,24 @@ class _StateCollector(Collector):
             value=_directory_bytes(settings.index_dir),
         )
         yield from _disk_metrics(settings)
+        if self._metrics.audit is not None:
+            yield from _audit_metrics(self._metrics.audit)
+
+
+def _audit_metrics(audit: AuditFigures) -> Iterator[Metric]:
+    """Absent until an audit is posted: an alert on ``absent(...)`` or on the timestamp's
+    age catches an audit that stopped running."""
+    yield GaugeMetricFamily(
+        f"{PREFIX}_audit_last_run_timestamp_seconds",
+        "When the last audit posted to the node finished.",
+        value=audit.finished_s,
+    )
+    violations = GaugeMetricFamily(
+        f"{PREFIX}_audit_violations", "Violations the last audit found, by check.", labels=["check"]
+    )
+    for check, count in sorted(audit.violations.items()):
+        violations.add_metric([check], count)
+    yield violations
 
 
 def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:

@@ -34,7 +34,6 @@ from node.audit import offloadcheck
 from node.lifecycle.retention import plan_deletions
 from node.streams.model import MINUTE_MS, Position, Stream
 
-CHECKS = ("index", "crc", "unindexed", "garbage", "pinned", "retention", "offload", "holes")
 VIOLATION_SCHEMA = (
     "node string, ledger_id long, entry_id long, log_id long, offset long, what string"
 )

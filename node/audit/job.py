@@ -5,10 +5,12 @@
     --snapshot URI     a snapshot (POST /api/v1/audit/snapshot) instead; repeat for a fleet
     --out DIR          <out>/summary.json, <out>/<check>.parquet per check, log_usage.parquet
     --master M         Spark master (default: what spark-submit set, else local[*])
-    --checks a,b       a subset of the checks (node.audit.checks.CHECKS)
+    --checks a,b       a subset of the checks (node.audit.CHECKS)
+    --post-to URL      then POST summary.json to URL/api/v1/audit/result (a node; the
+                       bearer token from NODE_ADMIN_TOKEN when set)
 
 Exit status: 0 every check clean, 1 a violation found, 2 the audit could not run (the
-reason on stderr).
+reason on stderr; also when --post-to could not deliver the summary).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 DEFAULT_GRACE_S = 24 * 3600  # retention runs daily (delete_when): a day late is not yet late
 SHUFFLE_PARTITIONS = 8  # the tables are small next to the logs: few shuffle tasks
 NS_PER_MS = 1_000_000
+RESULT_PATH = "/api/v1/audit/result"
+TOKEN_ENV = "NODE_ADMIN_TOKEN"  # the node's own setting: one secret for both sides
+POST_TIMEOUT_S = 30.0
 
 
 class CannotRun(Exception):
@@ -64,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how late retention may be before an out-of-retention ledger is a violation",
     )
     parser.add_argument("--now-ms", type=int, help="the audit's clock (default: now)")
+    parser.add_argument(
+        "--post-to", help="node URL (http://node:8080): POST the summary to its audit result"
+    )
 
 
 def spark_session(master: str | None) -> Any:
@@ -96,7 +104,7 @@ def spark_session(master: str | None) -> Any:
 
 
 def _wanted(text: str | None) -> list[str]:
-    from node.audit.checks import CHECKS
+    from node.audit import CHECKS
 
     if not text:
         return list(CHECKS)
@@ -155,9 +163,8 @@ def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
         name: spark.read.parquet(*[str(d / f"{name}{snapshot.PARQUET_SUFFIX}") for d in dirs])
         for name in snapshot.SCHEMAS
     }
-    records = source.read_records(
-        spark, [(m["node"], m["ledgersDir"]) for m in metas], args.split_bytes
-    ).cache()
+    records = source.read_records(spark, _snapshot_logs(tables["logs"], metas), args.split_bytes)
+    records = records.cache()
     inputs = checks.Inputs(
         spark, records, tables, metas, now_ms, args.retention_grace_s * checks.MS_PER_S
     )
@@ -204,7 +211,43 @@ def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
     }
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
     _print_table(results)
+    if args.post_to:
+        post_summary(args.post_to, summary)
     return EXIT_VIOLATIONS if violations else EXIT_CLEAN
+
+
+def _snapshot_logs(logs: Any, metas: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+    """(node, ledgers dir, log id, size) of every log the snapshots list: the scan reads
+    what each snapshot saw (a live node's logs grow after it), an unreadable log as it is
+    now (-1) so that the scan reports what is wrong with it."""
+    where = {m["node"]: m["ledgersDir"] for m in metas}
+    rows = logs.select("node", "log_id", "size_bytes", "error").collect()
+    return [
+        (r["node"], where[r["node"]], r["log_id"], -1 if r["error"] else r["size_bytes"])
+        for r in sorted(rows, key=lambda r: (r["node"], r["log_id"]))
+    ]
+
+
+def post_summary(url: str, summary: dict[str, Any]) -> None:
+    """POST the summary to a node (which keeps it and exports it as metrics)."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    target = url.rstrip("/") + RESULT_PATH
+    request = urllib.request.Request(
+        target, data=json.dumps(summary).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S):
+            pass
+    except urllib.error.HTTPError as e:
+        raise CannotRun(f"{target} refused the summary: {e.code} {e.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise CannotRun(f"cannot post the summary to {target}: {e}") from None
 
 
 def _print_table(results: dict[str, dict[str, Any]]) -> None:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +50,9 @@ from node.storage.index import (
     LedgerMeta,
 )
 from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Cursor
+
+if TYPE_CHECKING:
+    from node.storage.ledgers import LedgerStorage
 
 FORMAT_VERSION = 1
 META_FILE = "snapshot.json"
@@ -350,6 +353,35 @@ def from_storage_serialized(
     return Snapshot(
         node, str(ledgers_dir.resolve()), now_ms, settings, offload_store, builder.tables()
     )
+
+
+def from_live_storage(storage: LedgerStorage, node: str, now_ms: int) -> Snapshot:
+    """Blocking, on a worker thread: the snapshot of a running node at its last checkpoint.
+
+    It runs on the storage's flush thread between two checkpoints, so nothing appends to
+    an entry log or writes a location meanwhile. Metadata comes from the index, not from
+    memory: the in-memory ledgers are ahead of the last checkpoint (entries added since are
+    in the write cache, not yet in a log), and the checks hold the two to each other. Logs
+    that compaction is writing or has retired are left out: nothing indexes their records
+    (yet, or any more)."""
+    settings = storage.settings
+
+    def take() -> Snapshot:
+        index = storage.index
+        busy = {*storage.compactor.in_progress, *storage.retired_logs}
+        log_ids = [i for i in entrylog.list_logs(settings.ledgers_dir) if i not in busy]
+        return from_storage_serialized(
+            settings.ledgers_dir,
+            index,
+            list(index.load_ledgers().values()),
+            log_ids,
+            node,
+            check_settings(settings),
+            offload_store_url(settings),
+            now_ms,
+        )
+
+    return storage.run_serialized(take)
 
 
 def _now_ms() -> int:

@@ -1,8 +1,14 @@
 """A Spark 4 Python Data Source of entry log records (format name ``entrylog``).
 
     spark.dataSource.register(EntryLogDataSource)
-    spark.read.format("entrylog").option("dirs", json.dumps([[node, ledgers_dir], ...]))
+    spark.read.format("entrylog")
+        .option("logs", json.dumps([[node, ledgers_dir, log_id, size], ...]))
         .option("splitBytes", str(64 << 20)).load()
+
+The logs are those of the snapshot, each read up to the size it had when the snapshot was
+taken: a live node goes on appending after it, and records the snapshot's index cannot know
+of would be reported as garbage. A size below 0 means the file's size at planning time (a
+log the snapshot could not read: the scan says what is wrong with it).
 
 Partitions are byte ranges of log files (``splitBytes`` each, so a 1 GiB log is many
 tasks); each task reads its range on the executor and returns one row per record (see
@@ -42,24 +48,25 @@ class LogRange(InputPartition):
 
 class EntryLogReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self._dirs: list[list[str]] = json.loads(options["dirs"])
+        self._logs: list[tuple[str, str, int, int]] = [
+            (str(node), str(directory), int(log_id), int(size))
+            for node, directory, log_id, size in json.loads(options["logs"])
+        ]
         self._split = int(options.get("splitBytes", DEFAULT_SPLIT_BYTES))
         self._max_record = int(options.get("maxRecordBytes", ranges.DEFAULT_MAX_RECORD))
 
     def partitions(self) -> Sequence[InputPartition]:
         planned: list[InputPartition] = []
-        for node, directory in self._dirs:
-            ledgers_dir = Path(directory)
-            for log_id in entrylog.list_logs(ledgers_dir):
-                path = entrylog.log_path(ledgers_dir, log_id)
-                try:
-                    size = path.stat().st_size
-                except FileNotFoundError:
-                    continue  # deleted while planning (a live node's GC)
-                planned.extend(
-                    LogRange(node, log_id, str(path), start, end)
-                    for start, end in ranges.plan_ranges(size, self._split)
-                )
+        for node, directory, log_id, snapshot_size in self._logs:
+            path = entrylog.log_path(Path(directory), log_id)
+            try:
+                size = snapshot_size if snapshot_size >= 0 else path.stat().st_size
+            except FileNotFoundError:
+                continue  # deleted while planning (a live node's GC)
+            planned.extend(
+                LogRange(node, log_id, str(path), start, end)
+                for start, end in ranges.plan_ranges(size, self._split)
+            )
         # Spark refuses a reader without partitions: one that reads nothing stands in.
         return planned or [LogRange("", -1, "", 0, 0)]
 
@@ -89,12 +96,12 @@ class EntryLogDataSource(DataSource):
         return EntryLogReader(dict(self.options))
 
 
-def read_records(spark: Any, dirs: list[tuple[str, str]], split_bytes: int) -> Any:
-    """The records DataFrame of the given (node, ledgers dir) pairs."""
+def read_records(spark: Any, logs: list[tuple[str, str, int, int]], split_bytes: int) -> Any:
+    """The records DataFrame of the given (node, ledgers dir, log id, size) logs."""
     spark.dataSource.register(EntryLogDataSource)
     return (
         spark.read.format(FORMAT)
-        .option("dirs", json.dumps([list(d) for d in dirs]))
+        .option("logs", json.dumps([list(log) for log in logs]))
         .option("splitBytes", str(split_bytes))
         .load()
     )

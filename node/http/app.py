@@ -14,10 +14,20 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, ledgers, offload, openapi, streams
+from node.http import admin, audit, ledgers, offload, openapi, streams
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK, Lifecycle
+from node.http.state import (
+    AUDIT,
+    LIFECYCLE,
+    METRICS,
+    SETTINGS,
+    STORAGE,
+    STREAMS,
+    WORK,
+    AuditState,
+    Lifecycle,
+)
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -44,12 +54,14 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], SystemClock())
     app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS])
+    app[AUDIT] = AuditState()
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(offload.routes)
+    app.add_routes(audit.routes)
     app.add_routes(openapi.routes)
     return app
 
@@ -58,6 +70,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[WORK].before_storage_start()
     await app[STORAGE].start()
     await app[STREAMS].start()
+    await audit.restore(app)
     await app[WORK].start()
     app[LIFECYCLE].started = True
     yield
@@ -67,6 +80,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
+    await audit.restore(app)
     app[LIFECYCLE].started = True
     yield
 

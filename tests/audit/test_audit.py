@@ -8,15 +8,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from node.audit import job, snapshot
-from node.audit.checks import CHECKS
+from node.audit import CHECKS, job, snapshot
 from tests.audit import world as w
 
 pytestmark = pytest.mark.timeout(600)
@@ -24,13 +22,6 @@ pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
 SPLIT_BYTES = 16 * 1024  # several tasks per 64 KiB log: ranges start mid-record
 VENV_BIN = Path(sys.executable).parent
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    session = job.spark_session("local[2]")
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")
