@@ -19,7 +19,7 @@ executors run (local mode; on a cluster, executors on the node's volume).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,10 @@ class LogRange(InputPartition):
 
 
 class EntryLogReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
+        # ``options`` is Spark's case-insensitive map, whose keys are stored lower case: a
+        # plain dict made of it would lose "splitBytes" (every log one task, whatever the
+        # option said).
         self._logs: list[tuple[str, str, int, int]] = [
             (str(node), str(directory), int(log_id), int(size))
             for node, directory, log_id, size in json.loads(options["logs"])
@@ -93,7 +96,7 @@ class EntryLogDataSource(DataSource):
         return ranges.SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return EntryLogReader(dict(self.options))
+        return EntryLogReader(self.options)
 
 
 def read_records(spark: Any, logs: list[tuple[str, str, int, int]], split_bytes: int) -> Any:
