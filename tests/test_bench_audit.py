@@ -12,9 +12,9 @@ RUN_TIMEOUT_S = 300  # two Spark sessions start: tens of seconds; this only stop
 SCANS = ("spark local[1]", "spark local[2]", "inspect (1 thread)")
 GIB = "0.004"  # about 4 MiB of logs
 SPLIT_MIB = "0.5"  # several partitions in one log
-RECORDS_COLUMN = 3
-BAD_CRC_COLUMN = 4
-PARTITIONS_COLUMN = 5
+RECORDS_COLUMN = 4
+BAD_CRC_COLUMN = 5
+PARTITIONS_COLUMN = 6
 
 
 def _rows(output: str) -> dict[str, list[str]]:
