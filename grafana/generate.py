@@ -660,12 +660,29 @@ def lifecycle() -> Dashboard:
             ),
         ],
     )
+    audit = Row(
+        "Audit",
+        [
+            Panel(
+                "Audit violations by check",
+                "none",
+                [q(sel("audit_violations"), "{{instance}} {{check}}")],
+                "Of the last audit posted to the node (POST /api/v1/audit/result).",
+            ),
+            Panel(
+                "Time since the last audit",
+                "s",
+                [q(f"time() - {sel('audit_last_run_timestamp_seconds')}")],
+                "The audit DAG runs daily.",
+            ),
+        ],
+    )
     return Dashboard(
         "storage-node-lifecycle",
         "Storage node / Lifecycle",
-        "GC and compaction, retention, offload and disks: where the space goes. "
-        "(Audit panels join once the audit metrics exist.)",
-        [gc, retention, offload, disks],
+        "GC and compaction, retention, offload, disks and the audit: where the space goes "
+        "and whether the data is what the node claims.",
+        [gc, retention, offload, disks, audit],
     )
 
 

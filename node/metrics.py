@@ -64,6 +64,12 @@ RETENTION_REASONS = ("time", "size", "disk")  # why retention deleted a stream's
 PINNING_LEDGERS_SHOWN = 10
 
 
+@dataclass(slots=True, frozen=True)
+class AuditFigures:
+    finished_s: float  # when the audit job finished (its clock), s since the epoch
+    violations: dict[str, int]  # by check
+
+
 @dataclass(slots=True)
 class CursorSnapshot:
     name: str
@@ -134,6 +140,7 @@ class Metrics:
         self._snapshot = EngineSnapshot()
         self._ring: RingFigures | None = None
         self._start_time_s = time.time()
+        self._audit: AuditFigures | None = None
 
         def histogram(
             name: str,
@@ -204,6 +211,14 @@ class Metrics:
 
     def wal_ring(self, ring: RingFigures) -> None:
         self._ring = ring
+
+    def audit_result(self, finished_ms: int, violations: dict[str, int]) -> None:
+        """The last audit summary posted to the node (POST /api/v1/audit/result)."""
+        self._audit = AuditFigures(finished_ms / MS_PER_S, dict(violations))
+
+    @property
+    def audit(self) -> AuditFigures | None:
+        return self._audit
 
     # --- scraping --------------------------------------------------------------------------
 
@@ -400,6 +415,24 @@ class _StateCollector(Collector):
             "Unix time the node started (alerts on runs that never happened count from it).",
             value=self._metrics.start_time_s,
         )
+        if self._metrics.audit is not None:
+            yield from _audit_metrics(self._metrics.audit)
+
+
+def _audit_metrics(audit: AuditFigures) -> Iterator[Metric]:
+    """Absent until an audit is posted: an alert on ``absent(...)`` or on the timestamp's
+    age catches an audit that stopped running."""
+    yield GaugeMetricFamily(
+        f"{PREFIX}_audit_last_run_timestamp_seconds",
+        "When the last audit posted to the node finished.",
+        value=audit.finished_s,
+    )
+    violations = GaugeMetricFamily(
+        f"{PREFIX}_audit_violations", "Violations the last audit found, by check.", labels=["check"]
+    )
+    for check, count in sorted(audit.violations.items()):
+        violations.add_metric([check], count)
+    yield violations
 
 
 def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:

@@ -167,6 +167,11 @@ class Settings(BaseSettings):
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
     delete_commit_log_files_interval: int = Field(100, ge=0)  # ms between deletions
 
+    # --- audit (README "Audit") --------------------------------------------------------------
+    # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target
+    # of that request must lie under it: the HTTP API never writes anywhere else on the host.
+    audit_snapshot_dir: Path | None = None
+
     # --- offload (Pulsar tiered storage, README "Offload") ---------------------------------
     offload_store: Literal["local", "s3"] = "local"  # a local directory, or any S3 service
     offload_local_dir: Path | None = None  # the local store's directory; None = data_dir/offload
@@ -283,6 +288,10 @@ class Settings(BaseSettings):
     @property
     def index_dir(self) -> Path:
         return self.data_dir / "index"
+
+    @property
+    def audit_snapshots_dir(self) -> Path:
+        return self.audit_snapshot_dir or self.data_dir / "audit" / "snapshots"
 
     @property
     def offload_dir(self) -> Path:

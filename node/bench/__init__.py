@@ -7,7 +7,9 @@
 - ``http`` (http.py): the live server over loopback, next to the engine in-process;
 - ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback;
 - ``offload`` (offload.py): upload and reads of an offloaded ledger (local store, S3 on moto)
-  beside entry-log reads of the same ledger, and the bytes a random read fetches.
+  beside entry-log reads of the same ledger, and the bytes a random read fetches;
+- ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]
+  beside the single-threaded ``inspect`` CRC pass.
 
 common.py holds what they all share; server.py what http and stream share (the node they
 start, the load process they drive it with). A benchmark's module is imported only when it

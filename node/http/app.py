@@ -15,12 +15,13 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, ledgers, offload, openapi, streams
+from node.http import admin, audit, ledgers, offload, openapi, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
+    AUDIT,
     BUDGET,
     LIFECYCLE,
     METRICS,
@@ -28,6 +29,7 @@ from node.http.state import (
     STORAGE,
     STREAMS,
     WORK,
+    AuditState,
     Lifecycle,
 )
 from node.lifecycle import BackgroundWork
@@ -64,12 +66,14 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], SystemClock())
     app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS])
+    app[AUDIT] = AuditState()
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
     app.add_routes(streams.routes)
     app.add_routes(offload.routes)
+    app.add_routes(audit.routes)
     app.add_routes(openapi.routes)
     return app
 
@@ -78,6 +82,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[WORK].before_storage_start()
     await app[STORAGE].start()
     await app[STREAMS].start()
+    await audit.restore(app)
     await app[WORK].start()
     app[LIFECYCLE].started = True
     yield
@@ -87,6 +92,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
+    await audit.restore(app)
     app[LIFECYCLE].started = True
     yield
 

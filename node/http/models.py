@@ -11,7 +11,7 @@ request breaks a schema of the document.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,7 @@ from pydantic import (
 # pydantic needs typing_extensions.TypedDict below Python 3.12
 from typing_extensions import TypedDict
 
+from node.audit import CHECKS
 from node.http.errors import ApiError
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerState, OffloadState
 from node.streams.model import ID_DIGITS, NAME, POSITION, Policies
@@ -226,6 +227,61 @@ class OffloadRun(TypedDict, total=False):
     ]
 
 
+SNAPSHOT_TARGET_PATTERN = "^(local|offload|file:///.*)$"
+CHECK_NAME_PATTERN = f"^({'|'.join(CHECKS)})$"
+AUDIT_SUMMARY_VERSION = 1  # node.audit.job.SUMMARY_VERSION (that module imports pyspark)
+Counted = Annotated[int, Field(ge=0), INTEGRAL]
+Instant = Annotated[int, Field(ge=0, description="ms since the epoch"), INTEGRAL]
+
+
+@with_config(REQUEST)
+class AuditSnapshotRequest(TypedDict, total=False):
+    to: Annotated[
+        str,
+        Field(
+            pattern=SNAPSHOT_TARGET_PATTERN,
+            description='"local" (the default: a new directory under the node\'s snapshot '
+            'directory), "offload" (the offload object store), or a file:// URI of a new or '
+            "empty directory under the snapshot directory",
+        ),
+    ]
+
+
+@with_config(REQUEST)
+class AuditCheckResult(TypedDict):
+    violations: Counted
+    table: Annotated[str, Field(description="Where the job wrote the violations")]
+
+
+@with_config(REQUEST)
+class AuditGarbage(TypedDict):
+    logs: Counted
+    recordBytes: Counted
+    referencedBytes: Counted
+    gcLiveBytes: Counted
+    garbageBytes: Counted
+    table: str
+
+
+@with_config(REQUEST)
+class AuditSummary(TypedDict):
+    """The audit job's summary.json, as it writes it."""
+
+    version: Literal[1]
+    startedMs: Instant
+    finishedMs: Instant
+    auditTimeMs: Instant
+    nodes: list[str]
+    status: Literal["clean", "violations"]
+    checks: Annotated[
+        dict[Annotated[str, Field(pattern=CHECK_NAME_PATTERN)], AuditCheckResult],
+        # Without it JSON Schema would let any other key through patternProperties.
+        Field(json_schema_extra={"additionalProperties": False}),
+    ]
+    garbage: NotRequired[AuditGarbage]
+    logAges: NotRequired[Annotated[dict[str, Counted], Field(description="Logs by age")]]
+
+
 CREATE_LEDGER = Body(CreateLedger)
 OFFLOAD_RUN = Body(OffloadRun)
 STREAM_POLICIES = Body(StreamPolicies, code="invalid_policy")
@@ -235,6 +291,8 @@ READ_ONLY = Body(ReadOnlyBody, required=True)
 GC_REQUEST = Body(GcRequest)
 SUSPEND = Body(SuspendCompaction, nonempty=True)
 RESUME = Body(ResumeCompaction, nonempty=True)
+AUDIT_SNAPSHOT = Body(AuditSnapshotRequest, pattern_code="invalid_target")
+AUDIT_SUMMARY = Body(AuditSummary, required=True, code="invalid_summary")
 REQUEST_BODIES: tuple[Body[Any], ...] = (
     CREATE_LEDGER,
     STREAM_POLICIES,
@@ -245,6 +303,8 @@ REQUEST_BODIES: tuple[Body[Any], ...] = (
     SUSPEND,
     RESUME,
     OFFLOAD_RUN,
+    AUDIT_SNAPSHOT,
+    AUDIT_SUMMARY,
 )
 
 
@@ -437,6 +497,17 @@ class Suspension(Reply):
     isMinorGcSuspended: TrueFalse
 
 
+class AuditSnapshot(Reply):
+    uri: Annotated[str, Field(description="Where the snapshot is: give it to the audit job")]
+    takenMs: Millis
+    rows: dict[str, Count]
+
+
+class AuditResult(Reply):
+    receivedMs: Millis
+    summary: AuditSummary
+
+
 RESPONSE_MODELS: tuple[type[Reply], ...] = (
     Error,
     Ledger,
@@ -456,6 +527,8 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     Space,
     ForceGcState,
     Suspension,
+    AuditSnapshot,
+    AuditResult,
 )
 
 

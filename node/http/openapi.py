@@ -45,7 +45,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         404: "No such ledger, entry or route",
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
-        "2^63 - 1 (ledger_full: nothing of it is added)",
+        "2^63 - 1 (ledger_full: nothing of it is added); an audit snapshot directory that is "
+        "not empty (snapshot_exists)",
         408: "The body stopped arriving for body_read_timeout_s (body_timeout); the "
         "connection closes",
         413: "Entry or request too large (a declared Content-Length is refused before the "
@@ -53,7 +54,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         415: "Unsupported content type",
         422: "Well formed, but refused for what it means: a position not in the stream or past "
         "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
-        "a range whose from is after its to (invalid_range)",
+        "a range whose from is after its to (invalid_range), an audit snapshot target outside "
+        "the snapshot directory (invalid_target), an audit summary whose status disagrees "
+        "with its counts (invalid_summary)",
         500: "An entry failed its CRC check, or the WAL failed",
         502: "An offloaded object is missing or damaged (offload_object_unreadable)",
         503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
@@ -524,6 +527,35 @@ def document(settings: Settings) -> dict[str, Any]:
             **_stream_paths(settings.max_long_poll_ms),
             **_admin_paths(),
             **_offload_paths(),
+            **_audit_paths(),
+        },
+    }
+
+
+def _audit_paths() -> dict[str, Any]:
+    result = _json(_ref("AuditResult"), "The last summary and when the node received it")
+    return {
+        "/api/v1/audit/snapshot": {
+            "post": {
+                "summary": "Write a snapshot of the index and metadata, consistent with one "
+                "checkpoint, as Parquet (a directory or the offload store) for the audit job",
+                "requestBody": _body("AuditSnapshotRequest", required=False),
+                "responses": {
+                    "201": _json(_ref("AuditSnapshot"), "Its URI (the job's --snapshot)"),
+                    **_errors(400, 401, 403, 409, 422, 503),
+                },
+            }
+        },
+        "/api/v1/audit/result": {
+            "get": {
+                "summary": "The last audit summary posted",
+                "responses": {"200": result, **_errors(404)},
+            },
+            "post": {
+                "summary": "Keep an audit job's summary.json (durably; exported as metrics)",
+                "requestBody": _body("AuditSummary", required=True),
+                "responses": {"200": result, **_errors(400, 401, 403, 413, 422, 503)},
+            },
         },
     }
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from node.http.budget import BodyBudget
+from node.http.models import AuditResult
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -22,6 +23,13 @@ class Lifecycle:
     shutting_down: bool = False
 
 
+@dataclass(slots=True)
+class AuditState:
+    """The last audit summary posted (POST /api/v1/audit/result), None before the first."""
+
+    last: AuditResult | None = None
+
+
 STORAGE = web.AppKey("storage", LedgerStorage)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -29,3 +37,4 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 WORK = web.AppKey("work", BackgroundWork)
 STREAMS = web.AppKey("streams", StreamManager)
 BUDGET = web.AppKey("budget", BodyBudget)
+AUDIT = web.AppKey("audit", AuditState)

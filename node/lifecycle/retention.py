@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
 from node.streams.manager import StreamManager
-from node.streams.model import MB, MINUTE_MS, Position
+from node.streams.model import MB, MINUTE_MS, Position, Stream
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,41 @@ class RetentionStats:
     last_run_ms: int = 0  # wall clock of the last run's end; 0: none since start
 
 
+def plan_deletions(
+    stream: Stream, slowest: Position | None, now_ms: int, forced: bool
+) -> list[Deletion]:
+    """The rule itself, on a stream's record alone (the node's retention and the audit's
+    check of it apply the same one): the closed ledgers before ``slowest`` (the slowest
+    cursor's mark-delete, None without cursors) that retention deletes at ``now_ms``."""
+    policies = stream.policies
+    closed = stream.ledgers[:-1]  # never the ledger taking appends
+    if slowest is not None:
+        closed = [
+            info
+            for info in closed
+            if info.ledger_id < slowest.ledger_id
+            or (info.ledger_id == slowest.ledger_id and slowest.entry_id >= info.entries - 1)
+        ]
+    total = sum(info.size_bytes for info in stream.ledgers)
+    deleting = 0
+    plan = []
+    for info in closed:  # a prefix of the stream: ledger ids ascend
+        deleting += info.size_bytes
+        if forced:
+            plan.append(Deletion(stream.name, info.ledger_id, "disk", info.size_bytes))
+            continue
+        size_limit = policies.retentionSizeInMB
+        time_limit = policies.retentionTimeInMinutes
+        expired = time_limit >= 0 and now_ms - info.closed_ms > time_limit * MINUTE_MS
+        over = size_limit >= 0 and total - deleting >= size_limit * MB
+        if not (expired or over):
+            break
+        plan.append(
+            Deletion(stream.name, info.ledger_id, "time" if expired else "size", info.size_bytes)
+        )
+    return plan
+
+
 class Retention:
     def __init__(
         self, streams: StreamManager, clock: Clock, disk_usage: Callable[[], float]
@@ -68,38 +103,10 @@ class Retention:
     def plan(self, name: str, forced: bool, ttl_mark: Position | None = None) -> list[Deletion]:
         """``ttl_mark``: where the message TTL would move every cursor (for a dry run, which
         moves none)."""
-        stream = self._streams.stream(name)
-        policies = stream.policies
-        closed = stream.ledgers[:-1]  # never the ledger taking appends
         slowest = self._streams.slowest_mark(name)
         if slowest is not None and ttl_mark is not None:
             slowest = max(slowest, ttl_mark)
-        if slowest is not None:
-            closed = [
-                info
-                for info in closed
-                if info.ledger_id < slowest.ledger_id
-                or (info.ledger_id == slowest.ledger_id and slowest.entry_id >= info.entries - 1)
-            ]
-        total = sum(info.size_bytes for info in stream.ledgers)
-        now = self._clock.now_ms()
-        deleting = 0
-        plan = []
-        for info in closed:  # a prefix of the stream: ledger ids ascend
-            deleting += info.size_bytes
-            if forced:
-                plan.append(Deletion(name, info.ledger_id, "disk", info.size_bytes))
-                continue
-            size_limit = policies.retentionSizeInMB
-            time_limit = policies.retentionTimeInMinutes
-            expired = time_limit >= 0 and now - info.closed_ms > time_limit * MINUTE_MS
-            over = size_limit >= 0 and total - deleting >= size_limit * MB
-            if not (expired or over):
-                break
-            plan.append(
-                Deletion(name, info.ledger_id, "time" if expired else "size", info.size_bytes)
-            )
-        return plan
+        return plan_deletions(self._streams.stream(name), slowest, self._clock.now_ms(), forced)
 
     async def run(
         self, dry_run: bool = False, forced: bool | None = None

@@ -64,6 +64,11 @@ class FormatError(ValueError):
     """Bytes that are not what the layout says (damaged or foreign)."""
 
 
+# Audit snapshots (POST /api/v1/audit/snapshot {"to": "offload"}) live under this prefix of
+# the same store: no ledger names them, and they are not offload's to remove.
+AUDIT_PREFIX = "audit/"
+
+
 def data_key(ledger_id: int, attempt: str) -> str:
     return f"{ledger_id}/{attempt}.data"
 

@@ -22,7 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.offload.format import parse_key
+from node.offload.format import AUDIT_PREFIX, parse_key
 from node.offload.offloader import Ineligible, Offloader, ineligible_reason
 from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
@@ -264,7 +264,11 @@ class Offload:
         """Objects that no ledger's offload record names."""
         found = await self.store.list()
         known = self._known()
-        return [(key, size) for key, size in found if parse_key(key) not in known]
+        return [
+            (key, size)
+            for key, size in found
+            if parse_key(key) not in known and not key.startswith(AUDIT_PREFIX)
+        ]
 
     async def remove_unknown_objects(self) -> list[str]:
         async with self._lock:

@@ -1,0 +1,8 @@
+"""Audit of a node's data with Spark (SPEC.md section 9, README "Audit").
+
+``snapshot`` (pyarrow only) is what the live node uses; ``source``, ``checks`` and ``job``
+import pyspark and are imported only by ``python -m node audit`` and ``spark-submit``.
+"""
+
+# The checks' names, here (no pyspark) so that the node can validate a posted summary.
+CHECKS = ("index", "crc", "unindexed", "garbage", "pinned", "retention", "offload", "holes")

@@ -1,0 +1,267 @@
+"""The audit job: ``python -m node audit ...`` or ``spark-submit node/audit/job.py ...``.
+
+    --data-dir DIR     a stopped node's data directory (index read-only, entry logs); with
+                       --snapshot, only where the entry logs are is taken from the snapshot
+    --snapshot URI     a snapshot (POST /api/v1/audit/snapshot) instead; repeat for a fleet
+    --out DIR          <out>/summary.json, <out>/<check>.parquet per check, log_usage.parquet
+    --master M         Spark master (default: what spark-submit set, else local[*])
+    --checks a,b       a subset of the checks (node.audit.CHECKS)
+    --post-to URL      then POST summary.json to URL/api/v1/audit/result (a node; the
+                       bearer token from NODE_ADMIN_TOKEN when set)
+
+Exit status: 0 every check clean, 1 a violation found, 2 the audit could not run (the
+reason on stderr; also when --post-to could not deliver the summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+EXIT_CLEAN = 0
+EXIT_VIOLATIONS = 1
+EXIT_CANNOT_RUN = 2
+SUMMARY_FILE = "summary.json"
+SUMMARY_VERSION = 1
+DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
+DEFAULT_GRACE_S = 24 * 3600  # retention runs daily (delete_when): a day late is not yet late
+SHUFFLE_PARTITIONS = 8  # the tables are small next to the logs: few shuffle tasks
+NS_PER_MS = 1_000_000
+RESULT_PATH = "/api/v1/audit/result"
+TOKEN_ENV = "NODE_ADMIN_TOKEN"  # the node's own setting: one secret for both sides
+POST_TIMEOUT_S = 30.0
+
+
+class CannotRun(Exception):
+    """The audit cannot run (exit 2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m node audit", description=__doc__)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, help="a stopped node's data directory")
+    parser.add_argument(
+        "--snapshot", action="append", default=[], help="snapshot URI (repeatable: a fleet)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--master", help="Spark master, e.g. local[2], spark://host:7077")
+    parser.add_argument("--checks", help="comma-separated subset of the checks")
+    parser.add_argument(
+        "--offload-store", help="offload store URL of a stopped node (default <data-dir>/offload)"
+    )
+    parser.add_argument(
+        "--split-bytes", type=int, default=DEFAULT_SPLIT_BYTES, help="bytes of log per task"
+    )
+    parser.add_argument(
+        "--retention-grace-s",
+        type=int,
+        default=DEFAULT_GRACE_S,
+        help="how late retention may be before an out-of-retention ledger is a violation",
+    )
+    parser.add_argument("--now-ms", type=int, help="the audit's clock (default: now)")
+    parser.add_argument(
+        "--post-to", help="node URL (http://node:8080): POST the summary to its audit result"
+    )
+
+
+def spark_session(master: str | None) -> Any:
+    """The active session (spark-submit's, a test's), or a new one. Executors run this
+    interpreter and import this ``node`` package, wherever it lives."""
+    root = str(Path(__file__).resolve().parents[2])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = (
+        SparkSession.builder.appName("node-audit")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+    )
+    from pyspark import SparkConf
+
+    if master is not None:
+        builder = builder.master(master)
+    elif not SparkConf().contains("spark.master"):
+        builder = builder.master("local[*]")
+    return builder.getOrCreate()
+
+
+def _wanted(text: str | None) -> list[str]:
+    from node.audit import CHECKS
+
+    if not text:
+        return list(CHECKS)
+    wanted = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = sorted(set(wanted) - set(CHECKS))
+    if unknown:
+        raise CannotRun(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    return wanted
+
+
+def _snapshot_dirs(args: argparse.Namespace, scratch: Path, now_ms: int) -> list[Path]:
+    from node.audit import snapshot
+
+    if args.snapshot:
+        return [snapshot.fetch(uri, scratch) for uri in args.snapshot]
+    if args.data_dir is None:
+        raise CannotRun("say --data-dir (a stopped node) or --snapshot URI")
+    snap = snapshot.from_data_dir(args.data_dir, offload_store=args.offload_store, now_ms=now_ms)
+    target = scratch / "snapshot"
+    snapshot.write_dir(snap, target)
+    return [target]
+
+
+def run(args: argparse.Namespace, spark: Any | None = None) -> int:
+    """The whole audit; returns the exit status."""
+    try:
+        wanted = _wanted(args.checks)
+        return _run(args, wanted, spark)
+    except CannotRun as e:
+        print(f"audit could not run: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+    except Exception as e:
+        from node.audit.snapshot import SnapshotError
+
+        if not isinstance(e, SnapshotError | OSError):
+            traceback.print_exc()
+        print(f"audit could not run: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
+
+
+def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
+    from node.audit import checks, snapshot, source
+
+    started_ms = time.time_ns() // NS_PER_MS
+    now_ms = args.now_ms if args.now_ms is not None else started_ms
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = out / "_snapshots"
+    dirs = _snapshot_dirs(args, scratch, now_ms)
+    metas = [snapshot.read_meta(d) for d in dirs]
+    if args.data_dir is not None and len(metas) == 1:
+        # The logs are read where this machine sees them (a copied snapshot, a mount).
+        metas[0]["ledgersDir"] = str((args.data_dir / "ledgers").resolve())
+    spark = spark or spark_session(args.master)
+    tables = {
+        name: spark.read.parquet(*[str(d / f"{name}{snapshot.PARQUET_SUFFIX}") for d in dirs])
+        for name in snapshot.SCHEMAS
+    }
+    records = source.read_records(spark, _snapshot_logs(tables["logs"], metas), args.split_bytes)
+    records = records.cache()
+    inputs = checks.Inputs(
+        spark, records, tables, metas, now_ms, args.retention_grace_s * checks.MS_PER_S
+    )
+    results: dict[str, dict[str, Any]] = {}
+    extra: dict[str, Any] = {}
+    for name in wanted:
+        if name == "garbage":
+            df, usage = checks.check_garbage(inputs)
+            usage_path = out / "log_usage.parquet"
+            usage.write.mode("overwrite").parquet(str(usage_path))
+            written = spark.read.parquet(str(usage_path))
+            totals = (
+                written.groupBy()
+                .sum("record_bytes", "referenced_bytes", "gc_live_bytes", "garbage_bytes")
+                .collect()[0]
+            )
+            extra["garbage"] = {
+                "logs": written.count(),
+                "recordBytes": int(totals[0] or 0),
+                "referencedBytes": int(totals[1] or 0),
+                "gcLiveBytes": int(totals[2] or 0),
+                "garbageBytes": int(totals[3] or 0),
+                "table": str(usage_path),
+            }
+        else:
+            df = getattr(checks, f"check_{name}")(inputs)
+        if name == "pinned":
+            extra["logAges"] = checks.log_age_histogram(inputs)
+        path = out / f"{name}.parquet"
+        df.write.mode("overwrite").parquet(str(path))
+        count = spark.read.parquet(str(path)).count()
+        results[name] = {"violations": count, "table": str(path)}
+    records.unpersist()
+    violations = sum(r["violations"] for r in results.values())
+    summary = {
+        "version": SUMMARY_VERSION,
+        "startedMs": started_ms,
+        "finishedMs": time.time_ns() // NS_PER_MS,
+        "auditTimeMs": now_ms,
+        "nodes": [m["node"] for m in metas],
+        "status": "violations" if violations else "clean",
+        "checks": results,
+        **extra,
+    }
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+    _print_table(results)
+    if args.post_to:
+        post_summary(args.post_to, summary)
+    return EXIT_VIOLATIONS if violations else EXIT_CLEAN
+
+
+def _snapshot_logs(logs: Any, metas: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:
+    """(node, ledgers dir, log id, size) of every log the snapshots list: the scan reads
+    what each snapshot saw (a live node's logs grow after it), an unreadable log as it is
+    now (-1) so that the scan reports what is wrong with it."""
+    where = {m["node"]: m["ledgersDir"] for m in metas}
+    rows = logs.select("node", "log_id", "size_bytes", "error").collect()
+    return [
+        (r["node"], where[r["node"]], r["log_id"], -1 if r["error"] else r["size_bytes"])
+        for r in sorted(rows, key=lambda r: (r["node"], r["log_id"]))
+    ]
+
+
+def post_summary(url: str, summary: dict[str, Any]) -> None:
+    """POST the summary to a node (which keeps it and exports it as metrics)."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    target = url.rstrip("/") + RESULT_PATH
+    request = urllib.request.Request(
+        target, data=json.dumps(summary).encode(), headers=headers, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S):
+            pass
+    except urllib.error.HTTPError as e:
+        raise CannotRun(f"{target} refused the summary: {e.code} {e.read()[:300]!r}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise CannotRun(f"cannot post the summary to {target}: {e}") from None
+
+
+def _print_table(results: dict[str, dict[str, Any]]) -> None:
+    width = max(len("check"), *(len(n) for n in results))
+    print(f"{'check':<{width}}  violations")
+    for name, result in results.items():
+        print(f"{name:<{width}}  {result['violations']}")
+    total = sum(r["violations"] for r in results.values())
+    print(f"{'total':<{width}}  {total}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":  # spark-submit node/audit/job.py ...
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""A node's index and metadata as Parquet tables: what the audit joins against the entry logs.
+
+Made two ways, the same tables either way:
+
+- from a **stopped** node's data directory: the RocksDB index opened read-only (RocksDB's
+  ``OpenForReadOnly`` takes no lock and changes no file), the entry logs' ledgers maps;
+- from a **live** node (``POST /api/v1/audit/snapshot``): read between two checkpoints
+  (``LedgerStorage.run_serialized``), so locations, metadata and the logs' ledger maps are
+  those of one checkpoint.
+
+Tables (every one has a ``node`` column, so that snapshots of a fleet stack up)::
+
+    locations      node, ledger_id, entry_id, log_id, offset
+    ledgers        node, ledger_id, state, lac, last_entry_id, entries, payload_bytes,
+                   created_ms, closed_ms, stream, offload_state, offload_attempt,
+                   offload_data_bytes, offload_local_deleted
+    logs           node, log_id, size_bytes, mtime_ms, error       (error: unreadable log)
+    log_ledgers    node, log_id, ledger_id, bytes                  (what GC counts per log)
+    streams        node, stream, record                            (the stream record, JSON)
+    cursors        node, stream, cursor, mark_ledger, mark_entry
+    doomed         node, ledger_id, stream
+
+plus ``snapshot.json`` (node name, directories, time taken, the settings the checks need,
+the offload store's URL). Only pyarrow here: the node imports this module, never pyspark.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rocksdict import AccessType, Options, Rdict
+
+from node.settings import Settings
+from node.storage import entrylog
+from node.storage.errors import CorruptRecord
+from node.storage.index import (
+    LEDGER_KEY,
+    LOCATION_KEY,
+    LOCATION_VALUE,
+    STREAM_PROPERTY,
+    LedgerMeta,
+)
+from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Cursor
+
+if TYPE_CHECKING:
+    from node.storage.ledgers import LedgerStorage
+
+FORMAT_VERSION = 1
+META_FILE = "snapshot.json"
+PARQUET_SUFFIX = ".parquet"
+INDEX_CURRENT_FILE = "CURRENT"  # every RocksDB directory has it
+MS_PER_S = 1000
+NS_PER_MS = 1_000_000
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "locations": pa.schema(
+        [
+            ("node", pa.string()),
+            ("ledger_id", pa.int64()),
+            ("entry_id", pa.int64()),
+            ("log_id", pa.int64()),
+            ("offset", pa.int64()),
+        ]
+    ),
+    "ledgers": pa.schema(
+        [
+            ("node", pa.string()),
+            ("ledger_id", pa.int64()),
+            ("state", pa.string()),
+            ("lac", pa.int64()),
+            ("last_entry_id", pa.int64()),
+            ("entries", pa.int64()),
+            ("payload_bytes", pa.int64()),
+            ("created_ms", pa.int64()),
+            ("closed_ms", pa.int64()),
+            ("stream", pa.string()),
+            ("offload_state", pa.string()),
+            ("offload_attempt", pa.string()),
+            ("offload_data_bytes", pa.int64()),
+            ("offload_local_deleted", pa.bool_()),
+        ]
+    ),
+    "logs": pa.schema(
+        [
+            ("node", pa.string()),
+            ("log_id", pa.int64()),
+            ("size_bytes", pa.int64()),
+            ("mtime_ms", pa.int64()),
+            ("error", pa.string()),
+        ]
+    ),
+    "log_ledgers": pa.schema(
+        [
+            ("node", pa.string()),
+            ("log_id", pa.int64()),
+            ("ledger_id", pa.int64()),
+            ("bytes", pa.int64()),
+        ]
+    ),
+    "streams": pa.schema([("node", pa.string()), ("stream", pa.string()), ("record", pa.string())]),
+    "cursors": pa.schema(
+        [
+            ("node", pa.string()),
+            ("stream", pa.string()),
+            ("cursor", pa.string()),
+            ("mark_ledger", pa.int64()),
+            ("mark_entry", pa.int64()),
+        ]
+    ),
+    "doomed": pa.schema(
+        [("node", pa.string()), ("ledger_id", pa.int64()), ("stream", pa.string())]
+    ),
+}
+
+
+class SnapshotError(Exception):
+    """The snapshot cannot be made or read (the audit exits 2 with this message)."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    node: str
+    ledgers_dir: str
+    taken_ms: int
+    settings: dict[str, Any]
+    offload_store: str | None
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "node": self.node,
+            "ledgersDir": self.ledgers_dir,
+            "takenMs": self.taken_ms,
+            "settings": self.settings,
+            "offloadStore": self.offload_store,
+            "rows": {name: table.num_rows for name, table in self.tables.items()},
+        }
+
+
+def check_settings(settings: Settings) -> dict[str, Any]:
+    """The node's settings the checks depend on (retention, compaction, log size)."""
+    return {
+        "majorCompactionIntervalS": settings.major_compaction_interval,
+        "logSizeLimit": settings.log_size_limit,
+        "defaultRetentionTimeInMinutes": settings.default_retention_time_in_minutes,
+    }
+
+
+def default_check_settings() -> dict[str, Any]:
+    """The defaults, for a stopped node whose settings the audit is not told."""
+    fields = Settings.model_fields
+    return {
+        "majorCompactionIntervalS": fields["major_compaction_interval"].default,
+        "logSizeLimit": fields["log_size_limit"].default,
+        "defaultRetentionTimeInMinutes": fields["default_retention_time_in_minutes"].default,
+    }
+
+
+def offload_store_url(settings: Settings) -> str | None:
+    """The offload store as a URL the audit's executors open (obstore ``from_url``)."""
+    if settings.offload_store == "local":
+        root = settings.offload_dir
+        if settings.offload_prefix:
+            root = root / settings.offload_prefix
+        return root.resolve().as_uri()
+    prefix = f"/{settings.offload_prefix}" if settings.offload_prefix else ""
+    return f"s3://{settings.offload_bucket}{prefix}"
+
+
+# --- building the tables -------------------------------------------------------------------
+
+
+class _Builder:
+    """Column lists per table, turned into Arrow tables at the end."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.columns: dict[str, dict[str, list[Any]]] = {
+            name: {f.name: [] for f in schema} for name, schema in SCHEMAS.items()
+        }
+
+    def add(self, table: str, **values: Any) -> None:
+        columns = self.columns[table]
+        columns["node"].append(self.node)
+        for key, value in values.items():
+            columns[key].append(value)
+
+    def add_locations(self, items: Iterable[tuple[int, int, int]]) -> None:
+        columns = self.columns["locations"]
+        node, lids, eids = columns["node"], columns["ledger_id"], columns["entry_id"]
+        logs, offsets = columns["log_id"], columns["offset"]
+        for ledger_id, entry_id, loc in items:
+            node.append(self.node)
+            lids.append(ledger_id)
+            eids.append(entry_id)
+            logs.append(loc >> 32)
+            offsets.append(loc & 0xFFFF_FFFF)
+
+    def add_ledger(self, meta: LedgerMeta) -> None:
+        offload = meta.offload
+        self.add(
+            "ledgers",
+            ledger_id=meta.ledger_id,
+            state=meta.state.name,
+            lac=meta.lac,
+            last_entry_id=meta.last_entry_id,
+            entries=meta.entries,
+            payload_bytes=meta.payload_bytes,
+            created_ms=meta.created_ms,
+            closed_ms=meta.closed_ms,
+            stream=meta.properties.get(STREAM_PROPERTY),
+            offload_state=None if offload is None else offload.state.name,
+            offload_attempt=None if offload is None else offload.attempt,
+            offload_data_bytes=None if offload is None else offload.data_bytes,
+            offload_local_deleted=None if offload is None else offload.local_deleted,
+        )
+
+    def add_records(self, records: dict[bytes, bytes]) -> None:
+        """The streams keyspace: stream records, cursors, doomed ledgers."""
+        for key, value in sorted(records.items()):
+            if key.startswith(STREAM_PREFIX):
+                name = key.removeprefix(STREAM_PREFIX).decode()
+                self.add("streams", stream=name, record=value.decode())
+            elif key.startswith(CURSOR_PREFIX):
+                cursor = Cursor.decode(key, value)
+                self.add(
+                    "cursors",
+                    stream=cursor.stream,
+                    cursor=cursor.name,
+                    mark_ledger=cursor.mark_delete.ledger_id,
+                    mark_entry=cursor.mark_delete.entry_id,
+                )
+            elif key.startswith(DOOMED_PREFIX):
+                lid = int(key.removeprefix(DOOMED_PREFIX))
+                self.add("doomed", ledger_id=lid, stream=json.loads(value)["stream"])
+
+    def add_logs(self, ledgers_dir: Path, log_ids: Iterable[int]) -> None:
+        """Each log's size, age (mtime) and GC's view of it: bytes per ledger from its
+        ledgers map, or a scan for a log without one (what ``ledger_sizes`` gives GC)."""
+        for log_id in log_ids:
+            path = entrylog.log_path(ledgers_dir, log_id)
+            try:
+                stat = path.stat()
+                sizes = entrylog.ledger_sizes(path)
+            except (OSError, CorruptRecord) as e:
+                self.add("logs", log_id=log_id, size_bytes=0, mtime_ms=0, error=str(e))
+                continue
+            self.add(
+                "logs",
+                log_id=log_id,
+                size_bytes=stat.st_size,
+                mtime_ms=stat.st_mtime_ns // NS_PER_MS,
+                error=None,
+            )
+            for ledger_id, size in sorted(sizes.items()):
+                self.add("log_ledgers", log_id=log_id, ledger_id=ledger_id, bytes=size)
+
+    def tables(self) -> dict[str, pa.Table]:
+        return {
+            name: pa.table(self.columns[name], schema=schema) for name, schema in SCHEMAS.items()
+        }
+
+
+def open_index_read_only(path: Path) -> Rdict:
+    """A stopped node's index, read-only (no lock taken, no file written)."""
+    if not (path / INDEX_CURRENT_FILE).is_file():
+        raise SnapshotError(f"{path}: not a RocksDB directory (no {INDEX_CURRENT_FILE})")
+    try:
+        families = Rdict.list_cf(str(path), Options(raw_mode=True))
+        return Rdict(
+            str(path),
+            Options(raw_mode=True),
+            column_families={name: Options(raw_mode=True) for name in families},
+            access_type=AccessType.read_only(error_if_log_file_exist=False),
+        )
+    except Exception as e:  # rocksdict raises plain Exception
+        raise SnapshotError(f"{path}: cannot open the index read-only: {e}") from None
+
+
+def from_data_dir(
+    data_dir: Path,
+    node: str | None = None,
+    settings: dict[str, Any] | None = None,
+    offload_store: str | None = None,
+    now_ms: int | None = None,
+) -> Snapshot:
+    """The snapshot of a stopped node's data directory (``ledgers/`` and ``index/``)."""
+    ledgers_dir = data_dir / "ledgers"
+    if not ledgers_dir.is_dir():
+        raise SnapshotError(f"{data_dir}: no entry log directory {ledgers_dir}")
+    name = node or str(data_dir.resolve())
+    builder = _Builder(name)
+    db = open_index_read_only(data_dir / "index")
+    try:
+        locations_cf = db.get_column_family("locations")
+        ledgers_cf = db.get_column_family("ledgers")
+        streams_cf = db.get_column_family("streams")
+        builder.add_locations(
+            (
+                *LOCATION_KEY.unpack(cast(bytes, key)),
+                LOCATION_VALUE.unpack(cast(bytes, value))[0],
+            )
+            for key, value in locations_cf.items()
+        )
+        for key, value in ledgers_cf.items():
+            (ledger_id,) = LEDGER_KEY.unpack(cast(bytes, key))
+            builder.add_ledger(LedgerMeta.decode(ledger_id, cast(bytes, value)))
+        builder.add_records({cast(bytes, k): cast(bytes, v) for k, v in streams_cf.items()})
+        del locations_cf, ledgers_cf, streams_cf  # they keep the database open
+    finally:
+        db.close()
+    builder.add_logs(ledgers_dir, entrylog.list_logs(ledgers_dir))
+    if offload_store is None and (data_dir / "offload").is_dir():
+        offload_store = (data_dir / "offload").resolve().as_uri()
+    return Snapshot(
+        name,
+        str(ledgers_dir.resolve()),
+        now_ms if now_ms is not None else _now_ms(),
+        settings or default_check_settings(),
+        offload_store,
+        builder.tables(),
+    )
+
+
+def from_storage_serialized(
+    ledgers_dir: Path,
+    index: Any,
+    ledgers: list[LedgerMeta],
+    log_ids: list[int],
+    node: str,
+    settings: dict[str, Any],
+    offload_store: str | None,
+    now_ms: int,
+) -> Snapshot:
+    """The snapshot of a live node; called between two checkpoints (the caller runs it
+    through ``LedgerStorage.run_serialized``), ``index`` being its ``Index``."""
+    builder = _Builder(node)
+    builder.add_locations(index.locations())
+    for meta in ledgers:
+        builder.add_ledger(meta)
+    builder.add_records(index.records())
+    builder.add_logs(ledgers_dir, log_ids)
+    return Snapshot(
+        node, str(ledgers_dir.resolve()), now_ms, settings, offload_store, builder.tables()
+    )
+
+
+def from_live_storage(storage: LedgerStorage, node: str, now_ms: int) -> Snapshot:
+    """Blocking, on a worker thread: the snapshot of a running node at its last checkpoint.
+
+    It runs on the storage's flush thread between two checkpoints, so nothing appends to
+    an entry log or writes a location meanwhile. Metadata comes from the index, not from
+    memory: the in-memory ledgers are ahead of the last checkpoint (entries added since are
+    in the write cache, not yet in a log), and the checks hold the two to each other. Logs
+    that compaction is writing or has retired are left out: nothing indexes their records
+    (yet, or any more)."""
+    settings = storage.settings
+
+    def take() -> Snapshot:
+        index = storage.index
+        busy = {*storage.compactor.in_progress, *storage.retired_logs}
+        log_ids = [i for i in entrylog.list_logs(settings.ledgers_dir) if i not in busy]
+        return from_storage_serialized(
+            settings.ledgers_dir,
+            index,
+            list(index.load_ledgers().values()),
+            log_ids,
+            node,
+            check_settings(settings),
+            offload_store_url(settings),
+            now_ms,
+        )
+
+    return storage.run_serialized(take)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // NS_PER_MS
+
+
+# --- writing and reading -------------------------------------------------------------------
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
+def write_dir(snapshot: Snapshot, directory: Path) -> str:
+    """Write the snapshot's files into ``directory``; returns its ``file://`` URI."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, table in snapshot.tables.items():
+        pq.write_table(table, directory / f"{name}{PARQUET_SUFFIX}")
+    (directory / META_FILE).write_text(json.dumps(snapshot.meta(), indent=2))
+    return directory.resolve().as_uri()
+
+
+def snapshot_files(snapshot: Snapshot) -> dict[str, bytes]:
+    """The snapshot's objects by name (for an object store)."""
+    files = {f"{n}{PARQUET_SUFFIX}": table_bytes(t) for n, t in snapshot.tables.items()}
+    files[META_FILE] = json.dumps(snapshot.meta(), indent=2).encode()
+    return files
+
+
+def fetch(uri: str, scratch: Path | None = None) -> Path:
+    """A local directory holding the snapshot at ``uri``: a path or ``file://`` URI as is,
+    anything else (``s3://...``) downloaded through obstore (credentials and endpoint from
+    the standard ``AWS_*`` variables) into ``scratch``."""
+    if "://" not in uri:
+        local = Path(uri)
+    elif uri.startswith("file://"):
+        local = Path(uri.removeprefix("file://"))
+    else:
+        local = _download(uri, scratch)
+    if not (local / META_FILE).is_file():
+        raise SnapshotError(f"{uri}: not a snapshot (no {META_FILE})")
+    meta = json.loads((local / META_FILE).read_text())
+    if meta.get("version") != FORMAT_VERSION:
+        raise SnapshotError(f"{uri}: snapshot version {meta.get('version')} is not supported")
+    return local
+
+
+def _download(uri: str, scratch: Path | None) -> Path:
+    import obstore
+    from obstore.store import from_url
+
+    store = from_url(uri)
+    target = Path(tempfile.mkdtemp(prefix="snapshot-", dir=scratch))
+    names = [f"{n}{PARQUET_SUFFIX}" for n in SCHEMAS] + [META_FILE]
+    try:
+        for name in names:
+            (target / name).write_bytes(bytes(obstore.get(store, name).bytes()))
+    except Exception as e:  # obstore's errors: missing object, refused credentials
+        raise SnapshotError(f"{uri}: cannot read the snapshot: {e}") from None
+    return target
+
+
+def read_meta(directory: Path) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads((directory / META_FILE).read_text()))

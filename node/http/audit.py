@@ -1,0 +1,150 @@
+"""Audit routes: a snapshot of the node for the Spark audit job (node/audit), and the job's
+last summary, kept durably and exported as metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import unquote
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from node.audit import snapshot
+from node.http import models
+from node.http.errors import ApiError
+from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
+from node.offload.format import AUDIT_PREFIX
+from node.settings import Settings
+
+log = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+
+# The records keyspace is shared with the streams layer, whose keys start with stream/,
+# cursor/ and doomed/ (node/streams/model.py): this prefix is none of them.
+RESULT_KEY = b"audit/result"
+OFFLOAD_SNAPSHOTS = f"{AUDIT_PREFIX}snapshots"
+FILE_SCHEME = "file://"
+NS_PER_MS = 1_000_000
+MS_PER_S = 1000
+NAME_SUFFIX_CHARS = 6  # random hex after the time: two snapshots in one ms do not collide
+
+
+def _now_ms() -> int:
+    return time.time_ns() // NS_PER_MS
+
+
+def _snapshot_name(now_ms: int) -> str:
+    seconds, ms = divmod(now_ms, MS_PER_S)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(seconds))
+    return f"{stamp}.{ms:03d}Z-{uuid.uuid4().hex[:NAME_SUFFIX_CHARS]}"
+
+
+def node_name(settings: Settings) -> str:
+    """How the snapshot names this node in a fleet's tables: host and data directory (two
+    nodes on one host differ by the latter)."""
+    return f"{socket.gethostname()}:{settings.data_dir.resolve()}"
+
+
+def _target_dir(settings: Settings, target: str, name: str) -> Path:
+    """Blocking (resolves paths). The directory a local target names, refused unless it is
+    under the snapshot directory: the API must not write wherever the node's user can."""
+    root = settings.audit_snapshots_dir.resolve()
+    if target == "local":
+        return root / name
+    directory = Path(unquote(target.removeprefix(FILE_SCHEME))).resolve()
+    if directory == root or not directory.is_relative_to(root):
+        raise ApiError(422, "invalid_target", f"a file:// target must be a directory under {root}")
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise ApiError(409, "snapshot_exists", f"{directory} exists and is not an empty directory")
+    return directory
+
+
+@routes.post("/api/v1/audit/snapshot")
+async def take_snapshot(request: web.Request) -> web.Response:
+    body = models.AUDIT_SNAPSHOT.parse(await request.read())
+    target = body.get("to", "local")
+    settings = request.app[SETTINGS]
+    storage = request.app[STORAGE]
+    now_ms = _now_ms()
+    name = _snapshot_name(now_ms)
+    directory = None
+    if target != "offload":
+        directory = await asyncio.to_thread(_target_dir, settings, target, name)
+    store = request.app[WORK].offload.store if target == "offload" else None
+    if not storage.running:
+        raise ApiError(503, "not_running", "the storage is not running")
+    snap = await asyncio.to_thread(
+        lambda: snapshot.from_live_storage(storage, node_name(settings), now_ms)
+    )
+    if directory is not None:
+        uri = await asyncio.to_thread(snapshot.write_dir, snap, directory)
+    else:
+        assert store is not None
+        files = await asyncio.to_thread(snapshot.snapshot_files, snap)
+        prefix = f"{OFFLOAD_SNAPSHOTS}/{name}"
+        for file_name, data in files.items():
+            await store.put(f"{prefix}/{file_name}", data)
+        store_url = await asyncio.to_thread(snapshot.offload_store_url, settings)
+        uri = f"{store_url}/{prefix}"
+    log.info("audit snapshot taken: %s", uri)
+    rows = {table: t.num_rows for table, t in snap.tables.items()}
+    reply = models.AuditSnapshot(uri=uri, takenMs=snap.taken_ms, rows=rows)
+    return web.json_response(reply.to_json(), status=201)
+
+
+def _check_summary(summary: models.AuditSummary) -> None:
+    """What the schema cannot say: the status agrees with the counts, time runs forward."""
+    violations = sum(c["violations"] for c in summary["checks"].values())
+    if (summary["status"] == "clean") != (violations == 0):
+        raise ApiError(
+            422,
+            "invalid_summary",
+            f"status {summary['status']!r} but {violations} violations in the checks",
+        )
+    if summary["finishedMs"] < summary["startedMs"]:
+        raise ApiError(422, "invalid_summary", "finishedMs is before startedMs")
+
+
+@routes.post("/api/v1/audit/result")
+async def post_result(request: web.Request) -> web.Response:
+    summary = models.AUDIT_SUMMARY.parse(await request.read())
+    _check_summary(summary)
+    result = models.AuditResult(receivedMs=_now_ms(), summary=summary)
+    await request.app[STORAGE].write_records({RESULT_KEY: json.dumps(result.to_json()).encode()})
+    _adopt(request.app, result)
+    return web.json_response(result.to_json())
+
+
+@routes.get("/api/v1/audit/result")
+async def get_result(request: web.Request) -> web.Response:
+    result = request.app[AUDIT].last
+    if result is None:
+        raise ApiError(404, "no_audit_result", "no audit result has been posted")
+    return web.json_response(result.to_json())
+
+
+def _adopt(app: web.Application, result: models.AuditResult) -> None:
+    app[AUDIT].last = result
+    summary = result.summary
+    violations = {name: check["violations"] for name, check in summary["checks"].items()}
+    app[METRICS].audit_result(summary["finishedMs"], violations)
+
+
+async def restore(app: web.Application) -> None:
+    """At start: the last result posted before the node stopped."""
+    raw = (await app[STORAGE].load_records()).get(RESULT_KEY)
+    if raw is None:
+        return
+    try:
+        result = models.AuditResult.model_validate_json(raw)
+    except ValidationError as e:
+        # A result written by a version that wrote other fields: the next audit replaces it.
+        log.warning("the stored audit result is not readable, ignored: %s", e)
+        return
+    _adopt(app, result)

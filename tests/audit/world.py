@@ -1,0 +1,274 @@
+"""Real node data for the audit tests, built with the engine in-process, then closed; and
+the faults, each applied to its own copy of that data directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from rocksdict import AccessType, Options, Rdict
+
+from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
+from node.offload.service import Offload
+from node.storage import entrylog
+from node.storage.clock import SystemClock
+from node.storage.index import (
+    COLUMN_FAMILIES,
+    LEDGER_KEY,
+    LOCATION_KEY,
+    LOCATION_VALUE,
+    LedgerMeta,
+)
+from node.storage.ledgers import LedgerStorage
+from node.streams.manager import StreamManager
+from node.streams.model import STREAM_PREFIX, Position, Stream
+from tests.conftest import make_settings
+
+LOG_SIZE = 64 * 1024
+ENTRY_SIZE = 1000
+RECORD_SIZE = ENTRY_SIZE + entrylog.RECORD_OVERHEAD
+# The first log: a ledger deleted (and purged) later, filling it but for one entry of the
+# ledger that then pins it alone; the next batch no longer fits, so the log rolls.
+DOOMED_ENTRIES = (LOG_SIZE - entrylog.HEADER_SIZE) // RECORD_SIZE - 1
+DAY_S = 24 * 3600
+OLD_S = 30 * DAY_S  # the pinned log's age: far past 72 h retention + 24 h major interval
+STREAM = "orders"
+STREAM_LEDGER_ENTRIES = 5
+
+
+@dataclass(slots=True)
+class World:
+    data_dir: Path
+    pin: int = 0  # the ledger alone in the first log
+    plain: list[int] = field(default_factory=list)  # interleaved ledgers
+    offloaded: int = 0
+    stream_ledgers: list[int] = field(default_factory=list)
+
+
+def payload(ledger: int, entry: int) -> bytes:
+    return f"{ledger}:{entry}:".encode().ljust(ENTRY_SIZE, bytes([ledger % 251]))
+
+
+def settings_for(data_dir: Path) -> Any:
+    return make_settings(
+        data_dir,
+        log_size_limit=LOG_SIZE,
+        max_entry_size=16 * 1024,
+        flush_interval=3_600_000,
+        gc_wait_time=3_600_000,
+        retention_scheduler_enabled=False,
+        managed_ledger_offload_max_block_size_in_bytes=16 * 1024,
+    )
+
+
+async def _build(data_dir: Path) -> World:
+    world = World(data_dir)
+    settings = settings_for(data_dir)
+    clock = SystemClock()
+    storage = LedgerStorage(settings, clock)
+    await storage.start()
+    streams = StreamManager(storage, clock)
+    await streams.start()
+    offload = Offload(storage, streams, clock)
+    await offload.start()
+    try:
+        world.pin = (await storage.create_ledger())[0].ledger_id
+        doomed = (await storage.create_ledger())[0].ledger_id
+        await storage.add_entries(world.pin, [payload(world.pin, 0)])
+        await storage.add_entries(doomed, [payload(doomed, e) for e in range(DOOMED_ENTRIES)])
+        await storage.checkpoint()
+        await storage.delete_ledger(doomed)
+        await storage.checkpoint()
+        await storage.purge_deleted_ledgers()
+
+        world.plain = [(await storage.create_ledger())[0].ledger_id for _ in range(3)]
+        for _round in range(6):
+            for lid in world.plain:
+                first = storage.ledger(lid).last_entry_id + 1
+                await storage.add_entries(lid, [payload(lid, first + i) for i in range(4)])
+            await storage.checkpoint()
+        for lid in world.plain:
+            await storage.close_ledger(lid)
+
+        world.offloaded = (await storage.create_ledger())[0].ledger_id
+        await storage.add_entries(world.offloaded, [payload(world.offloaded, e) for e in range(40)])
+        await storage.close_ledger(world.offloaded)
+        await storage.checkpoint()
+        await offload.offloader.offload(world.offloaded)
+
+        await streams.put_stream(
+            STREAM,
+            {"maxEntriesPerLedger": STREAM_LEDGER_ENTRIES, "minLedgerRolloverTimeMinutes": 0},
+        )
+        await streams.create_cursor(STREAM, "reader", "earliest")
+        positions: list[Position] = []
+        for i in range(3 * STREAM_LEDGER_ENTRIES):
+            positions += await streams.append(STREAM, [payload(9999, i)])
+        # everything but the last entry acknowledged: the newest ledger holds the backlog
+        await streams.acknowledge(STREAM, "reader", positions[-2])
+        world.stream_ledgers = [info.ledger_id for info in streams.stream(STREAM).ledgers]
+        await storage.checkpoint()
+    finally:
+        await storage.close()
+    return world
+
+
+def build(data_dir: Path) -> World:
+    return asyncio.run(_build(data_dir))
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+def _open_index(data_dir: Path) -> Rdict:
+    return Rdict(
+        str(data_dir / "index"),
+        Options(raw_mode=True),
+        column_families={name: Options(raw_mode=True) for name in COLUMN_FAMILIES},
+        access_type=AccessType.read_write(),
+    )
+
+
+def _location(data_dir: Path, ledger_id: int, entry_id: int) -> int:
+    db = _open_index(data_dir)
+    try:
+        cf = db.get_column_family("locations")
+        value = cast(bytes, cf[LOCATION_KEY.pack(ledger_id, entry_id)])
+        del cf
+        return int(LOCATION_VALUE.unpack(value)[0])
+    finally:
+        db.close()
+
+
+def _update(data_dir: Path, family: str, changes: dict[bytes, bytes | None]) -> None:
+    db = _open_index(data_dir)
+    try:
+        cf = db.get_column_family(family)
+        for key, value in changes.items():
+            if value is None:
+                del cf[key]
+            else:
+                cf[key] = value
+        del cf
+    finally:
+        db.close()
+
+
+def flip_payload_byte(world: World, ledger_id: int, entry_id: int) -> None:
+    log_id, offset = entrylog.split_location(_location(world.data_dir, ledger_id, entry_id))
+    path = entrylog.log_path(world.data_dir / "ledgers", log_id)
+    with open(path, "r+b") as f:
+        f.seek(offset + entrylog.RECORD_OVERHEAD + ENTRY_SIZE // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def delete_index_entry(world: World, ledger_id: int, entry_id: int) -> None:
+    _update(world.data_dir, "locations", {LOCATION_KEY.pack(ledger_id, entry_id): None})
+
+
+def move_index_entry(world: World, ledger_id: int, entry_id: int, to_entry: int) -> None:
+    target = _location(world.data_dir, ledger_id, to_entry)
+    _update(
+        world.data_dir,
+        "locations",
+        {LOCATION_KEY.pack(ledger_id, entry_id): LOCATION_VALUE.pack(target)},
+    )
+
+
+def orphan_record(world: World, ledger_id: int, entry_id: int) -> tuple[int, int]:
+    """A sealed log holding a second copy of an indexed entry (a compaction output whose
+    index update never happened): returns (log id, offset) of the copy."""
+    ledgers_dir = world.data_dir / "ledgers"
+    log_id, offset = entrylog.split_location(_location(world.data_dir, ledger_id, entry_id))
+    with open(entrylog.log_path(ledgers_dir, log_id), "rb") as f:
+        f.seek(offset)
+        head = f.read(entrylog.RECORD_OVERHEAD)
+        length = entrylog.decode_record_header(head)[0]
+        record = head + f.read(length)
+    new_id = max(entrylog.list_logs(ledgers_dir)) + 1
+    fd = entrylog.create_log(entrylog.log_path(ledgers_dir, new_id))
+    try:
+        entrylog.write_fully(fd, record, entrylog.HEADER_SIZE)
+        entrylog.seal(fd, entrylog.HEADER_SIZE + len(record), {ledger_id: len(record)})
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return new_id, entrylog.HEADER_SIZE
+
+
+def age_first_log(world: World) -> int:
+    first = min(entrylog.list_logs(world.data_dir / "ledgers"))
+    path = entrylog.log_path(world.data_dir / "ledgers", first)
+    old = path.stat().st_mtime - OLD_S
+    os.utime(path, (old, old))
+    return first
+
+
+def leave_ledger_out_of_retention(world: World) -> int:
+    """The stream's first (acknowledged, closed) ledger closed ten days ago, as if
+    retention had not run since."""
+    db = _open_index(world.data_dir)
+    try:
+        cf = db.get_column_family("streams")
+        key = STREAM_PREFIX + STREAM.encode()
+        stream = Stream.decode(cast(bytes, cf[key]))
+        del cf
+    finally:
+        db.close()
+    first = stream.ledgers[0]
+    first.closed_ms -= 10 * DAY_S * 1000
+    first.created_ms -= 10 * DAY_S * 1000
+    _update(world.data_dir, "streams", {key: stream.encode()})
+    return first.ledger_id
+
+
+def tamper_offloaded_object(world: World) -> None:
+    db = _open_index(world.data_dir)
+    try:
+        cf = db.get_column_family("ledgers")
+        meta = LedgerMeta.decode(world.offloaded, cast(bytes, cf[LEDGER_KEY.pack(world.offloaded)]))
+        del cf
+    finally:
+        db.close()
+    assert meta.offload is not None
+    path = world.data_dir / "offload" / data_key(world.offloaded, meta.offload.attempt)
+    data = bytearray(path.read_bytes())
+    data[BLOCK_HEADER.size + ENTRY_HEADER.size + 1] ^= 0xFF  # inside the first payload
+    path.write_bytes(bytes(data))
+
+
+def hole_below_lac(world: World, ledger_id: int) -> list[int]:
+    """The metadata claims two more entries than were ever written: ids that exist
+    nowhere, at and below the LAC."""
+    db = _open_index(world.data_dir)
+    try:
+        cf = db.get_column_family("ledgers")
+        meta = LedgerMeta.decode(ledger_id, cast(bytes, cf[LEDGER_KEY.pack(ledger_id)]))
+        del cf
+    finally:
+        db.close()
+    missing = [meta.lac + 1, meta.lac + 2]
+    meta.lac += 2
+    meta.last_entry_id += 2
+    meta.entries += 2
+    _update(world.data_dir, "ledgers", {LEDGER_KEY.pack(ledger_id): meta.encode()})
+    return missing
+
+
+def copy(world: World, target: Path) -> World:
+    shutil.copytree(world.data_dir, target)
+    return World(target, world.pin, list(world.plain), world.offloaded, list(world.stream_ledgers))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(path.read_text()))
+
+
+FAULTS = ("flip", "unindexed", "moved", "orphan", "pinned", "retention", "offload", "hole")

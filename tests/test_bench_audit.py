@@ -1,0 +1,50 @@
+"""`python -m node bench audit` end to end on a tiny data set: the table has a row per scan,
+every scan found every record and no bad CRC, and Spark ran as many partitions as the Data
+Source planned. Nothing about speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.hostdisk import run_bench
+
+RUN_TIMEOUT_S = 300  # two Spark sessions start: tens of seconds; this only stops a hang
+SCANS = ("spark local[1]", "spark local[2]", "inspect (1 thread)")
+GIB = "0.004"  # about 4 MiB of logs
+SPLIT_MIB = "0.5"  # several partitions in one log
+RECORDS_COLUMN = 4
+BAD_CRC_COLUMN = 5
+PARTITIONS_COLUMN = 6
+
+
+def _rows(output: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in output.splitlines():
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
+    result = run_bench(
+        "audit",
+        "--gib",
+        GIB,
+        "--split-mib",
+        SPLIT_MIB,
+        "--dir",
+        str(tmp_path / "bench"),
+        timeout_s=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = _rows(result.stdout)
+    assert set(SCANS) <= set(rows), result.stdout
+    records = {rows[s][RECORDS_COLUMN] for s in SCANS}
+    assert len(records) == 1 and int(records.pop()) > 0  # the same records every way
+    assert all(rows[s][BAD_CRC_COLUMN] == "0" for s in SCANS)
+    for scan in SCANS[:2]:
+        planned, _, reported = rows[scan][PARTITIONS_COLUMN].partition(" planned, ")
+        assert int(planned) > 1 and reported == f"{planned} in Spark", rows[scan]
+    assert "local[2] / local[1]: " in result.stdout
+    assert not (tmp_path / "bench").exists() or not any((tmp_path / "bench").iterdir())
