@@ -76,9 +76,10 @@ def storage_node_audit() -> None:
             raise RuntimeError(f"the audit wrote no {summary_path}: see the audit task's log")
         summary: dict[str, Any] = json.loads(summary_path.read_text())
         node_client(url).call("POST", "/api/v1/audit/result", summary)
-        violations = summary.get("violations", {})
+        # summary.json: {"status": "clean" | "violations", "checks": {name: {"violations"}}}
+        violations = {name: r["violations"] for name, r in summary["checks"].items()}
         log.info("node %s: audit result posted; violations %s", url, violations)
-        if any(violations.values()) if isinstance(violations, dict) else violations:
+        if summary["status"] != "clean":
             raise NodeError(f"node {url}: the audit found violations: {violations}")
         return {"node": url, "violations": violations}
 
