@@ -60,7 +60,7 @@ test: $(STAMP) $(AIRFLOW_STAMP) tools
 	$(PY) -m ruff check node tests grafana dags
 	$(PY) -m mypy
 	$(PY) -m mypy dags
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 lint: $(STAMP)
 	$(PY) -m ruff check node tests grafana dags
