@@ -172,7 +172,12 @@ class LedgerMeta:
         props = json.loads(data[pos:end]) if props_len else {}
         offload = None
         if version == META_VERSION_OFFLOAD:
+            # A damaged record must fail as one, never as an IndexError or struct.error.
+            if len(data) < end + 2:
+                raise ValueError(f"ledger metadata version {version} ends before its offload")
             offload_state, attempt_len = data[end], data[end + 1]
+            if len(data) < end + 2 + attempt_len + OFFLOAD_FIXED.size:
+                raise ValueError(f"ledger metadata version {version} has a cut offload record")
             attempt = bytes(data[end + 2 : end + 2 + attempt_len]).decode("ascii")
             end += 2 + attempt_len
             data_bytes, offloaded_ms, local_deleted = OFFLOAD_FIXED.unpack_from(data, end)
