@@ -4,11 +4,14 @@ spark-submit audits all the snapshots together, and the summary is posted back t
 (POST /api/v1/audit/result), which keeps it and exports it as metrics.
 
 Spark runs through the connection spark_default: local[*] unless the connection names a
-cluster. The job writes <outDir>/<run id>/summary.json; with a cluster, outDir must be storage
-that the Airflow worker reads too. The job exits 1 when it finds violations: the summary is
-still posted, then the run fails, so a violation alerts like any failed DAG.
+cluster. spark-submit is run by bare name from the worker's PATH; the job's driver and its
+executors run the interpreter of the param python, which must import the node package and its
+dependencies (pyarrow, rocksdict): the node's venv, or any with the node installed. When the
+node is a source checkout rather than installed, the param pythonPath names its root.
 
-The audit routes are built on another branch; this DAG follows the issue's description."""
+The job writes <outDir>/<run id>/summary.json; with a cluster, outDir must be storage that the
+Airflow worker reads too. The job exits 1 when it finds violations: the summary is
+still posted, then the run fails, so a violation alerts like any failed DAG."""
 
 from __future__ import annotations
 
@@ -38,6 +41,14 @@ log = logging.getLogger(__name__)
             "/opt/storage-node/node/audit/job.py", type="string", description="spark-submit's"
         ),
         "outDir": Param("/tmp/storage-node-audit", type="string"),
+        "python": Param(
+            "/opt/storage-node/bin/python",
+            type="string",
+            description="the driver's and executors' interpreter: one that imports node",
+        ),
+        "pythonPath": Param(
+            "", type="string", description="PYTHONPATH of the job: a source checkout's root"
+        ),
     },
     doc_md=__doc__,
 )
@@ -91,7 +102,14 @@ def storage_node_audit() -> None:
         application="{{ params.application }}",
         application_args=audit_arguments(uris),
         name="storage-node-audit-{{ ds_nodash }}",
-        conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"},
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            # Not spark-submit's own Python (the Airflow worker's): the node's.
+            "spark.pyspark.python": "{{ params.python }}",
+            "spark.pyspark.driver.python": "{{ params.python }}",
+        },
+        env_vars={"PYTHONPATH": "{{ params.pythonPath }}"},
     )
     audit >> post_result.expand(url=urls)
 

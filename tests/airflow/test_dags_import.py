@@ -1,6 +1,5 @@
-"""The DAG files import cleanly in Airflow and declare what the fleet relies on. The audit DAG
-is checked here only for its structure: its node routes (POST /api/v1/audit/snapshot and
-/api/v1/audit/result) are not on this branch yet, so no run of it is possible here."""
+"""The DAG files import cleanly in Airflow and declare what the fleet relies on (their runs
+against live nodes are in test_runs.py)."""
 
 from __future__ import annotations
 

@@ -5,16 +5,20 @@ through the Airflow connection storage_node."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.airflow.conftest import Airflow
+from tests.airflow.conftest import REPO, Airflow
 from tests.crash.nodeproc import NodeProcess
 
 TOKEN = "airflow-test-token"
 CONNECTION = {"conn_type": "http", "host": "127.0.0.1", "password": TOKEN}
+# Local Spark: spark-submit from PATH (conftest puts the Airflow venv's bin first).
+SPARK = {"conn_type": "spark", "host": "local[2]"}
 
 
 def call(node: NodeProcess, method: str, path: str, body: Any = None, raw: bytes = b"") -> Any:
@@ -138,3 +142,58 @@ def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path) -> None:
         assert result["offloaded"] == closed and result["failed"] == [], result
         for lid in closed:
             assert call(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]["state"] == "offloaded"
+
+
+def project_python() -> str:
+    """The interpreter that imports node (pyarrow, rocksdict, pyspark): the repository's venv
+    when `make test` made one, else the one running the tests (not the Airflow venv's)."""
+    venv = REPO / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def test_audit_on_two_nodes_stores_the_result_on_each(airflow: Airflow, tmp_path: Path) -> None:
+    """Snapshots, one spark-submit over both (local Spark, spark-submit from the Airflow
+    venv's PATH, the job's Python the node's), and the summary posted back to each node."""
+    nodes = start_nodes(tmp_path, 2)
+    ledgers = {node.url: rolling_stream(node, 3) for node in nodes}
+    urls = sorted(ledgers)
+    out_dir = tmp_path / "audit-out"
+    conf = {
+        "application": str(REPO / "node" / "audit" / "job.py"),
+        "outDir": str(out_dir),
+        "python": project_python(),
+        "pythonPath": str(REPO),
+    }
+
+    run = airflow.run(
+        "test",
+        "storage_node_audit",
+        json.dumps(conf),
+        variables={"storage_node_discovery": {"kind": "static", "urls": urls}},
+        connections={"storage_node": CONNECTION, "spark_default": SPARK},
+    )
+    assert run.result["state"] == "success", run.output[-8000:]
+    states = {(t["taskId"], t["mapIndex"]): t["state"] for t in run.result["tasks"]}
+    assert set(states.values()) == {"success"}, states
+    # Each node's snapshot is its own, and the job read both.
+    uris = mapped(run.result, "snapshot")
+    for i, node in enumerate(sorted(nodes, key=lambda n: n.url)):
+        assert uris[i]["xcom"].startswith(f"file://{node.data_dir.resolve()}/"), uris[i]
+    [summary_file] = out_dir.glob("*/summary.json")
+    summary = json.loads(summary_file.read_text())
+    assert summary["status"] == "clean", summary
+    assert len(summary["nodes"]) == 2 and summary["checks"], summary
+    posted = mapped(run.result, "post_result")
+    for node in nodes:
+        assert posted[urls.index(node.url)]["xcom"] == {
+            "node": node.url,
+            "violations": {name: 0 for name in summary["checks"]},
+        }
+        # What the node keeps and exports: the very summary the job wrote.
+        stored = call(node, "GET", "/api/v1/audit/result")
+        assert stored["summary"] == summary
+        metrics = node.get_bytes("/metrics").decode()
+        [stamp] = re.findall(
+            r"^storage_node_audit_last_run_timestamp_seconds (\S+)$", metrics, re.MULTILINE
+        )
+        assert float(stamp) == summary["finishedMs"] / 1000
