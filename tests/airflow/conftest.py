@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.crash.nodeproc import NodeProcess
+from tests.offload.conftest import moto_endpoint  # noqa: F401 (a fixture, shared)
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_VENV = Path(os.environ.get("AIRFLOW_VENV", REPO / ".venv-airflow"))

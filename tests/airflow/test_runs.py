@@ -12,8 +12,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import boto3
+
 from tests.airflow.conftest import REPO, Airflow
 from tests.crash.nodeproc import NodeProcess
+from tests.hostdisk import as_env
+from tests.offload.conftest import KEY_ID, REGION, SECRET, new_bucket, s3_settings
 
 TOKEN = "airflow-test-token"
 CONNECTION = {"conn_type": "http", "host": "127.0.0.1", "password": TOKEN}
@@ -125,8 +129,15 @@ def test_major_compaction_on_two_nodes_reclaims_space(airflow: Airflow, tmp_path
         assert after["forceCompacting"] is False
 
 
-def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path) -> None:
-    nodes = start_nodes(tmp_path, 2)  # the local store: <data dir>/offload
+def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path, moto_endpoint: str) -> None:
+    """Both nodes offload to one bucket of moto's S3 server, each under its own prefix."""
+    bucket = new_bucket(moto_endpoint)
+    nodes = []
+    for i in range(2):
+        s3 = {**s3_settings(moto_endpoint, bucket), "offload_prefix": f"node-{i}"}
+        node = NodeProcess(tmp_path / f"n{i}", {"NODE_ADMIN_TOKEN": TOKEN, **as_env(s3)})
+        node.start()
+        nodes.append(node)
     ledgers = {}
     for node in nodes:
         # offloadThresholdInBytes 0: every closed ledger goes to the store.
@@ -142,6 +153,18 @@ def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path) -> None:
         assert result["offloaded"] == closed and result["failed"] == [], result
         for lid in closed:
             assert call(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]["state"] == "offloaded"
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name=REGION,
+        aws_access_key_id=KEY_ID,
+        aws_secret_access_key=SECRET,
+    )
+    for i, node in enumerate(nodes):
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"node-{i}/").get("Contents", [])
+        keys = {o["Key"] for o in listed}
+        for lid in ledgers[node.url][:-1]:  # a data and an index object per offloaded ledger
+            assert any(k.startswith(f"node-{i}/{lid}/") for k in keys), (lid, sorted(keys))
 
 
 def project_python() -> str:
