@@ -50,3 +50,18 @@ def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
         timeout=timeout_s,
         check=False,
     )
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """The rows of the Markdown tables a bench prints, by their first cell."""
+    rows = {}
+    for line in output.splitlines():
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            rows[cells[0]] = cells
+    return rows
+
+
+def number(cell: str) -> float:
+    """A figure of a bench table (thousands separated by commas)."""
+    return float(cell.replace(",", ""))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.hostdisk import run_bench, table_rows
 
 RUN_TIMEOUT_S = 300  # two Spark sessions start: tens of seconds; this only stops a hang
 SCANS = ("spark local[1]", "spark local[2]", "inspect (1 thread)")
@@ -15,15 +15,6 @@ SPLIT_MIB = "0.5"  # several partitions in one log
 RECORDS_COLUMN = 4
 BAD_CRC_COLUMN = 5
 PARTITIONS_COLUMN = 6
-
-
-def _rows(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-            rows[cells[0]] = cells
-    return rows
 
 
 def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
@@ -38,7 +29,7 @@ def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
         timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = _rows(result.stdout)
+    rows = table_rows(result.stdout)
     assert set(SCANS) <= set(rows), result.stdout
     records = {rows[s][RECORDS_COLUMN] for s in SCANS}
     assert len(records) == 1 and int(records.pop()) > 0  # the same records every way

@@ -6,27 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.hostdisk import number, run_bench, table_rows
 
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 ENTRY_LOG = "entry log (baseline)"
 MEDIA = ("local store", "S3 (moto, HTTP on loopback)")
 CELLS = 5  # medium, upload MB/s, sequential read MB/s, ratio, bytes per random read
 STRIDE = 1024 * 1024  # the default index stride (managed_ledger_offload_read_buffer_size...)
-
-
-def _rows(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        rows[cells[0]] = cells
-    return rows
-
-
-def _number(cell: str) -> float:
-    return float(cell.replace(",", ""))
 
 
 def test_bench_offload_prints_upload_and_read_throughput_per_medium(tmp_path: Path) -> None:
@@ -45,15 +31,15 @@ def test_bench_offload_prints_upload_and_read_throughput_per_medium(tmp_path: Pa
     )
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    rows = _rows(out)
+    rows = table_rows(out)
     baselines = [cells for name, cells in rows.items() if name.startswith(ENTRY_LOG)]
     assert len(baselines) == len(MEDIA), out
-    assert all(_number(cells[2]) > 0 for cells in baselines), out
+    assert all(number(cells[2]) > 0 for cells in baselines), out
     for medium in MEDIA:
         cells = rows[medium]
         assert len(cells) == CELLS, out
-        assert all(_number(cell) > 0 for cell in cells[1:4]), out  # upload, read, ratio
-        mean, largest = (_number(part) for part in cells[4].split("/"))
+        assert all(number(cell) > 0 for cell in cells[1:4]), out  # upload, read, ratio
+        mean, largest = (number(part) for part in cells[4].split("/"))
         assert 0 < mean <= largest <= STRIDE, out
     assert re.search(r"local store: sequential reads at [0-9,]+% of entry-log reads", out), out
     # It cleans up after itself: nothing left of what it created.
