@@ -48,12 +48,16 @@ run: $(STAMP)
 ## System tools of the tests and benchmarks: fio (the raw-device WAL's baseline), a Java
 ## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs),
 ## and Prometheus with promtool (tests/monitoring runs the binary on a free loopback port; the
-## Debian service the package enables is stopped: the tests never use it or port 9090).
+## Debian service the package enables is stopped: the tests never use it or port 9090), and
+## redis-server, the peer of `bench http --peer redis` (its Debian service is stopped too: the
+## bench starts its own on a free loopback port).
 tools:
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
 	@command -v java >/dev/null || (apt-get update && apt-get install -y --no-install-recommends default-jre-headless)
 	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus \
 		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
+	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server \
+		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
 
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) $(AIRFLOW_STAMP) tools
