@@ -223,7 +223,7 @@ def _scan_journal(
                     report.line(f"  offset {pos} INVALID: {found}")
                 invalid = (pos, found)
                 break
-            record, end = found
+            record, end, _crc = found
             if records:
                 report.line(f"  {_journal_record_line(pos, end, record)}")
             bar.update(end - pos)

@@ -814,6 +814,10 @@ class BlockWal:
         assert self._header is not None
         return LogMark(0, self._header.trim)
 
+    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
+        # The ring's CRC covers the record's body, not record_crc's bytes: none to reuse.
+        return ((record, None) for record in self.recover(mark))
+
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
         raw = self._ensure_open()
         header = self._header

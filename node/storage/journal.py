@@ -118,16 +118,17 @@ Buffer = bytes | mmap.mmap
 
 def read_record(
     buf: Buffer, pos: int, size: int, max_length: int
-) -> tuple[WalRecord | None, int] | str | None:
-    """The record at ``pos`` (None for a padding record) and where the next one starts;
-    None at the end of data (zeros or the end of the file); a reason for an invalid record.
-    Replay and ``inspect`` both read journals through this."""
+) -> tuple[WalRecord | None, int, int] | str | None:
+    """The record at ``pos`` (None for a padding record), where the next one starts and
+    the record's CRC (checked; replay keeps it for the write cache); None at the end of data
+    (zeros or the end of the file); a reason for an invalid record. Replay and ``inspect``
+    both read journals through this."""
     if pos + PADDING_HEADER.size > size:
         return None if not any(buf[pos:size]) else "truncated record header"
     mask, pad = PADDING_HEADER.unpack_from(buf, pos)
     if mask == PADDING_MASK:
         end = pos + PADDING_HEADER.size + pad
-        return (None, end) if end <= size else "padding past the end of file"
+        return (None, end, 0) if end <= size else "padding past the end of file"
     if pos + RECORD_HEADER.size > size:
         return None if not any(buf[pos:size]) else "truncated record header"
     length, ledger_id, entry_id, crc = decode_record(buf, pos)
@@ -139,7 +140,7 @@ def read_record(
     payload = bytes(buf[pos + RECORD_HEADER.size : end])
     if record_crc(ledger_id, entry_id, payload) != crc:
         return "CRC32C mismatch"
-    return WalRecord(ledger_id, entry_id, payload), end
+    return WalRecord(ledger_id, entry_id, payload), end, crc
 
 
 def is_group_start(record: WalRecord, pos: int) -> bool:
@@ -277,6 +278,9 @@ class Journal:
         return read_last_mark(self._settings.ledgers_dir)
 
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
+        return (record for record, _crc in self.replay(mark))
+
+    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
         ids = [i for i in list_journals(self._dir) if i >= mark.log_id]
         if mark.log_id > 0 and (not ids or ids[0] != mark.log_id):
             raise CorruptRecord(
@@ -289,7 +293,9 @@ class Journal:
             start = mark.offset if journal_id == mark.log_id else HEADER_SIZE
             yield from self._scan_file(journal_id, max(start, HEADER_SIZE), last=n == len(ids) - 1)
 
-    def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[WalRecord]:
+    def _scan_file(
+        self, journal_id: int, start: int, last: bool
+    ) -> Iterator[tuple[WalRecord, int | None]]:
         path = journal_path(self._dir, journal_id)
         max_length = max_record_length(self._settings)
         with open(path, "r+b") as f:
@@ -318,9 +324,9 @@ class Journal:
                             break
                         pos = later
                         continue
-                    record, pos = found
+                    record, pos, crc = found
                     if record is not None and record.entry_id != GROUP_START_ENTRY_ID:
-                        yield record
+                        yield record, crc
             if cut is not None:
                 os.ftruncate(f.fileno(), cut)
                 os.fsync(f.fileno())

@@ -199,8 +199,8 @@ class LedgerStorage:
         mark = self._wal.last_mark()
         self.last_checkpoint_mark = mark
         flush_as_we_go = True
-        for record in self._wal.recover(mark):
-            self._replay(record)
+        for record, crc in self._wal.replay(mark):
+            self._replay(record, crc)
             self.stats.replayed_records += 1
             if flush_as_we_go and self._cache.size >= self._half_cache:
                 # Replay of a long journal: flush as we go, keeping the old mark (a crash
@@ -226,7 +226,7 @@ class LedgerStorage:
             mark,
         )
 
-    def _replay(self, record: WalRecord) -> None:
+    def _replay(self, record: WalRecord, crc: int | None) -> None:
         ledger_id, entry_id, payload = record
         meta = self._ledgers.get(ledger_id)
         if entry_id == LEDGER_CREATED:
@@ -245,7 +245,8 @@ class LedgerStorage:
                 or self.index.get_location(ledger_id, entry_id) is not None
             )
             if not known:
-                crc = record_crc(ledger_id, entry_id, payload)
+                if crc is None:
+                    crc = record_crc(ledger_id, entry_id, payload)
                 self._cache.put(ledger_id, entry_id, crc, bytes(payload))
                 self._count_entry(meta, entry_id, len(payload))
             self._on_durable(meta, entry_id)

@@ -52,6 +52,11 @@ class Wal(Protocol):
         """Every valid record from ``mark`` on (blocking; called once, before start)."""
         ...
 
+    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
+        """``recover``, each record with its ``record_crc`` when the WAL checked that very
+        value (the journal), else None (replay computes it)."""
+        ...
+
     async def start(self) -> None:
         """Open for appends (after recovery); runs the writer on the running event loop."""
         ...
