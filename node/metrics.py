@@ -200,7 +200,6 @@ class Metrics:
 
     # --- StorageProbe ----------------------------------------------------------------------
 
-
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         """One HTTP request in http_request_duration_seconds, by route template."""
         key = (method, route, status)
@@ -210,6 +209,7 @@ class Metrics:
                 method, route, str(status)
             )
         child.observe(seconds)
+
     def journal_write(
         self, records: int, size_bytes: int, write_seconds: float, sync_seconds: float
     ) -> None:

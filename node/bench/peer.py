@@ -188,9 +188,10 @@ class Redis:
         )  # fmt: skip
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1
-            ) as s:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1) as s,
+            ):
                 s.sendall(_resp_command(b"PING"))
                 if s.recv(16).startswith(b"+PONG"):
                     return

@@ -228,8 +228,9 @@ async def decode_payloads(app: web.Application, body: bytes) -> list[bytes]:
     return payloads
 
 
-async def add(app: web.Application, ledger_id: int, content_type: str, token: str | None,
-              body: bytes) -> bytes:
+async def add(
+    app: web.Application, ledger_id: int, content_type: str, token: str | None, body: bytes
+) -> bytes:
     """POST /api/v1/ledgers/{lid}/entries once its body is read: the 201 reply's JSON. The
     route and the fast lane (fastlane.py) both answer through this."""
     storage = app[STORAGE]

@@ -30,12 +30,23 @@ Padding record (closes every group write at a 512-byte boundary)::
 
 ``lastMark`` (16 bytes, in the ledgers dir): journal id u64 | offset u64.
 
-One writer task commits groups. A group is sealed when it reaches
-``journal_buffered_writes_threshold`` bytes (so the disk writes it while the next one
-fills) or when a checkpoint asks for a sync point; the group taking appends is written once
-its oldest record is ``journal_max_group_wait_msec`` old. Each write is one ``pwrite`` on a
-dedicated thread and one fdatasync; only then do the groups' futures complete, each shared
-by every append of its group (no per-entry future or callback on the hot path).
+One writer task commits groups. By default (``journal_flush_when_queue_empty``) it writes
+whenever it is idle and something is queued, and what arrives while a write is in flight
+forms the next group, as PostgreSQL's WAL writer and Redis's ``appendfsync always`` do: a
+lone add waits for one fsync, never for a timer, and groups grow with the load by
+themselves. With that setting false, an idle writer waits until the group taking appends is
+``journal_max_group_wait_msec`` old (BookKeeper's default). A group is also sealed when it
+reaches ``journal_buffered_writes_threshold`` bytes (so the disk writes it while the next
+one fills) or when a checkpoint asks for a sync point. A batch goes into one group whole.
+Each write is one ``pwrite`` on a dedicated thread and one fdatasync; only then do the
+groups' futures complete, each shared by every append of its group (no per-entry future or
+callback on the hot path).
+
+One write is in flight at a time. Two (the second's fdatasync covering both, acknowledged
+in order) would keep the disk busier, but a crash could then leave the second write whole
+behind a torn first one, which replay reads as corruption in the middle of the journal
+(a valid group start after a bad record), not as a torn tail: the node would refuse to start
+where today it cuts the tail.
 
 A full disk (ENOSPC, EDQUOT) is not fatal: the write that found no space fails its groups
 and every group queued behind it with DiskFull, leaves nothing of itself in the file, and
