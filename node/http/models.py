@@ -545,7 +545,9 @@ class StatusWal(Reply):
     checkpoints: Count
     lastCheckpoint: Annotated[str, Field(description="WAL position of the last checkpoint")]
     groupWrites: Annotated[Count, Field(description="WAL group writes (fsyncs) since start")]
-    fsyncP50Seconds: Annotated[float | None, Field(description="Over the last history interval")]
+    fsyncP50Seconds: Annotated[
+        float | None, Field(description="Over the latest history interval with WAL writes")
+    ]
     fsyncP99Seconds: float | None
     ringCapacityBytes: Count | None
     ringUsedBytes: Count | None

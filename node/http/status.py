@@ -178,8 +178,8 @@ def _wal(app: web.Application, history: History) -> models.StatusWal:
         problem = "the storage is not running"
     elif storage.read_only_source(DISK):
         problem = storage.read_only_reason
-    samples = history.samples()
-    last = samples[-1] if samples else None
+    # The latest interval that made WAL writes: an idle node keeps showing its last figures.
+    last = next((s for s in reversed(history.samples()) if s.fsync_p50_s is not None), None)
     ring = metrics.ring_figures
     mark = storage.last_checkpoint_mark
     return models.StatusWal(

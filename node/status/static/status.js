@@ -262,8 +262,12 @@
     const box = $("#charts");
     box.replaceChildren();
     const samples = history.samples;
-    const windowMs = history.windowSeconds * 1000;
     const end = samples.length ? samples[samples.length - 1].timeMs : Date.now();
+    // The x axis spans the history held so far (at least ten intervals), up to the window:
+    // a node up for a minute shows that minute across the chart, not squeezed at its edge.
+    const held = samples.length ? end - samples[0].timeMs : 0;
+    const windowMs = Math.min(history.windowSeconds * 1000,
+      Math.max(held, 10 * history.intervalSeconds * 1000));
     for (const chart of HISTORY_CHARTS) {
       const width = 300, height = 80;
       let max = 0;
@@ -275,12 +279,22 @@
         "aria-hidden": "true", focusable: "false" });
       plot.append(svg("line", { x1: 0, y1: height - 0.5, x2: width, y2: height - 0.5, class: "axis" }));
       chart.series.forEach(([key], i) => {
-        const points = samples.filter((p) => p[key] !== null).map((p) => {
-          const x = width - ((end - p.timeMs) / windowMs) * width;
-          const y = height - (p[key] / top) * height;
-          return `${x.toFixed(1)},${y.toFixed(1)}`;
-        });
-        if (points.length) plot.append(svg("polyline", { points: points.join(" "), class: "s" + i }));
+        // A null (an interval that observed nothing) breaks the line; a lone point is drawn
+        // as a short dash so that it shows at all.
+        let run = [];
+        const flush = () => {
+          if (run.length === 1) run = [[run[0][0] - 2, run[0][1]], [run[0][0] + 2, run[0][1]]];
+          if (run.length) {
+            plot.append(svg("polyline", { points: run.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`)
+              .join(" "), class: "s" + i }));
+          }
+          run = [];
+        };
+        for (const p of samples) {
+          if (p[key] === null) { flush(); continue; }
+          run.push([width - ((end - p.timeMs) / windowMs) * width, height - (p[key] / top) * height]);
+        }
+        flush();
       });
       const latest = samples.length ? samples[samples.length - 1] : null;
       const legend = el("ul", { class: "series" });
@@ -293,8 +307,8 @@
       });
       box.append(el("figure", { class: "chart" },
         el("figcaption", {}, el("strong", { text: chart.title }),
-          el("span", { class: "scale", text: ` (peak ${format(max, chart.unit)}, ` +
-            `${samples.length} samples of ${history.intervalSeconds} s)` })),
+          el("span", { class: "scale", text: ` peak ${format(max, chart.unit)} over ` +
+            `${duration(windowMs / 1000)}; latest ${history.intervalSeconds} s:` })),
         plot, legend));
     }
   }
@@ -319,28 +333,31 @@
       }
       list.append(cell);
     }
-    const body = $("#pinned tbody");
-    body.replaceChildren();
+    const pinnedList = $("#pinned");
+    pinnedList.replaceChildren();
     if (!map.oldestPinned.length) {
-      body.append(el("tr", {}, el("td", { colSpan: 6, text: "No sealed log holds live data." })));
+      pinnedList.append(el("li", { class: "empty", text: "No sealed log holds live data." }));
     }
     map.oldestPinned.forEach((log, i) => {
-      log.pins.forEach((pin, j) => {
-        const row = el("tr", { "data-log": log.logId, "data-ledger": String(pin.ledgerId),
-          "data-reason": pin.reason, class: j === 0 ? "first" : "" });
-        if (j === 0) {
-          const span = log.pins.length;
-          row.append(el("th", { scope: "row", rowSpan: span, text: `#${i + 1} ${log.logId}` }),
-            el("td", { rowSpan: span, text: duration(log.ageSeconds) }),
-            el("td", { rowSpan: span, text: count(log.liveLedgers) }));
-        }
-        const where = [pin.stream ? `stream ${pin.stream}` : null, pin.cursor ? `cursor ${pin.cursor}` : null]
-          .filter(Boolean).join(", ");
-        row.append(el("td", { text: String(pin.ledgerId) }), el("td", { text: bytes(pin.bytes) }),
-          el("td", {}, el("span", { class: "reason " + pin.reason, text: PIN_REASONS[pin.reason] || pin.reason }),
-            " ", pin.detail, where ? ` (${where})` : ""));
-        body.append(row);
-      });
+      const pins = el("ul", { class: "pins" });
+      for (const pin of log.pins) {
+        const where = [pin.stream ? `stream ${pin.stream}` : null,
+          pin.cursor ? `cursor ${pin.cursor}` : null].filter(Boolean).join(", ");
+        pins.append(el("li", { "data-ledger": String(pin.ledgerId), "data-reason": pin.reason },
+          el("span", { class: "ledger", text: `ledger ${pin.ledgerId}` }),
+          el("span", { class: "size", text: ` ${bytes(pin.bytes)} here ` }),
+          el("span", { class: "reason " + pin.reason, text: PIN_REASONS[pin.reason] || pin.reason }),
+          el("span", { class: "detail", text: ` ${pin.detail}${where ? ` (${where})` : ""}` })));
+      }
+      const more = log.liveLedgers > log.pins.length
+        ? el("p", { class: "legend", text: `and ${log.liveLedgers - log.pins.length} smaller ledgers` })
+        : null;
+      pinnedList.append(el("li", { "data-log": log.logId },
+        el("p", { class: "head" }, el("span", { class: "rank", text: `#${i + 1}` }),
+          el("strong", { text: ` log ${log.logId}` }),
+          ` — ${duration(log.ageSeconds)} old, ${count(log.liveLedgers)} live ` +
+          (log.liveLedgers === 1 ? "ledger" : "ledgers")),
+        pins, more));
     });
   }
 
@@ -378,8 +395,9 @@
       cursors.forEach((cursor, i) => {
         const row = el("tr", { "data-stream": stream.name });
         if (i === 0) {
-          row.append(el("th", { scope: "row", rowSpan: cursors.length,
-            text: `${stream.name} (${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)})` }));
+          row.append(el("th", { scope: "row", rowSpan: cursors.length },
+            el("span", { class: "stream", text: stream.name }),
+            el("span", { class: "meta", text: `${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)}` })));
         }
         if (cursor === null) {
           row.append(el("td", { colSpan: 4, text: "no cursor" }));
