@@ -118,7 +118,8 @@ def _headers(content_type: str) -> dict[str, str]:
 
 @routes.get("/")
 async def root(request: web.Request) -> web.Response:
-    raise web.HTTPFound("/status")
+    query = request.rel_url.query_string  # kept: /?poll=500 opens /status?poll=500
+    raise web.HTTPFound(f"/status?{query}" if query else "/status")
 
 
 @routes.get("/status")
