@@ -368,7 +368,9 @@ async def entry_logs(request: web.Request) -> web.Response:
     now_ms = state.clock.now_ms()
     ctx = PinContext(
         ledgers={
-            m.ledger_id: m for m in list(storage.all_ledgers()) if storage.is_live_ledger(m.ledger_id)
+            m.ledger_id: m
+            for m in list(storage.all_ledgers())
+            if storage.is_live_ledger(m.ledger_id)
         },
         streams={s.name: s for s in manager.streams()},
         cursors={s.name: manager.cursors(s.name) for s in manager.streams()},

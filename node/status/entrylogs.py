@@ -31,9 +31,13 @@ MS_PER_S = 1000
 NS_PER_MS = 1_000_000
 
 PinReason = Literal[
-    "open_ledger", "cursor_backlog", "retention", "offload_deletion_lag", "not_deleted",
+    "open_ledger",
+    "cursor_backlog",
+    "retention",
+    "offload_deletion_lag",
+    "not_deleted",
     "awaiting_gc",
-]  # fmt: skip
+]
 
 
 @dataclass(slots=True, frozen=True)
@@ -155,10 +159,15 @@ def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
     stream_name = meta.properties.get(STREAM_PROPERTY)
     stream = ctx.streams.get(stream_name) if stream_name is not None else None
     if meta.state == LedgerState.DELETED:
-        return Pin(lid, size, "awaiting_gc", "deleted: its data goes at the next GC run",
-                   stream_name)  # fmt: skip
+        return Pin(
+            lid, size, "awaiting_gc", "deleted: its data goes at the next GC run", stream_name
+        )
     if meta.state in (LedgerState.OPEN, LedgerState.FENCED):
-        what = "the stream's ledger taking appends" if stream is not None else "its writer has not closed it"
+        what = (
+            "the stream's ledger taking appends"
+            if stream is not None
+            else "its writer has not closed it"
+        )
         state = "open" if meta.state == LedgerState.OPEN else "fenced, not closed"
         return Pin(lid, size, "open_ledger", f"{state}: {what}", stream_name)
     if stream is not None:
@@ -171,23 +180,34 @@ def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
         if behind:
             slowest = min(behind, key=lambda c: c.mark_delete)
             return Pin(
-                lid, size, "cursor_backlog",
+                lid,
+                size,
+                "cursor_backlog",
                 f"cursor {slowest.name} has not acknowledged it (mark-delete at "
                 f"{slowest.mark_delete})",
-                stream.name, slowest.name,
-            )  # fmt: skip
+                stream.name,
+                slowest.name,
+            )
         offload = meta.offload
         if offload is not None and offload.offloaded and not offload.local_deleted:
             due = offload.offloaded_ms + stream.policies.offloadDeletionLagInMillis
-            return Pin(lid, size, "offload_deletion_lag",
-                       f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
-                       stream.name)  # fmt: skip
+            return Pin(
+                lid,
+                size,
+                "offload_deletion_lag",
+                f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
+                stream.name,
+            )
         return Pin(lid, size, "retention", _retention_detail(stream, meta, ctx.now_ms), stream.name)
     offload = meta.offload
     if offload is not None and offload.offloaded and not offload.local_deleted:
         due = offload.offloaded_ms + ctx.offload_deletion_lag_ms
-        return Pin(lid, size, "offload_deletion_lag",
-                   f"offloaded; the local copy goes after the deletion lag ({_iso(due)})")  # fmt: skip
+        return Pin(
+            lid,
+            size,
+            "offload_deletion_lag",
+            f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
+        )
     return Pin(lid, size, "not_deleted", "a closed plain ledger: kept until a client deletes it")
 
 

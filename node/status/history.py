@@ -39,7 +39,8 @@ class Buckets:
         if earlier.bounds != self.bounds:
             return self  # a histogram replaced under us: take the whole of it
         return Buckets(
-            self.bounds, tuple(a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True))
+            self.bounds,
+            tuple(a - b for a, b in zip(self.cumulative, earlier.cumulative, strict=True)),
         )
 
     @property

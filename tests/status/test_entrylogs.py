@@ -16,11 +16,24 @@ DAY_MS = 24 * 60 * MINUTE_MS
 LIMIT = 1 << 20
 
 
-def ledger(lid: int, state: LedgerState = LedgerState.CLOSED, stream: str | None = None,
-           closed_ms: int = NOW_MS - DAY_MS, offload: OffloadInfo | None = None) -> LedgerMeta:  # fmt: skip
+def ledger(
+    lid: int,
+    state: LedgerState = LedgerState.CLOSED,
+    stream: str | None = None,
+    closed_ms: int = NOW_MS - DAY_MS,
+    offload: OffloadInfo | None = None,
+) -> LedgerMeta:
     props = {STREAM_PROPERTY: stream} if stream is not None else {}
-    return LedgerMeta(lid, state, entries=10, last_entry_id=9, payload_bytes=1000,
-                      closed_ms=closed_ms, properties=props, offload=offload)  # fmt: skip
+    return LedgerMeta(
+        lid,
+        state,
+        entries=10,
+        last_entry_id=9,
+        payload_bytes=1000,
+        closed_ms=closed_ms,
+        properties=props,
+        offload=offload,
+    )
 
 
 def orders(retention_minutes: int = 60, retention_mb: int = -1) -> Stream:
@@ -37,8 +50,9 @@ def orders(retention_minutes: int = 60, retention_mb: int = -1) -> Stream:
     )
 
 
-def context(metas: list[LedgerMeta], stream: Stream | None = None,
-            cursors: list[Cursor] | None = None) -> PinContext:  # fmt: skip
+def context(
+    metas: list[LedgerMeta], stream: Stream | None = None, cursors: list[Cursor] | None = None
+) -> PinContext:
     streams = {stream.name: stream} if stream else {}
     return PinContext(
         ledgers={m.ledger_id: m for m in metas},
@@ -65,8 +79,11 @@ def test_an_open_or_fenced_ledger_pins_for_being_open() -> None:
 
 def test_the_slowest_cursor_behind_a_closed_stream_ledger_is_named() -> None:
     first = ledger(1, stream="orders")
-    cursors = [cursor("fast", Position(2, 9)), cursor("slow", Position(1, 3)),
-               cursor("slower", Position(0, -1))]  # fmt: skip
+    cursors = [
+        cursor("fast", Position(2, 9)),
+        cursor("slow", Position(1, 3)),
+        cursor("slower", Position(0, -1)),
+    ]
     pin = why_pinned(first, context([first], orders(), cursors))
     assert (pin.reason, pin.stream, pin.cursor) == ("cursor_backlog", "orders", "slower")
     assert "0:-1" in pin.detail
@@ -120,7 +137,9 @@ def test_the_map_highlights_the_oldest_sealed_logs_with_live_data_and_their_larg
     assert build_map(logs, context(metas), LIMIT, 1, 10).oldest_pinned[0].log_id == 1
 
 
-def _write_log(directory: Path, log_id: int, records: list[tuple[int, bytes]], sealed: bool) -> None:
+def _write_log(
+    directory: Path, log_id: int, records: list[tuple[int, bytes]], sealed: bool
+) -> None:
     path = log_path(directory, log_id)
     fd = create_log(path)
     position, sizes = HEADER_SIZE, {}

@@ -7,7 +7,9 @@ One browser and one node for the module; the stopped-node test has a node of its
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -47,8 +49,14 @@ def no_blocking_io_on_the_loop() -> Iterator[None]:
     yield
 
 
-def _call(node: NodeProcess, method: str, path: str, body: Any = None, raw: bytes | None = None,
-          token: str | None = TOKEN) -> Any:  # fmt: skip
+def _call(
+    node: NodeProcess,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    token: str | None = TOKEN,
+) -> Any:
     headers = {"Content-Type": "application/json" if raw is None else "application/octet-stream"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -74,16 +82,22 @@ class Workload:
         while not self.stopped.is_set():
             with self.lock:
                 try:
-                    appended = _call(self.node, "POST", f"/api/v1/streams/{STREAM}/entries",
-                                     raw=PAYLOAD)  # fmt: skip
+                    appended = _call(
+                        self.node, "POST", f"/api/v1/streams/{STREAM}/entries", raw=PAYLOAD
+                    )
                     self.node.get_bytes(f"/api/v1/ledgers/{self.pinner}/entries/0")
-                    _call(self.node, "POST", f"/api/v1/streams/{STREAM}/cursors/app/ack",
-                          {"position": appended["position"]})  # fmt: skip
+                    _call(
+                        self.node,
+                        "POST",
+                        f"/api/v1/streams/{STREAM}/cursors/app/ack",
+                        {"position": appended["position"]},
+                    )
                 except (urllib.error.URLError, ConnectionError, TimeoutError):
                     self.errors += 1
             time.sleep(0.05)
 
     def pause(self) -> threading.Lock:
+        """``with workload.pause():`` no request is in flight or starts."""
         return self.lock
 
 
@@ -101,8 +115,12 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
 def world(node: NodeProcess) -> Iterator[dict[str, Any]]:
     """A stream whose "audit" cursor never acknowledges, a plain closed ledger that nobody
     deletes in a log the test makes 90 days old, and the workload running."""
-    _call(node, "PUT", f"/api/v1/streams/{STREAM}",
-          {"minLedgerRolloverTimeMinutes": 0, "maxEntriesPerLedger": 20})  # fmt: skip
+    _call(
+        node,
+        "PUT",
+        f"/api/v1/streams/{STREAM}",
+        {"minLedgerRolloverTimeMinutes": 0, "maxEntriesPerLedger": 20},
+    )
     for cursor in ("audit", "app"):
         _call(node, "PUT", f"/api/v1/streams/{STREAM}/cursors/{cursor}", {"start": "earliest"})
     pinner = _call(node, "POST", "/api/v1/ledgers", {})["ledgerId"]
@@ -126,18 +144,12 @@ def world(node: NodeProcess) -> Iterator[dict[str, Any]]:
             aged = best[1]
     assert aged is not None, "no sealed log holds the pinning ledger"
     then = time.time() - OLD_S
-    _set_mtime(aged, then)
+    os.utime(aged, (then, then))  # sealed: nothing writes it again, so it stays this old
     try:
         yield {"pinner": pinner, "aged_log": aged.stem, "workload": workload}
     finally:
         workload.stopped.set()
         workload.thread.join(10)
-
-
-def _set_mtime(path: Path, when_s: float) -> None:
-    import os
-
-    os.utime(path, (when_s, when_s))
 
 
 @pytest.fixture(scope="module")
@@ -177,8 +189,9 @@ class Watched:
             self.foreign.append(request.url)
 
 
-def _open(browser: Any, node: NodeProcess, viewport: dict[str, int] = DESKTOP,
-          **context: Any) -> Watched:  # fmt: skip
+def _open(
+    browser: Any, node: NodeProcess, viewport: dict[str, int] = DESKTOP, **context: Any
+) -> Watched:
     page = browser.new_context(viewport=viewport, **context).new_page()
     page.set_default_timeout(10_000)
     watched = Watched(page, node.url)
@@ -246,11 +259,24 @@ def test_its_numbers_equal_the_json_apis(
         logs = node.get_json("/api/v1/status/entrylogs")
         history = node.get_json("/api/v1/status/history")
     fields = [
-        "counters.adds", "counters.reads", "counters.addBytes", "counters.readBytes",
-        "counters.rejectedAdds", "gc.runs", "gc.failures", "gc.knownLogs", "gc.reclaimedBytes",
-        "retention.runs", "offload.runs", "offload.offloadedLedgers", "wal.groupWrites",
-        "wal.kind", "state", "nodeId", "version",
-    ]  # fmt: skip
+        "counters.adds",
+        "counters.reads",
+        "counters.addBytes",
+        "counters.readBytes",
+        "counters.rejectedAdds",
+        "gc.runs",
+        "gc.failures",
+        "gc.knownLogs",
+        "gc.reclaimedBytes",
+        "retention.runs",
+        "offload.runs",
+        "offload.offloadedLedgers",
+        "wal.groupWrites",
+        "wal.kind",
+        "state",
+        "nodeId",
+        "version",
+    ]
     for name in fields:
         expected = summary
         for key in name.split("."):
@@ -324,7 +350,9 @@ def test_a_forced_gc_from_the_page_by_keyboard_moves_the_gc_counters(
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "confirm-ok"
     page.keyboard.press("Enter")
-    page.wait_for_function("() => document.querySelector('#results li').textContent.includes('done')")
+    page.wait_for_function(
+        "() => document.querySelector('#results li').textContent.includes('done')"
+    )
     assert "Force GC: done — Triggered GC" in _results(page)
     deadline = time.monotonic() + 15
     while node.get_json("/api/v1/status/summary")["gc"]["runs"] <= before:
@@ -405,13 +433,11 @@ def test_axe_finds_no_serious_accessibility_violation(
     assert len(result["passes"]) > 20, "axe checked next to nothing"
     # Headings in order, every control named.
     levels = page.eval_on_selector_all("h1, h2, h3", "hs => hs.map(h => Number(h.tagName[1]))")
-    assert levels[0] == 1 and all(b - a <= 1 for a, b in zip(levels, levels[1:], strict=False))
+    assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels))
     page.context.close()
 
 
-def test_the_page_notices_a_node_that_stopped_answering(
-    browser: Any, tmp_path: Path
-) -> None:
+def test_the_page_notices_a_node_that_stopped_answering(browser: Any, tmp_path: Path) -> None:
     lonely = NodeProcess(tmp_path / "data", env={"NODE_STATUS_HISTORY_INTERVAL_S": "0.5"})
     lonely.start()
     try:

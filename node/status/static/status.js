@@ -173,6 +173,7 @@
       "the figures below are from the last answer.";
     banner.hidden = false;
     document.body.classList.add("stale");
+    badge($("#state"), message ? "errors" : "not answering", "bad");
   }
 
   // --- rendering ----------------------------------------------------------------------------
@@ -270,9 +271,11 @@
       Math.max(held, 10 * history.intervalSeconds * 1000));
     for (const chart of HISTORY_CHARTS) {
       const width = 300, height = 80;
-      let max = 0;
+      let max = null; // null: the window observed nothing (no add, no WAL write)
       for (const sample of samples) {
-        for (const [key] of chart.series) max = Math.max(max, sample[key] || 0);
+        for (const [key] of chart.series) {
+          if (sample[key] !== null) max = Math.max(max || 0, sample[key]);
+        }
       }
       const top = max > 0 ? max * 1.1 : 1;
       const plot = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none",
@@ -387,30 +390,29 @@
   }
 
   function renderStreams(streams) {
-    const body = $("#streams tbody");
-    body.replaceChildren();
-    if (!streams.length) body.append(el("tr", {}, el("td", { colSpan: 5, text: "No stream." })));
+    const box = $("#streams");
+    box.replaceChildren();
+    if (!streams.length) box.append(el("p", { text: "No stream." }));
     for (const stream of streams) {
-      const cursors = stream.cursors.length ? stream.cursors : [null];
-      cursors.forEach((cursor, i) => {
-        const row = el("tr", { "data-stream": stream.name });
-        if (i === 0) {
-          row.append(el("th", { scope: "row", rowSpan: cursors.length },
-            el("span", { class: "stream", text: stream.name }),
-            el("span", { class: "meta", text: `${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)}` })));
-        }
-        if (cursor === null) {
-          row.append(el("td", { colSpan: 4, text: "no cursor" }));
-        } else {
-          row.dataset.cursor = cursor.name;
-          const backlog = el("td", { "data-field": "backlogEntries", text: count(cursor.backlogEntries) });
-          backlog.dataset.value = JSON.stringify(cursor.backlogEntries);
-          row.append(el("td", { text: cursor.name }), backlog,
-            el("td", { text: bytes(cursor.backlogBytes) }),
-            el("td", { text: cursor.backlogEntries ? duration(cursor.oldestUnacknowledgedAgeSeconds) : "–" }));
-        }
-        body.append(row);
-      });
+      box.append(el("h3", { "data-stream": stream.name }, stream.name,
+        el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)}` })));
+      if (!stream.cursors.length) {
+        box.append(el("p", { class: "legend", text: "No cursor: retention alone decides." }));
+        continue;
+      }
+      const body = el("tbody");
+      for (const cursor of stream.cursors) {
+        const backlog = el("td", { "data-field": "backlogEntries",
+          text: `${count(cursor.backlogEntries)} (${bytes(cursor.backlogBytes)})` });
+        backlog.dataset.value = JSON.stringify(cursor.backlogEntries);
+        body.append(el("tr", { "data-stream": stream.name, "data-cursor": cursor.name },
+          el("th", { scope: "row", text: cursor.name }), backlog,
+          el("td", { text: cursor.backlogEntries ? duration(cursor.oldestUnacknowledgedAgeSeconds) : "–" })));
+      }
+      const head = el("thead", {}, el("tr", {},
+        el("th", { scope: "col", text: "Cursor" }), el("th", { scope: "col", text: "Backlog" }),
+        el("th", { scope: "col", text: "Oldest unacked" })));
+      box.append(el("table", { class: "cursors" }, head, body));
     }
   }
 
