@@ -49,8 +49,10 @@ run: $(STAMP)
 ## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs),
 ## Prometheus with promtool (tests/monitoring runs the binary on a free loopback port; the
 ## Debian service the package enables is stopped: the tests never use it or port 9090),
-## Debian's chromium (tests/status drives it with Playwright: no browser download) and npm
-## (installs axe-core for the status page's accessibility test).
+## redis-server, the peer of `bench http --peer redis` (its Debian service is stopped too: the
+## bench starts its own on a free loopback port), Debian's chromium (tests/status drives it
+## with Playwright: no browser download) and npm (installs axe-core for the status page's
+## accessibility test).
 tools:
 	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	@command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends npm)
@@ -58,6 +60,8 @@ tools:
 	@command -v java >/dev/null || (apt-get update && apt-get install -y --no-install-recommends default-jre-headless)
 	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus \
 		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
+	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server \
+		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
 
 # axe-core for the status page's accessibility test, at the version of its lock file, in a
 # git-ignored node_modules (tests/status).

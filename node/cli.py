@@ -23,6 +23,7 @@ OFFLOAD_RANDOM_READS = 300
 # bench audit's: the issue asks for at least 1 GiB; 64 MiB per task is the job's default.
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
+DEFAULT_REPLAY_MIB = 256  # bench replay's journal
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -80,20 +81,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http", "wal", "gc", "stream", "offload", "audit"],
+        choices=["write", "http", "wal", "gc", "stream", "offload", "audit", "replay"],
         help="write: the engine in-process; http: the live server over loopback; "
         "wal: the raw-device WAL against fio on a loop device and a file; "
         "gc: compaction throughput and its cost to concurrent adds; "
         "stream: stream appends and append-to-tailing-reader latency over loopback; "
         "offload: upload and reads of an offloaded ledger (local store, S3 on moto) "
         "against entry-log reads; "
-        "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect",
+        "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
+        "replay: the start after a crash with a long journal, against reading it",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
         "--writers", type=int, default=16, help="concurrent writers (http, stream: connections)"
     )
     bench.add_argument("--seconds", type=float, default=5.0, help="duration of each run")
+    bench.add_argument(
+        "--peer",
+        choices=["redis"],
+        help="http: the node beside this peer (Redis Streams, appendfsync always) instead",
+    )
+    bench.add_argument("--rounds", type=int, default=3, help="http --peer: alternating rounds")
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
     bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")
     bench.add_argument(
@@ -116,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=OFFLOAD_RANDOM_READS,
         help="offload: single-entry reads at random ids",
+    )
+    bench.add_argument(
+        "--replay-mib", type=int, default=DEFAULT_REPLAY_MIB, help="replay: MiB of journal"
     )
     bench.add_argument("--gib", type=float, default=AUDIT_GIB, help="audit: GiB of entry logs")
     bench.add_argument(

@@ -170,6 +170,11 @@ class Metrics:
         self.read_latency = histogram(
             "read_latency_seconds", "Time to serve a read (one entry or a range).", ("kind",)
         )
+        # The add path's children, looked up once (labels() costs a lock and a dict walk).
+        self.add_latency_single = self.add_latency.labels("single")
+        self.add_latency_batch = self.add_latency.labels("batch")
+        self.add_latency_stream = self.add_latency.labels("stream")
+        self._request_children: dict[tuple[str, str, int], Histogram] = {}
         self.journal_group_records = histogram(
             "journal_group_records", "Records per WAL group write.", buckets=GROUP_RECORD_BUCKETS
         )
@@ -195,6 +200,16 @@ class Metrics:
 
     # --- StorageProbe ----------------------------------------------------------------------
 
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One HTTP request in http_request_duration_seconds, by route template."""
+        key = (method, route, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.http_request_duration.labels(
+                method, route, str(status)
+            )
+        child.observe(seconds)
     def journal_write(
         self, records: int, size_bytes: int, write_seconds: float, sync_seconds: float
     ) -> None:

@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     max_entry_size: int = Field(5 * MiB, gt=0)  # largest payload (BookKeeper nettyMaxFrameSize)
     max_request_size: int = Field(64 * MiB, gt=0)  # largest HTTP body (a batch of entries)
     max_entries_per_batch: int = Field(10_000, gt=0)  # entries in one batch request
+    # Adds with bodies up to this are answered from the socket, past aiohttp's web stack
+    # (node/http/fastlane.py); larger ones, and every other request, go through aiohttp. 0: off.
+    http_fast_lane_max_body: int = Field(4 * MiB, ge=0)
     # Request bodies held at once, node-wide: what bounds their memory (not connections).
     max_request_bytes_in_flight: int = Field(128 * MiB, gt=0)
     request_budget_wait_s: float = Field(1.0, ge=0)  # a body waits this for the budget, then 503
@@ -113,7 +116,7 @@ class Settings(BaseSettings):
     # --- journal (BookKeeper) ------------------------------------------------------------
     journal_max_group_wait_msec: float = Field(2.0, ge=0)  # group commit: max age of a group
     journal_buffered_writes_threshold: int = Field(512 * KiB, gt=0)  # group commit: max bytes
-    journal_flush_when_queue_empty: bool = False  # also commit whenever the queue runs empty
+    journal_flush_when_queue_empty: bool = True  # write whenever the writer is idle (no group wait)
     journal_alignment_size: int = Field(512, gt=0)  # group writes are padded to this boundary
     journal_pre_alloc_size: int = Field(16 * MiB, gt=0)  # preallocation step of journal files
     journal_max_size: int = Field(2 * GiB, gt=0)  # rotate a journal file past this size

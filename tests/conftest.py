@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient
+from aiohttp import web
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
-from node.http.app import build_app
+from node.http.app import NodeRunner, build_app
 from node.settings import Settings, load
 from node.storage.ledgers import LedgerStorage
 from tests.hostdisk import HOST_DISK_NEUTRAL
@@ -42,6 +43,26 @@ async def storage(settings: Settings) -> AsyncIterator[LedgerStorage]:
     await engine.start()
     yield engine
     await engine.close()
+
+
+class NodeTestServer(TestServer):
+    """aiohttp's test server with the node's runner: connections start in the fast lane
+    (node/http/fastlane.py) and reach aiohttp's handler as ``serve`` hands them over."""
+
+    async def _make_runner(self, **kwargs: Any) -> NodeRunner:
+        return NodeRunner(self.app, **kwargs)
+
+
+@pytest.fixture
+def aiohttp_client(aiohttp_client: Any) -> Any:
+    """pytest-aiohttp's, serving an application as ``serve`` does (NodeTestServer)."""
+
+    async def make(app_or_server: web.Application | BaseTestServer, **kwargs: Any) -> Any:
+        if isinstance(app_or_server, web.Application):
+            app_or_server = NodeTestServer(app_or_server)
+        return await aiohttp_client(app_or_server, **kwargs)
+
+    return make
 
 
 @pytest.fixture

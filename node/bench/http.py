@@ -163,6 +163,10 @@ def _table(rows: list[Figures]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.peer:
+        from node.bench import peer
+
+        return peer.main(args)
     connections = args.writers
     seconds = args.seconds
     with scratch_dir(args.dir, "node-bench-http-") as scratch:

@@ -50,7 +50,7 @@ def short_machine_line(scratch: Path) -> str:
     return f"- scratch: {scratch}; python {sys.version.split()[0]}; {os.cpu_count()} CPUs"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -60,7 +60,7 @@ class Server:
     """A node serving ``data_dir`` on a free loopback port, ready when constructed."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "node", "--log-level", "warning", "serve",

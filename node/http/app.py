@@ -19,6 +19,7 @@ from node.http import admin, audit, ledgers, offload, openapi, status, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.errors import HTTP_CODES, error_middleware
+from node.http.fastlane import FastLane, Lanes
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
     AUDIT,
@@ -176,8 +177,18 @@ class _JsonErrorRequestHandler(RequestHandler):
         return response
 
 
-class _JsonErrorServer(web.Server):
-    def __call__(self) -> RequestHandler:
+class _NodeServer(web.Server):
+    """Connections start in the fast lane (adds), which hands them to aiohttp's request
+    handler at their first other request."""
+
+    lanes: Lanes | None
+
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if self.lanes is not None:
+            return FastLane(self.lanes)
+        return self.aiohttp_handler()
+
+    def aiohttp_handler(self) -> RequestHandler:
         return _JsonErrorRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
@@ -188,8 +199,14 @@ class NodeRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
         # aiohttp builds the Server privately; swapping in the subclass (same layout)
-        # is the one place to change its request handler class.
-        server.__class__ = _JsonErrorServer
+        # is the one place to change the protocol of its connections.
+        server.__class__ = _NodeServer
+        assert isinstance(server, _NodeServer)
+        server.lanes = (
+            Lanes(self.app, server._connections, server.aiohttp_handler)
+            if self.app[SETTINGS].http_fast_lane_max_body
+            else None
+        )
         return server
 
 

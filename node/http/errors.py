@@ -71,7 +71,7 @@ def error_response(
 
     return web.Response(
         status=status,
-        text=json.dumps({"code": code, "message": message}),
+        body=error_body(code, message),
         content_type="application/json",
         headers=headers,
     )
@@ -90,6 +90,20 @@ HTTP_CODES = {
 }
 
 
+def storage_status(error: storage_errors.StorageError, method: str, path: str) -> int:
+    """The status of a storage error; the unexpected ones are logged."""
+    status = STATUS.get(type(error), 500)
+    if status >= 500 and not isinstance(
+        error, storage_errors.Backpressure | storage_errors.StorageClosed
+    ):
+        log.error("request %s %s failed: %s", method, path, error)
+    return status
+
+
+def error_body(code: str, message: str) -> bytes:
+    return json.dumps({"code": code, "message": message}).encode()
+
+
 @web.middleware
 async def error_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -99,11 +113,7 @@ async def error_middleware(
     except ApiError as e:
         return error_response(e.status, e.code, e.message)
     except storage_errors.StorageError as e:
-        status = STATUS.get(type(e), 500)
-        if status >= 500 and not isinstance(
-            e, storage_errors.Backpressure | storage_errors.StorageClosed
-        ):
-            log.error("request %s %s failed: %s", request.method, request.path, e)
+        status = storage_status(e, request.method, request.path)
         return error_response(status, e.code, e.message)
     except web.HTTPException as e:
         if e.status < 400:

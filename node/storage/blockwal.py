@@ -1015,6 +1015,17 @@ class BlockWal:
             self._loop.call_soon(self._pump)
         return block.future
 
+    def append_batch(
+        self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
+    ) -> asyncio.Future[LogMark]:
+        """Record by record (a batch may span blocks; blocks complete in order, so the
+        last one's future covers the batch)."""
+        future = None
+        for n, (crc, payload) in enumerate(zip(crcs, payloads, strict=True)):
+            future = self.append(ledger_id, first_entry_id + n, crc, payload)
+        assert future is not None, "an empty batch"
+        return future
+
     def _open_block(self, size: int) -> _Block:
         """A new block for a record of ``size`` bytes (after a padding block if the record
         does not fit before the physical end)."""

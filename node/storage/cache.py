@@ -34,6 +34,19 @@ class WriteCache:
             self.size += len(payload) - len(previous[1])
         entries[entry_id] = (crc, payload)
 
+    def put_batch(
+        self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
+    ) -> None:
+        """Entries at consecutive ids, none of them cached yet (a batch's fresh ids)."""
+        entries = self._ledgers.get(ledger_id)
+        if entries is None:
+            entries = self._ledgers[ledger_id] = {}
+        ids = range(first_entry_id, first_entry_id + len(payloads))
+        assert entries.keys().isdisjoint(ids), "a batch's ids are cached already"
+        entries.update(zip(ids, zip(crcs, payloads, strict=True), strict=True))
+        self.count += len(payloads)
+        self.size += RECORD_OVERHEAD * len(payloads) + sum(map(len, payloads))
+
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         entries = self._ledgers.get(ledger_id)
         if entries is None:

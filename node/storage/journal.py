@@ -393,9 +393,8 @@ class Journal:
         self._position = HEADER_SIZE
         self._preallocated = preallocate
 
-    def append(
-        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
-    ) -> asyncio.Future[LogMark]:
+    def _accepting(self) -> _Group:
+        """The group taking appends; the writer is woken by its first record."""
         group = self._group
         if group is None or self._closing or self._failed is not None:
             raise JournalFailed(f"journal is not accepting appends: {self._failed or 'closed'}")
@@ -403,9 +402,35 @@ class Journal:
             group.first_at = self._clock.monotonic()
             assert self._kick is not None
             self._kick.set()
+        return group
+
+    def append(
+        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        group = self._accepting()
         group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
         group.parts.append(payload)
         group.size += RECORD_HEADER.size + len(payload)
+        if group.size >= self._settings.journal_buffered_writes_threshold:
+            self._seal()
+        return group.future
+
+    def append_batch(
+        self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
+    ) -> asyncio.Future[LogMark]:
+        """The batch goes into one group whole (it may pass the size threshold; the group
+        is sealed after it): one future, one write, one acknowledgment."""
+        group = self._accepting()
+        parts = group.parts
+        pack = RECORD_HEADER.pack
+        size = RECORD_HEADER.size * len(payloads)
+        for entry_id, crc, payload in zip(
+            range(first_entry_id, first_entry_id + len(payloads)), crcs, payloads, strict=True
+        ):
+            parts.append(pack(len(payload), ledger_id, entry_id, crc))
+            parts.append(payload)
+            size += len(payload)
+        group.size += size
         if group.size >= self._settings.journal_buffered_writes_threshold:
             self._seal()
         return group.future

@@ -62,6 +62,13 @@ class Wal(Protocol):
         """Queue a record; the future completes after the fsync that covers it."""
         ...
 
+    def append_batch(
+        self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
+    ) -> asyncio.Future[LogMark]:
+        """Queue a batch's records at consecutive entry ids; the future completes after
+        the fsync that covers the last of them (and so every one: writes land in order)."""
+        ...
+
     def sync_point(self) -> asyncio.Future[LogMark]:
         """A future completing with a mark at or past every record appended so far."""
         ...

@@ -198,3 +198,17 @@ def test_read_cache_entry_larger_than_segment_not_cached(length: int, segments: 
     assert cache.get(2, 2) is None
     assert cache.get(1, 1) == b"x" * 10  # and it evicted nothing
     assert cache.size == 10
+
+
+@given(st.lists(st.lists(st.binary(max_size=64), min_size=1, max_size=20), max_size=8))
+def test_a_batch_put_is_the_same_as_its_entries_put_one_by_one(batches: list[list[bytes]]) -> None:
+    by_batch, one_by_one = WriteCache(), WriteCache()
+    first = 0
+    for payloads in batches:
+        crcs = [record_crc(3, first + n, p) for n, p in enumerate(payloads)]
+        by_batch.put_batch(3, first, crcs, payloads)
+        for n, (crc, payload) in enumerate(zip(crcs, payloads, strict=True)):
+            one_by_one.put(3, first + n, crc, payload)
+        first += len(payloads)
+    assert (by_batch.size, by_batch.count) == (one_by_one.size, one_by_one.count)
+    assert list(by_batch.sorted_entries()) == list(one_by_one.sorted_entries())

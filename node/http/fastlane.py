@@ -1,0 +1,433 @@
+"""The fast lane: adds answered straight from the socket, beside aiohttp.
+
+Every connection starts here. A request that is plainly an add is answered here, through
+the very functions aiohttp's routes call (``ledgers.add``, ``streams.add``): a complete head
+of ``POST /api/v1/ledgers/{id}/entries`` or ``POST /api/v1/streams/{name}/entries`` in
+HTTP/1.1, one Content-Length no larger than ``http_fast_lane_max_body``, no
+Transfer-Encoding, Expect or Upgrade, no duplicate or malformed header, the admin token when
+one is set, and room in the body budget at once. The first request that is anything else
+hands the connection, with every byte not yet answered, to aiohttp's request handler for
+good: aiohttp then applies all its rules and error answers, to that request and to all
+that follow on the connection. So the lane only ever answers requests that aiohttp would
+route to the same function; it never has to reproduce aiohttp's refusals.
+
+Why: aiohttp's web stack (request and response objects, the router, four middlewares) costs
+about as much event-loop time per request as the add itself; for one-entry adds it was
+the ceiling (``python -m node bench http --peer redis``).
+
+What aiohttp's server did for these requests and the lane does too:
+- the request id (X-Request-Id echoed when sane, else made), ``http_request_duration_seconds``
+  by route template, the access log line (DEBUG; WARNING for 5xx), errors as JSON;
+- the body budget (taken before the body is read; given back after the answer);
+- the header, body and keep-alive timeouts (a sweep once a second: a head still incomplete
+  after ``header_timeout_s`` closes the connection, a body after ``body_read_timeout_s``
+  gets 408, an idle connection closes after ``keepalive_timeout_s``);
+- requests on one connection answered in order, one at a time (pipelining is read ahead,
+  up to a bound, then reading pauses);
+- graceful shutdown: the runner's ``pre_shutdown`` and ``shutdown`` close idle connections
+  and let answers in progress finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+import time
+from collections.abc import Callable
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+
+from node import logs
+from node.http import ledgers, streams
+from node.http.errors import RETRY_AFTER_S, ApiError, error_body, storage_status
+from node.http.middleware import (
+    CLIENT_CLOSED_REQUEST,
+    access_log,
+    next_request_id,
+    valid_client_request_id,
+)
+from node.http.state import BUDGET, METRICS, SETTINGS
+from node.storage.errors import StorageError
+from node.streams.model import ID_DIGITS
+
+log = logging.getLogger(__name__)
+
+LEDGER_ROUTE = "/api/v1/ledgers/{lid}/entries"
+STREAM_ROUTE = "/api/v1/streams/{name}/entries"
+_LEDGER_ADD = re.compile(rf"/api/v1/ledgers/{ID_DIGITS}/entries".encode())
+# Names that need no percent-decoding (the stream name rule, model.NAME, in its plain form).
+_STREAM_ADD = re.compile(rb"/api/v1/streams/([A-Za-z0-9][A-Za-z0-9._-]{0,254})/entries")
+_HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_HEADER_VALUE = re.compile(rb"[\t\x20-\x7e\x80-\xff]*")
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+_REFUSED_HEADERS = (b"transfer-encoding", b"expect", b"upgrade")
+MAX_HEAD = 8 * 1024  # a longer head goes to aiohttp, which has the limits and the 431
+READ_AHEAD = 256 * 1024  # pipelined bytes buffered while answering; then reading pauses
+SWEEP_INTERVAL_S = 1.0  # how often the timeouts are checked
+SERVER_HEADER = b"storage-node"
+
+
+class _Add:
+    """A parsed add request: its route, the ledger id or stream name, its headers."""
+
+    __slots__ = ("body_at", "headers", "key", "length", "path", "route")
+
+    def __init__(
+        self, route: str, path: bytes, key: bytes, headers: dict[bytes, bytes], body_at: int
+    ) -> None:
+        self.route = route
+        self.path = path.decode()
+        self.key = key
+        self.headers = headers
+        self.length = int(headers[b"content-length"])
+        self.body_at = body_at
+
+
+def parse_add(buffer: bytes | bytearray, head_end: int) -> _Add | None:
+    """The add whose head ends at ``head_end`` (before its blank line); None when the
+    request is not one the lane answers (aiohttp gets it)."""
+    lines = bytes(buffer[:head_end]).split(b"\r\n")
+    request_line = lines[0].split(b" ")
+    if len(request_line) != 3 or request_line[0] != b"POST" or request_line[2] != b"HTTP/1.1":
+        return None
+    target = request_line[1]
+    if match := _LEDGER_ADD.fullmatch(target):
+        route = LEDGER_ROUTE
+    elif match := _STREAM_ADD.fullmatch(target):
+        route = STREAM_ROUTE
+    else:
+        return None
+    headers: dict[bytes, bytes] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _HEADER_NAME.fullmatch(name) or not _HEADER_VALUE.fullmatch(value):
+            return None  # obs-fold, a bare LF, a control byte: aiohttp's parser decides
+        key = name.lower()
+        if key in headers:
+            return None  # duplicates have rules (Content-Length above all): aiohttp's
+        headers[key] = value.strip(b" \t")
+    length = headers.get(b"content-length")
+    if length is None or not _DIGITS.fullmatch(length):
+        return None
+    if any(name in headers for name in _REFUSED_HEADERS):
+        return None
+    return _Add(route, target, match.group(1), headers, head_end + 4)
+
+
+class Lanes:
+    """The lanes of one server: what they share, and the sweep of their timeouts."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        connections: dict[Any, asyncio.Transport],
+        aiohttp_handler: Callable[[], asyncio.Protocol],
+    ) -> None:
+        settings = app[SETTINGS]
+        self.app = app
+        self.metrics = app[METRICS]
+        self.budget = app[BUDGET]
+        self.max_body = min(settings.http_fast_lane_max_body, settings.max_request_size)
+        self.admin_token = (
+            settings.admin_token.get_secret_value().encode() if settings.admin_token else None
+        )
+        self.header_timeout = settings.header_timeout_s
+        self.body_timeout = settings.body_read_timeout_s
+        self.keepalive_timeout = settings.keepalive_timeout_s
+        self.connections = connections  # aiohttp's: its pre_shutdown and shutdown see lanes
+        self.aiohttp_handler = aiohttp_handler
+        self.open: set[FastLane] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+        self._date = b""
+        self._date_second = -1
+
+    def date(self) -> bytes:
+        now = int(time.time())
+        if now != self._date_second:
+            self._date_second = now
+            self._date = formatdate(now, usegmt=True).encode()
+        return self._date
+
+    def made(self, lane: FastLane, transport: asyncio.Transport) -> None:
+        self.open.add(lane)
+        self.connections[lane] = transport
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self.sweep)
+
+    def lost(self, lane: FastLane) -> None:
+        self.open.discard(lane)
+        self.connections.pop(lane, None)
+
+    def sweep(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for lane in list(self.open):
+            lane.check_timeouts(now)
+        self._sweep = (
+            asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self.sweep)
+            if self.open
+            else None
+        )
+
+
+class FastLane(asyncio.Protocol):
+    """One connection, while it sends nothing but adds."""
+
+    def __init__(self, lanes: Lanes) -> None:
+        self._lanes = lanes
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._pending: _Add | None = None  # parsed, its body still arriving
+        self._held = 0  # budget bytes of the pending or answered body
+        self._answering: asyncio.Task[None] | None = None
+        self._waiting_since = 0.0  # when a head began to arrive (0: none is arriving)
+        self._last_byte = 0.0  # when the last byte of a pending body came
+        self._idle_since = self._loop.time()
+        self._closing = False  # answer what is in progress, then close
+        self._eof = False  # the client sent all it will send
+        self._paused = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        self._lanes.made(self, transport)  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lanes.lost(self)
+        add = self._pending
+        if self._answering is None and add is not None:  # gone in the middle of a body
+            self._give_back()
+            log.info("client hung up during POST %s: %s", add.path, exc or "connection closed")
+            self._lanes.metrics.observe_request("POST", add.route, CLIENT_CLOSED_REQUEST, 0.0)
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._pending is not None:
+            self._last_byte = self._loop.time()
+        if self._answering is None:
+            self._next()
+        elif len(self._buffer) > READ_AHEAD and not self._paused and self._transport:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        # The client sent all it will: answer what is complete, then close.
+        self._eof = True
+        if self._answering is None:
+            self._next()
+        return True  # keep the transport open for the answer; closed after it
+
+    # --- the runner's shutdown (aiohttp calls these on every connection) -------------------
+
+    def close(self) -> None:
+        self._closing = True
+        if self._answering is None and self._transport is not None:
+            self._transport.close()
+
+    async def shutdown(self, timeout: float | None) -> None:  # noqa: ASYNC109 (aiohttp's signature)
+        self._closing = True
+        if self._answering is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._answering), timeout)
+        if self._transport is not None:
+            self._transport.close()
+
+    # --- requests ------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        """Answer the request at the head of the buffer if it is complete, hand the
+        connection to aiohttp if it is not an add, or wait for more bytes."""
+        transport = self._transport
+        if transport is None:
+            return
+        buffer = self._buffer
+        add = self._pending
+        if add is None:
+            if not buffer:
+                self._waiting_since = 0.0
+                self._idle_since = self._loop.time()
+                if self._closing or self._eof:
+                    transport.close()
+                return
+            head_end = buffer.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+            if head_end < 0:
+                if len(buffer) > MAX_HEAD:
+                    self._hand_off()
+                elif self._closing or self._eof:
+                    transport.close()  # a partial head and no more to come
+                elif not self._waiting_since:
+                    self._waiting_since = self._loop.time()
+                return
+            add = parse_add(buffer, head_end)
+            if add is None or not self._admitted(add):
+                self._hand_off()
+                return
+            self._pending = add
+            self._last_byte = self._loop.time()
+        end = add.body_at + add.length
+        if len(buffer) < end:
+            if self._closing or self._eof:
+                transport.close()  # a partial body and no more to come
+            return
+        body = bytes(buffer[add.body_at : end])
+        del buffer[:end]
+        self._pending = None
+        self._waiting_since = 0.0
+        self._answering = self._loop.create_task(self._answer(add, body))
+
+    def _admitted(self, add: _Add) -> bool:
+        """Whether the lane takes the add: aiohttp answers the rest (refusals included)."""
+        lanes = self._lanes
+        if add.length > lanes.max_body:
+            return False
+        if lanes.admin_token is not None:
+            scheme, _, presented = add.headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                presented.strip(), lanes.admin_token
+            ):
+                return False
+        budget = lanes.budget
+        if budget.in_use + add.length > budget.capacity:
+            return False  # aiohttp waits for room (request_budget_wait_s), then says 503
+        budget.in_use += add.length
+        self._held = add.length
+        lanes.metrics.request_body_bytes.set(budget.in_use)
+        return True
+
+    def _give_back(self) -> None:
+        if self._held:
+            budget = self._lanes.budget
+            budget.give_back(self._held)
+            self._held = 0
+            self._lanes.metrics.request_body_bytes.set(budget.in_use)
+
+    def _hand_off(self) -> None:
+        """From here on aiohttp serves the connection, starting with the buffered bytes."""
+        transport = self._transport
+        assert transport is not None and self._answering is None
+        self._give_back()
+        self._lanes.lost(self)
+        handler = self._lanes.aiohttp_handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        data, self._buffer = bytes(self._buffer), bytearray()
+        self._transport = None
+        if self._paused:
+            transport.resume_reading()
+        if data:
+            handler.data_received(data)
+        if self._eof:
+            handler.eof_received()
+
+    async def _answer(self, add: _Add, body: bytes) -> None:
+        lanes = self._lanes
+        started = time.perf_counter()
+        given = add.headers.get(b"x-request-id", b"").decode("latin-1")
+        rid = given if valid_client_request_id(given) else next_request_id()
+        context = logs.request_id.set(rid)
+        path = add.path
+        extra = b""
+        try:
+            status, reply = 201, await self._add(add, body)
+        except ApiError as e:
+            status, reply = e.status, error_body(e.code, e.message)
+        except StorageError as e:
+            status, reply = storage_status(e, "POST", path), error_body(e.code, e.message)
+        except Exception as e:
+            log.exception("request POST %s failed", path)
+            status, reply = 500, error_body("internal_error", str(e) or type(e).__name__)
+        finally:
+            self._give_back()
+        if status == 503:
+            extra = b"Retry-After: %s\r\n" % RETRY_AFTER_S.encode()
+        close = self._closing or b"close" in add.headers.get(b"connection", b"").lower()
+        if close:
+            extra += b"Connection: close\r\n"
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            status = CLIENT_CLOSED_REQUEST  # nobody is left to answer (as aiohttp counts it)
+        else:
+            transport.write(
+                b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s\r\n%s"
+                % (
+                    status,
+                    HTTPStatus(status).phrase.encode(),
+                    len(reply),
+                    lanes.date(),
+                    SERVER_HEADER,
+                    rid.encode(),
+                    extra,
+                    reply,
+                )
+            )
+        elapsed = time.perf_counter() - started
+        lanes.metrics.observe_request("POST", add.route, status, elapsed)
+        access_log("POST", path, status, elapsed)
+        logs.request_id.reset(context)
+        self._answering = None
+        if transport is None:
+            return
+        if close:
+            self._closing = True
+            transport.close()
+            return
+        if self._paused:
+            self._paused = False
+            transport.resume_reading()
+        self._next()
+
+    async def _add(self, add: _Add, body: bytes) -> bytes:
+        app = self._lanes.app
+        content_type = add.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        kind = content_type.decode("latin-1")
+        if add.route is LEDGER_ROUTE:
+            token = add.headers.get(ledgers.WRITE_TOKEN_HEADER.lower().encode())
+            return await ledgers.add(
+                app,
+                int(add.key),
+                kind,
+                token.decode("latin-1") if token is not None else None,
+                body,
+            )
+        return await streams.add(app, add.key.decode(), kind, body)
+
+    def check_timeouts(self, now: float) -> None:
+        """The sweep's visit: close what waited too long (as aiohttp's timeouts do)."""
+        transport = self._transport
+        if transport is None or self._answering is not None:
+            return
+        lanes = self._lanes
+        if self._pending is not None:
+            if now - self._last_byte > lanes.body_timeout:
+                self._time_out_body(self._pending)
+        elif self._waiting_since:
+            if now - self._waiting_since > lanes.header_timeout:
+                log.info(
+                    "closed a connection: no complete request head in %s s", lanes.header_timeout
+                )
+                transport.close()
+        elif now - self._idle_since > lanes.keepalive_timeout:
+            transport.close()
+
+    def _time_out_body(self, add: _Add) -> None:
+        transport = self._transport
+        assert transport is not None
+        timeout = self._lanes.body_timeout
+        reply = error_body("body_timeout", f"no byte of the body came for {timeout} s")
+        self._give_back()
+        transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(reply), reply)
+        )
+        transport.close()
+        self._lanes.metrics.observe_request("POST", add.route, 408, timeout)
+        access_log("POST", add.path, 408, timeout)
