@@ -252,7 +252,9 @@ def test_its_numbers_equal_the_json_apis(
     watched = _open(browser, node)
     page = watched.page
     with world["workload"].pause():
-        time.sleep(0.3)  # the last add's checkpoint (flush_interval 100 ms)
+        # The last add's checkpoint (flush_interval 100 ms), and two idle history intervals
+        # (0.5 s): the newest samples, on the page and in the route, are then both at rest.
+        time.sleep(1.2)
         paused_ms = time.time() * 1000
         _updated_after(page, paused_ms)
         summary = node.get_json("/api/v1/status/summary")
@@ -342,7 +344,11 @@ def test_a_forced_gc_from_the_page_by_keyboard_moves_the_gc_counters(
     assert dialog.is_visible() and "garbage collection" in dialog.inner_text()
     assert page.evaluate("document.activeElement.id") == "confirm-cancel"  # the safe default
     page.keyboard.press("Escape")
-    assert dialog.is_hidden()
+    dialog.wait_for(state="hidden")
+    # The dialog's close event comes after Escape returns: wait for what it does.
+    page.wait_for_function(
+        "() => document.querySelector('#results li').textContent.includes('cancelled')"
+    )
     assert "Force GC: cancelled" in _results(page)
     assert page.evaluate("document.activeElement.dataset.action") == "gc"  # focus came back
     assert node.get_json("/api/v1/status/summary")["gc"]["runs"] == before
