@@ -47,11 +47,15 @@ run: $(STAMP)
 
 ## System tools of the tests and benchmarks: fio (the raw-device WAL's baseline), a Java
 ## runtime for Spark (the audit job; Debian 12's default is OpenJDK 17, which Spark 4 needs),
-## and Prometheus with promtool (tests/monitoring runs the binary on a free loopback port; the
-## Debian service the package enables is stopped: the tests never use it or port 9090), and
+## Prometheus with promtool (tests/monitoring runs the binary on a free loopback port; the
+## Debian service the package enables is stopped: the tests never use it or port 9090),
 ## redis-server, the peer of `bench http --peer redis` (its Debian service is stopped too: the
-## bench starts its own on a free loopback port).
+## bench starts its own on a free loopback port), Debian's chromium (tests/status drives it
+## with Playwright: no browser download) and npm (installs axe-core for the status page's
+## accessibility test).
 tools:
+	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
+	@command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends npm)
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
 	@command -v java >/dev/null || (apt-get update && apt-get install -y --no-install-recommends default-jre-headless)
 	@command -v promtool >/dev/null || (apt-get update && apt-get install -y --no-install-recommends prometheus \
@@ -59,8 +63,15 @@ tools:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server \
 		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
 
+# axe-core for the status page's accessibility test, at the version of its lock file, in a
+# git-ignored node_modules (tests/status).
+AXE := tests/status/node_modules/axe-core/axe.min.js
+$(AXE): tests/status/package.json tests/status/package-lock.json
+	cd tests/status && npm ci --no-audit --no-fund
+	@touch $@
+
 ## Lint, type-check and run the whole test suite.
-test: $(STAMP) $(AIRFLOW_STAMP) tools
+test: $(STAMP) $(AIRFLOW_STAMP) tools $(AXE)
 	$(PY) -m ruff check node tests grafana dags
 	$(PY) -m mypy
 	$(PY) -m mypy dags

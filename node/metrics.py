@@ -303,7 +303,7 @@ class Metrics:
             if offload._reader is not None:
                 self._snapshot.offload_cache_bytes = offload.reader.cached_bytes
         if streams is not None:
-            self._snapshot.streams = _stream_snapshots(streams)
+            self._snapshot.streams = stream_snapshots(streams)
             self._snapshot.orphan_ledgers = len(streams.live_orphans())
 
     def _ring_snapshot(self) -> RingSnapshot | None:
@@ -327,6 +327,11 @@ class Metrics:
         return self._snapshot
 
     @property
+    def ring_figures(self) -> RingFigures | None:
+        """The raw-device WAL's ring, once it started (None with the file journal)."""
+        return self._ring
+
+    @property
     def settings(self) -> Settings:
         return self._settings
 
@@ -335,7 +340,7 @@ class Metrics:
         return self._start_time_s
 
 
-def _stream_snapshots(manager: StreamManager) -> list[StreamSnapshot]:
+def stream_snapshots(manager: StreamManager) -> list[StreamSnapshot]:
     """Per stream and cursor. The oldest unacknowledged age is at ledger granularity (entries
     carry no time): the age of the ledger holding a cursor's next unacknowledged entry."""
     now_ms = time.time() * MS_PER_S  # the streams' times come from the system clock too

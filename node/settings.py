@@ -99,6 +99,8 @@ class Settings(BaseSettings):
     shutdown_timeout_s: float = Field(30.0, gt=0)  # how long SIGTERM waits for requests
     log_level: str = "info"  # debug, info, warning, error
     log_json: bool = False  # one JSON object per log line (with request ids)
+    status_history_interval_s: float = Field(5.0, gt=0)  # the status page's history: sample period
+    status_history_window_s: float = Field(900.0, gt=0)  # ... and how far back it keeps samples
 
     # --- write-ahead log -----------------------------------------------------------------
     wal_kind: Literal["journal", "blockdev"] = "journal"  # file journal or raw-device ring

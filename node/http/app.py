@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, audit, ledgers, offload, openapi, streams
+from node.http import admin, audit, ledgers, offload, openapi, status, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.errors import HTTP_CODES, error_middleware
@@ -76,6 +76,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app.add_routes(offload.routes)
     app.add_routes(audit.routes)
     app.add_routes(openapi.routes)
+    status.install(app)
     return app
 
 

@@ -508,6 +508,209 @@ class AuditResult(Reply):
     summary: AuditSummary
 
 
+# --- the status page's routes (node/http/status.py) ---------------------------------------
+
+Ratio = Annotated[float, Field(ge=0, description="0..1")]
+Seconds = Annotated[float, Field(ge=0)]
+PerSecond = Annotated[float, Field(ge=0)]
+LogId = Annotated[str, Field(pattern="^[0-9a-f]+$", description="Entry log id, hex")]
+NodeStateName = Literal["starting", "writable", "read_only", "shutting_down"]
+
+
+DataDirName = Literal["journal", "ledgers", "index"]
+
+
+class StatusDisk(Reply):
+    dir: DataDirName
+    path: str
+    usedBytes: Count
+    totalBytes: Count
+    usage: Ratio
+
+
+class StatusWatermarks(Reply):
+    """The disk usage ratios the node acts at (settings)."""
+
+    gc: Annotated[float, Field(description="gc_disk_usage_threshold: GC runs at once")]
+    warn: Annotated[float, Field(description="disk_usage_warn_threshold: a warning")]
+    readOnly: Annotated[float, Field(description="disk_usage_threshold: the node turns read-only")]
+    writableAgain: Annotated[float, Field(description="disk_usage_lwm_threshold")]
+
+
+class StatusWal(Reply):
+    kind: Literal["journal", "blockdev"]
+    healthy: bool
+    problem: str | None
+    queueBytes: Count
+    checkpoints: Count
+    lastCheckpoint: Annotated[str, Field(description="WAL position of the last checkpoint")]
+    groupWrites: Annotated[Count, Field(description="WAL group writes (fsyncs) since start")]
+    fsyncP50Seconds: Annotated[
+        float | None, Field(description="Over the latest history interval with WAL writes")
+    ]
+    fsyncP99Seconds: float | None
+    ringCapacityBytes: Count | None
+    ringUsedBytes: Count | None
+    blocksInFlight: Count | None
+    throttledAppends: Count | None
+    rejectedAppends: Count | None
+
+
+class StatusCounters(Reply):
+    """Totals since the node started."""
+
+    adds: Count
+    addBytes: Count
+    reads: Count
+    readBytes: Count
+    throttledAdds: Count
+    rejectedAdds: Count
+
+
+class StatusGc(Reply):
+    runs: Count
+    failures: Count
+    lastSuccessMs: Annotated[int, Field(ge=0, description="ms since the epoch; 0: none yet")]
+    lastRunSeconds: Seconds
+    intervalSeconds: Seconds
+    deletedLedgers: Count
+    reclaimedBytes: Count
+    knownLogs: Annotated[Count, Field(description="Sealed logs GC measured at its last run")]
+    inForceGc: bool
+    majorSuspended: bool
+    minorSuspended: bool
+    details: GcStatus
+
+
+class StatusRetention(Reply):
+    runs: Count
+    lastRunMs: Millis | None
+    deletedLedgers: Count
+    deletedBytes: Count
+    schedulerEnabled: bool
+    deleteWhen: Annotated[str, Field(description="Hours of the day the scheduler runs")]
+
+
+class StatusOffload(Reply):
+    runs: Count
+    lastRunMs: Millis | None
+    lastError: str | None
+    offloadedLedgers: Count
+    offloadedBytes: Count
+    inProgress: Count
+    awaitingDeletionBytes: Count
+    lagSeconds: Seconds
+    uploadFailures: Count
+    schedulerEnabled: bool
+
+
+class StatusAudit(Reply):
+    receivedMs: Millis
+    finishedMs: Millis
+    status: Literal["clean", "violations"]
+    violations: dict[str, Count]
+
+
+class StatusCursor(Reply):
+    name: str
+    markDeletePosition: Position
+    backlogEntries: Count
+    backlogBytes: Count
+    oldestUnacknowledgedAgeSeconds: Annotated[
+        Seconds, Field(description="Age of the ledger holding the next unacknowledged entry")
+    ]
+
+
+class StatusStream(Reply):
+    name: str
+    ledgers: Count
+    retainedBytes: Count
+    cursors: list[StatusCursor]
+
+
+class StatusSummary(Reply):
+    nodeId: Count
+    version: str
+    state: NodeStateName
+    readOnlyReason: str | None
+    nowMs: Millis
+    startedMs: Millis
+    adminTokenRequired: bool
+    disks: list[StatusDisk]
+    watermarks: StatusWatermarks
+    wal: StatusWal
+    counters: StatusCounters
+    gc: StatusGc
+    retention: StatusRetention
+    offload: StatusOffload
+    audit: StatusAudit | None
+    streams: list[StatusStream]
+
+
+class StatusSample(Reply):
+    """One interval of the history; a quantile is null when the interval observed nothing."""
+
+    timeMs: Millis
+    addsPerSecond: PerSecond
+    readsPerSecond: PerSecond
+    addBytesPerSecond: PerSecond
+    readBytesPerSecond: PerSecond
+    addP50Seconds: float | None
+    addP99Seconds: float | None
+    fsyncP50Seconds: float | None
+    fsyncP99Seconds: float | None
+
+
+class StatusHistory(Reply):
+    intervalSeconds: Seconds
+    windowSeconds: Seconds
+    samples: Annotated[list[StatusSample], Field(description="Oldest first")]
+
+
+PinReasonName = Literal[
+    "open_ledger", "cursor_backlog", "retention", "offload_deletion_lag", "not_deleted",
+    "awaiting_gc",
+]  # fmt: skip
+
+
+class StatusLogCell(Reply):
+    logId: LogId
+    sizeBytes: Count
+    ageSeconds: Annotated[Seconds, Field(description="Since the log was last written (mtime)")]
+    sealed: Annotated[bool, Field(description="False: being written; no ledgers map yet")]
+    ledgers: Count | None
+    liveBytes: Count | None
+    usage: Annotated[
+        float | None,
+        Field(ge=0, description="Live bytes over the larger of size and log_size_limit"),
+    ]
+
+
+class StatusPin(Reply):
+    ledgerId: Id
+    bytes: Annotated[Count, Field(description="The ledger's bytes in this log")]
+    reason: PinReasonName
+    detail: str
+    stream: str | None
+    cursor: str | None
+
+
+class StatusPinnedLog(Reply):
+    logId: LogId
+    ageSeconds: Seconds
+    liveLedgers: Count
+    pins: Annotated[list[StatusPin], Field(description="The largest first")]
+
+
+class StatusEntryLogs(Reply):
+    nowMs: Millis
+    logSizeLimitBytes: Count
+    logs: list[StatusLogCell]
+    oldestPinned: Annotated[
+        list[StatusPinnedLog], Field(description="The oldest sealed logs that hold live data")
+    ]
+
+
 RESPONSE_MODELS: tuple[type[Reply], ...] = (
     Error,
     Ledger,
@@ -529,6 +732,9 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     Suspension,
     AuditSnapshot,
     AuditResult,
+    StatusSummary,
+    StatusHistory,
+    StatusEntryLogs,
 )
 
 

@@ -528,6 +528,75 @@ def document(settings: Settings) -> dict[str, Any]:
             **_admin_paths(),
             **_offload_paths(),
             **_audit_paths(),
+            **_status_paths(),
+        },
+    }
+
+
+def _status_paths() -> dict[str, Any]:
+    def content(media: str, description: str) -> dict[str, Any]:
+        return {"description": description, "content": {media: {"schema": {"type": "string"}}}}
+
+    return {
+        "/": {
+            "get": {
+                "summary": "Redirects to the status page",
+                "responses": {
+                    "302": {"description": "To /status"},
+                    "200": content("text/html", "The status page (a client that follows)"),
+                },
+            }
+        },
+        "/status": {
+            "get": {
+                "summary": "The status page: one HTML page whose every asset the node serves",
+                "responses": {"200": content("text/html", "The page")},
+            }
+        },
+        "/status/{asset}": {
+            "parameters": [
+                {
+                    "name": "asset",
+                    "in": "path",
+                    "required": True,
+                    "example": "status.js",
+                    "schema": {"type": "string"},
+                }
+            ],
+            "get": {
+                "summary": "A script or style sheet of the status page",
+                "responses": {
+                    "200": {
+                        "description": "The asset",
+                        "content": {
+                            "text/javascript": {"schema": {"type": "string"}},
+                            "text/css": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_errors(404),
+                },
+            },
+        },
+        "/api/v1/status/summary": {
+            "get": {
+                "summary": "The status page's panels: state, disks against their watermarks, "
+                "WAL, counters, GC, retention, offload, the last audit, streams and cursors",
+                "responses": {"200": _json(_ref("StatusSummary"), "Summary"), **_errors()},
+            }
+        },
+        "/api/v1/status/history": {
+            "get": {
+                "summary": "The node's own metrics over the last minutes (an in-memory ring): "
+                "adds, reads and bytes per second, add and fsync latency quantiles",
+                "responses": {"200": _json(_ref("StatusHistory"), "Samples"), **_errors()},
+            }
+        },
+        "/api/v1/status/entrylogs": {
+            "get": {
+                "summary": "The entry-log map: every log by age, size and live usage; the "
+                "oldest with the ledgers that keep them alive and why",
+                "responses": {"200": _json(_ref("StatusEntryLogs"), "Entry logs"), **_errors()},
+            }
         },
     }
 

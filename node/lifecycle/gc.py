@@ -516,6 +516,10 @@ class GarbageCollector:
         live.sort(key=lambda item: (-item[1], item[0]))
         return len(live), live[:limit]
 
+    def known_logs(self) -> int:
+        """Sealed logs measured at the last run (0 before the first)."""
+        return len(self._metas)
+
     def usages(self) -> list[float]:
         """Usage of every known log (live bytes over the larger of size and target)."""
         is_live = self._storage.is_live_ledger

@@ -35,6 +35,7 @@ PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 SETTING_VARIABLES = {f"NODE_{name.upper()}" for name in Settings.model_fields}
 BUILD_TIMEOUT_S = 600.0  # pip wheel + install into a new venv; bounds a hang only
 LIVENESS_PATH = "/heartbeat"
+STATUS_JS = "/status/status.js"  # the status page loads it: package data, in the wheel
 NOT_IN_CONTEXT = (".git", ".venv", "data", "node/__pycache__")
 
 
@@ -244,13 +245,17 @@ def test_image_build_steps_install_a_node_that_serves(tmp_path: Path) -> None:
             cwd=str(data),  # WORKDIR /data: the repository's node/ is not importable here
             log=str(tmp_path / "node.log"),
             ready=Probe(port, LIVENESS_PATH),
-            probes=[Probe(port, LIVENESS_PATH)],
+            # The status page and its script come from the wheel's package data.
+            probes=[Probe(port, LIVENESS_PATH), Probe(port, "/status"), Probe(port, STATUS_JS)],
             checks=[[str(venv / "bin" / check[0]), *check[1:]]],
         )
     )
     assert report["ready"], report["log"]
     assert report["probes"][0]["status"] == 200
     assert report["probes"][0]["body"] == "OK\n"
+    page, script = report["probes"][1], report["probes"][2]
+    assert page["status"] == 200 and STATUS_JS in page["body"], page
+    assert script["status"] == 200 and "use strict" in script["body"], script["status"]
     assert report["checks_ready"] == [0], "HEALTHCHECK fails on a serving node"
     assert report["exit_code"] == 0, report["log"]
     assert report["checks_after"] != [0], "HEALTHCHECK passes with the node stopped"

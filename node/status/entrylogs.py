@@ -1,0 +1,269 @@
+"""The entry-log map of the status page: every entry log with its age, size and live usage,
+and for the oldest ones the ledgers that keep them alive and why.
+
+The seed incident was months-old logs nobody could see: GC deletes a log only when none of
+its ledgers is live, and one open ledger, one cursor that never acknowledges, or a retention
+of "forever" keeps a whole 1 GiB log on disk. The map names that ledger and the reason, so an
+operator knows whom to ask (the stream's consumer, its retention policy, the client that
+never closed or deleted its ledger).
+
+Two steps: ``scan_logs`` reads the directory and each sealed log's ledgers map on a worker
+thread (blocking I/O, cached by size and mtime: a sealed log never changes); ``build_map``
+runs on the event loop, where the ledger metadata and the streams live, and is pure: a test
+gives it logs and a context of real metadata objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from node.storage.entrylog import SUFFIX, log_path, read_ledgers_map
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.streams.model import MB, MINUTE_MS, Cursor, Position, Stream
+
+MS_PER_S = 1000
+NS_PER_MS = 1_000_000
+
+PinReason = Literal[
+    "open_ledger",
+    "cursor_backlog",
+    "retention",
+    "offload_deletion_lag",
+    "not_deleted",
+    "awaiting_gc",
+]
+
+
+@dataclass(slots=True, frozen=True)
+class LogFile:
+    """One entry log as found on disk."""
+
+    log_id: int
+    size_bytes: int
+    mtime_ms: int
+    sealed: bool  # False: the log being written (or a compaction output): no map yet
+    ledgers: Mapping[int, int] | None  # bytes per ledger from its map; None: unknown
+
+
+@dataclass(slots=True)
+class MapCache:
+    """Ledgers maps already read, by log id with the (size, mtime) they were read at. Bounded
+    by the logs on disk: ``scan_logs`` drops the entries of logs that are gone."""
+
+    maps: dict[int, tuple[int, int, Mapping[int, int] | None]] = field(default_factory=dict)
+
+
+def scan_logs(ledgers_dir: Path, sealed: set[int], cache: MapCache) -> list[LogFile]:
+    """Blocking (stat and read): call on a worker thread. A log deleted under the scan (GC,
+    compaction) is left out, never an error."""
+    found: list[LogFile] = []
+    try:
+        entries = list(os.scandir(ledgers_dir))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if not entry.name.endswith(SUFFIX):
+            continue
+        try:
+            log_id = int(entry.name.removesuffix(SUFFIX), 16)
+            stat = entry.stat()
+        except (ValueError, FileNotFoundError):
+            continue
+        ledgers: Mapping[int, int] | None = None
+        if log_id in sealed:
+            cached = cache.maps.get(log_id)
+            if cached is not None and cached[:2] == (stat.st_size, stat.st_mtime_ns):
+                ledgers = cached[2]
+            else:
+                with contextlib.suppress(OSError):
+                    ledgers = read_ledgers_map(log_path(ledgers_dir, log_id))
+                cache.maps[log_id] = (stat.st_size, stat.st_mtime_ns, ledgers)
+        found.append(
+            LogFile(log_id, stat.st_size, stat.st_mtime_ns // NS_PER_MS, log_id in sealed, ledgers)
+        )
+    present = {f.log_id for f in found}
+    for gone in set(cache.maps) - present:
+        del cache.maps[gone]
+    found.sort(key=lambda f: f.log_id)
+    return found
+
+
+@dataclass(slots=True, frozen=True)
+class PinContext:
+    """What decides why a ledger is live, copied on the event loop."""
+
+    ledgers: Mapping[int, LedgerMeta]  # the live ones (GC's is_live_ledger)
+    streams: Mapping[str, Stream]
+    cursors: Mapping[str, list[Cursor]]  # by stream
+    now_ms: int
+    offload_deletion_lag_ms: int  # plain ledgers' lag (streams have their own policy)
+
+
+@dataclass(slots=True, frozen=True)
+class Pin:
+    ledger_id: int
+    size_bytes: int
+    reason: PinReason
+    detail: str
+    stream: str | None = None
+    cursor: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class LogCell:
+    log_id: int
+    size_bytes: int
+    age_s: float
+    sealed: bool
+    ledgers: int | None  # ledgers with data in it (None: unknown)
+    live_bytes: int | None
+    usage: float | None  # live bytes over the larger of size and log_size_limit (GC's measure)
+
+
+@dataclass(slots=True, frozen=True)
+class PinnedLog:
+    log_id: int
+    age_s: float
+    live_ledgers: int
+    pins: list[Pin]  # the largest first, at most pins_per_log
+
+
+@dataclass(slots=True, frozen=True)
+class EntryLogMap:
+    logs: list[LogCell]
+    oldest_pinned: list[PinnedLog]
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / MS_PER_S, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _last_entry(stream: Stream, ledger_id: int) -> int | None:
+    for info in stream.ledgers:
+        if info.ledger_id == ledger_id:
+            return info.entries - 1
+    return None
+
+
+def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
+    """Why a live ledger is still live, the most actionable reason first: an open ledger
+    (someone still writes, or never closed it), a cursor behind it, the retention policy,
+    the offload deletion lag, or nobody deleted it (a plain ledger)."""
+    lid, size = meta.ledger_id, meta.payload_bytes
+    stream_name = meta.properties.get(STREAM_PROPERTY)
+    stream = ctx.streams.get(stream_name) if stream_name is not None else None
+    if meta.state == LedgerState.DELETED:
+        return Pin(
+            lid, size, "awaiting_gc", "deleted: its data goes at the next GC run", stream_name
+        )
+    if meta.state in (LedgerState.OPEN, LedgerState.FENCED):
+        what = (
+            "the stream's ledger taking appends"
+            if stream is not None
+            else "its writer has not closed it"
+        )
+        state = "open" if meta.state == LedgerState.OPEN else "fenced, not closed"
+        return Pin(lid, size, "open_ledger", f"{state}: {what}", stream_name)
+    if stream is not None:
+        last = _last_entry(stream, lid)
+        behind = [
+            c
+            for c in ctx.cursors.get(stream.name, [])
+            if last is not None and last >= 0 and c.mark_delete < Position(lid, last)
+        ]
+        if behind:
+            slowest = min(behind, key=lambda c: c.mark_delete)
+            return Pin(
+                lid,
+                size,
+                "cursor_backlog",
+                f"cursor {slowest.name} has not acknowledged it (mark-delete at "
+                f"{slowest.mark_delete})",
+                stream.name,
+                slowest.name,
+            )
+        offload = meta.offload
+        if offload is not None and offload.offloaded and not offload.local_deleted:
+            due = offload.offloaded_ms + stream.policies.offloadDeletionLagInMillis
+            return Pin(
+                lid,
+                size,
+                "offload_deletion_lag",
+                f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
+                stream.name,
+            )
+        return Pin(lid, size, "retention", _retention_detail(stream, meta, ctx.now_ms), stream.name)
+    offload = meta.offload
+    if offload is not None and offload.offloaded and not offload.local_deleted:
+        due = offload.offloaded_ms + ctx.offload_deletion_lag_ms
+        return Pin(
+            lid,
+            size,
+            "offload_deletion_lag",
+            f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
+        )
+    return Pin(lid, size, "not_deleted", "a closed plain ledger: kept until a client deletes it")
+
+
+def _retention_detail(stream: Stream, meta: LedgerMeta, now_ms: int) -> str:
+    policies = stream.policies
+    time_limit, size_limit = policies.retentionTimeInMinutes, policies.retentionSizeInMB
+    if time_limit < 0 and size_limit < 0:
+        return "acknowledged; the stream's retention keeps data forever (-1)"
+    parts = []
+    if time_limit >= 0:
+        due = meta.closed_ms + time_limit * MINUTE_MS
+        if due > now_ms:
+            parts.append(f"retention time ({time_limit} min) not yet due: {_iso(due)}")
+        else:
+            parts.append(f"retention time ({time_limit} min) passed: goes at the next run")
+    if size_limit >= 0:
+        held = sum(info.size_bytes for info in stream.ledgers)
+        parts.append(f"retention size keeps {size_limit} MB (the stream holds {held / MB:.1f})")
+    return "acknowledged; " + "; ".join(parts)
+
+
+def build_map(
+    logs: list[LogFile],
+    ctx: PinContext,
+    log_size_limit: int,
+    pinned_shown: int,
+    pins_per_log: int,
+) -> EntryLogMap:
+    cells: list[LogCell] = []
+    candidates: list[tuple[float, LogFile, list[Pin]]] = []
+    for f in logs:
+        age_s = max(0.0, (ctx.now_ms - f.mtime_ms) / MS_PER_S)
+        if f.ledgers is None:
+            cells.append(LogCell(f.log_id, f.size_bytes, age_s, f.sealed, None, None, None))
+            continue
+        live = {lid: n for lid, n in f.ledgers.items() if lid in ctx.ledgers}
+        live_bytes = sum(live.values())
+        usage = live_bytes / max(f.size_bytes, log_size_limit)
+        cells.append(
+            LogCell(f.log_id, f.size_bytes, age_s, f.sealed, len(f.ledgers), live_bytes, usage)
+        )
+        if f.sealed and live:
+            pins = [
+                _with_size(why_pinned(ctx.ledgers[lid], ctx), n)
+                for lid, n in sorted(live.items(), key=lambda item: (-item[1], item[0]))
+            ]
+            candidates.append((age_s, f, pins))
+    # Oldest first; equal ages (logs sealed in one second) by id, which grows with time.
+    candidates.sort(key=lambda c: (-c[0], c[1].log_id))
+    pinned = [
+        PinnedLog(f.log_id, age_s, len(pins), pins[:pins_per_log])
+        for age_s, f, pins in candidates[:pinned_shown]
+    ]
+    return EntryLogMap(cells, pinned)
+
+
+def _with_size(pin: Pin, size_in_log: int) -> Pin:
+    """The bytes the ledger holds in this log (what deleting it would free here)."""
+    return Pin(pin.ledger_id, size_in_log, pin.reason, pin.detail, pin.stream, pin.cursor)

@@ -1,0 +1,537 @@
+// The status page: polls the node's JSON routes (documented in /openapi.json) and renders
+// them; admin actions call the node's existing admin routes. Plain JavaScript, no build step,
+// nothing loaded from elsewhere (the page's Content-Security-Policy forbids it anyway).
+"use strict";
+
+(function () {
+  const params = new URLSearchParams(location.search);
+  // ?poll=ms lets a test or an impatient operator poll faster; never below 250 ms.
+  const POLL_MS = Math.max(250, Number(params.get("poll")) || 2000);
+  // A poll that takes longer than this counts as "not answering" (a hung node answers nothing).
+  const TIMEOUT_MS = Math.max(3000, 2 * POLL_MS);
+  const TOKEN_KEY = "storage-node-admin-token";
+  const HISTORY_CHARTS = [
+    { title: "Adds and reads per second", unit: "rate",
+      series: [["addsPerSecond", "adds/s"], ["readsPerSecond", "reads/s"]] },
+    { title: "Bytes per second", unit: "bytes",
+      series: [["addBytesPerSecond", "added/s"], ["readBytesPerSecond", "read/s"]] },
+    { title: "Add latency", unit: "latency",
+      series: [["addP50Seconds", "p50"], ["addP99Seconds", "p99"]] },
+    { title: "WAL fsync latency", unit: "latency",
+      series: [["fsyncP50Seconds", "p50"], ["fsyncP99Seconds", "p99"]] },
+  ];
+  const PIN_REASONS = {
+    open_ledger: "open ledger",
+    cursor_backlog: "cursor backlog",
+    retention: "retention",
+    offload_deletion_lag: "offload deletion lag",
+    not_deleted: "not deleted",
+    awaiting_gc: "awaiting GC",
+  };
+  const ACTIONS = {
+    gc: { label: "Force GC", method: "PUT", path: "/api/v1/bookie/gc", body: {},
+      confirm: "Run garbage collection now? It checkpoints, deletes entry logs with no live " +
+        "ledger and may compact; it reads and writes the disks while it runs." },
+    suspend: { label: "Suspend compaction", method: "PUT",
+      path: "/api/v1/bookie/gc/suspend_compaction", body: { suspendMajor: true, suspendMinor: true },
+      confirm: "Suspend major and minor compaction? Space held by dead data is not reclaimed " +
+        "until compaction is resumed." },
+    resume: { label: "Resume compaction", method: "PUT",
+      path: "/api/v1/bookie/gc/resume_compaction", body: { resumeMajor: true, resumeMinor: true },
+      confirm: "Resume major and minor compaction?" },
+    retention: { label: "Run retention", method: "POST", path: "/api/v1/retention/run",
+      confirm: "Run retention now? Acknowledged ledgers past their streams' retention are " +
+        "deleted for good." },
+    offload: { label: "Run offload", method: "POST", path: "/api/v1/offload/run",
+      confirm: "Run offload now? Eligible closed ledgers are copied to the object store; " +
+        "local copies past their deletion lag are dropped." },
+    "readonly-on": { label: "Read-only on", method: "PUT", path: "/api/v1/bookie/state/readonly",
+      body: { readOnly: true },
+      confirm: "Turn read-only mode on? Every add is refused until it is turned off." },
+    "readonly-off": { label: "Read-only off", method: "PUT", path: "/api/v1/bookie/state/readonly",
+      body: { readOnly: false }, confirm: "Turn read-only mode off? Adds are accepted again." },
+  };
+
+  const $ = (selector) => document.querySelector(selector);
+  const data = { summary: null, history: null, entrylogs: null };
+  let lastAnswer = null; // Date of the last complete poll
+  let downSince = null; // Date of the first failed poll in a row
+
+  // --- formatting ---------------------------------------------------------------------------
+
+  const COUNT = new Intl.NumberFormat("en-US");
+  function count(n) { return COUNT.format(n); }
+  function bytes(n) {
+    if (n === null || n === undefined) return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let i = 0;
+    while (Math.abs(n) >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return (i === 0 ? String(Math.round(n)) : n.toFixed(n >= 100 ? 0 : 1)) + " " + units[i];
+  }
+  function latency(s) {
+    if (s === null || s === undefined) return "–";
+    const ms = s * 1000;
+    return (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2)) + " ms";
+  }
+  function duration(s) {
+    if (s === null || s === undefined) return "–";
+    if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";
+    if (s < 3600) return (s / 60).toFixed(0) + " min";
+    if (s < 86400) return (s / 3600).toFixed(1) + " h";
+    return (s / 86400).toFixed(1) + " d";
+  }
+  function rate(n) { return n === null || n === undefined ? "–" : n.toFixed(n >= 100 ? 0 : 1); }
+  function clock(date) { return date.toLocaleTimeString("en-GB", { hour12: false }); }
+  function time(ms) { return ms ? new Date(ms).toLocaleString("en-GB", { hour12: false }) : "never"; }
+  function pct(x) { return (x * 100).toFixed(1) + "%"; }
+  const FORMATS = { count, bytes, latency, duration, time, rate, percent: pct };
+
+  function format(value, how) {
+    if (value === null || value === undefined) return "–";
+    const f = FORMATS[how];
+    return f ? f(value) : String(value);
+  }
+
+  function lookup(object, path) {
+    return path.split(".").reduce((o, key) => (o === null || o === undefined ? o : o[key]), object);
+  }
+
+  // An element showing a value from the JSON keeps the raw value beside its text: the tests
+  // compare data-value with what the route answers, and the text with its formatting.
+  function show(el, value, how) {
+    el.textContent = format(value, how || el.dataset.format);
+    el.dataset.value = JSON.stringify(value === undefined ? null : value);
+  }
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else if (key === "text") node.textContent = value;
+      else if (key.startsWith("data-")) node.setAttribute(key, value);
+      else node[key] = value;
+    }
+    for (const child of children) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+
+  function badge(node, text, kind) {
+    node.textContent = text;
+    node.className = "badge " + kind;
+  }
+
+  // --- polling ------------------------------------------------------------------------------
+
+  async function getJson(path) {
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
+    try {
+      const response = await fetch(path, { signal: abort.signal, cache: "no-store" });
+      if (!response.ok) {
+        const error = new Error(`${path}: HTTP ${response.status}`);
+        error.answered = true;
+        throw error;
+      }
+      return await response.json();
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  async function refresh() {
+    const [summary, history, entrylogs] = await Promise.all([
+      getJson("/api/v1/status/summary"),
+      getJson("/api/v1/status/history"),
+      getJson("/api/v1/status/entrylogs"),
+    ]);
+    Object.assign(data, { summary, history, entrylogs });
+    lastAnswer = new Date();
+    downSince = null;
+    render();
+  }
+
+  async function poll() {
+    try {
+      await refresh();
+    } catch (error) {
+      if (error.answered) {
+        noteDown(`The node answers with errors (${error.message}).`);
+      } else {
+        downSince = downSince || new Date();
+        noteDown(null);
+      }
+    } finally {
+      setTimeout(poll, POLL_MS);
+    }
+  }
+
+  function noteDown(message) {
+    const banner = $("#down");
+    const last = lastAnswer ? `; last answer at ${clock(lastAnswer)}` : "";
+    banner.textContent = message ||
+      `Node not answering since ${clock(downSince)}${last}. Retrying every ${POLL_MS / 1000} s; ` +
+      "the figures below are from the last answer.";
+    banner.hidden = false;
+    document.body.classList.add("stale");
+    badge($("#state"), message ? "errors" : "not answering", "bad");
+  }
+
+  // --- rendering ----------------------------------------------------------------------------
+
+  function render() {
+    const s = data.summary;
+    $("#down").hidden = true;
+    document.body.classList.remove("stale");
+    const updated = $("#updated");
+    updated.textContent = clock(lastAnswer);
+    updated.dateTime = lastAnswer.toISOString();
+    for (const node of document.querySelectorAll("[data-src][data-field]")) {
+      const source = data[node.dataset.src];
+      if (source) show(node, lookup(source, node.dataset.field));
+    }
+    renderState(s);
+    renderDisks(s);
+    renderWal(s.wal);
+    renderCharts(data.history);
+    renderLogs(data.entrylogs);
+    renderGc(s.gc);
+    renderStreams(s.streams);
+    renderLifecycle(s);
+    renderAudit(s.audit);
+    $("#token-hint").dataset.required = String(s.adminTokenRequired);
+  }
+
+  function renderState(s) {
+    const kinds = { writable: "ok", read_only: "warn", shutting_down: "bad", starting: "warn" };
+    badge($("#state"), s.state.replace("_", "-"), kinds[s.state] || "warn");
+    const reason = $("#read-only-reason");
+    reason.hidden = !s.readOnlyReason;
+    reason.textContent = s.readOnlyReason ? "Read-only: " + s.readOnlyReason : "";
+  }
+
+  function renderDisks(s) {
+    const w = s.watermarks;
+    const list = $("#disks");
+    list.replaceChildren();
+    for (const disk of s.disks) {
+      const level = disk.usage >= w.readOnly ? "bad" : disk.usage >= w.warn ? "warn"
+        : disk.usage >= w.gc ? "gc" : "ok";
+      const bar = el("div", { class: "bar " + level });
+      const fill = el("div", { class: "fill" });
+      fill.style.width = pct(Math.min(1, disk.usage));
+      bar.append(fill);
+      for (const [name, mark] of [["GC", w.gc], ["warn", w.warn], ["read-only", w.readOnly]]) {
+        if (mark > 1) continue;
+        const tick = el("span", { class: "tick", title: `${name} watermark ${pct(mark)}` });
+        tick.style.left = pct(mark);
+        bar.append(tick);
+      }
+      const figure = el("span", { class: "figure", "data-field": "usage",
+        text: `${pct(disk.usage)} of ${bytes(disk.totalBytes)}` });
+      figure.dataset.value = JSON.stringify(disk.usage);
+      list.append(el("li", { "data-dir": disk.dir },
+        el("span", { class: "name", text: disk.dir }), figure, bar,
+        el("span", { class: "sr-only", text: `${level === "ok" ? "below" : "at or above"} the ` +
+          `${{ ok: "GC", gc: "GC", warn: "warning", bad: "read-only" }[level]} watermark` })));
+    }
+    $("#watermarks").textContent = `Watermarks: GC ${pct(w.gc)}, warning ${pct(w.warn)}, ` +
+      `read-only ${pct(w.readOnly)} (writable again below ${pct(w.writableAgain)}).`;
+  }
+
+  function renderWal(wal) {
+    badge($("#wal-health"), wal.healthy ? "healthy" : "unhealthy", wal.healthy ? "ok" : "bad");
+    const problem = $("#wal-problem");
+    problem.hidden = !wal.problem;
+    problem.textContent = wal.problem || "";
+    const ring = $("#wal-ring");
+    ring.hidden = wal.ringCapacityBytes === null;
+    if (wal.ringCapacityBytes !== null) {
+      ring.textContent = `Ring: ${bytes(wal.ringUsedBytes)} of ${bytes(wal.ringCapacityBytes)} ` +
+        `used, ${wal.blocksInFlight} blocks in flight, ${count(wal.throttledAppends)} throttled ` +
+        `and ${count(wal.rejectedAppends)} rejected appends.`;
+    }
+  }
+
+  const SVG = "http://www.w3.org/2000/svg";
+  function svg(tag, attrs) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+    return node;
+  }
+
+  function renderCharts(history) {
+    const box = $("#charts");
+    box.replaceChildren();
+    const samples = history.samples;
+    const end = samples.length ? samples[samples.length - 1].timeMs : Date.now();
+    // The x axis spans the history held so far (at least ten intervals), up to the window:
+    // a node up for a minute shows that minute across the chart, not squeezed at its edge.
+    const held = samples.length ? end - samples[0].timeMs : 0;
+    const windowMs = Math.min(history.windowSeconds * 1000,
+      Math.max(held, 10 * history.intervalSeconds * 1000));
+    for (const chart of HISTORY_CHARTS) {
+      const width = 300, height = 80;
+      let max = null; // null: the window observed nothing (no add, no WAL write)
+      for (const sample of samples) {
+        for (const [key] of chart.series) {
+          if (sample[key] !== null) max = Math.max(max || 0, sample[key]);
+        }
+      }
+      const top = max > 0 ? max * 1.1 : 1;
+      const plot = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none",
+        "aria-hidden": "true", focusable: "false" });
+      plot.append(svg("line", { x1: 0, y1: height - 0.5, x2: width, y2: height - 0.5, class: "axis" }));
+      chart.series.forEach(([key], i) => {
+        // A null (an interval that observed nothing) breaks the line; a lone point is drawn
+        // as a short dash so that it shows at all.
+        let run = [];
+        const flush = () => {
+          if (run.length === 1) run = [[run[0][0] - 2, run[0][1]], [run[0][0] + 2, run[0][1]]];
+          if (run.length) {
+            plot.append(svg("polyline", { points: run.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`)
+              .join(" "), class: "s" + i }));
+          }
+          run = [];
+        };
+        for (const p of samples) {
+          if (p[key] === null) { flush(); continue; }
+          run.push([width - ((end - p.timeMs) / windowMs) * width, height - (p[key] / top) * height]);
+        }
+        flush();
+      });
+      const latest = samples.length ? samples[samples.length - 1] : null;
+      const legend = el("ul", { class: "series" });
+      chart.series.forEach(([key, label], i) => {
+        const value = latest ? latest[key] : null;
+        const figure = el("span", { "data-field": key, text: format(value, chart.unit) });
+        figure.dataset.value = JSON.stringify(value === undefined ? null : value);
+        legend.append(el("li", { class: "s" + i }, el("span", { class: "swatch", "aria-hidden": "true" }),
+          `${label} `, figure));
+      });
+      box.append(el("figure", { class: "chart" },
+        el("figcaption", {}, el("strong", { text: chart.title }),
+          el("span", { class: "scale", text: ` peak ${format(max, chart.unit)} over ` +
+            `${duration(windowMs / 1000)}; latest ${history.intervalSeconds} s:` })),
+        plot, legend));
+    }
+  }
+
+  function renderLogs(map) {
+    const pinned = new Map(map.oldestPinned.map((p, i) => [p.logId, i + 1]));
+    const cells = [...map.logs].sort((a, b) => b.ageSeconds - a.ageSeconds ||
+      parseInt(a.logId, 16) - parseInt(b.logId, 16));
+    const list = $("#logmap");
+    list.replaceChildren();
+    for (const log of cells) {
+      const usage = log.usage === null ? null : Math.min(1, log.usage);
+      const label = `log ${log.logId}: ${duration(log.ageSeconds)} old, ${bytes(log.sizeBytes)}, ` +
+        (usage === null ? (log.sealed ? "usage unknown" : "being written") : `${pct(usage)} live`) +
+        (pinned.has(log.logId) ? `, pinned (#${pinned.get(log.logId)} below)` : "");
+      const cell = el("li", { class: "cell" + (pinned.has(log.logId) ? " pinned" : "") +
+        (log.sealed ? "" : " current"), title: label, "data-log": log.logId },
+        el("span", { class: "sr-only", text: label }));
+      if (usage !== null) cell.style.setProperty("--usage", usage.toFixed(3));
+      if (pinned.has(log.logId)) {
+        cell.append(el("span", { class: "rank", "aria-hidden": "true", text: String(pinned.get(log.logId)) }));
+      }
+      list.append(cell);
+    }
+    const pinnedList = $("#pinned");
+    pinnedList.replaceChildren();
+    if (!map.oldestPinned.length) {
+      pinnedList.append(el("li", { class: "empty", text: "No sealed log holds live data." }));
+    }
+    map.oldestPinned.forEach((log, i) => {
+      const pins = el("ul", { class: "pins" });
+      for (const pin of log.pins) {
+        const where = [pin.stream ? `stream ${pin.stream}` : null,
+          pin.cursor ? `cursor ${pin.cursor}` : null].filter(Boolean).join(", ");
+        pins.append(el("li", { "data-ledger": String(pin.ledgerId), "data-reason": pin.reason },
+          el("span", { class: "ledger", text: `ledger ${pin.ledgerId}` }),
+          el("span", { class: "size", text: ` ${bytes(pin.bytes)} here ` }),
+          el("span", { class: "reason " + pin.reason, text: PIN_REASONS[pin.reason] || pin.reason }),
+          el("span", { class: "detail", text: ` ${pin.detail}${where ? ` (${where})` : ""}` })));
+      }
+      const more = log.liveLedgers > log.pins.length
+        ? el("p", { class: "legend", text: `and ${log.liveLedgers - log.pins.length} smaller ledgers` })
+        : null;
+      pinnedList.append(el("li", { "data-log": log.logId },
+        el("p", { class: "head" }, el("span", { class: "rank", text: `#${i + 1}` }),
+          el("strong", { text: ` log ${log.logId}` }),
+          ` — ${duration(log.ageSeconds)} old, ${count(log.liveLedgers)} live ` +
+          (log.liveLedgers === 1 ? "ledger" : "ledgers")),
+        pins, more));
+    });
+  }
+
+  function renderGc(gc) {
+    const suspended = [gc.majorSuspended ? "major" : null, gc.minorSuspended ? "minor" : null]
+      .filter(Boolean);
+    $("#gc-suspension").textContent = suspended.length ? `${suspended.join(" and ")} suspended` : "running";
+    $("#gc-force").textContent = gc.inForceGc ? "pending or running" : "none";
+    const progress = $("#gc-progress");
+    const d = gc.details;
+    progress.hidden = d.compactingLog === null;
+    if (d.compactingLog !== null) {
+      progress.textContent = `Compacting log ${d.compactingLog}: ${bytes(d.compactingBytesDone)} done, ` +
+        `${bytes(d.compactingBytesLeft)} left.`;
+    }
+    const errors = $("#gc-errors");
+    errors.replaceChildren();
+    const entries = Object.entries(d.lastErrors);
+    if (entries.length || d.unreadableLogs.length) {
+      const list = el("ul", { class: "errors" });
+      for (const [log, message] of entries) list.append(el("li", { text: `log ${log}: ${message}` }));
+      if (d.unreadableLogs.length) {
+        list.append(el("li", { text: `unreadable logs: ${d.unreadableLogs.join(", ")}` }));
+      }
+      errors.append(el("h3", { text: "Last errors" }), list);
+    }
+  }
+
+  function renderStreams(streams) {
+    const box = $("#streams");
+    box.replaceChildren();
+    if (!streams.length) box.append(el("p", { text: "No stream." }));
+    for (const stream of streams) {
+      box.append(el("h3", { "data-stream": stream.name }, stream.name,
+        el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)}` })));
+      if (!stream.cursors.length) {
+        box.append(el("p", { class: "legend", text: "No cursor: retention alone decides." }));
+        continue;
+      }
+      const body = el("tbody");
+      for (const cursor of stream.cursors) {
+        const backlog = el("td", { "data-field": "backlogEntries",
+          text: `${count(cursor.backlogEntries)} (${bytes(cursor.backlogBytes)})` });
+        backlog.dataset.value = JSON.stringify(cursor.backlogEntries);
+        body.append(el("tr", { "data-stream": stream.name, "data-cursor": cursor.name },
+          el("th", { scope: "row", text: cursor.name }), backlog,
+          el("td", { text: cursor.backlogEntries ? duration(cursor.oldestUnacknowledgedAgeSeconds) : "–" })));
+      }
+      const head = el("thead", {}, el("tr", {},
+        el("th", { scope: "col", text: "Cursor" }), el("th", { scope: "col", text: "Backlog" }),
+        el("th", { scope: "col", text: "Oldest unacked" })));
+      box.append(el("table", { class: "cursors" }, head, body));
+    }
+  }
+
+  function renderLifecycle(s) {
+    const error = $("#offload-error");
+    error.hidden = !s.offload.lastError;
+    error.textContent = s.offload.lastError ? "Last offload error: " + s.offload.lastError : "";
+  }
+
+  function renderAudit(audit) {
+    const box = $("#audit");
+    box.replaceChildren();
+    if (!audit) {
+      box.append(el("p", { text: "No audit result posted yet." }));
+      return;
+    }
+    const clean = audit.status === "clean";
+    const status = el("span", {});
+    badge(status, clean ? "clean" : "violations", clean ? "ok" : "bad");
+    box.append(el("p", {}, status, ` finished ${time(audit.finishedMs)}`));
+    const list = el("ul", { class: "checks" });
+    for (const [check, n] of Object.entries(audit.violations)) {
+      list.append(el("li", { class: n ? "bad" : "", text: `${check}: ${count(n)} violations` }));
+    }
+    box.append(list);
+  }
+
+  // --- admin actions ------------------------------------------------------------------------
+
+  function token() { return sessionStorage.getItem(TOKEN_KEY) || ""; }
+
+  function confirmAction(text) {
+    const dialog = $("#confirm");
+    $("#confirm-text").textContent = text;
+    dialog.returnValue = "";
+    return new Promise((resolve) => {
+      dialog.addEventListener("close", () => resolve(dialog.returnValue === "ok"), { once: true });
+      dialog.showModal();
+      $("#confirm-cancel").focus(); // the safe choice has the focus: Enter twice does nothing harmful
+    });
+  }
+
+  function describe(name, result) {
+    if (name === "retention" && result && result.streams) {
+      const deleted = Object.values(result.streams).reduce((n, list) => n + list.length, 0);
+      return `deleted ${deleted} ledgers`;
+    }
+    if (name === "offload" && result && result.offloaded) {
+      return `offloaded ${result.offloaded.length}, failed ${result.failed.length}, ` +
+        `local copies dropped ${result.localDeleted.length}`;
+    }
+    return typeof result === "string" ? result : JSON.stringify(result);
+  }
+
+  function addResult(text, kind) {
+    const list = $("#results");
+    const empty = list.querySelector(".empty");
+    if (empty) empty.remove();
+    const item = el("li", { class: kind }, el("time", { text: clock(new Date()) }), " ", text);
+    list.prepend(item);
+    while (list.children.length > 20) list.lastElementChild.remove();
+    return item;
+  }
+
+  async function run(name, button) {
+    const action = ACTIONS[name];
+    if (!(await confirmAction(action.confirm))) {
+      addResult(`${action.label}: cancelled.`, "info");
+      button.focus();
+      return;
+    }
+    const headers = { "Content-Type": "application/json" };
+    if (token()) headers.Authorization = `Bearer ${token()}`;
+    button.disabled = true;
+    try {
+      const response = await fetch(action.path, { method: action.method, headers,
+        body: action.body === undefined ? null : JSON.stringify(action.body) });
+      const text = await response.text();
+      let body = text;
+      try { body = JSON.parse(text); } catch (e) { /* a plain-text answer */ }
+      if (response.ok) {
+        addResult(`${action.label}: done — ${describe(name, body)}`, "ok");
+      } else {
+        const refused = response.status === 401 || response.status === 403;
+        const why = body && body.code ? `${body.code}: ${body.message}` : text;
+        addResult(`${action.label}: ${refused ? "refused" : "failed"} (HTTP ${response.status}) — ${why}` +
+          (response.status === 401 ? ". Enter the admin token above." : ""), refused ? "refused" : "bad");
+      }
+    } catch (error) {
+      addResult(`${action.label}: no answer from the node (${error.message}).`, "bad");
+    } finally {
+      button.disabled = false;
+      button.focus();
+      // Refresh at once rather than at the next tick (a failure is the tick's to report).
+      refresh().catch(() => {});
+    }
+  }
+
+  // --- start --------------------------------------------------------------------------------
+
+  function start() {
+    const input = $("#token");
+    input.value = token();
+    input.addEventListener("input", () => {
+      if (input.value) sessionStorage.setItem(TOKEN_KEY, input.value);
+      else sessionStorage.removeItem(TOKEN_KEY);
+    });
+    $("#token-form").addEventListener("submit", (event) => event.preventDefault());
+    $("#token-forget").addEventListener("click", () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      input.value = "";
+      input.focus();
+    });
+    for (const button of document.querySelectorAll("[data-action]")) {
+      button.addEventListener("click", () => run(button.dataset.action, button));
+    }
+    poll();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

@@ -1,0 +1,464 @@
+"""The status page in a real browser (Debian's chromium through Playwright) against a live node
+under a small workload: it loads clean, shows what the JSON routes say, highlights an old log
+with the ledger that pins it, drives GC and the other admin actions behind the token, is
+usable by keyboard and passes axe-core, and notices a node that stopped answering.
+
+One browser and one node for the module; the stopped-node test has a node of its own."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
+
+from node.storage.entrylog import read_ledgers_map
+from tests.crash.nodeproc import NodeProcess
+from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_source, launch
+
+TOKEN = "status-page-token"
+POLL_MS = 300  # the page's poll period here (?poll=): the tests wait a few of them at most
+STREAM = "orders"
+PAYLOAD = b"p" * 2000
+NODE_ENV = {
+    "NODE_ADMIN_TOKEN": TOKEN,
+    "NODE_LOG_SIZE_LIMIT": str(64 * 1024),  # many small logs: a map worth the name
+    "NODE_MAX_ENTRY_SIZE": str(16 * 1024),
+    "NODE_FLUSH_INTERVAL": "100",  # entries reach entry logs at once
+    "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
+    # Retention must run only when a test asks (the daily hour could fall inside the run).
+    "NODE_RETENTION_SCHEDULER_ENABLED": "false",
+}
+OLD_S = 90 * 24 * 3600  # how old the test makes one log
+
+
+@pytest.fixture(autouse=True)
+def no_blocking_io_on_the_loop() -> Iterator[None]:
+    """Replaces the suite's blockbuster check here: the node runs in its own process, and
+    Playwright's sync API runs an event loop on this thread that blockbuster would take for
+    the node's."""
+    yield
+
+
+def _call(
+    node: NodeProcess,
+    method: str,
+    path: str,
+    body: Any = None,
+    raw: bytes | None = None,
+    token: str | None = TOKEN,
+) -> Any:
+    headers = {"Content-Type": "application/json" if raw is None else "application/octet-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(f"{node.url}{path}", data=data, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as r:
+        text = r.read()
+        return json.loads(text) if text else None
+
+
+class Workload:
+    """Appends to a stream, reads, and acknowledges with one of its two cursors, until paused.
+    Errors (a read-only node while a test turns it on) are counted, not raised."""
+
+    def __init__(self, node: NodeProcess, pinner: int) -> None:
+        self.node, self.pinner = node, pinner
+        self.lock = threading.Lock()  # held for each step: pausing waits for the current one
+        self.stopped = threading.Event()
+        self.errors = 0
+        self.thread = threading.Thread(target=self._run, name="status-workload", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            with self.lock:
+                try:
+                    appended = _call(
+                        self.node, "POST", f"/api/v1/streams/{STREAM}/entries", raw=PAYLOAD
+                    )
+                    self.node.get_bytes(f"/api/v1/ledgers/{self.pinner}/entries/0")
+                    _call(
+                        self.node,
+                        "POST",
+                        f"/api/v1/streams/{STREAM}/cursors/app/ack",
+                        {"position": appended["position"]},
+                    )
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    self.errors += 1
+            time.sleep(0.05)
+
+    def pause(self) -> threading.Lock:
+        """``with workload.pause():`` no request is in flight or starts."""
+        return self.lock
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    proc = NodeProcess(tmp_path_factory.mktemp("status") / "data", env=NODE_ENV)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        assert proc.terminate() == 0, proc.log()
+
+
+@pytest.fixture(scope="module")
+def world(node: NodeProcess) -> Iterator[dict[str, Any]]:
+    """A stream whose "audit" cursor never acknowledges, a plain closed ledger that nobody
+    deletes in a log the test makes 90 days old, and the workload running."""
+    _call(
+        node,
+        "PUT",
+        f"/api/v1/streams/{STREAM}",
+        {"minLedgerRolloverTimeMinutes": 0, "maxEntriesPerLedger": 20},
+    )
+    for cursor in ("audit", "app"):
+        _call(node, "PUT", f"/api/v1/streams/{STREAM}/cursors/{cursor}", {"start": "earliest"})
+    pinner = _call(node, "POST", "/api/v1/ledgers", {})["ledgerId"]
+    for _ in range(30):  # ~60 KiB: most of one 64 KiB log
+        _call(node, "POST", f"/api/v1/ledgers/{pinner}/entries", raw=PAYLOAD * 1)
+    _call(node, "POST", f"/api/v1/ledgers/{pinner}/close")
+    workload = Workload(node, pinner)
+    workload.thread.start()
+    ledgers_dir = node.data_dir / "ledgers"
+    aged = None
+    deadline = time.monotonic() + 20
+    while aged is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        sealed = [
+            (sizes.get(pinner, 0), path)
+            for path in sorted(ledgers_dir.glob("*.log"))
+            if (sizes := read_ledgers_map(path)) is not None
+        ]
+        best = max(sealed, default=(0, None), key=lambda item: item[0])
+        if best[0] > 0:
+            aged = best[1]
+    assert aged is not None, "no sealed log holds the pinning ledger"
+    then = time.time() - OLD_S
+    os.utime(aged, (then, then))  # sealed: nothing writes it again, so it stays this old
+    try:
+        yield {"pinner": pinner, "aged_log": aged.stem, "workload": workload}
+    finally:
+        workload.stopped.set()
+        workload.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_playwright() as playwright:
+        chromium = launch(playwright)
+        yield chromium
+        chromium.close()
+
+
+class Watched:
+    """A page with what went wrong on it recorded: console errors, page errors, failed
+    requests and error answers, requests to anywhere but the node."""
+
+    def __init__(self, page: Page, origin: str) -> None:
+        self.page = page
+        self.origin = origin
+        self.console_errors: list[str] = []
+        self.failed: list[str] = []
+        self.foreign: list[str] = []
+        page.on("console", self._console)
+        page.on("pageerror", lambda error: self.console_errors.append(f"pageerror: {error}"))
+        page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
+        page.on("response", self._response)
+        page.on("request", self._request)
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type in ("error", "warning"):
+            self.console_errors.append(f"{message.type}: {message.text}")
+
+    def _response(self, response: Response) -> None:
+        if response.status >= 400:
+            self.failed.append(f"{response.url}: HTTP {response.status}")
+
+    def _request(self, request: Request) -> None:
+        if not request.url.startswith(self.origin) and not request.url.startswith("data:"):
+            self.foreign.append(request.url)
+
+
+def _open(
+    browser: Any, node: NodeProcess, viewport: dict[str, int] = DESKTOP, **context: Any
+) -> Watched:
+    page = browser.new_context(viewport=viewport, **context).new_page()
+    page.set_default_timeout(10_000)
+    watched = Watched(page, node.url)
+    page.goto(f"{node.url}/?poll={POLL_MS}")  # / redirects to /status, the query kept
+    page.wait_for_selector("#updated[datetime]")
+    return watched
+
+
+def _shot(page: Page, name: str) -> Path:
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+def _updated_after(page: Page, after_ms: float) -> None:
+    """Wait for a poll that started after ``after_ms`` (epoch ms) to be rendered."""
+    # Functions, not expression strings: the page's CSP forbids eval, which strings need.
+    page.wait_for_function(
+        "after => { const t = document.getElementById('updated').dateTime;"
+        " return t && new Date(t).getTime() > after; }",
+        arg=after_ms + POLL_MS,
+    )
+
+
+def test_the_page_loads_with_no_console_error_and_no_failed_request(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    desktop = _open(browser, node)
+    assert desktop.page.url.endswith("/status?poll=300"), desktop.page.url
+    _updated_after(desktop.page, time.time() * 1000 + 3 * POLL_MS)  # a few polls, under load
+    assert desktop.page.locator("h1").inner_text().startswith("Storage node")
+    assert desktop.page.locator("#down").is_hidden()
+    _shot(desktop.page, "desktop")
+    phone = _open(browser, node, PHONE)
+    _updated_after(phone.page, time.time() * 1000)
+    # Nothing wider than the phone's screen: the page reflows instead of scrolling sideways.
+    width = phone.page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the page is {width} px wide on a {PHONE['width']} px phone"
+    _shot(phone.page, "phone")
+    for watched in (desktop, phone):
+        assert watched.console_errors == []
+        assert watched.failed == []
+        assert watched.foreign == [], "the page loaded something from elsewhere"
+        watched.page.context.close()
+
+
+def _field(page: Page, selector: str) -> Any:
+    raw = page.locator(selector).first.get_attribute("data-value")
+    assert raw is not None, f"{selector} has no value"
+    return json.loads(raw)
+
+
+def test_its_numbers_equal_the_json_apis(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    watched = _open(browser, node)
+    page = watched.page
+    with world["workload"].pause():
+        # The last add's checkpoint (flush_interval 100 ms), and two idle history intervals
+        # (0.5 s): the newest samples, on the page and in the route, are then both at rest.
+        time.sleep(1.2)
+        paused_ms = time.time() * 1000
+        _updated_after(page, paused_ms)
+        summary = node.get_json("/api/v1/status/summary")
+        logs = node.get_json("/api/v1/status/entrylogs")
+        history = node.get_json("/api/v1/status/history")
+    fields = [
+        "counters.adds",
+        "counters.reads",
+        "counters.addBytes",
+        "counters.readBytes",
+        "counters.rejectedAdds",
+        "gc.runs",
+        "gc.failures",
+        "gc.knownLogs",
+        "gc.reclaimedBytes",
+        "retention.runs",
+        "offload.runs",
+        "offload.offloadedLedgers",
+        "wal.groupWrites",
+        "wal.kind",
+        "state",
+        "nodeId",
+        "version",
+    ]
+    for name in fields:
+        expected = summary
+        for key in name.split("."):
+            expected = expected[key]
+        shown = _field(page, f'[data-src="summary"][data-field="{name}"]')
+        assert shown == expected, (name, shown, expected)
+    adds = summary["counters"]["adds"]
+    assert page.locator('[data-field="counters.adds"]').inner_text() == f"{adds:,}"
+    assert _field(page, '[data-src="entrylogs"][data-field="logs.length"]') == len(logs["logs"])
+    for log in logs["logs"]:
+        assert page.locator(f'#logmap [data-log="{log["logId"]}"]').count() == 1
+    cursors = {c["name"]: c for c in summary["streams"][0]["cursors"]}
+    assert cursors["audit"]["backlogEntries"] > 0
+    for name, cursor in cursors.items():
+        row = f'#streams tr[data-cursor="{name}"] [data-field="backlogEntries"]'
+        assert _field(page, row) == cursor["backlogEntries"]
+    latest = history["samples"][-1]
+    assert _field(page, '#charts [data-field="addsPerSecond"]') == latest["addsPerSecond"] == 0
+    page.context.close()
+
+
+def test_a_log_made_old_is_highlighted_with_the_ledger_that_pins_it(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    page = _open(browser, node).page
+    log_id = world["aged_log"]
+    first = page.locator("#pinned > li").first
+    assert first.get_attribute("data-log") == log_id
+    assert "90.0 d old" in first.inner_text()
+    pin = first.locator(f'li[data-ledger="{world["pinner"]}"]')
+    assert pin.get_attribute("data-reason") == "not_deleted"
+    assert "kept until a client deletes it" in pin.inner_text()
+    assert "pinned" in (page.locator(f'#logmap [data-log="{log_id}"]').get_attribute("class") or "")
+    # The stream's never-acknowledging cursor is named for the logs it pins.
+    backlog = page.locator('#pinned li[data-reason="cursor_backlog"]').first
+    assert "cursor audit" in backlog.inner_text()
+    page.context.close()
+
+
+def _tab_to(page: Page, selector: str, limit: int = 60) -> None:
+    """Press Tab until ``selector`` has the focus, as a keyboard user would."""
+    for _ in range(limit):
+        page.keyboard.press("Tab")
+        if page.evaluate(f"document.activeElement.matches({json.dumps(selector)})"):
+            return
+    raise AssertionError(f"{selector} is not reachable with Tab")
+
+
+def _results(page: Page) -> str:
+    return page.locator("#results li").first.inner_text()
+
+
+def test_a_forced_gc_from_the_page_by_keyboard_moves_the_gc_counters(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    page = _open(browser, node).page
+    before = node.get_json("/api/v1/status/summary")["gc"]["runs"]
+    page.locator("#token").focus()
+    page.keyboard.type(TOKEN)
+    _tab_to(page, 'button[data-action="gc"]')
+    page.keyboard.press("Enter")
+    dialog = page.locator("#confirm")
+    assert dialog.is_visible() and "garbage collection" in dialog.inner_text()
+    assert page.evaluate("document.activeElement.id") == "confirm-cancel"  # the safe default
+    page.keyboard.press("Escape")
+    dialog.wait_for(state="hidden")
+    # The dialog's close event comes after Escape returns: wait for what it does.
+    page.wait_for_function(
+        "() => document.querySelector('#results li').textContent.includes('cancelled')"
+    )
+    assert "Force GC: cancelled" in _results(page)
+    assert page.evaluate("document.activeElement.dataset.action") == "gc"  # focus came back
+    assert node.get_json("/api/v1/status/summary")["gc"]["runs"] == before
+    page.keyboard.press("Enter")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "confirm-ok"
+    page.keyboard.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#results li').textContent.includes('done')"
+    )
+    assert "Force GC: done — Triggered GC" in _results(page)
+    deadline = time.monotonic() + 15
+    while node.get_json("/api/v1/status/summary")["gc"]["runs"] <= before:
+        assert time.monotonic() < deadline, "the forced GC did not run"
+        time.sleep(0.1)
+    runs = node.get_json("/api/v1/status/summary")["gc"]["runs"]
+    page.wait_for_function(
+        "runs => Number(document.getElementById('gc-runs').dataset.value) >= runs", arg=runs
+    )
+    assert int(page.locator("#gc-runs").inner_text()) >= before + 1
+    page.context.close()
+
+
+def _act(page: Page, action: str) -> str:
+    count = page.locator("#results li:not(.empty)").count()
+    page.locator(f'button[data-action="{action}"]').click()
+    page.locator("#confirm-ok").click()
+    page.wait_for_function(
+        "n => document.querySelectorAll('#results li:not(.empty)').length > n", arg=count
+    )
+    return _results(page)
+
+
+def test_with_a_token_set_actions_without_it_are_refused_and_shown_as_such(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    page = _open(browser, node).page
+    assert page.locator("#token").input_value() == ""
+    refused = _act(page, "retention")
+    assert "Run retention: refused (HTTP 401)" in refused and "Enter the admin token" in refused
+    page.fill("#token", "not-the-token")
+    assert "Run retention: refused (HTTP 403) — forbidden" in _act(page, "retention")
+    assert node.get_json("/api/v1/status/summary")["retention"]["runs"] == 0
+    page.fill("#token", TOKEN)
+    assert page.evaluate("sessionStorage.length") == 1  # kept for this tab only
+    assert "Run retention: done — deleted 0 ledgers" in _act(page, "retention")
+    assert "Run offload: done — offloaded 0" in _act(page, "offload")
+    assert "Suspend compaction: done" in _act(page, "suspend")
+    page.wait_for_function(
+        "() => document.getElementById('gc-suspension').textContent.includes('suspended')"
+    )
+    assert "Resume compaction: done" in _act(page, "resume")
+    assert "Read-only on: done" in _act(page, "readonly-on")
+    page.wait_for_function("() => document.getElementById('state').textContent === 'read-only'")
+    assert "Read-only off: done" in _act(page, "readonly-off")
+    page.wait_for_function("() => document.getElementById('state').textContent === 'writable'")
+    summary = node.get_json("/api/v1/status/summary")
+    assert summary["retention"]["runs"] == 1 and summary["offload"]["runs"] == 1
+    assert not summary["gc"]["majorSuspended"] and summary["state"] == "writable"
+    page.locator("#token-forget").click()
+    assert page.evaluate("sessionStorage.length") == 0
+    page.context.close()
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_axe_finds_no_serious_accessibility_violation(
+    browser: Any, node: NodeProcess, world: dict[str, Any], viewport: dict[str, int]
+) -> None:
+    # axe is injected as a script: the page's Content-Security-Policy would refuse it.
+    watched = _open(browser, node, viewport, bypass_csp=True)
+    page = watched.page
+    page.add_script_tag(content=axe_source())
+    result = page.evaluate(
+        """() => axe.run(document, {
+            runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa",
+                                            "best-practice"]},
+        })"""
+    )
+    serious = [
+        f"{v['id']} ({v['impact']}): {v['help']} at "
+        + "; ".join(n["target"][0] for n in v["nodes"][:3])
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    minor = [f"{v['id']} ({v['impact']})" for v in result["violations"] if v not in serious]
+    print("axe: minor findings:", minor or "none")
+    assert serious == []
+    assert len(result["passes"]) > 20, "axe checked next to nothing"
+    # Headings in order, every control named.
+    levels = page.eval_on_selector_all("h1, h2, h3", "hs => hs.map(h => Number(h.tagName[1]))")
+    assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels))
+    page.context.close()
+
+
+def test_the_page_notices_a_node_that_stopped_answering(browser: Any, tmp_path: Path) -> None:
+    lonely = NodeProcess(tmp_path / "data", env={"NODE_STATUS_HISTORY_INTERVAL_S": "0.5"})
+    lonely.start()
+    try:
+        watched = _open(browser, lonely)
+        page = watched.page
+        assert page.locator("#down").is_hidden()
+        lonely.kill()
+        stopped_ms = time.time() * 1000
+        page.wait_for_selector("#down:not([hidden])", timeout=10_000)
+        banner = page.locator("#down").inner_text()
+        assert banner.startswith("Node not answering since"), banner
+        assert "last answer at" in banner
+        assert page.evaluate("document.body.classList.contains('stale')")
+        assert time.time() * 1000 - stopped_ms < 10_000
+        _shot(page, "stopped-node")
+        page.context.close()
+    finally:
+        lonely.kill()
