@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import re
@@ -54,6 +55,7 @@ from node.http.middleware import (
 )
 from node.http.state import BUDGET, METRICS, SETTINGS
 from node.storage.errors import StorageError
+from node.storage.ledgers import PendingAdd
 from node.streams.model import ID_DIGITS
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ MAX_HEAD = 8 * 1024  # a longer head goes to aiohttp, which has the limits and t
 READ_AHEAD = 256 * 1024  # pipelined bytes buffered while answering; then reading pauses
 SWEEP_INTERVAL_S = 1.0  # how often the timeouts are checked
 SERVER_HEADER = b"storage-node"
+_WRITE_TOKEN = ledgers.WRITE_TOKEN_HEADER.lower().encode()
+_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 
 
 class _Add:
@@ -125,6 +129,25 @@ def parse_add(buffer: bytes | bytearray, head_end: int) -> _Add | None:
     if any(name in headers for name in _REFUSED_HEADERS):
         return None
     return _Add(route, target, match.group(1), headers, head_end + 4)
+
+
+def _content_type(add: _Add) -> str:
+    return add.headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
+
+
+def _token(add: _Add) -> str | None:
+    token = add.headers.get(_WRITE_TOKEN)
+    return token.decode("latin-1") if token is not None else None
+
+
+def _failure(error: Exception, path: str) -> tuple[int, bytes]:
+    """The status and JSON body of an add that failed."""
+    if isinstance(error, ApiError):
+        return error.status, error_body(error.code, error.message)
+    if isinstance(error, StorageError):
+        return storage_status(error, "POST", path), error_body(error.code, error.message)
+    log.error("request POST %s failed", path, exc_info=error)
+    return 500, error_body("internal_error", str(error) or type(error).__name__)
 
 
 class Lanes:
@@ -192,7 +215,8 @@ class FastLane(asyncio.Protocol):
         self._buffer = bytearray()
         self._pending: _Add | None = None  # parsed, its body still arriving
         self._held = 0  # budget bytes of the pending or answered body
-        self._answering: asyncio.Task[None] | None = None
+        self._answering: asyncio.Future[Any] | None = None  # the answer in progress
+        self._starting = False  # within _start
         self._waiting_since = 0.0  # when a head began to arrive (0: none is arriving)
         self._last_byte = 0.0  # when the last byte of a pending body came
         self._idle_since = self._loop.time()
@@ -288,7 +312,7 @@ class FastLane(asyncio.Protocol):
         del buffer[:end]
         self._pending = None
         self._waiting_since = 0.0
-        self._answering = self._loop.create_task(self._answer(add, body))
+        self._start(add, body)
 
     def _admitted(self, add: _Add) -> bool:
         """Whether the lane takes the add: aiohttp answers the rest (refusals included)."""
@@ -334,25 +358,55 @@ class FastLane(asyncio.Protocol):
         if self._eof:
             handler.eof_received()
 
-    async def _answer(self, add: _Add, body: bytes) -> None:
-        lanes = self._lanes
+    def _start(self, add: _Add, body: bytes) -> None:
+        """Answer ``add``: one raw entry for a ledger without a task or a coroutine (the hot
+        path: a callback on its WAL write), anything else in a task."""
         started = time.perf_counter()
         given = add.headers.get(b"x-request-id", b"").decode("latin-1")
         rid = given if valid_client_request_id(given) else next_request_id()
         context = logs.request_id.set(rid)
-        path = add.path
-        extra = b""
+        self._starting = True
+        try:
+            if add.route is LEDGER_ROUTE and _content_type(add) in ledgers.RAW_TYPES:
+                try:
+                    pending = ledgers.begin_add(self._lanes.app, int(add.key), _token(add), body)
+                except Exception as e:
+                    self._respond(add, rid, started, *_failure(e, add.path))
+                    return
+                if pending is not None:
+                    self._answering = pending.future
+                    pending.future.add_done_callback(
+                        functools.partial(self._finish, add, rid, started, pending)
+                    )
+                    return
+            self._answering = self._loop.create_task(self._answer(add, body, rid, started))
+        finally:
+            self._starting = False
+            logs.request_id.reset(context)
+
+    def _finish(
+        self, add: _Add, rid: str, started: float, pending: PendingAdd, _done: object
+    ) -> None:
+        context = logs.request_id.set(rid)
+        try:
+            status, reply = 201, ledgers.finish_add(self._lanes.app, pending, started)
+        except Exception as e:
+            status, reply = _failure(e, add.path)
+        self._respond(add, rid, started, status, reply)
+        logs.request_id.reset(context)
+
+    async def _answer(self, add: _Add, body: bytes, rid: str, started: float) -> None:
+        logs.request_id.set(rid)  # the task runs in a copy of the context _start set it in
         try:
             status, reply = 201, await self._add(add, body)
-        except ApiError as e:
-            status, reply = e.status, error_body(e.code, e.message)
-        except StorageError as e:
-            status, reply = storage_status(e, "POST", path), error_body(e.code, e.message)
         except Exception as e:
-            log.exception("request POST %s failed", path)
-            status, reply = 500, error_body("internal_error", str(e) or type(e).__name__)
-        finally:
-            self._give_back()
+            status, reply = _failure(e, add.path)
+        self._respond(add, rid, started, status, reply)
+
+    def _respond(self, add: _Add, rid: str, started: float, status: int, reply: bytes) -> None:
+        lanes = self._lanes
+        self._give_back()
+        extra = b""
         if status == 503:
             extra = b"Retry-After: %s\r\n" % RETRY_AFTER_S.encode()
         close = self._closing or b"close" in add.headers.get(b"connection", b"").lower()
@@ -367,7 +421,7 @@ class FastLane(asyncio.Protocol):
                 b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s\r\n%s"
                 % (
                     status,
-                    HTTPStatus(status).phrase.encode(),
+                    _PHRASES[status],
                     len(reply),
                     lanes.date(),
                     SERVER_HEADER,
@@ -378,8 +432,7 @@ class FastLane(asyncio.Protocol):
             )
         elapsed = time.perf_counter() - started
         lanes.metrics.observe_request("POST", add.route, status, elapsed)
-        access_log("POST", path, status, elapsed)
-        logs.request_id.reset(context)
+        access_log("POST", add.path, status, elapsed)
         self._answering = None
         if transport is None:
             return
@@ -390,22 +443,18 @@ class FastLane(asyncio.Protocol):
         if self._paused:
             self._paused = False
             transport.resume_reading()
-        self._next()
+        if self._starting:
+            # Answered within _start (refused at once): go on from the loop, not by
+            # recursion, or a client pipelining refused requests would deepen the stack.
+            self._loop.call_soon(self._next)
+        else:
+            self._next()
 
     async def _add(self, add: _Add, body: bytes) -> bytes:
         app = self._lanes.app
-        content_type = add.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        kind = content_type.decode("latin-1")
         if add.route is LEDGER_ROUTE:
-            token = add.headers.get(ledgers.WRITE_TOKEN_HEADER.lower().encode())
-            return await ledgers.add(
-                app,
-                int(add.key),
-                kind,
-                token.decode("latin-1") if token is not None else None,
-                body,
-            )
-        return await streams.add(app, add.key.decode(), kind, body)
+            return await ledgers.add(app, int(add.key), _content_type(add), _token(add), body)
+        return await streams.add(app, add.key.decode(), _content_type(add), body)
 
     def check_timeouts(self, now: float) -> None:
         """The sweep's visit: close what waited too long (as aiohttp's timeouts do)."""

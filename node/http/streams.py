@@ -15,7 +15,7 @@ from aiohttp import web
 from node.http import models
 from node.http.errors import ApiError
 from node.http.frames import BATCH_CONTENT_TYPE
-from node.http.ledgers import JSON, decode_payloads, parse_id, unsupported
+from node.http.ledgers import JSON, RAW_TYPES, decode_payloads, parse_id, unsupported
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
 from node.streams.manager import StreamManager, parse_position
 from node.streams.model import Cursor, Position, Stream
@@ -26,7 +26,6 @@ STREAM_FRAME = struct.Struct(">QQI")
 STREAM_FRAMES_CONTENT_TYPE = "application/x-stream-entries"
 DEFAULT_READ_LIMIT = 100
 MAX_READ_LIMIT = 10_000
-_RAW_TYPES = {"application/octet-stream", ""}
 
 
 def encode_stream_frame(position: Position, payload: bytes) -> bytes:
@@ -158,7 +157,7 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
     route and the fast lane (fastlane.py) both answer through this."""
     if content_type == BATCH_CONTENT_TYPE:
         payloads = await decode_payloads(app, body)
-    elif content_type in _RAW_TYPES:
+    elif content_type in RAW_TYPES:
         payloads = [body]
     else:
         raise unsupported(content_type)
