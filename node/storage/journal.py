@@ -40,7 +40,10 @@ reaches ``journal_buffered_writes_threshold`` bytes (so the disk writes it while
 one fills) or when a checkpoint asks for a sync point. A batch goes into one group whole.
 Each write is one ``pwrite`` on a dedicated thread and one fdatasync; only then do the
 groups' futures complete, each shared by every append of its group (no per-entry future or
-callback on the hot path).
+callback on the hot path). After a write, that thread takes what was appended meanwhile and
+writes it at once (``_write_on``), handing only the acknowledgments to the event loop: the
+next write never waits for the loop to get round to starting it (with it, 16 clients of
+single adds went from about 9,400 to 12,400 adds/s).
 
 One write is in flight at a time. Two (the second's fdatasync covering both, acknowledged
 in order) would keep the disk busier, but a crash could then leave the second write whole
@@ -64,6 +67,7 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -250,6 +254,16 @@ class _Group:
         self.future: asyncio.Future[LogMark] = _SharedFuture(loop=loop)
 
 
+class _WriteFailed(Exception):
+    """A write of ``_write_on`` failed: its groups (not those it was called with, which
+    may be acknowledged already) and the error."""
+
+    def __init__(self, groups: list[_Group], error: BaseException) -> None:
+        super().__init__(str(error))
+        self.groups = groups
+        self.error = error
+
+
 class Journal:
     def __init__(
         self,
@@ -276,6 +290,10 @@ class Journal:
         self._kick: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
         self._writing: asyncio.Future[LogMark] | None = None  # the group being written
+        # While a write is in flight, its thread may take the groups queued meanwhile and
+        # write them next (_write_on): the lock orders that against appends and seals.
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         # One thread: group writes must reach the file in order.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="journal-writer")
@@ -371,6 +389,7 @@ class Journal:
         await loop.run_in_executor(self._executor, self._open_next_file)
         self._durable = LogMark(self._file_id, self._position)
         self._group = _Group(loop)
+        self._loop = loop
         self._kick = asyncio.Event()
         self._writer = loop.create_task(self._write_loop(), name="journal-writer")
 
@@ -424,36 +443,40 @@ class Journal:
     def append(
         self, ledger_id: int, entry_id: int, crc: int, payload: bytes
     ) -> asyncio.Future[LogMark]:
-        group = self._accepting()
-        group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
-        group.parts.append(payload)
-        group.size += RECORD_HEADER.size + len(payload)
-        if group.size >= self._settings.journal_buffered_writes_threshold:
-            self._seal()
-        return group.future
+        with self._lock:
+            group = self._accepting()
+            group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
+            group.parts.append(payload)
+            group.size += RECORD_HEADER.size + len(payload)
+            if group.size >= self._settings.journal_buffered_writes_threshold:
+                self._seal()
+            return group.future
 
     def append_batch(
         self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
     ) -> asyncio.Future[LogMark]:
         """The batch goes into one group whole (it may pass the size threshold; the group
         is sealed after it): one future, one write, one acknowledgment."""
-        group = self._accepting()
-        parts = group.parts
         pack = RECORD_HEADER.pack
         size = RECORD_HEADER.size * len(payloads)
+        parts = []
         for entry_id, crc, payload in zip(
             range(first_entry_id, first_entry_id + len(payloads)), crcs, payloads, strict=True
         ):
             parts.append(pack(len(payload), ledger_id, entry_id, crc))
             parts.append(payload)
             size += len(payload)
-        group.size += size
-        if group.size >= self._settings.journal_buffered_writes_threshold:
-            self._seal()
-        return group.future
+        with self._lock:
+            group = self._accepting()
+            group.parts.extend(parts)
+            group.size += size
+            if group.size >= self._settings.journal_buffered_writes_threshold:
+                self._seal()
+            return group.future
 
     def _seal(self) -> _Group:
-        """Close the group taking appends: it is written next, the next one fills."""
+        """Close the group taking appends: it is written next, the next one fills (with
+        the lock held)."""
         group = self._taking()
         self._sealed.append(group)
         self._group = _Group(asyncio.get_running_loop())
@@ -464,12 +487,13 @@ class Journal:
     def sync_point(self) -> asyncio.Future[LogMark]:
         """Seal the group taking appends, so that its mark falls exactly after every record
         appended so far and before any later one (a checkpoint swaps its cache here)."""
-        if self._group is not None and self._group.parts:
-            return self._seal().future
-        if self._sealed:
-            return self._sealed[-1].future
-        if self._writing is not None:
-            return self._writing
+        with self._lock:
+            if self._group is not None and self._group.parts:
+                return self._seal().future
+            if self._sealed:
+                return self._sealed[-1].future
+            if self._writing is not None:
+                return self._writing
         done: asyncio.Future[LogMark] = asyncio.get_running_loop().create_future()
         if self._failed is not None:
             done.set_exception(JournalFailed(f"journal write failed: {self._failed}"))
@@ -508,23 +532,61 @@ class Journal:
                 self._group = _Group(loop)
             self._writing = groups[-1].future
             try:
-                marks = await loop.run_in_executor(self._executor, self._write_groups, groups)
-            except DiskFull as e:
-                self._refuse(groups, e)
-                continue
+                groups, marks = await loop.run_in_executor(self._executor, self._write_on, groups)
+            except _WriteFailed as failed:
+                groups, error = failed.groups, failed.error
+                if isinstance(error, DiskFull):
+                    self._refuse(groups, error)
+                    continue
+                self._fail(groups, error)
+                return
             except BaseException as e:
-                self._failed = e
-                log.exception("journal write failed; the node stops acknowledging")
-                failure = JournalFailed(f"journal write failed: {e}")
-                for pending in [*groups, *self._sealed, self._taking()]:
-                    pending.future.set_exception(failure)
-                    pending.future.exception()  # retrieved here; awaiting appends still get it
+                self._fail(groups, e)
                 return
             finally:
                 self._writing = None
-            self._durable = marks[-1]
-            for done, mark in zip(groups, marks, strict=True):
-                done.future.set_result(mark)
+            self._acknowledge(groups, marks)
+
+    def _fail(self, groups: list[_Group], error: BaseException) -> None:
+        self._failed = error
+        log.error("journal write failed; the node stops acknowledging", exc_info=error)
+        failure = JournalFailed(f"journal write failed: {error}")
+        for pending in [*groups, *self._sealed, self._taking()]:
+            pending.future.set_exception(failure)
+            pending.future.exception()  # retrieved here; awaiting appends still get it
+
+    def _acknowledge(self, groups: list[_Group], marks: list[LogMark]) -> None:
+        self._durable = marks[-1]
+        for done, mark in zip(groups, marks, strict=True):
+            done.future.set_result(mark)
+
+    def _write_on(self, groups: list[_Group]) -> tuple[list[_Group], list[LogMark]]:
+        """Blocking: write ``groups``, then, with journal_flush_when_queue_empty, whatever
+        was appended meanwhile, and so on, without going back to the event loop first:
+        the disk never waits for the loop to get round to starting the next write. Each
+        write but the last is acknowledged through the loop from here (in order: the loop
+        runs these callbacks first in, first out); the last one's groups and marks are
+        returned. A failing write raises with ``groups`` set to its own groups."""
+        loop = self._loop
+        assert loop is not None
+        while True:
+            try:
+                marks = self._write_groups(groups)
+            except BaseException as e:
+                raise _WriteFailed(groups, e) from e
+            if not self._settings.journal_flush_when_queue_empty:
+                return groups, marks
+            with self._lock:
+                more, self._sealed = self._sealed, []
+                current = self._group
+                if current is not None and current.parts:
+                    more.append(current)
+                    self._group = _Group(loop)
+                if not more:
+                    return groups, marks
+                self._writing = more[-1].future
+            loop.call_soon_threadsafe(self._acknowledge, groups, marks)
+            groups = more
 
     def _refuse(self, groups: list[_Group], error: DiskFull) -> None:
         """A write found no space, and nothing of it is in the file. Its groups fail, and so
