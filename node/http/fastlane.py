@@ -475,15 +475,10 @@ class FastLane(asyncio.Protocol):
             transport.close()
 
     def _time_out_body(self, add: _Add) -> None:
-        transport = self._transport
-        assert transport is not None
+        """408 through the usual answer, which closes the connection after it (the rest of
+        the body will not come) and gives the budget back."""
         timeout = self._lanes.body_timeout
+        self._pending = None  # answered: its hang-up is no client abort
+        self._closing = True
         reply = error_body("body_timeout", f"no byte of the body came for {timeout} s")
-        self._give_back()
-        transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(reply), reply)
-        )
-        transport.close()
-        self._lanes.metrics.observe_request("POST", add.route, 408, timeout)
-        access_log("POST", add.path, 408, timeout)
+        self._respond(add, next_request_id(), time.perf_counter() - timeout, 408, reply)
