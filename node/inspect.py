@@ -55,6 +55,7 @@ from node.storage.index import (
     LedgerState,
 )
 from node.storage.wal import (
+    BATCH,
     CLOSE,
     DELETE,
     EXPLICIT_LAC,
@@ -156,6 +157,13 @@ def _journal_record_line(pos: int, end: int, record: WalRecord | None) -> str:
         return f"offset {pos} padding len {end - pos - journal.PADDING_HEADER.size}"
     if record.entry_id >= 0:
         what = f"entry {record.entry_id}"
+    elif record.entry_id == BATCH:
+        batch = journal.decode_batch(record.payload, 0, len(record.payload), record.ledger_id)
+        if isinstance(batch, str):
+            what = f"batch INVALID: {batch};"
+        else:
+            last = batch.first_entry_id + len(batch.payloads) - 1
+            what = f"batch of {len(batch.payloads)} entries {batch.first_entry_id}..{last}"
     elif record.entry_id == journal.GROUP_START_ENTRY_ID:
         what = "group start"
     else:
@@ -203,6 +211,7 @@ def _scan_journal(
     data_records = 0
     padding_records = 0
     group_writes = 0
+    batch_records = 0  # (their entries count as data records)
     payload_bytes = 0
     kinds: Counter[str] = Counter()
     ledgers: dict[int, _LedgerFigures] = {}
@@ -227,7 +236,7 @@ def _scan_journal(
             if records:
                 report.line(f"  {_journal_record_line(pos, end, record)}")
             bar.update(end - pos)
-            pos = end
+            at, pos = pos, end
             if record is None:
                 padding_records += 1
                 continue
@@ -235,19 +244,31 @@ def _scan_journal(
                 group_writes += 1
                 continue
             figures = ledgers.setdefault(record.ledger_id, _LedgerFigures())
-            if record.entry_id >= 0:
-                data_records += 1
-                payload_bytes += len(record.payload)
-                figures.entries += 1
-                figures.payload_bytes += len(record.payload)
+            if record.entry_id == BATCH:
+                payload = record.payload
+                batch = journal.decode_batch(payload, 0, len(payload), record.ledger_id)
+                if isinstance(batch, str):
+                    invalid = (at, batch)
+                    break
+                batch_records += 1
+                entries = batch.payloads
+            elif record.entry_id >= 0:
+                entries = [record.payload]
             else:
                 kinds[_kind_name(record.entry_id)] += 1
                 figures.kinds[_kind_name(record.entry_id)] += 1
+                continue
+            entry_bytes = sum(map(len, entries))
+            data_records += len(entries)
+            payload_bytes += entry_bytes
+            figures.entries += len(entries)
+            figures.payload_bytes += entry_bytes
         later = journal.find_later_write(mm, pos, size, JOURNAL_ALIGNMENT, max_length)
         bar.update(size - bar.n)
 
     report.line("summary:")
     report.line(f"  data records: {data_records}")
+    report.line(f"  batch records: {batch_records}")
     names = [*KIND_NAMES.values(), *sorted(k for k in kinds if k not in KIND_NAMES.values())]
     report.line(f"  metadata records: {sum(kinds.values())}")
     for name in names:

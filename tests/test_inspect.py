@@ -26,6 +26,7 @@ PRE_ALLOC = 1 * MiB
 LEDGERS = [(40, 1000), (55, 700), (30, 1500)]
 DELETED_ENTRIES = 5  # entries of a ledger created, checkpointed, then deleted
 LAC = 7  # explicit LAC set on the last live ledger
+BATCHED = 1  # the ledger of LEDGERS whose entries are added as one batch
 EXIT_OK, EXIT_FAILED, EXIT_WRONG_KIND = 0, 1, 2
 BIG_FILE = 65 * MiB  # just past inspect's progress-bar threshold (64 MiB)
 
@@ -71,8 +72,12 @@ async def _build(data_dir: Path) -> Data:
     for index, (count, size) in enumerate(LEDGERS):
         meta, _ = await storage.create_ledger()
         ids.append(meta.ledger_id)
-        for n in range(count):
-            await storage.add_entry(meta.ledger_id, None, _payload(index, n, size))
+        if index == BATCHED:
+            payloads = [_payload(index, n, size) for n in range(count)]
+            await storage.add_entries(meta.ledger_id, payloads)  # one batch record
+        else:
+            for n in range(count):
+                await storage.add_entry(meta.ledger_id, None, _payload(index, n, size))
         entries[meta.ledger_id] = count
         payload_bytes[meta.ledger_id] = sum(size + n for n in range(count))
         await storage.checkpoint()
@@ -156,8 +161,12 @@ def test_journal_figures(data: Data) -> None:
     result = inspect("journal", data.journal_file)
     out = result.stdout
     assert result.returncode == EXIT_OK, out + result.stderr
-    assert "magic BKLG, version 1" in out
+    assert f"magic BKLG, version {journal.VERSION}" in out
     assert _one(r"^  data records: (\d+)$", out) == sum(data.entries.values())
+    # The batch (55 entries of about 700 bytes) takes records of max_entry_size at most.
+    count, size = LEDGERS[BATCHED]
+    whole = sum(8 + size + n for n in range(count))
+    assert _one(r"^  batch records: (\d+)$", out) == -(-whole // (MAX_ENTRY_SIZE - 12))
     assert _figures(r"^    ledger (\d+): (\d+) entries", out) == data.entries
     assert _figures(r"^    ledger (\d+): \d+ entries, (\d+) payload bytes", out) == (
         data.payload_bytes
@@ -189,6 +198,13 @@ def test_journal_records_flag(data: Data) -> None:
     assert len(data_lines) == len(records)
     offset, ledger_id, entry_id, length = next(r for r in records if r[2] >= 0)
     assert f"  offset {offset} ledger {ledger_id} entry {entry_id} len {length} crc ok" in lines
+    offset, ledger_id, _kind, length = next(r for r in records if r[2] == journal.BATCH)
+    first = next(line for line in lines if f"offset {offset} " in line)
+    batch = r"batch of (\d+) entries 0\.\.(\d+)"
+    found = re.fullmatch(
+        rf"  offset {offset} ledger {ledger_id} {batch} len {length} crc ok", first
+    )
+    assert found and int(found.group(2)) == int(found.group(1)) - 1, first
     assert all(line.endswith("crc ok") for line in data_lines)
 
 

@@ -137,7 +137,7 @@ from node.storage.errors import (
 from node.storage.faults import CrashPoints
 from node.storage.journal import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
-from node.storage.wal import LogMark, WalRecord
+from node.storage.wal import LogMark, Replayed, WalRecord
 
 log = logging.getLogger(__name__)
 
@@ -814,7 +814,7 @@ class BlockWal:
         assert self._header is not None
         return LogMark(0, self._header.trim)
 
-    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
+    def replay(self, mark: LogMark) -> Iterator[Replayed]:
         # The ring's CRC covers the record's body, not record_crc's bytes: none to reuse.
         return ((record, None) for record in self.recover(mark))
 

@@ -7,9 +7,9 @@ while the loop keeps serving reads from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
-from node.storage.entrylog import RECORD_OVERHEAD
+from node.storage.entrylog import RECORD_OVERHEAD, LedgerEntries
 
 
 class WriteCache:
@@ -35,7 +35,7 @@ class WriteCache:
         entries[entry_id] = (crc, payload)
 
     def put_batch(
-        self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
+        self, ledger_id: int, first_entry_id: int, crcs: Sequence[int], payloads: list[bytes]
     ) -> None:
         """Entries at consecutive ids, none of them cached yet (a batch's fresh ids)."""
         entries = self._ledgers.get(ledger_id)
@@ -75,17 +75,22 @@ class WriteCache:
     def __len__(self) -> int:
         return self.count
 
+    def sorted_ledgers(self, skip: frozenset[int] = frozenset()) -> list[LedgerEntries]:
+        """Per ledger, by ledger id: (ledger id, its entry ids sorted, its entries by id),
+        so that a ledger's entries land contiguous and in order in the entry log (read-ahead
+        relies on it). Ledgers in ``skip`` (deleted since they were cached) are left out."""
+        return [
+            (ledger_id, sorted(entries), entries)
+            for ledger_id, entries in sorted(self._ledgers.items())
+            if ledger_id not in skip
+        ]
+
     def sorted_entries(
         self, skip: frozenset[int] = frozenset()
     ) -> Iterator[tuple[int, int, int, bytes]]:
-        """(ledger id, entry id, crc, payload) sorted by (ledger, entry), so that a ledger's
-        entries land contiguous and in order in the entry log (read-ahead relies on it).
-        Ledgers in ``skip`` (deleted since they were cached) are left out."""
-        for ledger_id in sorted(self._ledgers):
-            if ledger_id in skip:
-                continue
-            entries = self._ledgers[ledger_id]
-            for entry_id in sorted(entries):
+        """(ledger id, entry id, crc, payload) in the order of ``sorted_ledgers``."""
+        for ledger_id, entry_ids, entries in self.sorted_ledgers(skip):
+            for entry_id in entry_ids:
                 crc, payload = entries[entry_id]
                 yield ledger_id, entry_id, crc, payload
 

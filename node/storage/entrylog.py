@@ -36,7 +36,7 @@ import os
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +54,7 @@ MAP_FIELDS_OFFSET = 8
 RECORD_HEADER = struct.Struct(">IqqI")
 RECORD_OVERHEAD = RECORD_HEADER.size
 SIZE_FIELD = 4
+IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one pwritev takes (1024 on Linux)
 LEDGERS_MAP_LEDGER_ID = -1
 LEDGERS_MAP_ENTRY_ID = -2
 LEDGERS_MAP_COUNT = struct.Struct(">I")
@@ -63,6 +64,11 @@ LAST_ID_FILE = "lastId"
 COMPACTING_SUFFIX = ".compacting"  # a compaction output being written: <id>.log.compacting
 READ_AHEAD_STEP = 256 * 1024  # read-ahead reads the log in steps of this size
 SUFFIX = ".log"
+
+
+# A checkpoint's entries of one ledger: (ledger id, entry ids in order, entries by id as
+# (crc, payload)); the write cache hands them so, and the entry log and index take them so.
+LedgerEntries = tuple[int, list[int], dict[int, tuple[int, bytes]]]
 
 
 def location(log_id: int, offset: int) -> int:
@@ -290,6 +296,19 @@ def write_fully(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+def write_parts(fd: int, parts: list[bytes], offset: int) -> None:
+    """``write_fully`` of the parts joined, without joining them: pwritev, ``IOV_MAX``
+    parts at a time (a checkpoint's headers and payloads go to the kernel as they are,
+    instead of through one more copy of the whole chunk)."""
+    for start in range(0, len(parts), IOV_MAX):
+        batch = parts[start : start + IOV_MAX]
+        size = sum(map(len, batch))
+        written = os.pwritev(fd, batch, offset)
+        if written < size:  # a full disk shows first as a short write
+            write_fully(fd, b"".join(batch)[written:], offset + written)
+        offset += size
+
+
 def seal(fd: int, position: int, ledger_sizes: dict[int, int]) -> int:
     """Append the ledgers map at ``position`` and patch the header; returns the new end.
     The fsync is the caller's."""
@@ -297,6 +316,13 @@ def seal(fd: int, position: int, ledger_sizes: dict[int, int]) -> int:
     write_fully(fd, ledgers_map, position)  # a cut map must fail, not be pointed at
     write_fully(fd, MAP_FIELDS.pack(position, len(ledger_sizes)), MAP_FIELDS_OFFSET)
     return position + len(ledgers_map)
+
+
+def _count_bytes(ledger_sizes: dict[int, int], ledger_id: int, added: int) -> None:
+    """Count a ledger's bytes in a log's map: a ledger none of whose bytes are in the log
+    stays out of its map (GC and the audit read the map as "this log holds the ledger")."""
+    if added:
+        ledger_sizes[ledger_id] = ledger_sizes.get(ledger_id, 0) + added
 
 
 class EntryLogWriter:
@@ -318,35 +344,40 @@ class EntryLogWriter:
         log_id = self._allocator.allocate()
         return _OpenLog(log_id, create_log(log_path(self._dir, log_id)), HEADER_SIZE)
 
-    def append(self, records: Iterable[tuple[int, int, int, bytes]]) -> list[int]:
-        """Append records ``(ledger id, entry id, crc, payload)``; return their locations.
-        Data reaches the OS, not the disk: call flush() before indexing them."""
-        records = list(records)
-        if not records:
+    def append(self, ledgers: list[LedgerEntries]) -> list[list[int]]:
+        """Append each ledger's entries in the given order (``WriteCache.sorted_ledgers``);
+        return their locations, a list per ledger. Data reaches the OS, not the disk: call
+        flush() before indexing them."""
+        if not ledgers:
             return []  # a checkpoint of metadata only: no empty log file
-        locations: list[int] = []
+        found: list[list[int]] = []
         parts: list[bytes] = []
         log = self._current or self._start()
-        start = log.position
-        position = start
-        sizes = log.ledger_sizes
+        start = position = log.position
+        in_log = log.log_id << 32
         pack = RECORD_HEADER.pack
-        overhead = RECORD_OVERHEAD - SIZE_FIELD
-        for ledger_id, entry_id, crc, payload in records:
-            length = RECORD_OVERHEAD + len(payload)
-            if position + length > self._limit and position > HEADER_SIZE:
-                self._write(log, parts, start)
-                log.position = position
-                log = self._roll()
-                parts, start, position, sizes = [], log.position, log.position, log.ledger_sizes
-            parts.append(pack(overhead + len(payload), ledger_id, entry_id, crc))
-            parts.append(payload)
-            locations.append((log.log_id << 32) | position)
-            sizes[ledger_id] = sizes.get(ledger_id, 0) + length
-            position += length
+        for ledger_id, entry_ids, entries in ledgers:
+            locations: list[int] = []
+            added = 0  # bytes of this ledger in the current log
+            for entry_id in entry_ids:
+                crc, payload = entries[entry_id]
+                length = RECORD_OVERHEAD + len(payload)
+                if position + length > self._limit and position > HEADER_SIZE:
+                    _count_bytes(log.ledger_sizes, ledger_id, added)
+                    self._write(log, parts, start)
+                    log.position = position
+                    log = self._roll()
+                    parts, start, position, added = [], log.position, log.position, 0
+                    in_log = log.log_id << 32
+                parts += (pack(length - SIZE_FIELD, ledger_id, entry_id, crc), payload)
+                locations.append(in_log | position)
+                added += length
+                position += length
+            _count_bytes(log.ledger_sizes, ledger_id, added)
+            found.append(locations)
         self._write(log, parts, start)
         log.position = position
-        return locations
+        return found
 
     def _start(self) -> _OpenLog:
         self._current = self._new_log()
@@ -356,7 +387,7 @@ class EntryLogWriter:
     def _write(log: _OpenLog, parts: list[bytes], start: int) -> None:
         if not parts:
             return
-        write_fully(log.fd, b"".join(parts), start)
+        write_parts(log.fd, parts, start)
 
     def _roll(self) -> _OpenLog:
         """Close the current log with its ledgers map and start the next one."""

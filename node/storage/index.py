@@ -353,17 +353,19 @@ class Index:
 
     def write(
         self,
-        locations: Iterable[tuple[int, int, int]],
+        locations: Iterable[tuple[int, Iterable[int], Iterable[int]]],
         ledgers: Iterable[LedgerMeta],
     ) -> None:
-        """One synchronous write batch: new locations and changed ledger metadata."""
+        """One synchronous write batch: new locations, as (ledger id, entry ids, their
+        locations) per ledger, and changed ledger metadata."""
         batch = WriteBatch(raw_mode=True)
         put = batch.put
         pack_key = LOCATION_KEY.pack
         pack_value = LOCATION_VALUE.pack
         cf = self._locations_cf
-        for ledger_id, entry_id, loc in locations:
-            put(pack_key(ledger_id, entry_id), pack_value(loc), cf)
+        for ledger_id, entry_ids, ledger_locations in locations:
+            for entry_id, loc in zip(entry_ids, ledger_locations, strict=True):
+                put(pack_key(ledger_id, entry_id), pack_value(loc), cf)
         for meta in ledgers:
             put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
         self._commit(batch)

@@ -4,7 +4,7 @@ Journal file ``<id in hex>.txn``::
 
     offset  size  field
     0       4     magic "BKLG"
-    4       4     version (u32) = 1
+    4       4     version (u32) = 2 (1: the same without batch records; still replayed)
     8       504   zero padding                         (header: one 512-byte sector)
     512     ...   records, then zeros (preallocated space; a zero length is "end of data")
 
@@ -15,6 +15,17 @@ Record::
     12  8   entry id i64  (negative: a metadata record, see wal.py)
     20  4   crc32c u32    over ledger id | entry id | payload (wal.record_crc)
     24  len payload
+
+Batch record (version 2): entries at consecutive ids of one ledger, one record for a whole
+batch of adds, so that replay checks one CRC and hands the storage one run. Entry id BATCH
+(wal.py); its payload, at most ``max_entry_size`` bytes (a longer batch takes several)::
+
+    0   8   first entry id i64
+    8   4   count u32
+    12  8n  per entry: length u32 | crc32c u32 (its wal.record_crc, as the entry log keeps it)
+    ..  ..  the entries' payloads, back to back
+
+The record's CRC covers all of it; the entries' own CRCs are not checked again at replay.
 
 Group start record (opens every group write, always at a 512-byte boundary): a record with
 ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
@@ -63,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import itertools
 import logging
 import mmap
 import os
@@ -73,25 +85,31 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import crc32c
+
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
 from node.storage.faults import CrashPoints
 from node.storage.fsutil import fsync_dir, is_no_space, write_file_atomically
 from node.storage.probe import NullProbe, StorageProbe
-from node.storage.wal import LogMark, WalRecord, record_crc
+from node.storage.wal import BATCH, LogMark, Replayed, WalBatch, WalRecord, record_crc
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"BKLG"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 HEADER_SIZE = 512
 HEADER = struct.Struct(">4sI")
 RECORD_HEADER = struct.Struct(">IqqI")
+IDS = slice(4, 20)  # the header's ledger id | entry id: the prefix record_crc covers
 PADDING_MASK = 0xFFFFFF00
 PADDING_HEADER = struct.Struct(">II")
 GROUP_START_ENTRY_ID = -0x100
 GROUP_START = struct.Struct(">Q")
+BATCH_HEAD = struct.Struct(">qI")  # first entry id, count
+BATCH_ITEM_SIZE = 8  # length u32 | crc32c u32
 LAST_MARK = struct.Struct(">QQ")
 LAST_MARK_FILE = "lastMark"
 METADATA_SLACK = 64 * 1024  # metadata records (ledger properties) may exceed max_entry_size
@@ -107,7 +125,7 @@ def decode_header(data: bytes) -> int:
     magic, version = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise ValueError(f"bad magic {magic!r}")
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise ValueError(f"unsupported journal version {version}")
     return int(version)
 
@@ -120,6 +138,81 @@ def decode_record(buf: bytes | mmap.mmap, pos: int) -> tuple[int, int, int, int]
     """(len, ledger id, entry id, crc) of the record header at ``pos``."""
     length, ledger_id, entry_id, crc = RECORD_HEADER.unpack_from(buf, pos)
     return length, ledger_id, entry_id, crc
+
+
+def encode_batch(
+    ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes], limit: int
+) -> tuple[list[bytes], int]:
+    """The records of a batch's entries, as parts to write (not joined) and their size:
+    batch records of at most ``limit`` payload bytes (``max_entry_size``), and a plain record
+    for an entry that shares none."""
+    count = len(payloads)
+    lengths = list(map(len, payloads))
+    if count > 1 and BATCH_HEAD.size + BATCH_ITEM_SIZE * count + sum(lengths) <= limit:
+        return _encode_batch_record(ledger_id, first_entry_id, crcs, payloads, lengths)
+    parts: list[bytes] = []
+    size = 0
+    start = 0
+    while start < count:  # a batch too long for one record: as many entries as fit in each
+        room = limit - BATCH_HEAD.size
+        stop = start
+        while stop < count and BATCH_ITEM_SIZE + lengths[stop] <= room:
+            room -= BATCH_ITEM_SIZE + lengths[stop]
+            stop += 1
+        if stop - start > 1:
+            more, more_size = _encode_batch_record(
+                ledger_id, first_entry_id + start, crcs[start:stop], payloads[start:stop],
+                lengths[start:stop],
+            )  # fmt: skip
+        else:
+            stop, length = start + 1, lengths[start]
+            header = RECORD_HEADER.pack(length, ledger_id, first_entry_id + start, crcs[start])
+            more, more_size = [header, payloads[start]], RECORD_HEADER.size + length
+        parts += more
+        size += more_size
+        start = stop
+    return parts, size
+
+
+def _encode_batch_record(
+    ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes], lengths: list[int]
+) -> tuple[list[bytes], int]:
+    count = len(payloads)
+    items = itertools.chain.from_iterable(zip(lengths, crcs, strict=True))
+    head = struct.pack(f">qI{2 * count}I", first_entry_id, count, *items)
+    crc = record_crc(ledger_id, BATCH, head)
+    for payload in payloads:
+        crc = crc32c.crc32c(payload, crc)
+    length = len(head) + sum(lengths)
+    return [RECORD_HEADER.pack(length, ledger_id, BATCH, crc), head, *payloads], (
+        RECORD_HEADER.size + length
+    )
+
+
+def decode_batch(buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch | str:
+    """The batch record payload ``buf[start:end]`` (its CRC checked), or what is wrong with
+    it: a record that passed its CRC was written so, which is a bug, never a torn write."""
+    if end - start < BATCH_HEAD.size:
+        return "batch record shorter than its head"
+    first_entry_id, count = BATCH_HEAD.unpack_from(buf, start)
+    at = start + BATCH_HEAD.size + BATCH_ITEM_SIZE * count
+    if at > end:
+        return f"batch record of {count} entries shorter than its table"
+    items = struct.unpack_from(f">{2 * count}I", buf, start + BATCH_HEAD.size)
+    payloads = []
+    for length in items[0::2]:
+        payloads.append(buf[at : at + length])
+        at += length
+    if at != end:
+        return f"batch record's entries end at {at}, the record at {end}"
+    return WalBatch(ledger_id, first_entry_id, list(items[1::2]), payloads)
+
+
+def _batch(path: Path, pos: int, buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch:
+    batch = decode_batch(buf, start, end, ledger_id)
+    if isinstance(batch, str):
+        raise CorruptRecord(str(path), pos, f"{batch} (its CRC matches: it was written so)")
+    return batch
 
 
 def encode_group_start(offset: int) -> bytes:
@@ -245,11 +338,12 @@ class _SharedFuture(asyncio.Future[LogMark]):
 class _Group:
     """Records queued for one group commit; all of them share one future."""
 
-    __slots__ = ("first_at", "future", "parts", "size")
+    __slots__ = ("first_at", "future", "parts", "records", "size")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.parts: list[bytes] = []
         self.size = 0
+        self.records = 0  # entries and metadata records
         self.first_at = 0.0
         self.future: asyncio.Future[LogMark] = _SharedFuture(loop=loop)
 
@@ -307,9 +401,13 @@ class Journal:
         return read_last_mark(self._settings.ledgers_dir)
 
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
-        return (record for record, _crc in self.replay(mark))
+        for record, _crc in self.replay(mark):
+            if isinstance(record, WalBatch):
+                yield from record.records()
+            else:
+                yield record
 
-    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
+    def replay(self, mark: LogMark) -> Iterator[Replayed]:
         ids = [i for i in list_journals(self._dir) if i >= mark.log_id]
         if mark.log_id > 0 and (not ids or ids[0] != mark.log_id):
             raise CorruptRecord(
@@ -322,11 +420,10 @@ class Journal:
             start = mark.offset if journal_id == mark.log_id else HEADER_SIZE
             yield from self._scan_file(journal_id, max(start, HEADER_SIZE), last=n == len(ids) - 1)
 
-    def _scan_file(
-        self, journal_id: int, start: int, last: bool
-    ) -> Iterator[tuple[WalRecord, int | None]]:
+    def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[Replayed]:
         path = journal_path(self._dir, journal_id)
         max_length = max_record_length(self._settings)
+        unpack, head, crc_of = RECORD_HEADER.unpack_from, RECORD_HEADER.size, crc32c.crc32c
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER_SIZE:
@@ -334,7 +431,10 @@ class Journal:
                     return
                 raise CorruptRecord(str(path), 0, "journal shorter than its header")
             cut: int | None = None
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            with (
+                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm,
+                memoryview(mm) as view,  # a batch's CRC is checked without copying it
+            ):
                 try:
                     decode_header(mm[:HEADER_SIZE])
                 except ValueError as e:
@@ -343,6 +443,26 @@ class Journal:
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
                 pos = start
                 while True:
+                    # The common case inline (replay runs at the speed of this loop): a
+                    # whole record whose CRC matches. Anything else (padding, the end of
+                    # data, which fails the CRC, or damage) goes through read_record.
+                    if pos + head <= size:
+                        length, ledger_id, entry_id, crc = unpack(mm, pos)
+                        end = pos + head + length
+                        if length <= max_length and end <= size:
+                            ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
+                            if entry_id == BATCH:
+                                if crc_of(view[pos + head : end], ids_crc) == crc:
+                                    yield _batch(path, pos, mm, pos + head, end, ledger_id), None
+                                    pos = end
+                                    continue
+                            else:
+                                payload = mm[pos + head : end]
+                                if crc_of(payload, ids_crc) == crc:
+                                    pos = end
+                                    if entry_id != GROUP_START_ENTRY_ID:
+                                        yield WalRecord(ledger_id, entry_id, payload), crc
+                                    continue
                     found = read_record(mm, pos, size, max_length)
                     if found is None:
                         break
@@ -353,9 +473,15 @@ class Journal:
                             break
                         pos = later
                         continue
-                    record, pos, crc = found
-                    if record is not None and record.entry_id != GROUP_START_ENTRY_ID:
+                    record, end, crc = found
+                    if record is None or record.entry_id == GROUP_START_ENTRY_ID:
+                        pass
+                    elif record.entry_id == BATCH:
+                        payload = record.payload
+                        yield _batch(path, pos, payload, 0, len(payload), record.ledger_id), None
+                    else:
                         yield record, crc
+                    pos = end
             if cut is not None:
                 os.ftruncate(f.fileno(), cut)
                 os.fsync(f.fileno())
@@ -448,6 +574,7 @@ class Journal:
             group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
             group.parts.append(payload)
             group.size += RECORD_HEADER.size + len(payload)
+            group.records += 1
             if group.size >= self._settings.journal_buffered_writes_threshold:
                 self._seal()
             return group.future
@@ -456,20 +583,14 @@ class Journal:
         self, ledger_id: int, first_entry_id: int, crcs: list[int], payloads: list[bytes]
     ) -> asyncio.Future[LogMark]:
         """The batch goes into one group whole (it may pass the size threshold; the group
-        is sealed after it): one future, one write, one acknowledgment."""
-        pack = RECORD_HEADER.pack
-        size = RECORD_HEADER.size * len(payloads)
-        parts = []
-        for entry_id, crc, payload in zip(
-            range(first_entry_id, first_entry_id + len(payloads)), crcs, payloads, strict=True
-        ):
-            parts.append(pack(len(payload), ledger_id, entry_id, crc))
-            parts.append(payload)
-            size += len(payload)
+        is sealed after it), as batch records: one future, one write, one acknowledgment."""
+        limit = self._settings.max_entry_size
+        parts, size = encode_batch(ledger_id, first_entry_id, crcs, payloads, limit)
         with self._lock:
             group = self._accepting()
-            group.parts.extend(parts)
+            group.parts += parts
             group.size += size
+            group.records += len(payloads)
             if group.size >= self._settings.journal_buffered_writes_threshold:
                 self._seal()
             return group.future
@@ -615,7 +736,7 @@ class Journal:
     def _write_groups(self, groups: list[_Group]) -> list[LogMark]:
         """Blocking: one pwrite (group start record, the groups, padding), one fdatasync,
         maybe a rotation. Returns each group's mark: the offset just after its records."""
-        records = sum(len(group.parts) for group in groups) // 2  # header + payload each
+        records = sum(group.records for group in groups)
         start = encode_group_start(self._position)
         parts = [start]
         end = self._position + len(start)

@@ -28,10 +28,10 @@ import hmac
 import itertools
 import logging
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
 from node.settings import Settings
 from node.storage.blockwal import BlockWal
@@ -41,6 +41,7 @@ from node.storage.compaction import Compactor
 from node.storage.entrylog import (
     EntryLogReader,
     EntryLogWriter,
+    LedgerEntries,
     LogIdAllocator,
     LogRetired,
     list_logs,
@@ -74,6 +75,7 @@ from node.storage.wal import (
     LEDGER_CREATED,
     LogMark,
     Wal,
+    WalBatch,
     WalRecord,
     record_crc,
 )
@@ -86,6 +88,10 @@ READER_THREADS = 4  # enough to overlap a few cold reads; reads mostly hit the c
 OPERATOR = "operator"  # sources of read-only mode
 DISK = "disk"
 READ_ATTEMPTS = 3  # lookups of an entry whose log compaction retires under the read
+# Replay flushes as it goes in chunks of this fraction of half the write cache: small enough
+# that the last chunk, flushed while nothing else runs, is short.
+REPLAY_FLUSH_CHUNKS = 4
+REPLAY_RUN_ENTRIES = 1024  # longest run replayed as one batch (the cache's size is checked between)
 # No add moves the LAC of a ledger in these states: a long poll on one returns at once.
 _SEALED = frozenset({LedgerState.FENCED, LedgerState.CLOSED})
 
@@ -112,6 +118,25 @@ class Stats:
     checkpoints: int = 0
     checkpoint_seconds_total: float = 0.0
     replayed_records: int = 0
+
+
+@dataclass(slots=True)
+class _ReplayRun:
+    """Fresh consecutive entries of one ledger met by replay, put back as one batch."""
+
+    meta: LedgerMeta
+    payloads: list[bytes]
+    crcs: list[int | None]
+    next_id: int
+
+
+@dataclass(slots=True)
+class _ReplayChunk:
+    """A chunk of the write cache that replay handed to its flush thread."""
+
+    frozen: WriteCache
+    metas: list[LedgerMeta]
+    future: Future[None]
 
 
 @dataclass(slots=True)
@@ -199,7 +224,13 @@ class LedgerStorage:
         self._checkpointer = loop.create_task(self._checkpoint_loop(), name="checkpointer")
 
     def _recover(self) -> None:
-        """Blocking, before the node serves: nothing else touches the state meanwhile."""
+        """Blocking, before the node serves: nothing else touches the state meanwhile.
+
+        Runs of fresh consecutive entries of one ledger (what single adds journal; a batch
+        record is one already) are put back as one batch. A long journal is flushed as it
+        is replayed: each chunk of the write cache on a thread of its own while the scan
+        goes on (its pwrites, fsync and index write overlap the scan), keeping the old
+        mark, so that a crash meanwhile replays again from it (which is idempotent)."""
         assert self._index is not None
         self._ledgers = self._index.load_ledgers()
         for meta in self._ledgers.values():
@@ -208,26 +239,50 @@ class LedgerStorage:
                     self._on_durable(meta, entry_id)
         mark = self._wal.last_mark()
         self.last_checkpoint_mark = mark
+        chunk = max(1, self._half_cache // REPLAY_FLUSH_CHUNKS)
+        run: _ReplayRun | None = None
+        flushing: _ReplayChunk | None = None
         flush_as_we_go = True
-        for record, crc in self._wal.replay(mark):
-            self._replay(record, crc)
-            self.stats.replayed_records += 1
-            if flush_as_we_go and self._cache.size >= self._half_cache:
-                # Replay of a long journal: flush as we go, keeping the old mark (a crash
-                # now replays again from it, which is idempotent).
-                metas = self._snapshot_dirty()
-                try:
-                    self._flush(self._cache, metas, self._deleted_ids(), None)
-                except OSError as e:
-                    if not is_no_space(e):
-                        raise
-                    # The rest stays in memory (the journal since the mark, which a disk
-                    # this full keeps small); the node starts read-only.
-                    self._dirty.update(m.ledger_id for m in metas)
-                    flush_as_we_go = False
-                    log.error("replay cannot flush for want of space (%s)", e)
+        with ThreadPoolExecutor(1, thread_name_prefix="replay-flush") as flusher:
+            for record, crc in self._wal.replay(mark):
+                if isinstance(record, WalBatch):
+                    if run is not None:
+                        self._replay_run(run.meta, run.payloads, run.crcs)
+                        run = None
+                    self._replay_batch(record)
                 else:
-                    self._cache = WriteCache()
+                    self.stats.replayed_records += 1
+                    ledger_id, entry_id, payload = record
+                    if run is not None:
+                        if (
+                            ledger_id == run.meta.ledger_id
+                            and entry_id == run.next_id
+                            and len(run.payloads) < REPLAY_RUN_ENTRIES
+                        ):
+                            run.payloads.append(payload)
+                            run.crcs.append(crc)
+                            run.next_id += 1
+                            continue
+                        self._replay_run(run.meta, run.payloads, run.crcs)
+                        run = None
+                    owner = self._ledgers.get(ledger_id)
+                    if (
+                        owner is not None
+                        and entry_id == owner.last_entry_id + 1
+                        and entry_id >= 0
+                        and self._replays_entries(owner)
+                    ):
+                        run = _ReplayRun(owner, [payload], [crc], entry_id + 1)
+                    else:
+                        self._replay(record, crc)
+                if flush_as_we_go and self._cache.size >= chunk:
+                    if flushing is not None:
+                        flush_as_we_go = self._replay_flushed(flushing)
+                    flushing = self._replay_flush(flusher) if flush_as_we_go else None
+            if run is not None:
+                self._replay_run(run.meta, run.payloads, run.crcs)
+            if flushing is not None:
+                self._replay_flushed(flushing)
         self._next_ledger_id = max(max(self._ledgers, default=-1) + 1, self._index.next_ledger_id())
         log.info(
             "recovered %d ledgers, replayed %d WAL records from %s",
@@ -235,6 +290,72 @@ class LedgerStorage:
             self.stats.replayed_records,
             mark,
         )
+
+    def _replays_entries(self, meta: LedgerMeta) -> bool:
+        """Whether replay puts the ledger's entries back (not a deleted ledger's, nor those
+        of one whose entries live in the object store now)."""
+        if meta.state == LedgerState.DELETED:
+            return False
+        return meta.offload is None or not meta.offload.local_deleted
+
+    def _replay_batch(self, batch: WalBatch) -> None:
+        self.stats.replayed_records += len(batch.payloads)
+        meta = self._ledgers.get(batch.ledger_id)
+        if (
+            meta is not None
+            and batch.payloads
+            and batch.first_entry_id == meta.last_entry_id + 1
+            and self._replays_entries(meta)
+        ):
+            self._replay_run(meta, batch.payloads, batch.crcs)
+            return
+        for record, crc in zip(batch.records(), batch.crcs, strict=True):
+            self._replay(record, crc)
+
+    def _replay_run(
+        self, meta: LedgerMeta, payloads: list[bytes], crcs: Sequence[int | None]
+    ) -> None:
+        """Fresh entries of ``meta`` at the ids after its last one, put back as one batch."""
+        ledger_id, first = meta.ledger_id, meta.last_entry_id + 1
+        last = first + len(payloads) - 1
+        if crcs[0] is None:  # the block WAL's records do not carry record_crc
+            crcs = [record_crc(ledger_id, first + n, p) for n, p in enumerate(payloads)]
+        self._cache.put_batch(ledger_id, first, cast(Sequence[int], crcs), payloads)
+        size = sum(map(len, payloads))
+        meta.entries += len(payloads)
+        meta.payload_bytes += size
+        meta.last_entry_id = last
+        self.stats.adds += len(payloads)
+        self.stats.add_bytes += size
+        self._dirty.add(ledger_id)
+        self._on_durable_range(meta, first, last)
+
+    def _replay_flush(self, flusher: ThreadPoolExecutor) -> _ReplayChunk:
+        """Hand the write cache to ``flusher`` (without a mark: replay is not over)."""
+        frozen, self._cache = self._cache, WriteCache()
+        self._flushing = frozen  # where replay looks for entries it may meet again
+        metas = self._snapshot_dirty()
+        future = flusher.submit(self._flush, frozen, metas, self._deleted_ids(), None)
+        return _ReplayChunk(frozen, metas, future)
+
+    def _replay_flushed(self, chunk: _ReplayChunk) -> bool:
+        """Wait for a chunk's flush; False if the disk was too full for it. Then its
+        entries go back into the write cache (the journal since the mark, which a disk this
+        full keeps small) and the node starts read-only."""
+        try:
+            chunk.future.result()
+        except OSError as e:
+            if not is_no_space(e):
+                raise
+            log.error("replay cannot flush for want of space (%s)", e)
+            for lid, eid, crc, payload in chunk.frozen.sorted_entries():
+                if self._cache.get(lid, eid) is None:  # else replayed again since: newer
+                    self._cache.put(lid, eid, crc, payload)
+            self._dirty.update(m.ledger_id for m in chunk.metas)
+            return False
+        finally:
+            self._flushing = None
+        return True
 
     def _replay(self, record: WalRecord, crc: int | None) -> None:
         ledger_id, entry_id, payload = record
@@ -252,6 +373,10 @@ class LedgerStorage:
         if entry_id >= 0:
             known = entry_id <= meta.last_entry_id and (
                 self._cache.get(ledger_id, entry_id) is not None
+                or (
+                    self._flushing is not None
+                    and self._flushing.get(ledger_id, entry_id) is not None
+                )
                 or self.index.get_location(ledger_id, entry_id) is not None
             )
             if not known:
@@ -1052,10 +1177,10 @@ class LedgerStorage:
             return set()
         return {m.ledger_id for m in deletions}
 
-    def _crash_if(self, records: list[tuple[int, int, int, bytes]], point: str) -> None:
+    def _crash_if(self, ledgers: list[LedgerEntries], point: str) -> None:
         """Checkpoint crash points are steps of writing entries: a checkpoint of metadata
         only (ledger creations) does not reach them."""
-        if records:
+        if ledgers:
             self._crash.hit(point)
 
     def _deleted_ids(self) -> frozenset[int]:
@@ -1077,18 +1202,14 @@ class LedgerStorage:
     ) -> None:
         """Blocking (flush thread): entry log, fsync, index batch, then the mark."""
         assert self._index is not None
-        keys = []
-        records = []
-        for lid, eid, crc, payload in frozen.sorted_entries(deleted):
-            keys.append((lid, eid))
-            records.append((lid, eid, crc, payload))
+        ledgers = frozen.sorted_ledgers(deleted)
         # An index that failed a write (RocksDB stays read-only after one) is reopened first:
         # copies appended for locations the index cannot take would only fill the disk, once
         # per retry.
         self._index.ensure_writable()
-        self._crash_if(records, "checkpoint.before_entrylog")
+        self._crash_if(ledgers, "checkpoint.before_entrylog")
         try:
-            locations = self._writer.append(records)
+            locations = self._writer.append(ledgers)
             self._writer.flush()
         except OSError as e:
             # Nothing of this checkpoint is indexed: cut the log back to its last flush, so
@@ -1096,14 +1217,20 @@ class LedgerStorage:
             self._writer.discard_unflushed()
             where = self.settings.ledgers_dir
             raise OSError(e.errno, f"entry log write in {where} failed: {e.strerror or e}") from e
-        self._crash_if(records, "checkpoint.after_entrylog_fsync")
+        self._crash_if(ledgers, "checkpoint.after_entrylog_fsync")
         self._index.write(
-            ((lid, eid, loc) for (lid, eid), loc in zip(keys, locations, strict=True)), metas
+            (
+                (ledger_id, entry_ids, ledger_locations)
+                for (ledger_id, entry_ids, _), ledger_locations in zip(
+                    ledgers, locations, strict=True
+                )
+            ),
+            metas,
         )
-        self._crash_if(records, "checkpoint.after_index")
+        self._crash_if(ledgers, "checkpoint.after_index")
         if mark is not None:
             self._wal.checkpoint_complete(mark)
-            self._crash_if(records, "checkpoint.after_mark")
+            self._crash_if(ledgers, "checkpoint.after_mark")
 
     # --- garbage collection (driven by node.lifecycle.gc) ----------------------------------
 

@@ -26,6 +26,9 @@ FENCE = -0x2000  # payload: empty
 CLOSE = -0x3000  # payload: i64 last entry id
 DELETE = -0x5000  # payload: empty
 EXPLICIT_LAC = -0x8000  # payload: i64 last add confirmed
+# Entries at consecutive ids of one ledger in one record (the journal's format; replay hands
+# them on as a WalBatch, never as a record of this kind).
+BATCH = -0x9000
 
 
 class LogMark(NamedTuple):
@@ -41,6 +44,25 @@ class WalRecord(NamedTuple):
     payload: bytes
 
 
+class WalBatch(NamedTuple):
+    """Entries at consecutive ids of one ledger that the WAL journaled as one record, each
+    with its ``record_crc``."""
+
+    ledger_id: int
+    first_entry_id: int
+    crcs: list[int]
+    payloads: list[bytes]
+
+    def records(self) -> Iterator[WalRecord]:
+        for n, payload in enumerate(self.payloads):
+            yield WalRecord(self.ledger_id, self.first_entry_id + n, payload)
+
+
+# What replay yields: a record with its ``record_crc`` when the WAL checked that very value
+# (the journal), else None (replay computes it); or a batch (the journal), crc None.
+Replayed = tuple[WalRecord | WalBatch, int | None]
+
+
 def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> int:
     """CRC32C over ``ledger id | entry id | payload``: the same value guards the record in
     the WAL and in the entry log, and it catches a record read from the wrong place."""
@@ -49,12 +71,12 @@ def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> in
 
 class Wal(Protocol):
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
-        """Every valid record from ``mark`` on (blocking; called once, before start)."""
+        """Every valid record from ``mark`` on, a batch's entries one by one (blocking;
+        called once, before start)."""
         ...
 
-    def replay(self, mark: LogMark) -> Iterator[tuple[WalRecord, int | None]]:
-        """``recover``, each record with its ``record_crc`` when the WAL checked that very
-        value (the journal), else None (replay computes it)."""
+    def replay(self, mark: LogMark) -> Iterator[Replayed]:
+        """``recover``, but batches whole and each record with its CRC (see Replayed)."""
         ...
 
     async def start(self) -> None:

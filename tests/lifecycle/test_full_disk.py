@@ -434,6 +434,51 @@ def test_checkpoint_enospc_turns_read_only_and_retries(disk: SmallDisk) -> None:
     check_reads(node, {ledger: entries})
 
 
+def test_a_replay_that_finds_the_disk_full_starts_read_only_with_everything(
+    disk: SmallDisk,
+) -> None:
+    """A crash leaves megabytes in the journal; the disk fills before the restart. Replay's
+    flushes (in chunks, on a thread of their own) find no space: the node starts all the
+    same, read-only, serving every acknowledged entry from memory; once there is space it
+    checkpoints, turns writable, and a crash after that loses nothing either."""
+    env = {
+        **ENOSPC_ONLY,
+        "NODE_FLUSH_INTERVAL": "3600000",  # nothing leaves the journal before the crash
+        "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(8 * MiB),  # replay flushes every 1 MiB
+        "NODE_JOURNAL_PRE_ALLOC_SIZE": str(8 * MiB),
+        "NODE_JOURNAL_MAX_SIZE": str(16 * MiB),
+    }
+    node = disk.node(env)
+    rng = random.Random(5)
+    acked: dict[int, dict[int, bytes]] = {create_ledger(node): {} for _ in range(2)}
+    for _ in range(6):
+        for ledger, entries in acked.items():
+            payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
+            status, body = append_batch(node, ledger, payloads)
+            assert status == 201, body
+            entries.update(zip(batch_entry_ids(body), payloads, strict=True))
+    node.kill()
+
+    ballast = disk.fill()
+    os.truncate(ballast, ballast.stat().st_size - INDEX_ROOM)  # RocksDB opens, no more
+    node.start()
+    assert "replay cannot flush for want of space" in node.log()
+    assert read_only(node)
+    check_reads(node, acked)
+
+    ballast.unlink()
+    wait_until(node, lambda: not read_only(node), "the node turning writable again")
+    ledger = next(iter(acked))
+    payloads = [rng.randbytes(ENTRY) for _ in range(BATCH)]
+    status, body = append_batch(node, ledger, payloads)
+    assert status == 201, body
+    acked[ledger].update(zip(batch_entry_ids(body), payloads, strict=True))
+    node.kill()
+    node.start()
+    check_reads(node, acked)
+
+
+INDEX_ROOM = 512 * KiB  # what opening RocksDB writes; a replay chunk is twice as much
 RESERVE = 4 * MiB
 RESERVE_ROUNDS = 12  # of a batch per ledger: each entry log holds a share of every ledger
 
@@ -514,9 +559,9 @@ def test_index_reopens_after_a_write_failed_for_want_of_space(disk: SmallDisk) -
     path = disk.root / "index"
     index = Index(path)
     try:
-        index.write([(1, e, e) for e in range(LOCATIONS)], [LedgerMeta(1)])
+        index.write([(1, range(LOCATIONS), range(LOCATIONS))], [LedgerMeta(1)])
         ballast = disk.fill()
-        many = [(2, e, e) for e in range(MANY_LOCATIONS)]
+        many = [(2, range(MANY_LOCATIONS), range(MANY_LOCATIONS))]
         assert errno_of(lambda: index.write(many, [LedgerMeta(2)])) == errno.ENOSPC
         assert index.get_location(1, LOCATIONS - 1) == LOCATIONS - 1
         # Still full: a reopen must replay RocksDB's WAL into a table file, and cannot.
@@ -524,7 +569,7 @@ def test_index_reopens_after_a_write_failed_for_want_of_space(disk: SmallDisk) -
         assert index.get_location(1, LOCATIONS - 1) == LOCATIONS - 1  # read-only instance
 
         ballast.unlink()
-        index.write([(3, e, e) for e in range(LOCATIONS)], [LedgerMeta(3)])
+        index.write([(3, range(LOCATIONS), range(LOCATIONS))], [LedgerMeta(3)])
         assert index.get_location(1, 0) == 0
         assert index.get_location(3, LOCATIONS - 1) == LOCATIONS - 1
     finally:
