@@ -208,8 +208,9 @@ def decode_batch(buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch 
     return WalBatch(ledger_id, first_entry_id, list(items[1::2]), payloads)
 
 
-def _batch(path: Path, pos: int, buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch:
-    batch = decode_batch(buf, start, end, ledger_id)
+def _batch(path: Path, pos: int, mm: mmap.mmap, end: int, ledger_id: int) -> WalBatch:
+    """The batch record at ``pos`` (its CRC checked), or CorruptRecord."""
+    batch = decode_batch(mm, pos + RECORD_HEADER.size, end, ledger_id)
     if isinstance(batch, str):
         raise CorruptRecord(str(path), pos, f"{batch} (its CRC matches: it was written so)")
     return batch
@@ -453,7 +454,7 @@ class Journal:
                             ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
                             if entry_id == BATCH:
                                 if crc_of(view[pos + head : end], ids_crc) == crc:
-                                    yield _batch(path, pos, mm, pos + head, end, ledger_id), None
+                                    yield _batch(path, pos, mm, end, ledger_id), None
                                     pos = end
                                     continue
                             else:
@@ -473,15 +474,9 @@ class Journal:
                             break
                         pos = later
                         continue
-                    record, end, crc = found
-                    if record is None or record.entry_id == GROUP_START_ENTRY_ID:
-                        pass
-                    elif record.entry_id == BATCH:
-                        payload = record.payload
-                        yield _batch(path, pos, payload, 0, len(payload), record.ledger_id), None
-                    else:
-                        yield record, crc
-                    pos = end
+                    record, pos, _crc = found
+                    # Its checks are the fast path's: only padding gets this far valid.
+                    assert record is None, f"a valid record at {pos} missed the fast path"
             if cut is not None:
                 os.ftruncate(f.fileno(), cut)
                 os.fsync(f.fileno())

@@ -127,7 +127,14 @@ class _ReplayRun:
     meta: LedgerMeta
     payloads: list[bytes]
     crcs: list[int | None]
-    next_id: int
+
+    def extended_by(self, record: WalRecord) -> bool:
+        """Whether ``record`` is the run's ledger's next entry (and the run has room)."""
+        return (
+            record.ledger_id == self.meta.ledger_id
+            and record.entry_id == self.meta.last_entry_id + 1 + len(self.payloads)
+            and len(self.payloads) < REPLAY_RUN_ENTRIES
+        )
 
 
 @dataclass(slots=True)
@@ -245,36 +252,18 @@ class LedgerStorage:
         flush_as_we_go = True
         with ThreadPoolExecutor(1, thread_name_prefix="replay-flush") as flusher:
             for record, crc in self._wal.replay(mark):
+                if run is not None:
+                    if type(record) is WalRecord and run.extended_by(record):
+                        self.stats.replayed_records += 1
+                        run.payloads.append(record.payload)
+                        run.crcs.append(crc)
+                        continue
+                    self._replay_run(run.meta, run.payloads, run.crcs)
+                    run = None
                 if isinstance(record, WalBatch):
-                    if run is not None:
-                        self._replay_run(run.meta, run.payloads, run.crcs)
-                        run = None
                     self._replay_batch(record)
                 else:
-                    self.stats.replayed_records += 1
-                    ledger_id, entry_id, payload = record
-                    if run is not None:
-                        if (
-                            ledger_id == run.meta.ledger_id
-                            and entry_id == run.next_id
-                            and len(run.payloads) < REPLAY_RUN_ENTRIES
-                        ):
-                            run.payloads.append(payload)
-                            run.crcs.append(crc)
-                            run.next_id += 1
-                            continue
-                        self._replay_run(run.meta, run.payloads, run.crcs)
-                        run = None
-                    owner = self._ledgers.get(ledger_id)
-                    if (
-                        owner is not None
-                        and entry_id == owner.last_entry_id + 1
-                        and entry_id >= 0
-                        and self._replays_entries(owner)
-                    ):
-                        run = _ReplayRun(owner, [payload], [crc], entry_id + 1)
-                    else:
-                        self._replay(record, crc)
+                    run = self._replay_record(record, crc)
                 if flush_as_we_go and self._cache.size >= chunk:
                     if flushing is not None:
                         flush_as_we_go = self._replay_flushed(flushing)
@@ -298,6 +287,22 @@ class LedgerStorage:
             return False
         return meta.offload is None or not meta.offload.local_deleted
 
+    def _replay_record(self, record: WalRecord, crc: int | None) -> _ReplayRun | None:
+        """Replay one record; a fresh entry instead starts a run (returned) that the
+        records after it may extend."""
+        self.stats.replayed_records += 1
+        meta = self._ledgers.get(record.ledger_id)
+        entry_id = record.entry_id
+        if (
+            meta is not None
+            and entry_id == meta.last_entry_id + 1
+            and entry_id >= 0
+            and self._replays_entries(meta)
+        ):
+            return _ReplayRun(meta, [record.payload], [crc])
+        self._replay(record, crc)
+        return None
+
     def _replay_batch(self, batch: WalBatch) -> None:
         self.stats.replayed_records += len(batch.payloads)
         meta = self._ledgers.get(batch.ledger_id)
@@ -317,18 +322,10 @@ class LedgerStorage:
     ) -> None:
         """Fresh entries of ``meta`` at the ids after its last one, put back as one batch."""
         ledger_id, first = meta.ledger_id, meta.last_entry_id + 1
-        last = first + len(payloads) - 1
         if crcs[0] is None:  # the block WAL's records do not carry record_crc
             crcs = [record_crc(ledger_id, first + n, p) for n, p in enumerate(payloads)]
-        self._cache.put_batch(ledger_id, first, cast(Sequence[int], crcs), payloads)
-        size = sum(map(len, payloads))
-        meta.entries += len(payloads)
-        meta.payload_bytes += size
-        meta.last_entry_id = last
-        self.stats.adds += len(payloads)
-        self.stats.add_bytes += size
-        self._dirty.add(ledger_id)
-        self._on_durable_range(meta, first, last)
+        self._cache_batch(meta, first, cast(Sequence[int], crcs), payloads)
+        self._on_durable_range(meta, first, first + len(payloads) - 1)
 
     def _replay_flush(self, flusher: ThreadPoolExecutor) -> _ReplayChunk:
         """Hand the write cache to ``flusher`` (without a mark: replay is not over)."""
@@ -682,15 +679,8 @@ class LedgerStorage:
         # one LAC step, instead of a pass through the single-entry path per entry.
         ledger_id = meta.ledger_id
         crcs = [record_crc(ledger_id, eid, p) for eid, p in zip(ids, payloads, strict=True)]
-        self._cache.put_batch(ledger_id, first, crcs, payloads)
+        self._cache_batch(meta, first, crcs, payloads)
         future = self._wal.append_batch(ledger_id, first, crcs, payloads)
-        size = sum(map(len, payloads))
-        meta.entries += len(payloads)
-        meta.payload_bytes += size
-        meta.last_entry_id = max(meta.last_entry_id, ids[-1])
-        self.stats.adds += len(payloads)
-        self.stats.add_bytes += size
-        self._dirty.add(ledger_id)
         if self._cache.size >= self._half_cache:
             self._checkpoint_wanted.set()
         await self._await_appends(
@@ -698,6 +688,20 @@ class LedgerStorage:
         )
         self._on_durable_range(meta, first, ids[-1])
         return ids
+
+    def _cache_batch(
+        self, meta: LedgerMeta, first: int, crcs: Sequence[int], payloads: list[bytes]
+    ) -> None:
+        """Cache fresh entries at ids ``first`` on and count them (an add's batch, or a run
+        replay puts back)."""
+        self._cache.put_batch(meta.ledger_id, first, crcs, payloads)
+        size = sum(map(len, payloads))
+        meta.entries += len(payloads)
+        meta.payload_bytes += size
+        meta.last_entry_id = max(meta.last_entry_id, first + len(payloads) - 1)
+        self.stats.adds += len(payloads)
+        self.stats.add_bytes += size
+        self._dirty.add(meta.ledger_id)
 
     def _check_ids_left(self, meta: LedgerMeta, count: int) -> None:
         if count > MAX_ID - meta.last_entry_id:
