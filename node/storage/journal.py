@@ -388,6 +388,10 @@ class Journal:
         # While a write is in flight, its thread may take the groups queued meanwhile and
         # write them next (_write_on): the lock orders that against appends and seals.
         self._lock = threading.Lock()
+        # The writer thread lingers on this after a write, for the next records (eager mode).
+        self._more = threading.Condition(self._lock)
+        self._lingering = False
+        self._group_threshold = settings.journal_buffered_writes_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         # One thread: group writes must reach the file in order.
@@ -557,20 +561,29 @@ class Journal:
             raise JournalFailed(f"journal is not accepting appends: {self._failed or 'closed'}")
         if not group.parts:
             group.first_at = self._clock.monotonic()
-            assert self._kick is not None
-            self._kick.set()
+            self._wake_writer()
         return group
+
+    def _wake_writer(self) -> None:
+        """Records to write (called with the lock held): wake the writer, wherever it
+        waits (the loop's coroutine, or the thread lingering after a write)."""
+        assert self._kick is not None
+        self._kick.set()
+        if self._lingering:
+            self._more.notify()
 
     def append(
         self, ledger_id: int, entry_id: int, crc: int, payload: bytes
     ) -> asyncio.Future[LogMark]:
+        header = RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc)
         with self._lock:
-            group = self._accepting()
-            group.parts.append(RECORD_HEADER.pack(len(payload), ledger_id, entry_id, crc))
-            group.parts.append(payload)
+            group = self._group
+            if group is None or not group.parts or self._closing or self._failed is not None:
+                group = self._accepting()  # the checks, and the writer's wake-up
+            group.parts += (header, payload)
             group.size += RECORD_HEADER.size + len(payload)
             group.records += 1
-            if group.size >= self._settings.journal_buffered_writes_threshold:
+            if group.size >= self._group_threshold:
                 self._seal()
             return group.future
 
@@ -586,7 +599,7 @@ class Journal:
             group.parts += parts
             group.size += size
             group.records += len(payloads)
-            if group.size >= self._settings.journal_buffered_writes_threshold:
+            if group.size >= self._group_threshold:
                 self._seal()
             return group.future
 
@@ -596,8 +609,7 @@ class Journal:
         group = self._taking()
         self._sealed.append(group)
         self._group = _Group(asyncio.get_running_loop())
-        assert self._kick is not None
-        self._kick.set()
+        self._wake_writer()
         return group
 
     def sync_point(self) -> asyncio.Future[LogMark]:
@@ -648,7 +660,7 @@ class Journal:
                 self._group = _Group(loop)
             self._writing = groups[-1].future
             try:
-                groups, marks = await loop.run_in_executor(self._executor, self._write_on, groups)
+                await loop.run_in_executor(self._executor, self._write_on, groups)
             except _WriteFailed as failed:
                 groups, error = failed.groups, failed.error
                 if isinstance(error, DiskFull):
@@ -661,7 +673,6 @@ class Journal:
                 return
             finally:
                 self._writing = None
-            self._acknowledge(groups, marks)
 
     def _fail(self, groups: list[_Group], error: BaseException) -> None:
         self._failed = error
@@ -676,33 +687,49 @@ class Journal:
         for done, mark in zip(groups, marks, strict=True):
             done.future.set_result(mark)
 
-    def _write_on(self, groups: list[_Group]) -> tuple[list[_Group], list[LogMark]]:
-        """Blocking: write ``groups``, then, with journal_flush_when_queue_empty, whatever
-        was appended meanwhile, and so on, without going back to the event loop first:
-        the disk never waits for the loop to get round to starting the next write. Each
-        write but the last is acknowledged through the loop from here (in order: the loop
-        runs these callbacks first in, first out); the last one's groups and marks are
-        returned. A failing write raises with ``groups`` set to its own groups."""
+    def _write_on(self, groups: list[_Group]) -> None:
+        """Blocking: write ``groups`` and acknowledge them through the loop (in order: the
+        loop runs these callbacks first in, first out). With journal_flush_when_queue_empty,
+        then write whatever was appended meanwhile, and so on, without going back to the
+        event loop first: the disk never waits for the loop to get round to starting the
+        next write. With nothing queued, the thread lingers up to journal_max_group_wait_msec
+        for the next record rather than hand back at once: the loop is busy with the adds
+        just acknowledged, whose successors come in a moment, and it would start the next
+        write only after it has been through all of them (a full window of adds would then
+        travel in lock-step, the disk idle while the loop works and the other way round). A
+        failing write raises with ``groups`` set to its own groups."""
         loop = self._loop
         assert loop is not None
+        eager = self._settings.journal_flush_when_queue_empty
+        linger = self._settings.journal_max_group_wait_msec / 1000
         while True:
             try:
                 marks = self._write_groups(groups)
             except BaseException as e:
                 raise _WriteFailed(groups, e) from e
-            if not self._settings.journal_flush_when_queue_empty:
-                return groups, marks
-            with self._lock:
-                more, self._sealed = self._sealed, []
-                current = self._group
-                if current is not None and current.parts:
-                    more.append(current)
-                    self._group = _Group(loop)
-                if not more:
-                    return groups, marks
-                self._writing = more[-1].future
             loop.call_soon_threadsafe(self._acknowledge, groups, marks)
+            if not eager:
+                return
+            with self._lock:
+                more = self._take_queued(loop)
+                if not more and not self._closing:
+                    self._lingering = True
+                    self._more.wait(linger)
+                    self._lingering = False
+                    more = self._take_queued(loop)
+                if not more:
+                    return
+                self._writing = more[-1].future
             groups = more
+
+    def _take_queued(self, loop: asyncio.AbstractEventLoop) -> list[_Group]:
+        """The groups waiting to be written, the one taking appends included (lock held)."""
+        queued, self._sealed = self._sealed, []
+        current = self._group
+        if current is not None and current.parts:
+            queued.append(current)
+            self._group = _Group(loop)
+        return queued
 
     def _refuse(self, groups: list[_Group], error: DiskFull) -> None:
         """A write found no space, and nothing of it is in the file. Its groups fail, and so
@@ -848,9 +875,9 @@ class Journal:
     async def close(self) -> None:
         if self._writer is None:
             return
-        self._closing = True
-        assert self._kick is not None
-        self._kick.set()
+        with self._lock:
+            self._closing = True
+            self._wake_writer()
         await self._writer
         self._writer = None
         await asyncio.get_running_loop().run_in_executor(self._executor, self._close_file)

@@ -94,6 +94,7 @@ REPLAY_FLUSH_CHUNKS = 4
 REPLAY_RUN_ENTRIES = 1024  # longest run replayed as one batch (the cache's size is checked between)
 # No add moves the LAC of a ledger in these states: a long poll on one returns at once.
 _SEALED = frozenset({LedgerState.FENCED, LedgerState.CLOSED})
+_OPEN = LedgerState.OPEN  # tested per add: a module name is cheaper than an enum attribute
 
 
 class ColdReader(Protocol):
@@ -186,6 +187,7 @@ class LedgerStorage:
             settings.db_storage_read_ahead_cache_max_size, settings.db_storage_read_cache_segments
         )
         self._half_cache = settings.db_storage_write_cache_max_size // 2
+        self._max_entry_size = settings.max_entry_size
         self._checkpoint_lock = asyncio.Lock()
         self._checkpoint_wanted = asyncio.Event()
         self._checkpoint_forced = False  # the next checkpoint runs even with nothing cached
@@ -628,7 +630,11 @@ class LedgerStorage:
             await self._add_again(meta, entry_id, payload, write_token)
             return entry_id
         future = self._append_now(meta, entry_id, payload)
-        await self._await_appends(meta, future, lambda: [(entry_id, payload, future)])
+        try:
+            await future
+        except BaseException as error:
+            self._appends_failed(meta, future, error, lambda: [(entry_id, payload, future)])
+            raise
         self._on_durable(meta, entry_id)
         return entry_id
 
@@ -683,9 +689,16 @@ class LedgerStorage:
         future = self._wal.append_batch(ledger_id, first, crcs, payloads)
         if self._cache.size >= self._half_cache:
             self._checkpoint_wanted.set()
-        await self._await_appends(
-            meta, future, lambda: [(eid, p, future) for eid, p in zip(ids, payloads, strict=True)]
-        )
+        try:
+            await future
+        except BaseException as error:
+            self._appends_failed(
+                meta,
+                future,
+                error,
+                lambda: [(eid, p, future) for eid, p in zip(ids, payloads, strict=True)],
+            )
+            raise
         self._on_durable_range(meta, first, ids[-1])
         return ids
 
@@ -723,31 +736,31 @@ class LedgerStorage:
             self._checkpoint_wanted.set()
         return future
 
-    async def _await_appends(
+    def _appends_failed(
         self,
         meta: LedgerMeta,
         last: asyncio.Future[LogMark],
+        error: BaseException,
         appended: Callable[[], list[tuple[int, bytes, asyncio.Future[LogMark]]]],
     ) -> None:
-        """Wait until the WAL holds the appends, ``last`` being the future of the last one
-        (groups complete in order: it covers them all). If it refused them for want of
-        space, their bytes are not in it and never will be: forget them (write cache,
-        counts, last entry id), so that a retry of the same ids is a fresh add (not an
-        "identical bytes" no-op answered from the cache), the next ids handed out leave no
-        hole that the LAC cannot pass, and no checkpoint writes an entry that a client was
-        told failed. ``appended`` lists (entry id, payload, future) of each append, made
-        only on those rare paths."""
-        try:
-            await last
-        except (DiskFull, Backpressure):
+        """Called when awaiting ``last``, the future of the last of some appends (groups
+        complete in order: it covers them all), raised ``error``; the caller re-raises it.
+        (A plain try/except around the await at each call site, not a coroutine wrapping
+        it: one frame less on every add's wake-up.)
+
+        If the WAL refused the appends for want of space, their bytes are not in it and
+        never will be: forget them (write cache, counts, last entry id), so that a retry of
+        the same ids is a fresh add (not an "identical bytes" no-op answered from the
+        cache), the next ids handed out leave no hole that the LAC cannot pass, and no
+        checkpoint writes an entry that a client was told failed. ``appended`` lists
+        (entry id, payload, future) of each append, made only on these rare paths."""
+        if isinstance(error, DiskFull | Backpressure):
             self._settle_refused(meta, appended())
-            raise
-        except asyncio.CancelledError:
+        elif isinstance(error, asyncio.CancelledError):
             # The caller gave up, not the WAL: the records are queued and land anyway, and
             # the LAC must pass them when they do (else it would stop at them for good).
             pending = appended()
             last.add_done_callback(lambda done: self._settle_abandoned(meta, pending, done))
-            raise
 
     def _settle_refused(
         self, meta: LedgerMeta, appended: list[tuple[int, bytes, asyncio.Future[LogMark]]]
@@ -814,7 +827,11 @@ class LedgerStorage:
             meta = self._writable(meta.ledger_id, write_token)  # re-checked after the await
             if self._cached(meta.ledger_id, entry_id) is None:
                 future = self._append_now(meta, entry_id, payload)
-                await self._await_appends(meta, future, lambda: [(entry_id, payload, future)])
+                try:
+                    await future
+                except BaseException as error:
+                    self._appends_failed(meta, future, error, lambda: [(entry_id, payload, future)])
+                    raise
                 self._on_durable(meta, entry_id)
                 return
             existing = self._cached(meta.ledger_id, entry_id)
@@ -845,12 +862,23 @@ class LedgerStorage:
                 ) from None
 
     def _check_size(self, size: int) -> None:
-        if size > self.settings.max_entry_size:
+        if size > self._max_entry_size:
             raise EntryTooLarge(
                 f"entry of {size} bytes exceeds max_entry_size {self.settings.max_entry_size}"
             )
 
     def _writable(self, ledger_id: int, write_token: str | None) -> LedgerMeta:
+        meta = self._ledgers.get(ledger_id)
+        # Every add passes here: the common case (running, writable, an open ledger without
+        # a token) in one test, the checks below in their order for the rest.
+        if (
+            meta is not None
+            and meta.state is _OPEN
+            and not meta.token_digest
+            and self._running
+            and not self._read_only
+        ):
+            return meta
         self._check_writable()
         meta = self.ledger(ledger_id)
         if meta.state == LedgerState.CLOSED:

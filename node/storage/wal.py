@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple, Protocol
 
-import crc32c
+from crc32c import crc32c as _crc32c
 
 _ID_PREFIX = struct.Struct(">qq")
 
@@ -66,7 +66,7 @@ Replayed = tuple[WalRecord | WalBatch, int | None]
 def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> int:
     """CRC32C over ``ledger id | entry id | payload``: the same value guards the record in
     the WAL and in the entry log, and it catches a record read from the wrong place."""
-    return int(crc32c.crc32c(payload, crc32c.crc32c(_ID_PREFIX.pack(ledger_id, entry_id))))
+    return _crc32c(payload, _crc32c(_ID_PREFIX.pack(ledger_id, entry_id)))
 
 
 class Wal(Protocol):

@@ -12,6 +12,7 @@ import asyncio
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -330,6 +331,37 @@ def test_close_writes_queued_appends() -> None:
         mark = asyncio.run(run(s))
         assert mark == LogMark(1, 2 * ALIGN)
         assert recover_all(s) == [WalRecord(1, 0, b"queued")]
+
+
+def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
+    """After a write, the writer thread waits (journal_max_group_wait_msec) for the next
+    records instead of handing back to the loop: a record appended then is written and
+    synced while the loop is still busy (here: blocked), which is how the disk and the
+    loop overlap under a full window of adds. And close() wakes a waiting writer at once,
+    however long it would wait."""
+
+    async def run(s: Settings) -> tuple[LogMark, LogMark]:
+        j = new_journal(s)
+        await j.start()
+        try:
+            first = await append(j, (1, 0, b"first"))
+            second = append(j, (1, 1, b"second"))
+            deadline = time.monotonic() + 10
+            while j.groups_written < 2 and time.monotonic() < deadline:
+                pass  # keeps the loop busy on purpose: none of its callbacks runs meanwhile
+            assert j.groups_written == 2, "the second record waited for the loop"
+        finally:
+            began = time.monotonic()
+            await j.close()
+            assert time.monotonic() - began < 5, "close() waited for the lingering writer"
+        return first, second.result()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # A long wait, so that the writer still waits when the second record comes.
+        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        first, second = asyncio.run(run(s))
+        assert first < second
+        assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
 
 
 # --- torn tails -------------------------------------------------------------------------
