@@ -24,6 +24,7 @@ OFFLOAD_RANDOM_READS = 300
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
 DEFAULT_REPLAY_MIB = 256  # bench replay's journal
+WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -104,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--rounds", type=int, default=3, help="http --peer: alternating rounds")
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
     bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")
+    bench.add_argument(
+        "--batch",
+        type=int,
+        default=WRITE_BATCH,
+        help="write: entries per add_entries of the batched engine row, one batch in flight "
+        "per writer (0: no such row)",
+    )
     bench.add_argument(
         "--path", type=Path, help="wal: this block device or file only (overwritten)"
     )

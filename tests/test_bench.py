@@ -1,4 +1,4 @@
-"""`python -m node bench write` end to end: a short run prints the three rows with figures."""
+"""`python -m node bench write` end to end: a short run prints its rows with figures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.hostdisk import run_bench
 
-ROWS = ("engine", "raw disk (same batches)", "rocksdb sync")
+ROWS = ("engine", "engine, batches of 10", "raw disk (same batches)", "rocksdb sync")
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 
 
@@ -20,7 +20,7 @@ def _entries_per_s(output: str) -> dict[str, float]:
     return figures
 
 
-def test_bench_write_prints_positive_figures_for_the_three_rows(tmp_path: Path) -> None:
+def test_bench_write_prints_positive_figures_for_its_rows(tmp_path: Path) -> None:
     scratch = tmp_path / "bench"
     result = run_bench(
         "write",
@@ -30,18 +30,27 @@ def test_bench_write_prints_positive_figures_for_the_three_rows(tmp_path: Path) 
         "2",
         "--sizes",
         "1024",
+        "--batch",
+        "10",
         "--dir",
         str(scratch),
         timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr
     assert "entry size 1,024 B" in result.stdout
+    assert "- engine, batches of 10: " in result.stdout  # its journal line
     figures = _entries_per_s(result.stdout)
     assert set(figures) == set(ROWS), result.stdout
     for name, value in figures.items():
         assert value > 0, f"{name}: {value} entries/s\n{result.stdout}"
     # It cleans up after itself: nothing left of what it created.
     assert not scratch.exists() or not any(scratch.iterdir())
+
+
+def test_bench_write_refuses_a_batch_of_one() -> None:
+    result = run_bench("write", "--batch", "1", timeout_s=RUN_TIMEOUT_S)
+    assert result.returncode == 2
+    assert "--batch must be 0 (no batched row) or at least 2" in result.stderr
 
 
 HTTP_ROWS = ("http single", "http batch", "http read", "engine single", "engine batch")

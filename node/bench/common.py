@@ -139,36 +139,47 @@ class Result:
 class AddLoad(Phase):
     """Adds of ``payload`` to the engine, ``window`` in flight on each of ``ledgers``, as a
     BookKeeper client's writers: one slot coroutine per add in flight (no task per add). An
-    add's latency runs from the call to ``add_entry`` until it returns (durable)."""
+    add's latency runs from the call to ``add_entry`` until it returns (durable). With
+    ``batch`` > 1, each add is one ``add_entries`` of ``batch`` copies of ``payload``, as a
+    client batching its entries (Pulsar's producer, Kafka's) sends them."""
 
-    __slots__ = ("_tasks", "latencies", "rejected")
+    __slots__ = ("_tasks", "batch", "latencies", "rejected")
 
     def __init__(
-        self, storage: LedgerStorage, ledgers: list[int], window: int, payload: bytes
+        self,
+        storage: LedgerStorage,
+        ledgers: list[int],
+        window: int,
+        payload: bytes,
+        batch: int = 1,
     ) -> None:
         super().__init__()
+        self.batch = batch  # entries per add: latencies count adds, entries = adds * batch
         self.rejected = 0  # adds refused with Backpressure; not in the figures
         self.latencies = [latency_buffer() for _ in range(len(ledgers) * window)]
+        add: Callable[..., Awaitable[object]]
+        after_ledger: tuple[object, ...]
+        if batch == 1:
+            add, after_ledger = storage.add_entry, (None, payload)
+        else:
+            add, after_ledger = storage.add_entries, ([payload] * batch,)
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(
-                self._slot(storage.add_entry, ledgers[i // window], payload, buffer.append)
-            )
+            loop.create_task(self._slot(add, (ledgers[i // window], *after_ledger), buffer.append))
             for i, buffer in enumerate(self.latencies)
         ]
 
     async def _slot(
         self,
-        add: Callable[[int, int | None, bytes], Awaitable[object]],
-        ledger_id: int,
-        payload: bytes,
+        add: Callable[..., Awaitable[object]],
+        args: tuple[object, ...],
         record: Callable[[float], None],
     ) -> None:
         clock = time.perf_counter
         while self.running:
             started = clock()
             try:
-                await add(ledger_id, None, payload)
+                await add(*args)
             except Backpressure:
                 self.rejected += 1
                 continue

@@ -8,6 +8,9 @@ What is measured, per entry size, on the disk under ``--dir`` (or a temporary di
    (one slot coroutine per in-flight add, so there is no task creation per add). An add's
    latency runs from the call to ``add_entry`` until it returns, i.e. until the fdatasync that
    covers it. Figures count the adds completed in ``--seconds`` after a short warm-up.
+   **engine, batches of N** (``--batch``, 0 to leave it out): the same writers, each keeping
+   one ``add_entries`` of N entries in flight, as a client that batches (Pulsar's producer,
+   Kafka's) sends them; its latency is the batch's. Each run starts on a fresh data directory.
 2. **raw disk (same batches)**: one thread doing sequential ``pwrite`` + ``fdatasync`` on one
    file preallocated in the journal's steps, each write as large as the engine's average
    journal group during run 1 (rounded up to the journal alignment). The journal writes its
@@ -51,6 +54,7 @@ from node.bench.common import (
     AddLoad,
     Phase,
     Result,
+    UsageError,
     latency_buffer,
     machine_line,
     markdown_table,
@@ -94,7 +98,13 @@ class EngineFigures:
 
 
 async def _engine_run(
-    settings: Settings, size: int, writers: int, window: int, seconds: float, warmup: float
+    settings: Settings,
+    size: int,
+    writers: int,
+    window: int,
+    seconds: float,
+    warmup: float,
+    batch: int = 1,
 ) -> tuple[Result, EngineFigures]:
     storage = LedgerStorage(settings)
     await storage.start()
@@ -103,7 +113,7 @@ async def _engine_run(
         if not isinstance(wal, Journal):
             raise SettingsError("bench write measures the file journal: set wal_kind=journal")
         ledger_ids = [(await storage.create_ledger())[0].ledger_id for _ in range(writers)]
-        load = AddLoad(storage, ledger_ids, window, bytes([PAYLOAD_FILL]) * size)
+        load = AddLoad(storage, ledger_ids, window, bytes([PAYLOAD_FILL]) * size, batch)
         await asyncio.sleep(warmup)
         groups0, bytes0 = wal.groups_written, wal.bytes_written
         stats0 = (storage.stats.checkpoints, storage.stats.throttled_adds, load.rejected)
@@ -122,7 +132,13 @@ async def _engine_run(
     finally:
         await storage.close()
     merged = load.take()
-    return Result(ENGINE, len(merged), len(merged) * size, elapsed, merged), figures
+    entries = len(merged) * batch
+    name = ENGINE if batch == 1 else _batched_name(batch)
+    return Result(name, entries, entries * size, elapsed, merged), figures
+
+
+def _batched_name(batch: int) -> str:
+    return f"{ENGINE}, batches of {batch}"
 
 
 # --- run 2: the raw disk with the engine's batches ------------------------------------------
@@ -276,6 +292,7 @@ class SizeReport:
     size: int
     rows: list[Result]
     figures: EngineFigures
+    batched: tuple[Result, EngineFigures] | None  # the batched engine row, with --batch
     batch_bytes: int
     entries_per_group: float
     engine_journal_mb_s: float
@@ -322,6 +339,15 @@ def _print_size(report: SizeReport, writers: int) -> None:
         f"{report.engine_journal_mb_s:,.1f} MB/s of journal bytes; "
         f"{f.checkpoints} checkpoints, {f.throttled_adds:,} throttled and "
         f"{f.rejected_adds:,} rejected adds in the window",
+        *(
+            [
+                f"- {report.batched[0].name}: {report.batched[1].groups:,} groups, "
+                f"avg {report.batched[1].avg_group_bytes:,.0f} B; "
+                f"batched/engine: {_ratio(report.batched[0].mb_per_s, engine.mb_per_s)}"
+            ]
+            if report.batched
+            else []
+        ),
         f"- raw disk: {report.batch_bytes:,} B per write+fdatasync, "
         f"{report.raw_journal_mb_s:,.1f} MB/s of journal bytes",
         f"- rocksdb sync: {writers} threads, but rocksdict holds the GIL in put(), so they are "
@@ -332,18 +358,23 @@ def _print_size(report: SizeReport, writers: int) -> None:
 
 
 def _print_summary(reports: list[SizeReport]) -> None:
-    header = "| size B | engine entries/s | engine MB/s | engine/rocksdb | engine/raw-disk |"
+    header = (
+        "| size B | engine entries/s | engine MB/s | batched entries/s | engine/rocksdb "
+        "| engine/raw-disk |"
+    )
     rows = [
         f"| {r.size:,} | {r.row(ENGINE).entries_per_s:,.0f} | {r.row(ENGINE).mb_per_s:,.1f} "
+        f"| {f'{r.batched[0].entries_per_s:,.0f}' if r.batched else '-'} "
         f"| {_ratio(r.row(ENGINE).mb_per_s, r.row(ROCKSDB).mb_per_s)} "
         f"| {_ratio(r.row(ENGINE).mb_per_s, r.row(RAW_DISK).mb_per_s)} |"
         for r in reports
     ]
-    print("\n".join(["", "### summary", "", header, "|---:|---:|---:|---:|---:|", *rows]))
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    print("\n".join(["", "### summary", "", header, rule, *rows]))
 
 
 def _bench_size(
-    scratch: Path, size: int, writers: int, window: int, seconds: float, warmup: float
+    scratch: Path, size: int, writers: int, window: int, batch: int, seconds: float, warmup: float
 ) -> SizeReport:
     run_dir = scratch / f"engine-{size}"
     settings = load(data_dir=run_dir)
@@ -352,6 +383,12 @@ def _bench_size(
         engine, figures = run(_engine_run(settings, size, writers, window, seconds, warmup))
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    batched = None
+    if batch:
+        try:
+            batched = run(_engine_run(settings, size, writers, 1, seconds, warmup, batch))
+        finally:
+            shutil.rmtree(run_dir, ignore_errors=True)
     align = settings.journal_alignment_size
     batch_bytes = max(align, -(-int(figures.avg_group_bytes) // align) * align)
     entries_per_group = figures.avg_group_bytes / (size + JOURNAL_RECORD_HEADER.size)
@@ -376,17 +413,18 @@ def _bench_size(
     finally:
         shutil.rmtree(rocks_dir, ignore_errors=True)
     try:
-        batched = _rocksdb_batched_run(rocks_dir, size, writers, seconds, warmup)
+        rocks_batched = _rocksdb_batched_run(rocks_dir, size, writers, seconds, warmup)
     finally:
         shutil.rmtree(rocks_dir, ignore_errors=True)
 
-    rows = [engine, raw, rocks, batched]
+    rows = [engine, *([batched[0]] if batched else []), raw, rocks, rocks_batched]
     for row in rows:
         row.sort_latencies()
     return SizeReport(
         size=size,
         rows=rows,
         figures=figures,
+        batched=batched,
         batch_bytes=batch_bytes,
         entries_per_group=entries_per_group,
         engine_journal_mb_s=figures.journal_bytes / engine.seconds / MB if engine.seconds else 0,
@@ -397,6 +435,9 @@ def _bench_size(
 def main(args: argparse.Namespace) -> int:
     writers, window, seconds = int(args.writers), int(args.window), float(args.seconds)
     require_positive(writers=writers, window=window, seconds=seconds)
+    batch = int(args.batch)
+    if batch < 0 or batch == 1:
+        raise UsageError("--batch must be 0 (no batched row) or at least 2")
     defaults = load()
     sizes = parse_sizes("--sizes", str(args.sizes), defaults.max_entry_size, "max_entry_size")
     warmup = warmup_for(seconds)
@@ -404,8 +445,9 @@ def main(args: argparse.Namespace) -> int:
         print(
             "\n".join(
                 [
-                    f"## node bench write: {writers} writers x {window} adds in flight, "
-                    f"{seconds:g} s per run after {warmup:g} s warm-up",
+                    f"## node bench write: {writers} writers x {window} adds in flight"
+                    + (f" (batched: x 1 batch of {batch})" if batch else "")
+                    + f", {seconds:g} s per run after {warmup:g} s warm-up",
                     "",
                     machine_line(scratch),
                     f"- engine settings: journal_max_group_wait_msec="
@@ -424,7 +466,7 @@ def main(args: argparse.Namespace) -> int:
         )
         reports = []
         for size in sizes:
-            report = _bench_size(scratch, size, writers, window, seconds, warmup)
+            report = _bench_size(scratch, size, writers, window, batch, seconds, warmup)
             _print_size(report, writers)
             reports.append(report)
         _print_summary(reports)
