@@ -114,7 +114,7 @@ class Settings(BaseSettings):
     wal_sync_mode: Literal["fdatasync", "dsync"] = "fdatasync"  # a flush thread, or O_DSYNC writes
 
     # --- journal (BookKeeper) ------------------------------------------------------------
-    # group commit: max age of a group; eager (below): the writer's wait for more after a write
+    # group commit: max age of a group; eager (below): the writer's longest wait after a write
     journal_max_group_wait_msec: float = Field(2.0, ge=0)
     journal_buffered_writes_threshold: int = Field(512 * KiB, gt=0)  # group commit: max bytes
     journal_flush_when_queue_empty: bool = True  # write whenever the writer is idle (no group wait)

@@ -388,9 +388,13 @@ class Journal:
         # While a write is in flight, its thread may take the groups queued meanwhile and
         # write them next (_write_on): the lock orders that against appends and seals.
         self._lock = threading.Lock()
-        # The writer thread lingers on this after a write, for the next records (eager mode).
+        # The writer thread waits on this after a write for the next records (eager mode),
+        # woken by the first one and once ``_wanted`` are queued.
         self._more = threading.Condition(self._lock)
         self._lingering = False
+        self._wanted = 1
+        self._last_sync_s = 0.0  # the last write's fdatasync took this long ...
+        self._last_small = True  # ... and it was under half the group threshold
         self._group_threshold = settings.journal_buffered_writes_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -585,6 +589,8 @@ class Journal:
             group.records += 1
             if group.size >= self._group_threshold:
                 self._seal()
+            elif self._lingering and group.records >= self._wanted:
+                self._more.notify()
             return group.future
 
     def append_batch(
@@ -601,6 +607,8 @@ class Journal:
             group.records += len(payloads)
             if group.size >= self._group_threshold:
                 self._seal()
+            elif self._lingering and group.records >= self._wanted:
+                self._more.notify()
             return group.future
 
     def _seal(self) -> _Group:
@@ -690,18 +698,12 @@ class Journal:
     def _write_on(self, groups: list[_Group]) -> None:
         """Blocking: write ``groups`` and acknowledge them through the loop (in order: the
         loop runs these callbacks first in, first out). With journal_flush_when_queue_empty,
-        then write whatever was appended meanwhile, and so on, without going back to the
-        event loop first: the disk never waits for the loop to get round to starting the
-        next write. With nothing queued, the thread lingers up to journal_max_group_wait_msec
-        for the next record rather than hand back at once: the loop is busy with the adds
-        just acknowledged, whose successors come in a moment, and it would start the next
-        write only after it has been through all of them (a full window of adds would then
-        travel in lock-step, the disk idle while the loop works and the other way round). A
-        failing write raises with ``groups`` set to its own groups."""
+        then write what comes next (``_wait_for_next``), and so on, without going back to
+        the event loop: the disk never waits for the loop to get round to starting the next
+        write. A failing write raises with ``groups`` set to its own groups."""
         loop = self._loop
         assert loop is not None
         eager = self._settings.journal_flush_when_queue_empty
-        linger = self._settings.journal_max_group_wait_msec / 1000
         while True:
             try:
                 marks = self._write_groups(groups)
@@ -711,16 +713,41 @@ class Journal:
             if not eager:
                 return
             with self._lock:
-                more = self._take_queued(loop)
-                if not more and not self._closing:
-                    self._lingering = True
-                    self._more.wait(linger)
-                    self._lingering = False
-                    more = self._take_queued(loop)
-                if not more:
+                groups = self._wait_for_next(loop, sum(group.records for group in groups))
+                if not groups:
                     return
-                self._writing = more[-1].future
-            groups = more
+                self._writing = groups[-1].future
+
+    def _wait_for_next(self, loop: asyncio.AbstractEventLoop, written: int) -> list[_Group]:
+        """The groups to write next, waited for (lock held): after a small write (under
+        half the group threshold), as many records as it carried (``written``), for at
+        most as long as its fdatasync took; with none queued at all, the first record, for
+        up to journal_max_group_wait_msec. Empty when none came, or once closing.
+
+        The adds just acknowledged come back with their successors (clients with one add
+        outstanding each): waiting for them, one write takes them all, where the first few
+        would start a write that the rest then wait behind, the clients splitting into
+        cohorts that take turns at the disk, each paying a whole fdatasync (Redis's one
+        fsync per pass of its event loop avoids the same). After a large write the sync
+        was shared widely already, and the loop is what limits: then the next write takes
+        what is queued at once, and the loop works while the disk writes. Waiting here
+        rather than back on the loop matters too: the loop, busy with the adds just
+        acknowledged, would start the next write only after all of them, a full window of
+        adds then moving in lock-step with the disk."""
+        first_record_s = self._settings.journal_max_group_wait_msec / 1000
+        peers_s = min(first_record_s, self._last_sync_s) if self._last_small else 0.0
+        began = time.monotonic()
+        while not self._closing:
+            queued = sum(g.records for g in self._sealed) + self._taking().records
+            limit = peers_s if queued else first_record_s
+            waited = time.monotonic() - began
+            if queued >= written or waited >= limit:
+                break
+            self._wanted = written
+            self._lingering = True
+            self._more.wait(limit - waited)
+            self._lingering = False
+        return self._take_queued(loop)
 
     def _take_queued(self, loop: asyncio.AbstractEventLoop) -> list[_Group]:
         """The groups waiting to be written, the one taking appends included (lock held)."""
@@ -789,6 +816,8 @@ class Journal:
         wrote = time.perf_counter()
         if self._settings.journal_sync_data:
             os.fdatasync(self._fd)
+            self._last_sync_s = time.perf_counter() - wrote
+        self._last_small = len(data) < self._group_threshold // 2
         self._probe.journal_write(records, len(data), wrote - began, time.perf_counter() - wrote)
         self._position = end
         self.groups_written += 1

@@ -364,6 +364,47 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
         assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
 
 
+def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Group commit for clients that each keep one add outstanding: after a write of three
+    records, the next write waits for three (at most as long as the last fdatasync took)
+    rather than start with the first one back and leave the other two waiting behind it.
+    A record that stays alone is still written once that wait is over. A slow disk (each
+    fdatasync 0.3 s longer) makes the wait long enough to see."""
+    real_fdatasync = os.fdatasync
+
+    def slow_fdatasync(fd: int) -> None:
+        time.sleep(0.3)  # on the writer thread, not the loop
+        real_fdatasync(fd)
+
+    monkeypatch.setattr("node.storage.journal.os.fdatasync", slow_fdatasync)
+
+    async def run(s: Settings) -> tuple[list[LogMark], LogMark]:
+        j = new_journal(s)
+        await j.start()
+        try:
+            await asyncio.gather(*(append(j, (1, n, b"x")) for n in range(3)))
+            assert j.groups_written == 1
+            futures = []
+            for n in range(3, 6):  # one by one, the writer waiting between them
+                futures.append(append(j, (1, n, b"x")))
+                await asyncio.sleep(0.05)
+            marks = list(await asyncio.gather(*futures))
+            assert j.groups_written == 2, "the three records took more than one write"
+            alone = await asyncio.wait_for(append(j, (1, 6, b"x")), 5)
+            assert j.groups_written == 3
+        finally:
+            await j.close()
+        return marks, alone
+
+    with tempfile.TemporaryDirectory() as tmp:
+        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        marks, alone = asyncio.run(run(s))
+        assert marks[0] == marks[1] == marks[2] < alone  # one group's mark
+        assert recover_all(s) == [WalRecord(1, n, b"x") for n in range(7)]
+
+
 # --- torn tails -------------------------------------------------------------------------
 
 
