@@ -391,7 +391,7 @@ class Journal:
         # The writer thread waits on this after a write for the next records (eager mode),
         # woken by the first one and once ``_wanted`` are queued.
         self._more = threading.Condition(self._lock)
-        self._lingering = False
+        self._writer_waits = False
         self._wanted = 1
         self._last_sync_s = 0.0  # the last write's fdatasync took this long ...
         self._last_small = True  # ... and it was under half the group threshold
@@ -570,10 +570,10 @@ class Journal:
 
     def _wake_writer(self) -> None:
         """Records to write (called with the lock held): wake the writer, wherever it
-        waits (the loop's coroutine, or the thread lingering after a write)."""
+        waits (the loop's coroutine, or the thread waiting after a write)."""
         assert self._kick is not None
         self._kick.set()
-        if self._lingering:
+        if self._writer_waits:
             self._more.notify()
 
     def append(
@@ -589,7 +589,7 @@ class Journal:
             group.records += 1
             if group.size >= self._group_threshold:
                 self._seal()
-            elif self._lingering and group.records >= self._wanted:
+            elif self._writer_waits and group.records >= self._wanted:
                 self._more.notify()
             return group.future
 
@@ -607,7 +607,7 @@ class Journal:
             group.records += len(payloads)
             if group.size >= self._group_threshold:
                 self._seal()
-            elif self._lingering and group.records >= self._wanted:
+            elif self._writer_waits and group.records >= self._wanted:
                 self._more.notify()
             return group.future
 
@@ -744,9 +744,9 @@ class Journal:
             if queued >= written or waited >= limit:
                 break
             self._wanted = written
-            self._lingering = True
+            self._writer_waits = True
             self._more.wait(limit - waited)
-            self._lingering = False
+            self._writer_waits = False
         return self._take_queued(loop)
 
     def _take_queued(self, loop: asyncio.AbstractEventLoop) -> list[_Group]:

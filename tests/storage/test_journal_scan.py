@@ -353,7 +353,7 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
         finally:
             began = time.monotonic()
             await j.close()
-            assert time.monotonic() - began < 5, "close() waited for the lingering writer"
+            assert time.monotonic() - began < 5, "close() waited for the waiting writer"
         return first, second.result()
 
     with tempfile.TemporaryDirectory() as tmp:
