@@ -722,7 +722,8 @@ class Journal:
         """The groups to write next, waited for (lock held): after a small write (under
         half the group threshold), as many records as it carried (``written``), for at
         most as long as its fdatasync took; with none queued at all, the first record, for
-        up to journal_max_group_wait_msec. Empty when none came, or once closing.
+        up to journal_max_group_wait_msec. At once when a group is sealed (full, or a
+        checkpoint's ``sync_point``). Empty when none came, or once closing.
 
         The adds just acknowledged come back with their successors (clients with one add
         outstanding each): waiting for them, one write takes them all, where the first few
@@ -741,7 +742,7 @@ class Journal:
             queued = sum(g.records for g in self._sealed) + self._taking().records
             limit = peers_s if queued else first_record_s
             waited = time.monotonic() - began
-            if queued >= written or waited >= limit:
+            if queued >= written or waited >= limit or self._sealed:
                 break
             self._wanted = written
             self._writer_waits = True

@@ -370,8 +370,9 @@ def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
     """Group commit for clients that each keep one add outstanding: after a write of three
     records, the next write waits for three (at most as long as the last fdatasync took)
     rather than start with the first one back and leave the other two waiting behind it.
-    A record that stays alone is still written once that wait is over. A slow disk (each
-    fdatasync 0.3 s longer) makes the wait long enough to see."""
+    A record that stays alone is still written once that wait is over, and a checkpoint's
+    sync point does not wait at all. A slow disk (each fdatasync 0.3 s longer) makes the
+    wait long enough to see."""
     real_fdatasync = os.fdatasync
 
     def slow_fdatasync(fd: int) -> None:
@@ -394,6 +395,11 @@ def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
             assert j.groups_written == 2, "the three records took more than one write"
             alone = await asyncio.wait_for(append(j, (1, 6, b"x")), 5)
             assert j.groups_written == 3
+            await asyncio.gather(*(append(j, (1, n, b"x")) for n in range(7, 10)))
+            append(j, (1, 10, b"x"))
+            began = time.monotonic()
+            await j.sync_point()  # one write (0.3 s), not the wait for two more records first
+            assert time.monotonic() - began < 0.5
         finally:
             await j.close()
         return marks, alone
@@ -402,7 +408,7 @@ def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
         s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
         marks, alone = asyncio.run(run(s))
         assert marks[0] == marks[1] == marks[2] < alone  # one group's mark
-        assert recover_all(s) == [WalRecord(1, n, b"x") for n in range(7)]
+        assert recover_all(s) == [WalRecord(1, n, b"x") for n in range(11)]
 
 
 # --- torn tails -------------------------------------------------------------------------
