@@ -133,12 +133,8 @@ async def _engine_run(
         await storage.close()
     merged = load.take()
     entries = len(merged) * batch
-    name = ENGINE if batch == 1 else _batched_name(batch)
+    name = ENGINE if batch == 1 else f"{ENGINE}, batches of {batch}"
     return Result(name, entries, entries * size, elapsed, merged), figures
-
-
-def _batched_name(batch: int) -> str:
-    return f"{ENGINE}, batches of {batch}"
 
 
 # --- run 2: the raw disk with the engine's batches ------------------------------------------

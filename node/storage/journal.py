@@ -393,8 +393,7 @@ class Journal:
         self._more = threading.Condition(self._lock)
         self._writer_waits = False
         self._wanted = 1
-        self._last_sync_s = 0.0  # the last write's fdatasync took this long ...
-        self._last_small = True  # ... and it was under half the group threshold
+        self._last_sync_s = 0.0  # the last write's fdatasync took this long
         self._group_threshold = settings.journal_buffered_writes_threshold
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
@@ -587,10 +586,7 @@ class Journal:
             group.parts += (header, payload)
             group.size += RECORD_HEADER.size + len(payload)
             group.records += 1
-            if group.size >= self._group_threshold:
-                self._seal()
-            elif self._writer_waits and group.records >= self._wanted:
-                self._more.notify()
+            self._appended(group)
             return group.future
 
     def append_batch(
@@ -605,11 +601,16 @@ class Journal:
             group.parts += parts
             group.size += size
             group.records += len(payloads)
-            if group.size >= self._group_threshold:
-                self._seal()
-            elif self._writer_waits and group.records >= self._wanted:
-                self._more.notify()
+            self._appended(group)
             return group.future
+
+    def _appended(self, group: _Group) -> None:
+        """After an append (lock held): seal the group once full, or wake a writer waiting
+        for this many records."""
+        if group.size >= self._group_threshold:
+            self._seal()
+        elif self._writer_waits and group.records >= self._wanted:
+            self._more.notify()
 
     def _seal(self) -> _Group:
         """Close the group taking appends: it is written next, the next one fills (with
@@ -713,14 +714,16 @@ class Journal:
             if not eager:
                 return
             with self._lock:
-                groups = self._wait_for_next(loop, sum(group.records for group in groups))
+                groups = self._wait_for_next(loop, groups)
                 if not groups:
                     return
                 self._writing = groups[-1].future
 
-    def _wait_for_next(self, loop: asyncio.AbstractEventLoop, written: int) -> list[_Group]:
-        """The groups to write next, waited for (lock held): after a small write (under
-        half the group threshold), as many records as it carried (``written``), for at
+    def _wait_for_next(
+        self, loop: asyncio.AbstractEventLoop, written: list[_Group]
+    ) -> list[_Group]:
+        """The groups to write next, waited for (lock held): after a small write of
+        ``written`` (under half the group threshold), as many records as it carried, for at
         most as long as its fdatasync took; with none queued at all, the first record, for
         up to journal_max_group_wait_msec. At once when a group is sealed (full, or a
         checkpoint's ``sync_point``). Empty when none came, or once closing.
@@ -736,15 +739,17 @@ class Journal:
         acknowledged, would start the next write only after all of them, a full window of
         adds then moving in lock-step with the disk."""
         first_record_s = self._settings.journal_max_group_wait_msec / 1000
-        peers_s = min(first_record_s, self._last_sync_s) if self._last_small else 0.0
+        small = sum(group.size for group in written) < self._group_threshold // 2
+        peers_s = min(first_record_s, self._last_sync_s) if small else 0.0
+        records = sum(group.records for group in written)
         began = time.monotonic()
         while not self._closing:
             queued = sum(g.records for g in self._sealed) + self._taking().records
             limit = peers_s if queued else first_record_s
             waited = time.monotonic() - began
-            if queued >= written or waited >= limit or self._sealed:
+            if queued >= records or waited >= limit or self._sealed:
                 break
-            self._wanted = written
+            self._wanted = records
             self._writer_waits = True
             self._more.wait(limit - waited)
             self._writer_waits = False
@@ -818,7 +823,6 @@ class Journal:
         if self._settings.journal_sync_data:
             os.fdatasync(self._fd)
             self._last_sync_s = time.perf_counter() - wrote
-        self._last_small = len(data) < self._group_threshold // 2
         self._probe.journal_write(records, len(data), wrote - began, time.perf_counter() - wrote)
         self._position = end
         self.groups_written += 1
