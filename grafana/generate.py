@@ -404,10 +404,10 @@ def internals() -> Dashboard:
                 "RocksDB index on disk.",
             ),
             Panel(
-                "Index entries",
+                "Index keys",
                 "none",
-                [q(sel("index_entries"))],
-                "Entry locations (RocksDB estimate).",
+                [q(sel("index_keys"))],
+                "Keys of the locations index: one per run of up to 511 entries (RocksDB estimate).",
             ),
             Panel(
                 "Ledgers by state",

@@ -35,7 +35,7 @@ import mmap
 import os
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -49,10 +49,9 @@ from node.storage.directio import open_raw
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
     LEDGER_KEY,
-    LOCATION_KEY,
-    LOCATION_VALUE,
     LedgerMeta,
     LedgerState,
+    expand_runs,
 )
 from node.storage.wal import (
     BATCH,
@@ -590,10 +589,8 @@ def _format_meta(meta: LedgerMeta) -> str:
 
 
 def _iter_locations(db: Rdict) -> Iterator[tuple[int, int, int]]:
-    for key, value in db.get_column_family(INDEX_LOCATIONS_CF).items():
-        ledger_id, entry_id = LOCATION_KEY.unpack(cast(bytes, key))
-        (loc,) = LOCATION_VALUE.unpack(cast(bytes, value))
-        yield int(ledger_id), int(entry_id), int(loc)
+    items = db.get_column_family(INDEX_LOCATIONS_CF).items()
+    return expand_runs(cast(Iterable[tuple[bytes, bytes]], items))
 
 
 def inspect_index(path: Path, records: bool) -> int:

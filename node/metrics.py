@@ -108,7 +108,7 @@ class EngineSnapshot:
     read_cache_hits: int = 0
     read_cache_misses: int = 0
     journal_queue_bytes: int = 0
-    index_entries: int = 0
+    index_keys: int = 0
     ledgers_by_state: dict[str, int] = field(default_factory=dict)
     state: str = "writable"
     gc: GcStats = field(default_factory=GcStats)
@@ -261,7 +261,7 @@ class Metrics:
             read_cache_hits=storage.read_cache.hits,
             read_cache_misses=storage.read_cache.misses,
             journal_queue_bytes=storage.wal_queued_bytes,
-            index_entries=storage.index_entries_estimate() if storage.running else 0,
+            index_keys=storage.index_keys_estimate() if storage.running else 0,
             ledgers_by_state=by_state,
             state=state,
             wal_ring=self._ring_snapshot(),
@@ -399,7 +399,10 @@ class _StateCollector(Collector):
             "write_cache_bytes": (s.write_cache_bytes, "Bytes in the write cache (both halves)."),
             "read_cache_bytes": (s.read_cache_bytes, "Bytes in the read cache."),
             "journal_queue_bytes": (s.journal_queue_bytes, "Bytes queued for the next WAL write."),
-            "index_entries": (s.index_entries, "Entry locations in the index (RocksDB estimate)."),
+            "index_keys": (
+                s.index_keys,
+                "Keys of the locations index, one per run of entries (RocksDB estimate).",
+            ),
         }
         for name, (value, doc) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)

@@ -44,10 +44,9 @@ from node.storage import entrylog
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
     LEDGER_KEY,
-    LOCATION_KEY,
-    LOCATION_VALUE,
     STREAM_PROPERTY,
     LedgerMeta,
+    expand_runs,
 )
 from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Cursor
 
@@ -306,11 +305,7 @@ def from_data_dir(
         ledgers_cf = db.get_column_family("ledgers")
         streams_cf = db.get_column_family("streams")
         builder.add_locations(
-            (
-                *LOCATION_KEY.unpack(cast(bytes, key)),
-                LOCATION_VALUE.unpack(cast(bytes, value))[0],
-            )
-            for key, value in locations_cf.items()
+            expand_runs(cast(Iterable[tuple[bytes, bytes]], locations_cf.items()))
         )
         for key, value in ledgers_cf.items():
             (ledger_id,) = LEDGER_KEY.unpack(cast(bytes, key))

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import operator
 import os
 import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 from pathlib import Path
 
 from node.settings import Settings
@@ -54,6 +56,9 @@ MAP_FIELDS_OFFSET = 8
 RECORD_HEADER = struct.Struct(">IqqI")
 RECORD_OVERHEAD = RECORD_HEADER.size
 SIZE_FIELD = 4
+_BODY_BEFORE_PAYLOAD = RECORD_OVERHEAD - SIZE_FIELD  # the size field counts these and the payload
+_crc = operator.itemgetter(0)  # of a write cache's (crc, payload)
+_payload = operator.itemgetter(1)
 IOV_MAX = os.sysconf("SC_IOV_MAX")  # buffers one pwritev takes (1024 on Linux)
 LEDGERS_MAP_LEDGER_ID = -1
 LEDGERS_MAP_ENTRY_ID = -2
@@ -353,31 +358,75 @@ class EntryLogWriter:
         found: list[list[int]] = []
         parts: list[bytes] = []
         log = self._current or self._start()
-        start = position = log.position
-        in_log = log.log_id << 32
-        pack = RECORD_HEADER.pack
+        start = log.position
         for ledger_id, entry_ids, entries in ledgers:
-            locations: list[int] = []
-            added = 0  # bytes of this ledger in the current log
-            for entry_id in entry_ids:
-                crc, payload = entries[entry_id]
-                length = RECORD_OVERHEAD + len(payload)
-                if position + length > self._limit and position > HEADER_SIZE:
-                    _count_bytes(log.ledger_sizes, ledger_id, added)
-                    self._write(log, parts, start)
-                    log.position = position
-                    log = self._roll()
-                    parts, start, position, added = [], log.position, log.position, 0
-                    in_log = log.log_id << 32
-                parts += (pack(length - SIZE_FIELD, ledger_id, entry_id, crc), payload)
-                locations.append(in_log | position)
-                added += length
-                position += length
-            _count_bytes(log.ledger_sizes, ledger_id, added)
+            records = list(map(entries.__getitem__, entry_ids))
+            payloads = list(map(_payload, records))
+            sizes = list(map(len, payloads))
+            total = sum(sizes) + RECORD_OVERHEAD * len(sizes)
+            if log.position + total > self._limit:
+                locations, log, parts, start = self._append_rolling(
+                    log, parts, start, ledger_id, entry_ids, records
+                )
+                found.append(locations)
+                continue
+            # The common case, with no roll inside the ledger: headers, interleaving and
+            # locations built by C loops (map, slices, accumulate), not a Python step per
+            # entry (the checkpoint holds the GIL meanwhile, which the adds wait for).
+            headers = list(
+                map(
+                    RECORD_HEADER.pack,
+                    map(_BODY_BEFORE_PAYLOAD.__add__, sizes),
+                    repeat(ledger_id),
+                    entry_ids,
+                    map(_crc, records),
+                )
+            )
+            pairs: list[bytes] = [b""] * (2 * len(headers))
+            pairs[::2] = headers
+            pairs[1::2] = payloads
+            parts += pairs
+            first = (log.log_id << 32) | log.position
+            locations = list(accumulate(map(RECORD_OVERHEAD.__add__, sizes), initial=first))
+            locations.pop()  # where the next record would go
             found.append(locations)
+            _count_bytes(log.ledger_sizes, ledger_id, total)
+            log.position += total
         self._write(log, parts, start)
-        log.position = position
         return found
+
+    def _append_rolling(
+        self,
+        log: _OpenLog,
+        parts: list[bytes],
+        start: int,
+        ledger_id: int,
+        entry_ids: list[int],
+        records: list[tuple[int, bytes]],
+    ) -> tuple[list[int], _OpenLog, list[bytes], int]:
+        """``append`` of one ledger that reaches the size limit: entry by entry, rolling
+        the log where the next record would pass it. Returns the ledger's locations and
+        the log, parts and start position that ``append`` goes on with."""
+        locations: list[int] = []
+        added = 0  # bytes of this ledger in the current log
+        position = log.position
+        in_log = log.log_id << 32
+        for entry_id, (crc, payload) in zip(entry_ids, records, strict=True):
+            length = RECORD_OVERHEAD + len(payload)
+            if position + length > self._limit and position > HEADER_SIZE:
+                _count_bytes(log.ledger_sizes, ledger_id, added)
+                self._write(log, parts, start)
+                log.position = position
+                log = self._roll()
+                parts, start, position, added = [], log.position, log.position, 0
+                in_log = log.log_id << 32
+            parts += (RECORD_HEADER.pack(length - SIZE_FIELD, ledger_id, entry_id, crc), payload)
+            locations.append(in_log | position)
+            added += length
+            position += length
+        _count_bytes(log.ledger_sizes, ledger_id, added)
+        log.position = position
+        return locations, log, parts, start
 
     def _start(self) -> _OpenLog:
         self._current = self._new_log()

@@ -3,13 +3,21 @@
 Column families of one database, so that a checkpoint updates them in one write batch:
 
 ``locations``  key ``ledger id u64 | entry id u64`` (big-endian: a ledger's entries are
-               contiguous and its last entry is a reverse seek), value ``location u64``.
+               contiguous and its last entry is a reverse seek), the first entry of a run
+               of consecutive entries of the ledger; value the run's locations (below).
 ``ledgers``    key ``ledger id u64``, value a ``LedgerMeta`` (layout below); loaded into
                memory at start.
 ``streams``    records of the streams layer (its own format, see node/streams); the
                engine stores them durably and does not read them.
 ``node``       the engine's own counters: ``next_ledger_id`` -> u64, written with every
                purge of deleted ledgers, so that a purged id is never allocated again.
+
+A run's value, version 1: ``version u8 = 1``, then one ``location u64`` (big-endian) per
+entry, the key's entry id first. A checkpoint writes a ledger's consecutive entries as
+runs of up to RUN_ENTRIES (one RocksDB put per run, not per entry); an entry is in one
+run only, so the run holding an entry is the nearest key at or before it (a reverse
+seek). An 8-byte value (no version byte: 8 is never 1 + 8n) is a run of one entry, as
+indexes from before runs hold them; they are read as they are.
 
 LedgerMeta value, version 1::
 
@@ -45,7 +53,7 @@ import logging
 import struct
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -56,6 +64,10 @@ log = logging.getLogger(__name__)
 
 LOCATION_KEY = struct.Struct(">QQ")
 LOCATION_VALUE = struct.Struct(">Q")
+RUN_VERSION = 1
+RUN_HEADER = 1  # the version byte before a run's locations
+# A run's value fills at most one 4 KiB RocksDB data block: a point read costs one block.
+RUN_ENTRIES = 511
 LEDGER_KEY = struct.Struct(">Q")
 META_FIXED = struct.Struct(">BBqqQQQQ")
 U16 = struct.Struct(">H")
@@ -206,6 +218,59 @@ def location_key(ledger_id: int, entry_id: int) -> bytes:
     return LOCATION_KEY.pack(ledger_id, entry_id)
 
 
+# --- runs of locations -----------------------------------------------------------------------
+
+
+def encode_run(locations: Sequence[int]) -> bytes:
+    return struct.pack(f">B{len(locations)}Q", RUN_VERSION, *locations)
+
+
+def run_length(value: bytes) -> int:
+    """How many entries a run's value holds (ValueError if it is no run)."""
+    if len(value) == LOCATION_VALUE.size:
+        return 1  # from before runs
+    count = len(value) // LOCATION_VALUE.size
+    if len(value) % LOCATION_VALUE.size != RUN_HEADER or value[0] != RUN_VERSION or not count:
+        raise ValueError(f"a location run of {len(value)} bytes, version {value[:1]!r}")
+    return count
+
+
+def run_location(value: bytes, index: int) -> int:
+    """The location of the run's ``index``-th entry (checked against ``run_length``)."""
+    offset = 0 if len(value) == LOCATION_VALUE.size else RUN_HEADER
+    return int(LOCATION_VALUE.unpack_from(value, offset + index * LOCATION_VALUE.size)[0])
+
+
+def decode_run(value: bytes) -> tuple[int, ...]:
+    count = run_length(value)
+    offset = 0 if count == 1 and len(value) == LOCATION_VALUE.size else RUN_HEADER
+    return struct.unpack_from(f">{count}Q", value, offset)
+
+
+def split_runs(entry_ids: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """(start, end) slices of ``entry_ids`` (ascending) that are runs: consecutive ids, at
+    most RUN_ENTRIES of them."""
+    count = len(entry_ids)
+    start = 0
+    while start < count:
+        end = min(count, start + RUN_ENTRIES)
+        first = entry_ids[start]
+        if entry_ids[end - 1] - first != end - 1 - start:  # a gap: the run ends before it
+            end = start + 1
+            while end < count and entry_ids[end] == first + end - start:
+                end += 1
+        yield start, end
+        start = end
+
+
+def expand_runs(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[int, int, int]]:
+    """(ledger id, entry id, location) of every entry in (key, value) pairs of runs."""
+    for key, value in items:
+        ledger_id, first = LOCATION_KEY.unpack(key)
+        for n, loc in enumerate(decode_run(value)):
+            yield ledger_id, first + n, loc
+
+
 class Index:
     """Thread safe: RocksDB serializes writers itself; reads run on reader threads."""
 
@@ -309,40 +374,54 @@ class Index:
         raise _as_os_error(error) from error
 
     def get_location(self, ledger_id: int, entry_id: int) -> int | None:
-        value = self._locations.get(LOCATION_KEY.pack(ledger_id, entry_id))
-        return None if value is None else int(LOCATION_VALUE.unpack(value)[0])
+        return self.get_locations([(ledger_id, entry_id)])[0]
 
     def get_locations(self, keys: list[tuple[int, int]]) -> list[int | None]:
-        """``get_location`` of many (ledger id, entry id) with one multi-get."""
+        """``get_location`` of many (ledger id, entry id) with one iterator: keys in the
+        same run as the one before (compaction asks in log order) cost no seek."""
         if not keys:
             return []
-        packed: list[str | int | float | bytes | bool] = [
-            LOCATION_KEY.pack(lid, eid) for lid, eid in keys
-        ]
-        values = cast(list[bytes | None], self._locations.get(packed))
-        return [None if v is None else int(LOCATION_VALUE.unpack(v)[0]) for v in values]
+        found: list[int | None] = []
+        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        iterator = self._locations.iter(read_options)
+        run_ledger, run_first, run_end, run = -1, 0, 0, b""
+        for ledger_id, entry_id in keys:
+            if ledger_id != run_ledger or not run_first <= entry_id < run_end:
+                iterator.seek_for_prev(LOCATION_KEY.pack(ledger_id, entry_id))
+                if not iterator.valid():
+                    found.append(None)
+                    continue
+                run_ledger, run_first = LOCATION_KEY.unpack(iterator.key())
+                run = iterator.value()
+                run_end = run_first + run_length(run)
+                if run_ledger != ledger_id or entry_id >= run_end:
+                    found.append(None)
+                    continue
+            found.append(run_location(run, entry_id - run_first))
+        del iterator, read_options
+        return found
 
     def entry_ids(self, ledger_id: int, first: int = 0, last: int = MAX_ID) -> Iterator[int]:
         """Entry ids of a ledger present in the index, ascending, within [first, last]."""
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
-        upper = LOCATION_KEY.pack(ledger_id + 1, 0) if last == MAX_ID else None
-        if upper is not None:
-            read_options.set_iterate_upper_bound(upper)
+        read_options.set_iterate_upper_bound(LOCATION_KEY.pack(ledger_id + 1, 0))
         iterator = self._locations.iter(read_options)
-        iterator.seek(LOCATION_KEY.pack(ledger_id, first))
+        start = LOCATION_KEY.pack(ledger_id, first)
+        iterator.seek_for_prev(start)  # a run that begins before ``first`` may hold it
+        if not iterator.valid() or LOCATION_KEY.unpack(iterator.key())[0] != ledger_id:
+            iterator.seek(start)
         while iterator.valid():
-            lid, eid = LOCATION_KEY.unpack(iterator.key())
-            if lid != ledger_id or eid > last:
+            lid, run_first = LOCATION_KEY.unpack(iterator.key())
+            if lid != ledger_id or run_first > last:
                 break
-            yield eid
+            run_end = run_first + run_length(iterator.value())
+            yield from range(max(first, run_first), min(last + 1, run_end))
             iterator.next()
         del iterator, read_options
 
     def locations(self) -> Iterator[tuple[int, int, int]]:
         """Every (ledger id, entry id, location), in key order (for inspect and audits)."""
-        for key, value in self._locations.items():
-            lid, eid = LOCATION_KEY.unpack(cast(bytes, key))
-            yield lid, eid, LOCATION_VALUE.unpack(cast(bytes, value))[0]
+        return expand_runs(cast(Iterable[tuple[bytes, bytes]], self._locations.items()))
 
     def load_ledgers(self) -> dict[int, LedgerMeta]:
         ledgers = {}
@@ -353,34 +432,56 @@ class Index:
 
     def write(
         self,
-        locations: Iterable[tuple[int, Iterable[int], Iterable[int]]],
+        locations: Iterable[tuple[int, Sequence[int], Sequence[int]]],
         ledgers: Iterable[LedgerMeta],
     ) -> None:
-        """One synchronous write batch: new locations, as (ledger id, entry ids, their
-        locations) per ledger, and changed ledger metadata."""
+        """One synchronous write batch: new locations, as (ledger id, entry ids ascending,
+        their locations) per ledger, in runs; and changed ledger metadata."""
         batch = WriteBatch(raw_mode=True)
-        put = batch.put
-        pack_key = LOCATION_KEY.pack
-        pack_value = LOCATION_VALUE.pack
         cf = self._locations_cf
         for ledger_id, entry_ids, ledger_locations in locations:
-            for entry_id, loc in zip(entry_ids, ledger_locations, strict=True):
-                put(pack_key(ledger_id, entry_id), pack_value(loc), cf)
+            assert len(entry_ids) == len(ledger_locations)
+            for start, end in split_runs(entry_ids):
+                key = LOCATION_KEY.pack(ledger_id, entry_ids[start])
+                batch.put(key, encode_run(ledger_locations[start:end]), cf)
         for meta in ledgers:
-            put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
+            batch.put(LEDGER_KEY.pack(meta.ledger_id), meta.encode(), self._ledgers_cf)
         self._commit(batch)
 
     def relocate(self, moves: list[tuple[int, int, int, int]]) -> int:
         """Point (ledger, entry) from ``old`` to ``new`` location where it still points at
-        ``old`` (compaction), in one synchronous batch. Returns how many moved."""
-        batch = WriteBatch(raw_mode=True)
+        ``old`` (compaction), in one synchronous batch. Returns how many moved.
+
+        Each run that holds a moved entry is written again whole (the index's writes run
+        on one thread, the checkpoint's: nothing changes a run in between)."""
+        runs: dict[bytes, list[int]] = {}  # key of each run met -> its locations
+        changed: dict[bytes, list[int]] = {}
+        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        iterator = self._locations.iter(read_options)
+        run_ledger, run_first = -1, 0
+        locations: list[int] = []
         moved = 0
         for ledger_id, entry_id, old, new in moves:
-            key = LOCATION_KEY.pack(ledger_id, entry_id)
-            current = self._locations.get(key)
-            if current is not None and LOCATION_VALUE.unpack(current)[0] == old:
-                batch.put(key, LOCATION_VALUE.pack(new), self._locations_cf)
+            if ledger_id != run_ledger or not run_first <= entry_id < run_first + len(locations):
+                run_ledger, locations = -1, []
+                iterator.seek_for_prev(LOCATION_KEY.pack(ledger_id, entry_id))
+                if not iterator.valid():
+                    continue
+                run_key = iterator.key()
+                lid, run_first = LOCATION_KEY.unpack(run_key)
+                if lid != ledger_id:
+                    continue
+                run_ledger = lid
+                locations = runs.setdefault(run_key, list(decode_run(iterator.value())))
+            index = entry_id - run_first
+            if index < len(locations) and locations[index] == old:
+                locations[index] = new
+                changed[run_key] = locations
                 moved += 1
+        del iterator, read_options
+        batch = WriteBatch(raw_mode=True)
+        for key, run in changed.items():
+            batch.put(key, encode_run(run), self._locations_cf)
         self._commit(batch)
         return moved
 
@@ -431,7 +532,8 @@ class Index:
         """Every record of the streams keyspace (loaded once at start)."""
         return {cast(bytes, k): cast(bytes, v) for k, v in self._streams.items()}
 
-    def estimated_entries(self) -> int:
+    def estimated_keys(self) -> int:
+        """Keys of the locations column family: one per run of entries (RocksDB estimate)."""
         return int(self._locations.property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def close(self) -> None:

@@ -1413,8 +1413,8 @@ class LedgerStorage:
         """Bytes waiting for the next WAL write (0 for a WAL that does not say)."""
         return int(getattr(self._wal, "queued_bytes", 0))
 
-    def index_entries_estimate(self) -> int:
-        return self.index.estimated_entries()
+    def index_keys_estimate(self) -> int:
+        return self.index.estimated_keys()
 
     @property
     def read_cache(self) -> ReadCache:

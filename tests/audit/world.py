@@ -21,8 +21,9 @@ from node.storage.index import (
     COLUMN_FAMILIES,
     LEDGER_KEY,
     LOCATION_KEY,
-    LOCATION_VALUE,
     LedgerMeta,
+    decode_run,
+    encode_run,
 )
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
@@ -134,15 +135,39 @@ def _open_index(data_dir: Path) -> Rdict:
     )
 
 
-def _location(data_dir: Path, ledger_id: int, entry_id: int) -> int:
+def _run_of(data_dir: Path, ledger_id: int, entry_id: int) -> tuple[bytes, int, list[int]]:
+    """The index run holding the entry: its key, first entry id and locations."""
     db = _open_index(data_dir)
     try:
         cf = db.get_column_family("locations")
-        value = cast(bytes, cf[LOCATION_KEY.pack(ledger_id, entry_id)])
-        del cf
-        return int(LOCATION_VALUE.unpack(value)[0])
+        for key, value in cf.items():
+            lid, first = LOCATION_KEY.unpack(cast(bytes, key))
+            run = list(decode_run(cast(bytes, value)))
+            if lid == ledger_id and first <= entry_id < first + len(run):
+                del cf
+                return cast(bytes, key), first, run
+        raise AssertionError(f"entry {entry_id} of ledger {ledger_id} is not indexed")
     finally:
         db.close()
+
+
+def _location(data_dir: Path, ledger_id: int, entry_id: int) -> int:
+    _key, first, run = _run_of(data_dir, ledger_id, entry_id)
+    return run[entry_id - first]
+
+
+def _set_location(data_dir: Path, ledger_id: int, entry_id: int, location: int | None) -> None:
+    """Point the entry elsewhere, or (None) drop it from the index: its run split around it."""
+    key, first, run = _run_of(data_dir, ledger_id, entry_id)
+    at = entry_id - first
+    if location is not None:
+        run[at] = location
+        _update(data_dir, "locations", {key: encode_run(run)})
+        return
+    changes: dict[bytes, bytes | None] = {key: encode_run(run[:at]) if at else None}
+    if at + 1 < len(run):
+        changes[LOCATION_KEY.pack(ledger_id, entry_id + 1)] = encode_run(run[at + 1 :])
+    _update(data_dir, "locations", changes)
 
 
 def _update(data_dir: Path, family: str, changes: dict[bytes, bytes | None]) -> None:
@@ -170,16 +195,12 @@ def flip_payload_byte(world: World, ledger_id: int, entry_id: int) -> None:
 
 
 def delete_index_entry(world: World, ledger_id: int, entry_id: int) -> None:
-    _update(world.data_dir, "locations", {LOCATION_KEY.pack(ledger_id, entry_id): None})
+    _set_location(world.data_dir, ledger_id, entry_id, None)
 
 
 def move_index_entry(world: World, ledger_id: int, entry_id: int, to_entry: int) -> None:
     target = _location(world.data_dir, ledger_id, to_entry)
-    _update(
-        world.data_dir,
-        "locations",
-        {LOCATION_KEY.pack(ledger_id, entry_id): LOCATION_VALUE.pack(target)},
-    )
+    _set_location(world.data_dir, ledger_id, entry_id, target)
 
 
 def orphan_record(world: World, ledger_id: int, entry_id: int) -> tuple[int, int]:

@@ -104,7 +104,7 @@ async def test_checkpoint_and_entry_log_metrics(client: Any) -> None:
     assert _value(samples, "storage_node_checkpoint_duration_seconds_count") >= 1
     assert _value(samples, "storage_node_entry_logs") == 1
     assert _value(samples, "storage_node_entry_log_bytes") > 1000
-    assert _value(samples, "storage_node_index_entries") >= 0
+    assert _value(samples, "storage_node_index_keys") >= 0
     assert _value(samples, "storage_node_index_size_bytes") > 0
     assert _value(samples, "storage_node_write_cache_bytes") == 0
 
