@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from rocksdict import AccessType, Options, Rdict, ReadOptions, WriteBatch, WriteOptions
+from rocksdict import AccessType, Options, Rdict, RdictIter, ReadOptions, WriteBatch, WriteOptions
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ LOCATION_VALUE = struct.Struct(">Q")
 RUN_VERSION = 1
 RUN_HEADER = 1  # the version byte before a run's locations
 # A run's value fills at most one 4 KiB RocksDB data block: a point read costs one block.
+# Lookups rely on it as the longest run there is: it may grow in a later version, never
+# shrink.
 RUN_ENTRIES = 511
 LEDGER_KEY = struct.Struct(">Q")
 META_FIXED = struct.Struct(">BBqqQQQQ")
@@ -235,16 +237,18 @@ def run_length(value: bytes) -> int:
     return count
 
 
+def _first_location_at(value: bytes) -> int:
+    return 0 if len(value) == LOCATION_VALUE.size else RUN_HEADER
+
+
 def run_location(value: bytes, index: int) -> int:
     """The location of the run's ``index``-th entry (checked against ``run_length``)."""
-    offset = 0 if len(value) == LOCATION_VALUE.size else RUN_HEADER
-    return int(LOCATION_VALUE.unpack_from(value, offset + index * LOCATION_VALUE.size)[0])
+    at = _first_location_at(value) + index * LOCATION_VALUE.size
+    return int(LOCATION_VALUE.unpack_from(value, at)[0])
 
 
 def decode_run(value: bytes) -> tuple[int, ...]:
-    count = run_length(value)
-    offset = 0 if count == 1 and len(value) == LOCATION_VALUE.size else RUN_HEADER
-    return struct.unpack_from(f">{count}Q", value, offset)
+    return struct.unpack_from(f">{run_length(value)}Q", value, _first_location_at(value))
 
 
 def split_runs(entry_ids: Sequence[int]) -> Iterator[tuple[int, int]]:
@@ -269,6 +273,42 @@ def expand_runs(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[int, int
         ledger_id, first = LOCATION_KEY.unpack(key)
         for n, loc in enumerate(decode_run(value)):
             yield ledger_id, first + n, loc
+
+
+@dataclass(slots=True, frozen=True)
+class _Run:
+    """A run as read from the index: its key, ledger, first entry id, length and value."""
+
+    key: bytes
+    ledger_id: int
+    first: int
+    count: int
+    value: bytes
+
+    def holds(self, ledger_id: int, entry_id: int) -> bool:
+        return ledger_id == self.ledger_id and self.first <= entry_id < self.first + self.count
+
+    def location(self, entry_id: int) -> int:
+        return run_location(self.value, entry_id - self.first)
+
+
+def _find_run(iterator: RdictIter, ledger_id: int, entry_id: int) -> _Run | None:
+    """The run holding the entry, None if none does. It is the nearest key at or before
+    the entry (runs never overlap); should two ever overlap, the search goes on back while
+    a run could still reach the entry (RUN_ENTRIES ids, a step or two), so an entry is
+    never hidden by a later run that starts after it and does not reach it."""
+    iterator.seek_for_prev(LOCATION_KEY.pack(ledger_id, entry_id))
+    while iterator.valid():
+        key = iterator.key()
+        lid, first = LOCATION_KEY.unpack(key)
+        if lid != ledger_id or first <= entry_id - RUN_ENTRIES:
+            return None
+        value = iterator.value()
+        count = run_length(value)
+        if entry_id < first + count:
+            return _Run(key, lid, first, count, value)
+        iterator.prev()
+    return None
 
 
 class Index:
@@ -384,20 +424,11 @@ class Index:
         found: list[int | None] = []
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         iterator = self._locations.iter(read_options)
-        run_ledger, run_first, run_end, run = -1, 0, 0, b""
+        run: _Run | None = None
         for ledger_id, entry_id in keys:
-            if ledger_id != run_ledger or not run_first <= entry_id < run_end:
-                iterator.seek_for_prev(LOCATION_KEY.pack(ledger_id, entry_id))
-                if not iterator.valid():
-                    found.append(None)
-                    continue
-                run_ledger, run_first = LOCATION_KEY.unpack(iterator.key())
-                run = iterator.value()
-                run_end = run_first + run_length(run)
-                if run_ledger != ledger_id or entry_id >= run_end:
-                    found.append(None)
-                    continue
-            found.append(run_location(run, entry_id - run_first))
+            if run is None or not run.holds(ledger_id, entry_id):
+                run = _find_run(iterator, ledger_id, entry_id)
+            found.append(None if run is None else run.location(entry_id))
         del iterator, read_options
         return found
 
@@ -406,16 +437,17 @@ class Index:
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         read_options.set_iterate_upper_bound(LOCATION_KEY.pack(ledger_id + 1, 0))
         iterator = self._locations.iter(read_options)
-        start = LOCATION_KEY.pack(ledger_id, first)
-        iterator.seek_for_prev(start)  # a run that begins before ``first`` may hold it
-        if not iterator.valid() or LOCATION_KEY.unpack(iterator.key())[0] != ledger_id:
-            iterator.seek(start)
+        # No run that starts before this reaches ``first``. (rocksdict's lower bound is
+        # not one for raw keys; its upper bound is.)
+        iterator.seek(LOCATION_KEY.pack(ledger_id, max(0, first - RUN_ENTRIES + 1)))
+        next_id = first  # runs never overlap; if they did, no id would come twice
         while iterator.valid():
             lid, run_first = LOCATION_KEY.unpack(iterator.key())
             if lid != ledger_id or run_first > last:
                 break
-            run_end = run_first + run_length(iterator.value())
-            yield from range(max(first, run_first), min(last + 1, run_end))
+            run_end = min(last + 1, run_first + run_length(iterator.value()))
+            yield from range(max(next_id, run_first), run_end)
+            next_id = max(next_id, run_end)
             iterator.next()
         del iterator, read_options
 
@@ -458,30 +490,26 @@ class Index:
         changed: dict[bytes, list[int]] = {}
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         iterator = self._locations.iter(read_options)
-        run_ledger, run_first = -1, 0
+        run: _Run | None = None
         locations: list[int] = []
         moved = 0
         for ledger_id, entry_id, old, new in moves:
-            if ledger_id != run_ledger or not run_first <= entry_id < run_first + len(locations):
-                run_ledger, locations = -1, []
-                iterator.seek_for_prev(LOCATION_KEY.pack(ledger_id, entry_id))
-                if not iterator.valid():
+            if run is None or not run.holds(ledger_id, entry_id):
+                run = _find_run(iterator, ledger_id, entry_id)
+                if run is None:
                     continue
-                run_key = iterator.key()
-                lid, run_first = LOCATION_KEY.unpack(run_key)
-                if lid != ledger_id:
-                    continue
-                run_ledger = lid
-                locations = runs.setdefault(run_key, list(decode_run(iterator.value())))
-            index = entry_id - run_first
-            if index < len(locations) and locations[index] == old:
+                if run.key not in runs:
+                    runs[run.key] = list(decode_run(run.value))
+                locations = runs[run.key]
+            index = entry_id - run.first
+            if locations[index] == old:
                 locations[index] = new
-                changed[run_key] = locations
+                changed[run.key] = locations
                 moved += 1
         del iterator, read_options
         batch = WriteBatch(raw_mode=True)
-        for key, run in changed.items():
-            batch.put(key, encode_run(run), self._locations_cf)
+        for key, locations in changed.items():
+            batch.put(key, encode_run(locations), self._locations_cf)
         self._commit(batch)
         return moved
 

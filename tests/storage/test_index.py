@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +34,7 @@ def _write(index: Index, model: Model, ledger_id: int, entry_ids: list[int]) -> 
 
 
 def _keys(index: Index) -> list[tuple[int, int]]:
-    return [LOCATION_KEY.unpack(key) for key, _value in index._locations.items()]
+    return [LOCATION_KEY.unpack(cast(bytes, key)) for key, _value in index._locations.items()]
 
 
 def _check(index: Index, model: Model, ledgers: range) -> None:
@@ -107,6 +108,21 @@ def test_relocate_moves_only_entries_that_still_point_at_the_old_place(
         _check(reopened, model, range(0, 10))
     finally:
         reopened.close()
+
+
+def test_an_entry_indexed_twice_hides_no_other_entry(index: Index) -> None:
+    """Runs never overlap (an entry is indexed once). Should one entry ever be indexed
+    again, as a run of its own, the entries after it in the first run stay found."""
+    model: Model = {}
+    _write(index, model, 4, list(range(0, RUN_ENTRIES)))
+    index.write([(4, [5], [99])], [])
+    copies = {model[(4, 5)], 99}  # either copy of entry 5 may be answered
+    asked = [*sorted(model), (4, RUN_ENTRIES)]
+    for found in (index.get_locations(asked), [index.get_location(*key) for key in asked]):
+        for key, location in zip(asked, found, strict=True):
+            assert location in copies if key == (4, 5) else location == model.get(key), key
+    assert list(index.entry_ids(4)) == list(range(RUN_ENTRIES))
+    assert list(index.entry_ids(4, 3, 8)) == [3, 4, 5, 6, 7, 8]
 
 
 def test_a_damaged_run_is_an_error_not_a_wrong_location() -> None:
