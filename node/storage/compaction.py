@@ -179,14 +179,17 @@ class Compactor:
                 marker.unlink()
                 done.append(f"undid compaction into {marker.name}")
                 continue
-            moves = []
-            for record in entrylog.scan(final):
-                if record.ledger_id < 0 or not record.crc_ok:
-                    continue
-                old = self._index.get_location(record.ledger_id, record.entry_id)
-                if old is not None and entrylog.split_location(old)[0] in sources:
-                    new = entrylog.location(output_id, record.offset)
-                    moves.append((record.ledger_id, record.entry_id, old, new))
+            copies = [
+                (record.ledger_id, record.entry_id, record.offset)
+                for record in entrylog.scan(final)
+                if record.ledger_id >= 0 and record.crc_ok
+            ]
+            found = self._index.get_locations([(lid, eid) for lid, eid, _offset in copies])
+            moves = [
+                (lid, eid, old, entrylog.location(output_id, offset))
+                for (lid, eid, offset), old in zip(copies, found, strict=True)
+                if old is not None and entrylog.split_location(old)[0] in sources
+            ]
             self._commit(output_id, sources, moves, marker)
             done.append(f"finished compaction of {sources} into {output_id:x}")
         for partial in self._dir.glob(f"*{entrylog.SUFFIX}{entrylog.COMPACTING_SUFFIX}"):

@@ -688,8 +688,11 @@ class Journal:
         log.error("journal write failed; the node stops acknowledging", exc_info=error)
         failure = JournalFailed(f"journal write failed: {error}")
         for pending in [*groups, *self._sealed, self._taking()]:
-            pending.future.set_exception(failure)
-            pending.future.exception()  # retrieved here; awaiting appends still get it
+            # A group may be acknowledged already: the writer thread goes on with the next
+            # groups on its own, so a cancelled wait for it can hold done groups.
+            if not pending.future.done():
+                pending.future.set_exception(failure)
+                pending.future.exception()  # retrieved here; awaiting appends still get it
 
     def _acknowledge(self, groups: list[_Group], marks: list[LogMark]) -> None:
         self._durable = marks[-1]

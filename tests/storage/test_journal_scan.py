@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from node.settings import Settings, load
 from node.storage.clock import SystemClock
-from node.storage.errors import CorruptRecord
+from node.storage.errors import CorruptRecord, JournalFailed
 from node.storage.faults import CrashPoints
 from node.storage.journal import (
     GROUP_START,
@@ -362,6 +362,35 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
         first, second = asyncio.run(run(s))
         assert first < second
         assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
+
+
+def test_a_cancelled_writer_fails_what_is_pending_and_keeps_what_is_acknowledged() -> None:
+    """The writer's task cancelled (a loop torn down without close()) while its thread,
+    having acknowledged a write, waits for the next records: the acknowledged append keeps
+    its mark, later appends are refused, and the task ends without an error of its own."""
+
+    async def run(s: Settings) -> None:
+        j = new_journal(s)
+        await j.start()
+        first = append(j, (1, 0, b"first"))
+        mark = await first
+        writer = j._writer
+        assert writer is not None
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        assert not writer.cancelled() and writer.exception() is None
+        assert first.result() == mark
+        with pytest.raises(JournalFailed):
+            append(j, (1, 1, b"refused"))
+        began = time.monotonic()
+        await j.close()
+        assert time.monotonic() - began < 5, "close() waited for the waiting writer"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # A long wait, so that the writer thread still waits when the task is cancelled.
+        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        asyncio.run(run(s))
+        assert recover_all(s) == [WalRecord(1, 0, b"first")]
 
 
 SLOW_SYNC_S = 0.5  # the slowed fdatasync: waiting for it too would take twice as long
