@@ -35,7 +35,7 @@ import mmap
 import os
 import sys
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -589,8 +589,7 @@ def _format_meta(meta: LedgerMeta) -> str:
 
 
 def _iter_locations(db: Rdict) -> Iterator[tuple[int, int, int]]:
-    items = db.get_column_family(INDEX_LOCATIONS_CF).items()
-    return expand_runs(cast(Iterable[tuple[bytes, bytes]], items))
+    return expand_runs(db.get_column_family(INDEX_LOCATIONS_CF))
 
 
 def inspect_index(path: Path, records: bool) -> int:

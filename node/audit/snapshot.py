@@ -304,9 +304,7 @@ def from_data_dir(
         locations_cf = db.get_column_family("locations")
         ledgers_cf = db.get_column_family("ledgers")
         streams_cf = db.get_column_family("streams")
-        builder.add_locations(
-            expand_runs(cast(Iterable[tuple[bytes, bytes]], locations_cf.items()))
-        )
+        builder.add_locations(expand_runs(locations_cf))
         for key, value in ledgers_cf.items():
             (ledger_id,) = LEDGER_KEY.unpack(cast(bytes, key))
             builder.add_ledger(LedgerMeta.decode(ledger_id, cast(bytes, value)))

@@ -319,8 +319,16 @@ def _table(rows: list[Result]) -> list[str]:
 
 def _print_size(report: SizeReport, writers: int) -> None:
     engine, raw, rocks = report.row(ENGINE), report.row(RAW_DISK), report.row(ROCKSDB)
-    batched = report.rows[-1]
+    rocks_batched = report.rows[-1]
     f = report.figures
+    batched_line = []
+    if report.batched:
+        batched, batched_figures = report.batched
+        batched_line.append(
+            f"- {batched.name}: {batched_figures.groups:,} groups, "
+            f"avg {batched_figures.avg_group_bytes:,.0f} B; "
+            f"batched/engine: {_ratio(batched.mb_per_s, engine.mb_per_s)}"
+        )
     out = [
         "",
         f"### entry size {report.size:,} B",
@@ -329,21 +337,13 @@ def _print_size(report: SizeReport, writers: int) -> None:
         "",
         f"- engine/rocksdb: {_ratio(engine.mb_per_s, rocks.mb_per_s)}; "
         f"engine/raw-disk: {_ratio(engine.mb_per_s, raw.mb_per_s)}; "
-        f"engine/rocksdb-batched: {_ratio(engine.mb_per_s, batched.mb_per_s)} (MB/s)",
+        f"engine/rocksdb-batched: {_ratio(engine.mb_per_s, rocks_batched.mb_per_s)} (MB/s)",
         f"- engine journal: {f.groups:,} groups, avg {f.avg_group_bytes:,.0f} B "
         f"= {report.entries_per_group:.1f} entries/group; "
         f"{report.engine_journal_mb_s:,.1f} MB/s of journal bytes; "
         f"{f.checkpoints} checkpoints, {f.throttled_adds:,} throttled and "
         f"{f.rejected_adds:,} rejected adds in the window",
-        *(
-            [
-                f"- {report.batched[0].name}: {report.batched[1].groups:,} groups, "
-                f"avg {report.batched[1].avg_group_bytes:,.0f} B; "
-                f"batched/engine: {_ratio(report.batched[0].mb_per_s, engine.mb_per_s)}"
-            ]
-            if report.batched
-            else []
-        ),
+        *batched_line,
         f"- raw disk: {report.batch_bytes:,} B per write+fdatasync, "
         f"{report.raw_journal_mb_s:,.1f} MB/s of journal bytes",
         f"- rocksdb sync: {writers} threads, but rocksdict holds the GIL in put(), so they are "

@@ -216,10 +216,6 @@ class LedgerMeta:
         )
 
 
-def location_key(ledger_id: int, entry_id: int) -> bytes:
-    return LOCATION_KEY.pack(ledger_id, entry_id)
-
-
 # --- runs of locations -----------------------------------------------------------------------
 
 
@@ -267,9 +263,10 @@ def split_runs(entry_ids: Sequence[int]) -> Iterator[tuple[int, int]]:
         start = end
 
 
-def expand_runs(items: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[int, int, int]]:
-    """(ledger id, entry id, location) of every entry in (key, value) pairs of runs."""
-    for key, value in items:
+def expand_runs(locations: Rdict) -> Iterator[tuple[int, int, int]]:
+    """(ledger id, entry id, location) of every entry in a locations column family, in key
+    order (for inspect and audits)."""
+    for key, value in cast(Iterable[tuple[bytes, bytes]], locations.items()):
         ledger_id, first = LOCATION_KEY.unpack(key)
         for n, loc in enumerate(decode_run(value)):
             yield ledger_id, first + n, loc
@@ -453,7 +450,7 @@ class Index:
 
     def locations(self) -> Iterator[tuple[int, int, int]]:
         """Every (ledger id, entry id, location), in key order (for inspect and audits)."""
-        return expand_runs(cast(Iterable[tuple[bytes, bytes]], self._locations.items()))
+        return expand_runs(self._locations)
 
     def load_ledgers(self) -> dict[int, LedgerMeta]:
         ledgers = {}
@@ -487,7 +484,7 @@ class Index:
         Each run that holds a moved entry is written again whole (the index's writes run
         on one thread, the checkpoint's: nothing changes a run in between)."""
         runs: dict[bytes, list[int]] = {}  # key of each run met -> its locations
-        changed: dict[bytes, list[int]] = {}
+        changed: set[bytes] = set()
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         iterator = self._locations.iter(read_options)
         run: _Run | None = None
@@ -504,12 +501,12 @@ class Index:
             index = entry_id - run.first
             if locations[index] == old:
                 locations[index] = new
-                changed[run.key] = locations
+                changed.add(run.key)
                 moved += 1
         del iterator, read_options
         batch = WriteBatch(raw_mode=True)
-        for key, locations in changed.items():
-            batch.put(key, encode_run(locations), self._locations_cf)
+        for key in changed:
+            batch.put(key, encode_run(runs[key]), self._locations_cf)
         self._commit(batch)
         return moved
 

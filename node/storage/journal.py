@@ -746,11 +746,11 @@ class Journal:
         peers_s = min(first_record_s, self._last_sync_s) if small else 0.0
         records = sum(group.records for group in written)
         began = time.monotonic()
-        while not self._closing:
-            queued = sum(g.records for g in self._sealed) + self._taking().records
+        while not self._closing and not self._sealed:
+            queued = self._taking().records
             limit = peers_s if queued else first_record_s
             waited = time.monotonic() - began
-            if queued >= records or waited >= limit or self._sealed:
+            if queued >= records or waited >= limit:
                 break
             self._wanted = records
             self._writer_waits = True
