@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.hostdisk import run_bench
 
 ROWS = ("engine", "engine, batches of 10", "raw disk (same batches)", "rocksdb sync")
+CPU_LINE = re.compile(
+    r"event loop ([0-9.]+) of a core, ([0-9.]+) us of its CPU per (?:add|entry); "
+    r"the process ([0-9.]+) cores"
+)
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 
 
@@ -43,6 +48,14 @@ def test_bench_write_prints_positive_figures_for_its_rows(tmp_path: Path) -> Non
     assert set(figures) == set(ROWS), result.stdout
     for name, value in figures.items():
         assert value > 0, f"{name}: {value} entries/s\n{result.stdout}"
+    # Where the CPU went, for the single and the batched row: the loop's share of a core
+    # (one thread cannot use more than the window's length) and its CPU per add or entry.
+    cpu = CPU_LINE.findall(result.stdout)
+    assert len(cpu) == 2, result.stdout
+    for busy, per_add_us, cores in cpu:
+        assert 0 < float(busy) <= 1.05, result.stdout
+        assert float(per_add_us) > 0, result.stdout
+        assert float(cores) >= float(busy) - 0.05, result.stdout
     # It cleans up after itself: nothing left of what it created.
     assert not scratch.exists() or not any(scratch.iterdir())
 

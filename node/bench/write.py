@@ -88,10 +88,24 @@ class EngineFigures:
     checkpoints: int
     throttled_adds: int
     rejected_adds: int
+    # CPU seconds in the window: the event loop's thread, where every add's Python runs, and
+    # the whole process (journal writer, checkpoint, RocksDB threads too).
+    loop_cpu_s: float
+    process_cpu_s: float
 
     @property
     def avg_group_bytes(self) -> float:
         return self.journal_bytes / self.groups if self.groups else 0.0
+
+    def cpu_line(self, result: Result, per: str) -> str:
+        """Where the CPU went: what a single event loop can do is the ceiling of this row."""
+        busy = self.loop_cpu_s / result.seconds if result.seconds else 0.0
+        per_entry_us = self.loop_cpu_s / result.entries * 1e6 if result.entries else 0.0
+        return (
+            f"event loop {busy:.2f} of a core, {per_entry_us:.1f} us of its CPU per {per}; "
+            f"the process {self.process_cpu_s / result.seconds if result.seconds else 0:.2f} "
+            "cores"
+        )
 
 
 # --- run 1: the engine ---------------------------------------------------------------------
@@ -117,7 +131,9 @@ async def _engine_run(
         await asyncio.sleep(warmup)
         groups0, bytes0 = wal.groups_written, wal.bytes_written
         stats0 = (storage.stats.checkpoints, storage.stats.throttled_adds, load.rejected)
+        cpu0 = (time.thread_time(), time.process_time())  # this coroutine runs on the loop
         elapsed = await load.record(seconds)
+        loop_cpu_s, process_cpu_s = time.thread_time() - cpu0[0], time.process_time() - cpu0[1]
         groups1, bytes1 = wal.groups_written, wal.bytes_written
         figures = EngineFigures(
             groups=groups1 - groups0,
@@ -125,6 +141,8 @@ async def _engine_run(
             checkpoints=storage.stats.checkpoints - stats0[0],
             throttled_adds=storage.stats.throttled_adds - stats0[1],
             rejected_adds=load.rejected - stats0[2],
+            loop_cpu_s=loop_cpu_s,
+            process_cpu_s=process_cpu_s,
         )
         if figures.groups == 0:  # a window shorter than one group: use the whole run
             figures.groups, figures.journal_bytes = groups1, bytes1
@@ -327,7 +345,8 @@ def _print_size(report: SizeReport, writers: int) -> None:
         batched_line.append(
             f"- {batched.name}: {batched_figures.groups:,} groups, "
             f"avg {batched_figures.avg_group_bytes:,.0f} B; "
-            f"batched/engine: {_ratio(batched.mb_per_s, engine.mb_per_s)}"
+            f"batched/engine: {_ratio(batched.mb_per_s, engine.mb_per_s)}; "
+            f"{batched_figures.cpu_line(batched, 'entry')}"
         )
     out = [
         "",
@@ -343,6 +362,7 @@ def _print_size(report: SizeReport, writers: int) -> None:
         f"{report.engine_journal_mb_s:,.1f} MB/s of journal bytes; "
         f"{f.checkpoints} checkpoints, {f.throttled_adds:,} throttled and "
         f"{f.rejected_adds:,} rejected adds in the window",
+        f"- engine CPU: {f.cpu_line(engine, 'add')}",
         *batched_line,
         f"- raw disk: {report.batch_bytes:,} B per write+fdatasync, "
         f"{report.raw_journal_mb_s:,.1f} MB/s of journal bytes",
