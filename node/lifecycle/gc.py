@@ -3,10 +3,10 @@ public API.
 
 A run: finish or undo interrupted compactions; when asked for (over HTTP, by the disk
 monitor), checkpoint so that recent deletions are durable; forget deleted ledgers (index
-entries and metadata); learn each sealed log's ledgers (its ledgers map, or a throttled
-scan) and keep that in memory; delete logs that hold no live ledger; then major compaction
-(usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest logs first,
-within a time bound and a throttle that counts bytes read as well as written.
+entries and metadata); learn each sealed log's ledgers (its ledgers map, or a scan paced in
+bytes/s) and keep that in memory; delete logs that hold no live ledger; then major
+compaction (usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest
+logs first, within a time bound and a throttle that counts bytes read as well as written.
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
 logs (compaction outputs, logs of a short-lived node) get merged instead of lingering once
@@ -164,7 +164,7 @@ class GarbageCollector:
         self._wanted = asyncio.Event()
         self._force: tuple[bool, bool] | None = None  # (major, minor) asked for over HTTP
         self._requested = False  # a run was asked for: it makes pending deletions durable
-        self._throttle: Throttle | None = None
+        self._throttles: list[Throttle] = []  # the current run's: stop() cancels them
         self._stopping = False
         self.disk_full = False  # set by the disk monitor
         self.stats = GcStats()
@@ -214,8 +214,8 @@ class GarbageCollector:
         """Ask the loop to end; a compaction in progress stops after its current log
         (awaiting run_forever then waits for that, never leaving work half-way)."""
         self._stopping = True
-        if self._throttle is not None:
-            self._throttle.cancelled = True
+        for throttle in self._throttles:
+            throttle.cancelled = True
         self._wanted.set()
 
     # --- a run -------------------------------------------------------------------------------
@@ -268,8 +268,14 @@ class GarbageCollector:
     def _collect_and_compact(self, report: GcReport, force: tuple[bool, bool] | None) -> None:
         """Blocking, on a worker thread."""
         self._storage.reap_retired_logs()
-        throttle = self._new_throttle()
-        self._refresh_metas(throttle)
+        s = self._settings
+        scan = self._new_throttle(s.gc_scan_rate_by_bytes, by_bytes=True)
+        rate = (
+            s.compaction_rate_by_bytes if s.is_throttle_by_bytes else s.compaction_rate_by_entries
+        )
+        throttle = self._new_throttle(rate, s.is_throttle_by_bytes)
+        self._throttles = [scan, throttle]
+        self._refresh_metas(scan)
         is_live = self._storage.is_live_ledger
         now_ms = self._clock.now_ms()
         for log_id, meta in list(self._metas.items()):
@@ -344,16 +350,16 @@ class GarbageCollector:
                 result.bytes_read, result.bytes_written,
             )  # fmt: skip
 
-    def _new_throttle(self) -> Throttle:
-        s = self._settings
-        rate = (
-            s.compaction_rate_by_bytes if s.is_throttle_by_bytes else s.compaction_rate_by_entries
-        )
-        self._throttle = Throttle(rate, s.is_throttle_by_bytes, self._clock.monotonic, self._sleep)
-        self._throttle.cancelled = self._stopping
-        return self._throttle
+    def _new_throttle(self, rate: float, by_bytes: bool) -> Throttle:
+        throttle = Throttle(rate, by_bytes, self._clock.monotonic, self._sleep)
+        throttle.cancelled = self._stopping
+        return throttle
 
-    def _refresh_metas(self, throttle: Throttle) -> None:
+    def _refresh_metas(self, scan: Throttle) -> None:
+        """Learn the ledgers of logs not seen yet. A log left without its ledgers map (the
+        checkpoint's log when the node died) is read whole, paced by bytes: compaction's
+        throttle counts entries by default (1000/s, BookKeeper's), which made a 1 GB log of
+        1 KiB entries take 17 minutes before a run after a crash could reclaim anything."""
         candidates = set(self._storage.gc_candidate_logs())
         for gone in set(self._metas) - candidates:
             del self._metas[gone]
@@ -365,7 +371,7 @@ class GarbageCollector:
         for log_id in sorted(candidates - set(self._metas)):
             path = log_path(self._settings.ledgers_dir, log_id)
             try:
-                sizes = ledger_sizes(path, throttle.acquire)
+                sizes = ledger_sizes(path, scan.acquire)
                 size = path.stat().st_size
             except (CorruptRecord, OSError) as e:
                 # BookKeeper's users saw GC stop silently here: report the log, go on.

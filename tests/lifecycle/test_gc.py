@@ -6,10 +6,12 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from node.lifecycle.gc import GarbageCollector
+from node.settings import load
 from node.storage import entrylog
 from node.storage.clock import SystemClock
 from node.storage.compaction import Throttle
@@ -20,6 +22,7 @@ from tests.lifecycle.gc_world import (
     gc_settings,
     interleave,
     log_bytes,
+    payload,
 )
 
 
@@ -253,6 +256,85 @@ async def test_an_unreadable_log_is_skipped_and_reported(
 def _clobber_header(path: Path) -> None:
     with open(path, "r+b") as f:
         f.write(b"JUNK")
+
+
+async def _logs_a_crash_left(tmp_path: Path, entries: int, **overrides: Any) -> LedgerStorage:
+    """A started storage over logs as a crash leaves the checkpoint's log: records up to the
+    end and no ledgers map. Two ledgers of ``entries`` entries each, interleaved in one log
+    (its limit is large), and deleted durably: the log holds nothing live."""
+    settings = gc_settings(tmp_path / "d", log_size_limit=64 << 20, **overrides)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    ids = [(await storage.create_ledger())[0].ledger_id for _ in range(2)]
+    for first in range(0, entries, 500):
+        for lid in ids:
+            await storage.add_entries(lid, [payload(lid, e) for e in range(first, first + 500)])
+    await storage.close()  # seals the log: its map is cut off below
+    await asyncio.to_thread(_cut_ledgers_maps, settings.ledgers_dir)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    await _delete(storage, ids)
+    return storage
+
+
+def _cut_ledgers_maps(directory: Path) -> None:
+    for log_id in entrylog.list_logs(directory):
+        path = entrylog.log_path(directory, log_id)
+        with open(path, "r+b") as f:
+            header = f.read(entrylog.HEADER_SIZE)
+            offset, _count = entrylog.MAP_FIELDS.unpack_from(header, entrylog.MAP_FIELDS_OFFSET)
+            assert offset, f"{path} was sealed with a map"
+            f.truncate(offset)
+            f.seek(entrylog.MAP_FIELDS_OFFSET)
+            f.write(entrylog.MAP_FIELDS.pack(0, 0))
+        assert entrylog.read_ledgers_map(path) is None
+
+
+def _log_sizes(directory: Path) -> dict[int, int]:
+    return {
+        log_id: entrylog.log_path(directory, log_id).stat().st_size
+        for log_id in entrylog.list_logs(directory)
+    }
+
+
+async def test_a_log_a_crash_left_without_its_map_is_reclaimed_by_the_first_run(
+    tmp_path: Path,
+) -> None:
+    """GC reads such a log whole to learn its ledgers. With the default throttles that must
+    not go at compaction's pace, 1,000 entries/s (6 s for these 6,000 entries; 17 minutes for
+    a 1 GB log of 1 KiB entries), but at ``gc_scan_rate_by_bytes``: 32 MiB/s, 6 MB here."""
+    defaults = load()
+    storage = await _logs_a_crash_left(
+        tmp_path, 3000, compaction_rate_by_entries=defaults.compaction_rate_by_entries
+    )
+    try:
+        logs = await asyncio.to_thread(_log_sizes, storage.settings.ledgers_dir)
+        gc = GarbageCollector(storage, SystemClock())
+        started = time.monotonic()
+        report = await gc.run()
+        elapsed = time.monotonic() - started
+        assert set(logs) <= set(report.deleted_logs), "the log holds no live ledger"
+        at_compaction_rate = 6000 / defaults.compaction_rate_by_entries
+        assert elapsed < at_compaction_rate / 2, f"{elapsed:.1f} s for 6,000 entries"
+    finally:
+        await storage.close()
+
+
+async def test_the_scan_of_a_log_without_its_map_is_paced_in_bytes(tmp_path: Path) -> None:
+    rate = 2_000_000  # bytes/s: the log below holds about 3 MB of records
+    storage = await _logs_a_crash_left(tmp_path, 1500, gc_scan_rate_by_bytes=rate)
+    try:
+        logs = await asyncio.to_thread(_log_sizes, storage.settings.ledgers_dir)
+        scanned = sum(logs.values())
+        gc = GarbageCollector(storage, SystemClock())
+        started = time.monotonic()
+        report = await gc.run()
+        elapsed = time.monotonic() - started
+        assert set(logs) <= set(report.deleted_logs)
+        assert scanned > rate  # long enough to measure
+        assert abs(scanned / elapsed - rate) / rate < 0.10, f"{scanned / elapsed:,.0f} B/s"
+    finally:
+        await storage.close()
 
 
 def test_throttle_keeps_compaction_io_within_ten_percent_of_the_rate() -> None:
