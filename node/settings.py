@@ -149,8 +149,8 @@ class Settings(BaseSettings):
     compaction_rate_by_entries: int = Field(1000, gt=0)  # throttle, entries/s
     compaction_rate_by_bytes: int = Field(1_000_000, gt=0)  # throttle, bytes/s (read + written)
     is_throttle_by_bytes: bool = False  # throttle by bytes instead of entries
-    # pace of reading a log left without its ledgers map (by a crash) to learn its ledgers
-    gc_scan_rate_by_bytes: int = Field(32 * MiB, gt=0)
+    # GC's reads, bytes/s: logs a crash left without a ledgers map; compaction by entries
+    gc_read_rate_by_bytes: int = Field(32 * MiB, gt=0)
     destroy_maped_file_interval_forcibly: int = Field(120_000, ge=0)  # RocketMQ, ms
 
     # --- disks (BookKeeper LedgerDirsMonitor, RocketMQ) ------------------------------------

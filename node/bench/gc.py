@@ -150,14 +150,15 @@ def _settings(data_dir: Path) -> Settings:
 
 def _dataset_bytes(settings: Settings, window_s: float) -> int:
     """Enough that the throttled compaction lasts DATASET_MARGIN x ``window_s``: it reads
-    every byte and writes the live share, and the throttle counts both."""
-    per_byte = 1 + 1 / LIVE_EVERY
+    every byte and writes the live share. Counting bytes, the throttle counts both;
+    counting entries, it counts the copies, and the reads have a rate of their own (the
+    slower of the two sets the time)."""
     if settings.is_throttle_by_bytes:
-        rate_bytes = float(settings.compaction_rate_by_bytes)
+        bytes_per_s = settings.compaction_rate_by_bytes / (1 + 1 / LIVE_EVERY)
     else:
-        rate_bytes = settings.compaction_rate_by_entries * float(DATA_ENTRY_SIZE)
-    needed = int(rate_bytes * window_s * DATASET_MARGIN / per_byte)
-    return max(MIN_DATASET, needed)
+        copies = settings.compaction_rate_by_entries * float(DATA_ENTRY_SIZE) * LIVE_EVERY
+        bytes_per_s = min(copies, float(settings.gc_read_rate_by_bytes))
+    return max(MIN_DATASET, int(bytes_per_s * window_s * DATASET_MARGIN))
 
 
 async def _build(settings: Settings, size: int) -> Dataset:
@@ -208,6 +209,13 @@ def _throttle(settings: Settings, paced: bool) -> MeteredThrottle:
     by_bytes = settings.is_throttle_by_bytes
     rate = settings.compaction_rate_by_bytes if by_bytes else settings.compaction_rate_by_entries
     return MeteredThrottle(rate, by_bytes, paced)
+
+
+def _reads_throttle(settings: Settings) -> Throttle | None:
+    """As GC paces compaction's reads: with the copies when counting bytes, else apart."""
+    if settings.is_throttle_by_bytes:
+        return None
+    return Throttle(settings.gc_read_rate_by_bytes, by_bytes=True)
 
 
 def _rounds(seconds: float) -> tuple[int, float]:
@@ -268,17 +276,21 @@ async def _loads(
                 # the round's window needs at the configured rate.
                 share = candidates[index::rounds]
                 throttle = _throttle(settings, paced=True)
+                reads = _reads_throttle(settings)
                 compaction = asyncio.ensure_future(
                     asyncio.to_thread(
-                        storage.compactor.compact, share, storage.is_live_ledger, throttle
+                        storage.compactor.compact, share, storage.is_live_ledger, throttle,
+                        reads=reads,
                     )
-                )
+                )  # fmt: skip
                 await asyncio.sleep(min(warmup, round_s))  # the compaction gets going
                 units = throttle.units
                 figures = LoadFigures(await _window(load, round_s, WITH))
                 figures.compaction_units_per_s = (throttle.units - units) / figures.result.seconds
                 figures.compaction_finished_early = compaction.done()
-                throttle.cancelled = True  # the rest of the log in hand runs unpaced
+                for paced in (throttle, reads):  # the rest of the log in hand runs unpaced
+                    if paced is not None:
+                        paced.cancelled = True
                 results.append(await compaction)
                 with_.append(figures)
         finally:
@@ -368,7 +380,8 @@ def _report(
         f"(target <= {P99_TARGET}x: {verdict}); round by round: min "
         f"{per_round[0]:.2f}x, median {statistics.median(per_round):.2f}x, max "
         f"{per_round[-1]:.2f}x (the spread is this machine's noise)",
-        f"- compaction I/O during the windows: {measured / scale:,.2f} {unit} (read + written) "
+        f"- compaction I/O during the windows: {measured / scale:,.2f} {unit} "
+        f"({'read + written' if by_bytes else 'copied'}) "
         f"against the configured {rate / scale:,.2f} {unit} ({measured / rate:.0%} of it)"
         + (
             f"; {len(with_) - len(running)} rounds left out: their compaction ended early"
@@ -402,11 +415,15 @@ def _run(scratch: Path, writers: int, window: int, seconds: float, warmup: float
     for target in (alone_dir, load_dir):
         shutil.copytree(base_dir, target)  # a closed node's files: an identical node
     shutil.rmtree(base_dir)
-    rate_text = (
-        f"compaction_rate_by_bytes={settings.compaction_rate_by_bytes / MB:g} MB/s"
-        if settings.is_throttle_by_bytes
-        else f"compaction_rate_by_entries={settings.compaction_rate_by_entries:,}/s"
-    )
+    if settings.is_throttle_by_bytes:
+        rate_text = f"compaction_rate_by_bytes={settings.compaction_rate_by_bytes / MB:g} MB/s"
+        counted = "(reads and writes both count)"
+    else:
+        rate_text = f"compaction_rate_by_entries={settings.compaction_rate_by_entries:,}/s"
+        counted = (
+            "(the entries copied; reads at "
+            f"gc_read_rate_by_bytes={settings.gc_read_rate_by_bytes / MB:g} MB/s)"
+        )
     print(
         "\n".join(
             [
@@ -419,7 +436,7 @@ def _run(scratch: Path, writers: int, window: int, seconds: float, warmup: float
                 f"log_size_limit={LOG_SIZE // MiB} MiB); {dataset.deleted} ledgers deleted: "
                 f"logs {dataset.live_fraction:.0%} live",
                 f"- throttle: is_throttle_by_bytes={settings.is_throttle_by_bytes}, "
-                f"{rate_text} (reads and writes both count); major threshold "
+                f"{rate_text} {counted}; major threshold "
                 f"{settings.major_compaction_threshold}",
                 "- MB = 10^6 bytes; latency of an add = call to durable acknowledgment; "
                 "the sources of run 1 are in the page cache (just written)",

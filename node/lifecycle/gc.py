@@ -6,7 +6,8 @@ monitor), checkpoint so that recent deletions are durable; forget deleted ledger
 entries and metadata); learn each sealed log's ledgers (its ledgers map, or a scan paced in
 bytes/s) and keep that in memory; delete logs that hold no live ledger; then major
 compaction (usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest
-logs first, within a time bound and a throttle that counts bytes read as well as written.
+logs first, within a time bound and a throttle that counts reads as well as writes (reads
+in bytes/s of their own when it counts entries).
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
 logs (compaction outputs, logs of a short-lived node) get merged instead of lingering once
@@ -269,13 +270,13 @@ class GarbageCollector:
         """Blocking, on a worker thread."""
         self._storage.reap_retired_logs()
         s = self._settings
-        scan = self._new_throttle(s.gc_scan_rate_by_bytes, by_bytes=True)
+        reads = self._new_throttle(s.gc_read_rate_by_bytes, by_bytes=True)
         rate = (
             s.compaction_rate_by_bytes if s.is_throttle_by_bytes else s.compaction_rate_by_entries
         )
         throttle = self._new_throttle(rate, s.is_throttle_by_bytes)
-        self._throttles = [scan, throttle]
-        self._refresh_metas(scan)
+        self._throttles = [reads, throttle]
+        self._refresh_metas(reads)
         is_live = self._storage.is_live_ledger
         now_ms = self._clock.now_ms()
         for log_id, meta in list(self._metas.items()):
@@ -293,10 +294,14 @@ class GarbageCollector:
         kind = self._compaction_due(force)
         if kind is not None:
             report.compaction = kind
-            self._compact(kind, throttle, report)
+            # Counting bytes, compaction's reads share its rate (as documented); counting
+            # entries, they are paced in bytes with the scans.
+            self._compact(kind, throttle, None if s.is_throttle_by_bytes else reads, report)
         self._save_state()
 
-    def _compact(self, kind: str, throttle: Throttle, report: GcReport) -> None:
+    def _compact(
+        self, kind: str, throttle: Throttle, reads: Throttle | None, report: GcReport
+    ) -> None:
         s = self._settings
         max_ms = (
             s.minor_compaction_max_time_millis if kind == "minor"
@@ -314,7 +319,7 @@ class GarbageCollector:
         try:
             result = self._storage.compactor.compact(
                 candidates, self._storage.is_live_ledger, throttle, self._progress, deadline,
-                self._clock.monotonic, self._output_limit(),
+                self._clock.monotonic, self._output_limit(), reads,
             )  # fmt: skip
         finally:
             setattr(self.status, flag, False)
@@ -355,7 +360,7 @@ class GarbageCollector:
         throttle.cancelled = self._stopping
         return throttle
 
-    def _refresh_metas(self, scan: Throttle) -> None:
+    def _refresh_metas(self, reads: Throttle) -> None:
         """Learn the ledgers of logs not seen yet. A log left without its ledgers map (the
         checkpoint's log when the node died) is read whole, paced by bytes: compaction's
         throttle counts entries by default (1000/s, BookKeeper's), which made a 1 GB log of
@@ -371,7 +376,7 @@ class GarbageCollector:
         for log_id in sorted(candidates - set(self._metas)):
             path = log_path(self._settings.ledgers_dir, log_id)
             try:
-                sizes = ledger_sizes(path, scan.acquire)
+                sizes = ledger_sizes(path, reads.acquire)
                 size = path.stat().st_size
             except (CorruptRecord, OSError) as e:
                 # BookKeeper's users saw GC stop silently here: report the log, go on.

@@ -50,9 +50,11 @@ COPY_BATCH_RECORDS = 256  # records read before one index multi-get and throttle
 
 
 class Throttle:
-    """A token bucket over entries or bytes per second. Reads count as well as writes:
-    scanning a mostly dead log is I/O too (BookKeeper counted only what it copied, and
-    saturated disks reading)."""
+    """A token bucket over entries or bytes per second. Compaction charges reads as well as
+    writes: scanning a mostly dead log is I/O too (BookKeeper counted only what it copied,
+    and saturated disks reading). Counting entries, reads go to a bytes throttle of their
+    own: at 1,000 entries/s, reading past the dead records of small entries took most of
+    a run (17 minutes for a log of 1 GB of 1 KiB entries)."""
 
     def __init__(
         self,
@@ -212,11 +214,13 @@ class Compactor:
         deadline: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         output_limit: int | None = None,
+        reads: Throttle | None = None,
     ) -> CompactionResult:
         """Compact ``sources`` ((log id, estimated live bytes), emptiest first) into as few
         output logs as fit ``log_size_limit`` (or the smaller ``output_limit``: on a full
         disk, an output that fits the free space, whose sources go before the next one
-        starts), until ``deadline`` (a ``clock`` time)."""
+        starts), until ``deadline`` (a ``clock`` time). The records read are charged to
+        ``reads`` when given, else to ``throttle`` with the copies."""
         limit = min(self._limit, output_limit) if output_limit is not None else self._limit
         result = CompactionResult()
         output: _Output | None = None
@@ -233,7 +237,10 @@ class Compactor:
                     output = _Output(self._dir, self._allocator.allocate())
                     self.in_progress.add(output.log_id)
                 try:
-                    self._copy(source, output, is_live_ledger, throttle, progress, result)
+                    self._copy(
+                        source, output, is_live_ledger, (reads or throttle, throttle), progress,
+                        result,
+                    )  # fmt: skip
                 except (CorruptRecord, OSError) as e:
                     result.failed[source] = str(e)
                     log.error("compaction skipped entry log %x: %s", source, e)
@@ -255,14 +262,14 @@ class Compactor:
         source: int,
         output: _Output,
         is_live_ledger: Callable[[int], bool],
-        throttle: Throttle,
+        throttles: tuple[Throttle, Throttle],
         progress: Progress | None,
         result: CompactionResult,
     ) -> None:
         path = entrylog.log_path(self._dir, source)
         total = path.stat().st_size
         for batch, size in _batches(entrylog.scan(path)):
-            self._copy_batch(source, batch, size, output, is_live_ledger, throttle, result)
+            self._copy_batch(source, batch, size, output, is_live_ledger, throttles, result)
             if progress is not None:
                 end = batch[-1].offset + entrylog.RECORD_OVERHEAD + len(batch[-1].payload)
                 progress(source, end, max(0, total - end))
@@ -275,13 +282,15 @@ class Compactor:
         size: int,
         output: _Output,
         is_live_ledger: Callable[[int], bool],
-        throttle: Throttle,
+        throttles: tuple[Throttle, Throttle],
         result: CompactionResult,
     ) -> None:
-        """Copy the live records of ``batch`` (``size`` bytes read) with one throttle charge
-        and one index multi-get for all of them: per record, each cost as much as the copy."""
+        """Copy the live records of ``batch`` (``size`` bytes read) with one charge to each
+        of the (reads, copies) throttles and one index multi-get for all of them: per
+        record, each cost as much as the copy."""
+        reads, copies = throttles
         result.bytes_read += size
-        throttle.acquire(len(batch), size)
+        reads.acquire(len(batch), size)
         live = [r for r in batch if r.ledger_id >= 0 and is_live_ledger(r.ledger_id)]
         found = self._index.get_locations([(r.ledger_id, r.entry_id) for r in live])
         entries = written = 0
@@ -297,7 +306,7 @@ class Compactor:
             result.entries_copied += 1
             entries += 1
             written += copy
-        throttle.acquire(entries, written)
+        copies.acquire(entries, written)
 
     def _finish(self, output: _Output, result: CompactionResult) -> None:
         if not output.moves:
