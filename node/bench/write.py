@@ -99,12 +99,11 @@ class EngineFigures:
 
     def cpu_line(self, result: Result, per: str) -> str:
         """Where the CPU went: what a single event loop can do is the ceiling of this row."""
-        busy = self.loop_cpu_s / result.seconds if result.seconds else 0.0
+        seconds = result.seconds or float("inf")  # an empty window shows zeros
         per_entry_us = self.loop_cpu_s / result.entries * 1e6 if result.entries else 0.0
         return (
-            f"event loop {busy:.2f} of a core, {per_entry_us:.1f} us of its CPU per {per}; "
-            f"the process {self.process_cpu_s / result.seconds if result.seconds else 0:.2f} "
-            "cores"
+            f"event loop {self.loop_cpu_s / seconds:.2f} of a core, {per_entry_us:.1f} us of "
+            f"its CPU per {per}; the process {self.process_cpu_s / seconds:.2f} cores"
         )
 
 

@@ -222,6 +222,7 @@ class Compactor:
         starts), until ``deadline`` (a ``clock`` time). The records read are charged to
         ``reads`` when given, else to ``throttle`` with the copies."""
         limit = min(self._limit, output_limit) if output_limit is not None else self._limit
+        throttles = (reads or throttle, throttle)  # (reads, copies)
         result = CompactionResult()
         output: _Output | None = None
         try:
@@ -237,10 +238,7 @@ class Compactor:
                     output = _Output(self._dir, self._allocator.allocate())
                     self.in_progress.add(output.log_id)
                 try:
-                    self._copy(
-                        source, output, is_live_ledger, (reads or throttle, throttle), progress,
-                        result,
-                    )  # fmt: skip
+                    self._copy(source, output, is_live_ledger, throttles, progress, result)
                 except (CorruptRecord, OSError) as e:
                     result.failed[source] = str(e)
                     log.error("compaction skipped entry log %x: %s", source, e)

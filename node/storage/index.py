@@ -273,7 +273,7 @@ def expand_runs(locations: Rdict) -> Iterator[tuple[int, int, int]]:
 
 
 @dataclass(slots=True, frozen=True)
-class _Run:
+class Run:
     """A run as read from the index: its key, ledger, first entry id, length and value."""
 
     key: bytes
@@ -289,7 +289,7 @@ class _Run:
         return run_location(self.value, entry_id - self.first)
 
 
-def _find_run(iterator: RdictIter, ledger_id: int, entry_id: int) -> _Run | None:
+def find_run(iterator: RdictIter, ledger_id: int, entry_id: int) -> Run | None:
     """The run holding the entry, None if none does. It is the nearest key at or before
     the entry (runs never overlap); should two ever overlap, the search goes on back while
     a run could still reach the entry (RUN_ENTRIES ids, a step or two), so an entry is
@@ -303,7 +303,7 @@ def _find_run(iterator: RdictIter, ledger_id: int, entry_id: int) -> _Run | None
         value = iterator.value()
         count = run_length(value)
         if entry_id < first + count:
-            return _Run(key, lid, first, count, value)
+            return Run(key, lid, first, count, value)
         iterator.prev()
     return None
 
@@ -421,10 +421,10 @@ class Index:
         found: list[int | None] = []
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         iterator = self._locations.iter(read_options)
-        run: _Run | None = None
+        run: Run | None = None
         for ledger_id, entry_id in keys:
             if run is None or not run.holds(ledger_id, entry_id):
-                run = _find_run(iterator, ledger_id, entry_id)
+                run = find_run(iterator, ledger_id, entry_id)
             found.append(None if run is None else run.location(entry_id))
         del iterator, read_options
         return found
@@ -487,12 +487,12 @@ class Index:
         changed: set[bytes] = set()
         read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
         iterator = self._locations.iter(read_options)
-        run: _Run | None = None
+        run: Run | None = None
         locations: list[int] = []
         moved = 0
         for ledger_id, entry_id, old, new in moves:
             if run is None or not run.holds(ledger_id, entry_id):
-                run = _find_run(iterator, ledger_id, entry_id)
+                run = find_run(iterator, ledger_id, entry_id)
                 if run is None:
                     continue
                 if run.key not in runs:

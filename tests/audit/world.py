@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from rocksdict import AccessType, Options, Rdict
+from rocksdict import AccessType, Options, Rdict, ReadOptions
 
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
 from node.offload.service import Offload
@@ -24,6 +24,7 @@ from node.storage.index import (
     LedgerMeta,
     decode_run,
     encode_run,
+    find_run,
 )
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
@@ -140,13 +141,12 @@ def _run_of(data_dir: Path, ledger_id: int, entry_id: int) -> tuple[bytes, int, 
     db = _open_index(data_dir)
     try:
         cf = db.get_column_family("locations")
-        for key, value in cf.items():
-            lid, first = LOCATION_KEY.unpack(cast(bytes, key))
-            run = list(decode_run(cast(bytes, value)))
-            if lid == ledger_id and first <= entry_id < first + len(run):
-                del cf
-                return cast(bytes, key), first, run
-        raise AssertionError(f"entry {entry_id} of ledger {ledger_id} is not indexed")
+        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        iterator = cf.iter(read_options)
+        run = find_run(iterator, ledger_id, entry_id)
+        del iterator, read_options, cf
+        assert run is not None, f"entry {entry_id} of ledger {ledger_id} is not indexed"
+        return run.key, run.first, list(decode_run(run.value))
     finally:
         db.close()
 
