@@ -476,8 +476,10 @@ def lifecycle() -> Dashboard:
                 [
                     q(rate("gc_compaction_read_bytes_total"), "{{instance}} read"),
                     q(rate("gc_compaction_written_bytes_total"), "{{instance}} written"),
+                    q(rate("gc_scanned_bytes_total"), "{{instance}} scanned"),
                 ],
-                "Bytes compaction read and wrote.",
+                "Bytes compaction read and wrote, and GC's reads of logs without a map "
+                "(after a crash; once per log).",
             ),
             Panel(
                 "Compactions",

@@ -466,6 +466,7 @@ def _gc_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         ("gc_run_seconds", g.run_seconds_total, "Time spent in GC runs."),
         ("gc_compaction_read_bytes", g.compaction_read_bytes, "Bytes compaction read."),
         ("gc_compaction_written_bytes", g.compaction_written_bytes, "Bytes compaction wrote."),
+        ("gc_scanned_bytes", g.scanned_bytes, "Bytes GC read to learn logs without a map."),
         ("gc_failures", g.failures, "GC runs that failed (logged; retried at the next run)."),
     ):
         yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)

@@ -4,10 +4,10 @@ public API.
 A run: finish or undo interrupted compactions; when asked for (over HTTP, by the disk
 monitor), checkpoint so that recent deletions are durable; forget deleted ledgers (index
 entries and metadata); learn each sealed log's ledgers (its ledgers map, or a scan paced in
-bytes/s) and keep that in memory; delete logs that hold no live ledger; then major
-compaction (usage below 0.8, every 24 h) or else minor (below 0.2, every hour), emptiest
-logs first, within a time bound and a throttle that counts reads as well as writes (reads
-in bytes/s of their own when it counts entries).
+bytes/s whose result is kept beside the log) and keep that in memory; delete logs that hold
+no live ledger; then major compaction (usage below 0.8, every 24 h) or else minor (below
+0.2, every hour), emptiest logs first, within a time bound and a throttle that counts reads
+as well as writes (reads in bytes/s of their own when it counts entries).
 
 Usage is live bytes over the larger of the log's size and ``log_size_limit``, so small
 logs (compaction outputs, logs of a short-lived node) get merged instead of lingering once
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.settings import Settings
+from node.storage import entrylog
 from node.storage.clock import Clock
 from node.storage.compaction import CompactionResult, Throttle
-from node.storage.entrylog import ledger_sizes, log_path
 from node.storage.errors import CorruptRecord
 from node.storage.fsutil import write_file_atomically
 from node.storage.ledgers import LedgerStorage
@@ -82,6 +82,7 @@ class GcStats:
     reclaimed_by_compaction_bytes: int = 0
     compaction_read_bytes: int = 0
     compaction_written_bytes: int = 0
+    scanned_bytes: int = 0  # read to learn the ledgers of logs without a map
     last_run_seconds: float = 0.0
     run_seconds_total: float = 0.0
     failures: int = 0  # runs that raised (run_forever logs them and waits for the next)
@@ -364,7 +365,9 @@ class GarbageCollector:
         """Learn the ledgers of logs not seen yet. A log left without its ledgers map (the
         checkpoint's log when the node died) is read whole, paced by bytes: compaction's
         throttle counts entries by default (1000/s, BookKeeper's), which made a 1 GB log of
-        1 KiB entries take 17 minutes before a run after a crash could reclaim anything."""
+        1 KiB entries take 17 minutes before a run after a crash could reclaim anything.
+        What the read learns is kept beside the log, so it is read once, not at every start."""
+        entrylog.delete_orphan_map_files(self._settings.ledgers_dir)
         candidates = set(self._storage.gc_candidate_logs())
         for gone in set(self._metas) - candidates:
             del self._metas[gone]
@@ -373,10 +376,15 @@ class GarbageCollector:
             dead_since = self._load_state()
             self._saved_state = {f"{k:x}": v for k, v in dead_since.items()}
         unreadable = []
+
+        def on_read(records: int, size: int) -> None:
+            self.stats.scanned_bytes += size
+            reads.acquire(records, size)
+
         for log_id in sorted(candidates - set(self._metas)):
-            path = log_path(self._settings.ledgers_dir, log_id)
+            path = entrylog.log_path(self._settings.ledgers_dir, log_id)
             try:
-                sizes = ledger_sizes(path, reads.acquire)
+                sizes = entrylog.ledger_sizes(path, on_read, keep=True)
                 size = path.stat().st_size
             except (CorruptRecord, OSError) as e:
                 # BookKeeper's users saw GC stop silently here: report the log, go on.

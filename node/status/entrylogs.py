@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from node.storage.entrylog import SUFFIX, log_path, read_ledgers_map
+from node.storage.entrylog import SUFFIX, known_ledgers_map, log_path
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
 from node.streams.model import MB, MINUTE_MS, Cursor, Position, Stream
 
@@ -56,7 +56,7 @@ class MapCache:
     """Ledgers maps already read, by log id with the (size, mtime) they were read at. Bounded
     by the logs on disk: ``scan_logs`` drops the entries of logs that are gone."""
 
-    maps: dict[int, tuple[int, int, Mapping[int, int] | None]] = field(default_factory=dict)
+    maps: dict[int, tuple[int, int, Mapping[int, int]]] = field(default_factory=dict)
 
 
 def scan_logs(ledgers_dir: Path, sealed: set[int], cache: MapCache) -> list[LogFile]:
@@ -82,8 +82,9 @@ def scan_logs(ledgers_dir: Path, sealed: set[int], cache: MapCache) -> list[LogF
                 ledgers = cached[2]
             else:
                 with contextlib.suppress(OSError):
-                    ledgers = read_ledgers_map(log_path(ledgers_dir, log_id))
-                cache.maps[log_id] = (stat.st_size, stat.st_mtime_ns, ledgers)
+                    ledgers = known_ledgers_map(log_path(ledgers_dir, log_id))
+                if ledgers is not None:  # else GC may keep a map beside the log later
+                    cache.maps[log_id] = (stat.st_size, stat.st_mtime_ns, ledgers)
         found.append(
             LogFile(log_id, stat.st_size, stat.st_mtime_ns // NS_PER_MS, log_id in sealed, ledgers)
         )

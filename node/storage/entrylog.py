@@ -26,12 +26,25 @@ Ledgers map record payload (at most 10,000 ledgers per record, as BookKeeper)::
 A location is ``(log id << 32) | offset of the record``. ``lastId`` holds the last
 allocated log id in hex. A log is never appended to after a restart: the writer always
 starts a new one, so a log that has no map (a crash before its roll) is simply scanned.
+
+What such a scan learns is kept beside the log, so that the next start does not read the log
+again (BookKeeper can keep it in a RocksDB, ``gcEntryLogMetadataCacheEnabled``). The log
+itself is never patched: where its records end cannot be told from a cut record. Map file
+``<id in hex>.log.map``, written atomically, deleted with its log::
+
+    offset  size   field
+    0       4      magic "BKLM"
+    4       4      version u32 = 1
+    8       8      log size u64             (the map holds while the log keeps this size)
+    16      4      ledgers map count u32
+    20      ...    the ledgers map records, as in a log
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import operator
 import os
 import struct
@@ -46,6 +59,8 @@ from node.settings import Settings
 from node.storage.errors import CorruptRecord
 from node.storage.fsutil import fsync_dir, write_file_atomically
 from node.storage.wal import record_crc
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"BKLO"
 VERSION = 1
@@ -65,6 +80,10 @@ LEDGERS_MAP_ENTRY_ID = -2
 LEDGERS_MAP_COUNT = struct.Struct(">I")
 LEDGERS_MAP_ITEM = struct.Struct(">QQ")
 LEDGERS_MAP_MAX_BATCH = 10_000
+MAP_FILE_MAGIC = b"BKLM"
+MAP_FILE_VERSION = 1
+MAP_FILE_HEADER = struct.Struct(">4sIQI")
+MAP_FILE_SUFFIX = ".map"  # after the log's name: <id>.log.map
 LAST_ID_FILE = "lastId"
 COMPACTING_SUFFIX = ".compacting"  # a compaction output being written: <id>.log.compacting
 READ_AHEAD_STEP = 256 * 1024  # read-ahead reads the log in steps of this size
@@ -136,6 +155,32 @@ def log_path(directory: Path, log_id: int) -> Path:
     return directory / f"{log_id:x}{SUFFIX}"
 
 
+def map_file_path(log: Path) -> Path:
+    return log.with_name(log.name + MAP_FILE_SUFFIX)
+
+
+def delete_log(directory: Path, log_id: int) -> None:
+    """The log, then the map kept beside it (a crash in between leaves a map that
+    ``delete_orphan_map_files`` finds)."""
+    path = log_path(directory, log_id)
+    path.unlink(missing_ok=True)
+    map_file_path(path).unlink(missing_ok=True)
+
+
+def delete_orphan_map_files(directory: Path) -> None:
+    """Delete the map files whose log is gone, and any a crash left half written (only GC
+    writes them, and it calls this first). Best effort: an orphan costs a few bytes."""
+    orphans = list(directory.glob(f"*{SUFFIX}{MAP_FILE_SUFFIX}.tmp"))
+    for path in directory.glob(f"*{SUFFIX}{MAP_FILE_SUFFIX}"):
+        if not path.with_suffix("").exists():
+            orphans.append(path)
+    for path in orphans:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("could not delete %s: %s", path, e)
+
+
 def list_logs(directory: Path) -> list[int]:
     ids = []
     for path in directory.glob(f"*{SUFFIX}"):
@@ -189,7 +234,11 @@ def read_ledgers_map(path: Path) -> dict[int, int] | None:
         if map_offset == 0 or map_count == 0:
             return None
         f.seek(map_offset)
-        data = f.read()
+        return _decode_map_records(f.read(), map_count)
+
+
+def _decode_map_records(data: bytes, count: int) -> dict[int, int] | None:
+    """The ledgers map of ``count`` ledgers that ``data`` holds whole, or None."""
     sizes: dict[int, int] = {}
     pos = 0
     while pos + RECORD_OVERHEAD <= len(data):
@@ -207,16 +256,50 @@ def read_ledgers_map(path: Path) -> dict[int, int] | None:
         except (ValueError, struct.error):
             return None
         pos = end
-    return sizes if len(sizes) == map_count else None
+    return sizes if len(sizes) == count else None
 
 
-def ledger_sizes(path: Path, on_read: Callable[[int, int], None] | None = None) -> dict[int, int]:
-    """Bytes of each ledger in a log: from its ledgers map, else by a scan (reporting the
-    records and bytes it reads to ``on_read``, so a throttle can pace it). Records that
-    fail their CRC count for nothing. Raises CorruptRecord for a log that is not one."""
+def encode_map_file(log_size: int, sizes: dict[int, int]) -> bytes:
+    header = MAP_FILE_HEADER.pack(MAP_FILE_MAGIC, MAP_FILE_VERSION, log_size, len(sizes))
+    return header + encode_ledgers_map(sizes)
+
+
+def decode_map_file(data: bytes, log_size: int) -> dict[int, int] | None:
+    """The map a map file holds for a log of ``log_size`` bytes, or None (not a map file,
+    another version, a log of another size, a record that does not check out)."""
+    if len(data) < MAP_FILE_HEADER.size:
+        return None
+    magic, version, size, count = MAP_FILE_HEADER.unpack_from(data)
+    if (magic, version, size) != (MAP_FILE_MAGIC, MAP_FILE_VERSION, log_size):
+        return None
+    return _decode_map_records(data[MAP_FILE_HEADER.size :], count)
+
+
+def read_map_file(path: Path, log_size: int) -> dict[int, int] | None:
+    """The map kept beside the log at ``path``, if it holds for ``log_size``."""
+    try:
+        return decode_map_file(map_file_path(path).read_bytes(), log_size)
+    except FileNotFoundError:
+        return None
+
+
+def known_ledgers_map(path: Path) -> dict[int, int] | None:
+    """The log's ledgers map, or the one kept beside it; None where only a scan can tell."""
     mapped = read_ledgers_map(path)
+    return mapped if mapped is not None else read_map_file(path, path.stat().st_size)
+
+
+def ledger_sizes(
+    path: Path, on_read: Callable[[int, int], None] | None = None, keep: bool = False
+) -> dict[int, int]:
+    """Bytes of each ledger in a log: from its ledgers map or the one kept beside it, else
+    by a scan (reporting the records and bytes it reads to ``on_read``, so a throttle can
+    pace it), whose result ``keep`` writes beside the log for the next start. Records that
+    fail their CRC count for nothing. Raises CorruptRecord for a log that is not one."""
+    mapped = known_ledgers_map(path)
     if mapped is not None:
         return mapped
+    log_size = path.stat().st_size  # a log is never appended to once it is scanned
     sizes: dict[int, int] = {}
     for record in scan(path):
         size = RECORD_OVERHEAD + len(record.payload)
@@ -224,6 +307,11 @@ def ledger_sizes(path: Path, on_read: Callable[[int, int], None] | None = None) 
             on_read(1, size)
         if record.crc_ok and record.ledger_id >= 0:
             sizes[record.ledger_id] = sizes.get(record.ledger_id, 0) + size
+    if keep:
+        try:
+            write_file_atomically(map_file_path(path), encode_map_file(log_size, sizes))
+        except OSError as e:  # a full disk: the next start scans the log again, no worse
+            log.warning("could not keep the ledgers map of %s: %s", path, e)
     return sizes
 
 
@@ -553,7 +641,7 @@ class EntryLogReader:
             os.close(handle.fd)
         if self._retired.get(log_id) is handle:
             del self._retired[log_id]
-            log_path(self._dir, log_id).unlink(missing_ok=True)
+            delete_log(self._dir, log_id)
 
     def _evict(self) -> None:
         while len(self._handles) > self._max_open:
@@ -571,7 +659,7 @@ class EntryLogReader:
             if handle is None or handle.holders == 0:
                 if handle is not None:
                     os.close(handle.fd)
-                log_path(self._dir, log_id).unlink(missing_ok=True)
+                delete_log(self._dir, log_id)
                 return True
             handle.retired_at = self._clock()
             self._retired[log_id] = handle
@@ -589,7 +677,7 @@ class EntryLogReader:
                 assert handle.retired_at is not None
                 if now - handle.retired_at >= forcibly_after_s:
                     del self._retired[log_id]
-                    log_path(self._dir, log_id).unlink(missing_ok=True)
+                    delete_log(self._dir, log_id)
                     os.close(handle.fd)
                     handle.fd = -1
                     forced.append(log_id)

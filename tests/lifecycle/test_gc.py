@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from node.lifecycle.gc import GarbageCollector
-from node.settings import load
+from node.settings import Settings, load
 from node.storage import entrylog
 from node.storage.clock import SystemClock
 from node.storage.compaction import Throttle
@@ -258,11 +258,14 @@ def _clobber_header(path: Path) -> None:
         f.write(b"JUNK")
 
 
-async def _logs_a_crash_left(tmp_path: Path, entries: int, **overrides: Any) -> LedgerStorage:
+async def _logs_a_crash_left(
+    tmp_path: Path, entries: int, delete: bool = True, **overrides: Any
+) -> tuple[LedgerStorage, dict[int, dict[int, int]]]:
     """A started storage over logs as a crash leaves the checkpoint's log: records up to the
     end and no ledgers map. Two ledgers of ``entries`` entries each, interleaved in one log
-    (its limit is large), and deleted durably: the log holds nothing live."""
-    settings = gc_settings(tmp_path / "d", log_size_limit=64 << 20, **overrides)
+    (its limit is large), and (``delete``) deleted durably: the log holds nothing live.
+    Returns the storage and the maps the logs were sealed with, by log id."""
+    settings = _crash_left_settings(tmp_path, **overrides)
     storage = LedgerStorage(settings)
     await storage.start()
     ids = [(await storage.create_ledger())[0].ledger_id for _ in range(2)]
@@ -270,16 +273,27 @@ async def _logs_a_crash_left(tmp_path: Path, entries: int, **overrides: Any) -> 
         for lid in ids:
             await storage.add_entries(lid, [payload(lid, e) for e in range(first, first + 500)])
     await storage.close()  # seals the log: its map is cut off below
-    await asyncio.to_thread(_cut_ledgers_maps, settings.ledgers_dir)
+    maps = await asyncio.to_thread(_cut_ledgers_maps, settings.ledgers_dir)
     storage = LedgerStorage(settings)
     await storage.start()
-    await _delete(storage, ids)
-    return storage
+    if delete:
+        await _delete(storage, ids)
+    return storage, maps
 
 
-def _cut_ledgers_maps(directory: Path) -> None:
+def _crash_left_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return gc_settings(tmp_path / "d", log_size_limit=64 << 20, **overrides)
+
+
+def _cut_ledgers_maps(directory: Path) -> dict[int, dict[int, int]]:
+    """Cut each log's ledgers map off, as if the node died before the roll; returns the maps
+    cut off, by log id."""
+    maps = {}
     for log_id in entrylog.list_logs(directory):
         path = entrylog.log_path(directory, log_id)
+        sealed_with = entrylog.read_ledgers_map(path)
+        assert sealed_with is not None, f"{path} was sealed without a map"
+        maps[log_id] = sealed_with
         with open(path, "r+b") as f:
             header = f.read(entrylog.HEADER_SIZE)
             offset, _count = entrylog.MAP_FIELDS.unpack_from(header, entrylog.MAP_FIELDS_OFFSET)
@@ -288,6 +302,7 @@ def _cut_ledgers_maps(directory: Path) -> None:
             f.seek(entrylog.MAP_FIELDS_OFFSET)
             f.write(entrylog.MAP_FIELDS.pack(0, 0))
         assert entrylog.read_ledgers_map(path) is None
+    return maps
 
 
 def _log_sizes(directory: Path) -> dict[int, int]:
@@ -304,7 +319,7 @@ async def test_a_log_a_crash_left_without_its_map_is_reclaimed_by_the_first_run(
     not go at compaction's pace, 1,000 entries/s (6 s for these 6,000 entries; 17 minutes for
     a 1 GB log of 1 KiB entries), but at ``gc_read_rate_by_bytes``: 32 MiB/s, 6 MB here."""
     defaults = load()
-    storage = await _logs_a_crash_left(
+    storage, _maps = await _logs_a_crash_left(
         tmp_path, 3000, compaction_rate_by_entries=defaults.compaction_rate_by_entries
     )
     try:
@@ -322,7 +337,7 @@ async def test_a_log_a_crash_left_without_its_map_is_reclaimed_by_the_first_run(
 
 async def test_the_scan_of_a_log_without_its_map_is_paced_in_bytes(tmp_path: Path) -> None:
     rate = 2_000_000  # bytes/s: the log below holds about 3 MB of records
-    storage = await _logs_a_crash_left(tmp_path, 1500, gc_read_rate_by_bytes=rate)
+    storage, _maps = await _logs_a_crash_left(tmp_path, 1500, gc_read_rate_by_bytes=rate)
     try:
         logs = await asyncio.to_thread(_log_sizes, storage.settings.ledgers_dir)
         scanned = sum(logs.values())
@@ -333,6 +348,99 @@ async def test_the_scan_of_a_log_without_its_map_is_paced_in_bytes(tmp_path: Pat
         assert set(logs) <= set(report.deleted_logs)
         assert scanned > rate  # long enough to measure
         assert abs(scanned / elapsed - rate) / rate < 0.10, f"{scanned / elapsed:,.0f} B/s"
+    finally:
+        await storage.close()
+
+
+def _kept_maps(directory: Path) -> dict[int, dict[int, int] | None]:
+    """The maps kept beside the logs, by log id (None: one that does not hold)."""
+    kept: dict[int, dict[int, int] | None] = {}
+    for path in directory.glob(f"*{entrylog.SUFFIX}{entrylog.MAP_FILE_SUFFIX}"):
+        log = path.with_suffix("")
+        kept[int(log.stem, 16)] = entrylog.read_map_file(log, log.stat().st_size)
+    return kept
+
+
+async def test_what_the_scan_learns_is_kept_and_the_next_start_reads_no_log(
+    tmp_path: Path,
+) -> None:
+    """The first run after the crash reads the log whole, once; the map it learns is kept
+    beside the log, equal to the map the crash cut off. After a restart GC knows the log
+    without reading it (at 1,000 B/s here, a read of its 3 MB would take an hour), and the
+    kept map goes with its log."""
+    storage, sealed_with = await _logs_a_crash_left(tmp_path, 1500, delete=False)
+    directory = storage.settings.ledgers_dir
+    try:
+        logs = await asyncio.to_thread(_log_sizes, directory)
+        assert set(logs) == set(sealed_with)
+        gc = GarbageCollector(storage, SystemClock())
+        await gc.run()
+        records = sum(size - entrylog.HEADER_SIZE for size in logs.values())
+        assert gc.stats.scanned_bytes == records
+        assert await asyncio.to_thread(_kept_maps, directory) == sealed_with
+    finally:
+        await storage.close()
+
+    storage = LedgerStorage(_crash_left_settings(tmp_path, gc_read_rate_by_bytes=1000))
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, SystemClock())
+        await asyncio.wait_for(gc.run(), timeout=30)
+        assert gc.stats.scanned_bytes == 0
+        assert gc.known_logs() >= len(logs)
+        await _delete(storage, [m.ledger_id for m in storage.ledgers()])
+        report = await asyncio.wait_for(gc.run(), timeout=30)
+        assert set(logs) <= set(report.deleted_logs)
+        assert await asyncio.to_thread(_kept_maps, directory) == {}
+    finally:
+        await storage.close()
+
+
+async def test_a_kept_map_that_does_not_hold_is_read_again_and_orphans_go(
+    tmp_path: Path,
+) -> None:
+    storage, sealed_with = await _logs_a_crash_left(tmp_path, 500, delete=False)
+    directory = storage.settings.ledgers_dir
+    try:
+        await GarbageCollector(storage, SystemClock()).run()
+        (log_id,) = sealed_with
+        assert await asyncio.to_thread(_kept_maps, directory) == sealed_with
+        kept = entrylog.map_file_path(entrylog.log_path(directory, log_id))
+        orphan = entrylog.map_file_path(entrylog.log_path(directory, 0x7FFF_0000))
+        partial = kept.with_name(kept.name + ".tmp")
+
+        def spoil() -> None:
+            data = kept.read_bytes()
+            kept.write_bytes(data[:-1] + bytes([data[-1] ^ 0x40]))  # rot in the last record
+            orphan.write_bytes(data)  # its log is gone (a crash between the two deletions)
+            partial.write_bytes(data[:10])  # a crash while keeping a map
+
+        await asyncio.to_thread(spoil)
+        gc = GarbageCollector(storage, SystemClock())  # as after a restart: nothing in memory
+        await gc.run()
+        logs = await asyncio.to_thread(_log_sizes, directory)
+        assert gc.stats.scanned_bytes == logs[log_id] - entrylog.HEADER_SIZE, "read again"
+        assert await asyncio.to_thread(_kept_maps, directory) == sealed_with, "and kept again"
+        assert not await asyncio.to_thread(orphan.exists)
+        assert not await asyncio.to_thread(partial.exists)
+    finally:
+        await storage.close()
+
+
+async def test_a_map_that_cannot_be_kept_costs_only_the_next_read(tmp_path: Path) -> None:
+    """Keeping the map fails (a directory where its file is written stands in for a full
+    disk): GC still learns the log from its read and reclaims it."""
+    storage, sealed_with = await _logs_a_crash_left(tmp_path, 500)
+    directory = storage.settings.ledgers_dir
+    try:
+        (log_id,) = sealed_with
+        kept = entrylog.map_file_path(entrylog.log_path(directory, log_id))
+        await asyncio.to_thread((kept.parent / f"{kept.name}.tmp").mkdir)
+        gc = GarbageCollector(storage, SystemClock())
+        report = await gc.run()
+        assert log_id in report.deleted_logs
+        assert gc.stats.scanned_bytes > 0
+        assert gc.status.unreadable_logs == []
     finally:
         await storage.close()
 

@@ -295,6 +295,40 @@ def test_ledgers_map_wrong_length_rejected(sizes: dict[int, int], cut: int) -> N
         entrylog.decode_ledgers_map(payload + bytes(cut))
 
 
+@given(sizes=st.dictionaries(LEDGER_IDS, U64, max_size=30), log_size=U64)
+def test_map_file_round_trip(sizes: dict[int, int], log_size: int) -> None:
+    data = entrylog.encode_map_file(log_size, sizes)
+    assert data[:4] == entrylog.MAP_FILE_MAGIC
+    assert entrylog.decode_map_file(data, log_size) == sizes
+    assert entrylog.decode_map_file(data, log_size ^ 1) is None  # the log is not the one scanned
+
+
+@settings(max_examples=30)
+@given(
+    sizes=st.dictionaries(LEDGER_IDS, U64, max_size=4),
+    log_size=U64,
+    mask=st.integers(1, 255),
+)
+def test_map_file_flipped_or_cut_is_never_trusted(
+    sizes: dict[int, int], log_size: int, mask: int
+) -> None:
+    """Every byte flipped and every cut: the map file is refused, GC scans the log again."""
+    data = entrylog.encode_map_file(log_size, sizes)
+    for pos in range(len(data)):
+        flipped = bytearray(data)
+        flipped[pos] ^= mask
+        assert entrylog.decode_map_file(bytes(flipped), log_size) is None, f"byte {pos}"
+    for cut in range(len(data)):
+        if sizes or cut < entrylog.MAP_FILE_HEADER.size:
+            assert entrylog.decode_map_file(data[:cut], log_size) is None, f"cut at {cut}"
+
+
+def test_map_file_of_another_version_is_not_read() -> None:
+    data = bytearray(entrylog.encode_map_file(1024, {1: 100}))
+    struct.pack_into(">I", data, 4, entrylog.MAP_FILE_VERSION + 1)
+    assert entrylog.decode_map_file(bytes(data), 1024) is None
+
+
 @given(log_id=st.integers(0, (1 << 31) - 1), offset=st.integers(0, (1 << 32) - 1))
 def test_location_round_trip(log_id: int, offset: int) -> None:
     loc = entrylog.location(log_id, offset)
