@@ -4,8 +4,9 @@
   at the end of data or at the first invalid record. For an invalid record it tells, in the
   engine's terms, a torn tail (no later group write: replay cuts
   the newest journal there) from corruption (valid records follow: replay refuses to start).
-- ``entrylog`` (a ``.log`` file): the header, the ledgers map checked against a scan of the
-  records, per-ledger counts and bytes, and every record whose CRC is bad.
+- ``entrylog`` (a ``.log`` file): the header, the ledgers map (or, for a log without one,
+  the map GC kept beside it) checked against a scan of the records, per-ledger counts and
+  bytes, and every record whose CRC is bad.
 - ``index`` (the RocksDB directory, e.g. ``data/index``): ledger metadata, locations per
   ledger and, when the entry logs are in the sibling ``../ledgers``, that every location
   holds its entry with a valid CRC. The database is opened read-only (RocksDB's
@@ -443,8 +444,31 @@ def inspect_entrylog(path: Path, records: bool) -> int:
         report.fail(f"unreadable data at offset {end}")
 
     scanned = {lid: figures.record_bytes for lid, figures in ledgers.items()}
-    _check_ledgers_map(report, map_offset, map_count, map_records, scanned)
+    if map_offset == 0 and not map_records:
+        report.line("ledgers map: none (the current log, or a crash before its roll)")
+        _check_kept_map(report, path, size, scanned)
+    else:
+        _check_ledgers_map(report, map_offset, map_count, map_records, scanned)
     return report.finish()
+
+
+def _check_kept_map(report: _Report, path: Path, size: int, scanned: dict[int, int]) -> None:
+    """The map GC kept beside a log without one: it is what GC acts on after a restart."""
+    kept_path = entrylog.map_file_path(path)
+    try:
+        data = kept_path.read_bytes()
+    except FileNotFoundError:
+        report.line(f"kept map {kept_path.name}: none (GC reads this log once it is sealed)")
+        return
+    kept = entrylog.decode_map_file(data, size)
+    if kept is None:
+        report.line(
+            f"kept map {kept_path.name}: does not hold for this log (another size, version or "
+            "a bad record): GC ignores it and reads the log again"
+        )
+        return
+    report.line(f"kept map {kept_path.name}: {len(kept)} ledgers")
+    _compare_maps(report, "kept map", kept, scanned)
 
 
 def _check_ledgers_map(
@@ -454,9 +478,6 @@ def _check_ledgers_map(
     map_records: list[entrylog.ScannedRecord],
     scanned: dict[int, int],
 ) -> None:
-    if map_offset == 0 and not map_records:
-        report.line("ledgers map: none (the current log, or a crash before its roll)")
-        return
     if map_offset == 0:
         report.line(
             f"ledgers map: records at offset {map_records[0].offset} but the header was "
@@ -480,6 +501,12 @@ def _check_ledgers_map(
         report.line(f"    ledger {ledger_id}: {ledgers_map[ledger_id]} bytes")
     if map_offset != 0 and len(ledgers_map) != map_count:
         report.fail(f"ledgers map holds {len(ledgers_map)} ledgers, header says {map_count}")
+    _compare_maps(report, "ledgers map", ledgers_map, scanned)
+
+
+def _compare_maps(
+    report: _Report, name: str, ledgers_map: dict[int, int], scanned: dict[int, int]
+) -> None:
     differ = sorted(
         lid
         for lid in ledgers_map.keys() | scanned.keys()
@@ -488,12 +515,12 @@ def _check_ledgers_map(
     if differ:
         for lid in differ[:MAX_EXAMPLES]:
             report.line(
-                f"    ledger {lid}: map says {ledgers_map.get(lid, 0)} bytes, "
+                f"    ledger {lid}: {name} says {ledgers_map.get(lid, 0)} bytes, "
                 f"scan finds {scanned.get(lid, 0)}"
             )
-        report.fail(f"ledgers map disagrees with the scan for {len(differ)} ledgers")
+        report.fail(f"{name} disagrees with the scan for {len(differ)} ledgers")
     else:
-        report.line("ledgers map matches the scan")
+        report.line(f"{name} matches the scan")
 
 
 # --- index ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog, journal
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark
+from tests.lifecycle.gc_world import cut_ledgers_map
 
 LOG_SIZE_LIMIT = 64 * KiB  # small: several entry logs, each sealed with its ledgers map
 MAX_ENTRY_SIZE = 16 * KiB  # at most half of the log size limit
@@ -307,6 +308,37 @@ async def test_index_beside_a_live_node(tmp_path: Path) -> None:
 
 
 # --- damaged files -----------------------------------------------------------------------
+
+
+def test_entrylog_without_a_map_and_the_map_gc_kept(copy: Data) -> None:
+    """A log as a crash leaves it, without its map; then the map GC keeps beside such a log,
+    checked against the scan as the log's own map is: GC acts on it after a restart."""
+    path = copy.logs[1]
+    sealed_with = cut_ledgers_map(path)
+    kept = entrylog.map_file_path(path)
+    result = inspect("entrylog", path)
+    assert result.returncode == EXIT_OK, result.stdout
+    assert "ledgers map: none" in result.stdout
+    assert f"kept map {kept.name}: none" in result.stdout
+
+    size = path.stat().st_size
+    kept.write_bytes(entrylog.encode_map_file(size, sealed_with))
+    result = inspect("entrylog", path)
+    assert result.returncode == EXIT_OK, result.stdout
+    assert f"kept map {kept.name}: {len(sealed_with)} ledgers" in result.stdout
+    assert "kept map matches the scan" in result.stdout
+
+    kept.write_bytes(entrylog.encode_map_file(size + 1, sealed_with))  # kept for another log
+    result = inspect("entrylog", path)
+    assert result.returncode == EXIT_OK, result.stdout
+    assert "does not hold for this log" in result.stdout
+
+    wrong = {lid: n + 1 for lid, n in sealed_with.items()}
+    kept.write_bytes(entrylog.encode_map_file(size, wrong))
+    result = inspect("entrylog", path)
+    assert result.returncode == EXIT_FAILED, result.stdout
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last == f"FAILED: kept map disagrees with the scan for {len(wrong)} ledgers", last
 
 
 def test_entrylog_flipped_payload_byte(copy: Data) -> None:

@@ -92,3 +92,18 @@ def dangling(storage: LedgerStorage) -> list[tuple[int, int, int]]:
 
 async def dangling_entries(storage: LedgerStorage) -> list[tuple[int, int, int]]:
     return await asyncio.to_thread(dangling, storage)
+
+
+def cut_ledgers_map(path: Path) -> dict[int, int]:
+    """Cut a sealed log's ledgers map off, as if the node died before the roll; returns the
+    map cut off."""
+    sealed_with = entrylog.read_ledgers_map(path)
+    assert sealed_with is not None, f"{path} was sealed without a map"
+    with open(path, "r+b") as f:
+        header = f.read(entrylog.HEADER_SIZE)
+        offset, _count = entrylog.MAP_FIELDS.unpack_from(header, entrylog.MAP_FIELDS_OFFSET)
+        f.truncate(offset)
+        f.seek(entrylog.MAP_FIELDS_OFFSET)
+        f.write(entrylog.MAP_FIELDS.pack(0, 0))
+    assert entrylog.read_ledgers_map(path) is None
+    return sealed_with

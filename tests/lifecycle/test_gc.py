@@ -18,6 +18,7 @@ from node.storage.compaction import Throttle
 from node.storage.ledgers import LedgerStorage
 from tests.lifecycle.gc_world import (
     check_survivors,
+    cut_ledgers_map,
     dangling_entries,
     gc_settings,
     interleave,
@@ -286,23 +287,11 @@ def _crash_left_settings(tmp_path: Path, **overrides: Any) -> Settings:
 
 
 def _cut_ledgers_maps(directory: Path) -> dict[int, dict[int, int]]:
-    """Cut each log's ledgers map off, as if the node died before the roll; returns the maps
-    cut off, by log id."""
-    maps = {}
-    for log_id in entrylog.list_logs(directory):
-        path = entrylog.log_path(directory, log_id)
-        sealed_with = entrylog.read_ledgers_map(path)
-        assert sealed_with is not None, f"{path} was sealed without a map"
-        maps[log_id] = sealed_with
-        with open(path, "r+b") as f:
-            header = f.read(entrylog.HEADER_SIZE)
-            offset, _count = entrylog.MAP_FIELDS.unpack_from(header, entrylog.MAP_FIELDS_OFFSET)
-            assert offset, f"{path} was sealed with a map"
-            f.truncate(offset)
-            f.seek(entrylog.MAP_FIELDS_OFFSET)
-            f.write(entrylog.MAP_FIELDS.pack(0, 0))
-        assert entrylog.read_ledgers_map(path) is None
-    return maps
+    """Every log's map cut off (``cut_ledgers_map``), by log id."""
+    return {
+        log_id: cut_ledgers_map(entrylog.log_path(directory, log_id))
+        for log_id in entrylog.list_logs(directory)
+    }
 
 
 def _log_sizes(directory: Path) -> dict[int, int]:
