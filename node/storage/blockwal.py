@@ -51,7 +51,8 @@ limit allows (``wal_write_rate_limit`` blocks/s: a block closes 1/3000 s after t
 one by default, AutoMQ's time threshold for a gp3 volume's 3,000 IOPS; 0 = none).
 Meanwhile appends keep filling it: under load, blocks grow; when idle, an append is written
 at once. ``wal_io_depth`` threads write blocks, each with one ``pwrite``. How a block becomes
-durable (``wal_sync_mode``, unless ``wal_volatile_write_cache`` is off): ``fdatasync`` (the
+durable (``wal_sync_mode``, unless ``wal_volatile_write_cache`` is off and the medium takes
+O_DIRECT: the page cache is a volatile cache whatever the device has): ``fdatasync`` (the
 default), one more thread fdatasyncs, each flush covering every write that completed before
 it began while the next writes go on; ``dsync``, the medium is opened with O_DSYNC, so each
 ``pwrite`` returns once its block is durable and each I/O thread completes its own blocks
@@ -627,6 +628,7 @@ class BlockWal:
         self._check_settings()
 
         self._raw: RawFile | None = None
+        self.fdatasyncs = 0  # by the sync thread, one per batch of completed writes
         self._header: WalHeader | None = None
         self._fresh = False  # no ring on the medium before this process
         self._recovered: int | None = None  # records a complete recovery returned
@@ -703,6 +705,14 @@ class BlockWal:
             raw = open_raw(path, writable=True, dsync=self._dsync)
         except OSError as e:
             raise WalDeviceError(f"cannot open the raw-device WAL {path}: {e}") from e
+        if not raw.direct and not (self._dsync or self._fdatasync):
+            # Without O_DIRECT the page cache is a volatile write cache, whatever the device.
+            log.warning(
+                "%s: wal_volatile_write_cache=false holds for the device, not for the page "
+                "cache this file system forces: blocks are fdatasync'ed before acknowledging",
+                path,
+            )
+            self._fdatasync = True
         try:
             self._check_medium(raw)
             reader = RingReader(raw, self._capacity)
@@ -1284,6 +1294,7 @@ class BlockWal:
                     for b in batch:
                         b.error = b.error or e
                 sync_seconds = clock() - began
+                self.fdatasyncs += 1  # only this thread writes it
             good = [b for b in batch if b.error is None]
             if good:
                 self._probe.journal_write(

@@ -79,7 +79,7 @@ def _open_direct(path: Path, flags: int) -> tuple[int, bool]:
             raise
     log.warning(
         "%s: the file system does not support O_DIRECT; the WAL goes through the page cache "
-        "(still fdatasync'ed before acknowledging)",
+        "(fdatasync'ed before acknowledging, whatever wal_volatile_write_cache says)",
         path,
     )
     return os.open(path, flags), False

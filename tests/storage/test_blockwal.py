@@ -482,18 +482,40 @@ def ramfs(tmp_path: Path) -> Iterator[Path]:
             pytest.fail(f"the ramfs was still busy after the test: {done.stderr.strip()}")
 
 
+@pytest.mark.parametrize("volatile", [True, False], ids=["volatile-cache", "no-volatile-cache"])
 async def test_a_file_system_without_o_direct_falls_back_to_the_page_cache(
-    ramfs: Path, tmp_path: Path
+    ramfs: Path, tmp_path: Path, volatile: bool
 ) -> None:
-    settings = wal_settings(tmp_path / "data", ramfs / "wal.ring")
+    """Through the page cache the blocks are fdatasync'ed before their acknowledgment, even
+    where the settings say the device has no volatile write cache: the page cache is one."""
+    settings = wal_settings(
+        tmp_path / "data", ramfs / "wal.ring", wal_volatile_write_cache=volatile
+    )
     wal = await started(settings)
     assert not wal.direct_io
     rng = random.Random(22)
     written = [record(1, i, rng) for i in range(100)]
     await asyncio.gather(*(append(wal, rec) for rec in written))
+    assert wal.fdatasyncs > 0
     await wal.close()
     recovered = await recover_all(settings)
     assert recovered == written
+
+
+async def test_without_a_volatile_write_cache_direct_writes_are_not_flushed(
+    loop_medium: Path, tmp_path: Path
+) -> None:
+    """With O_DIRECT on a device without a volatile cache (EBS), a completed write is durable:
+    no fdatasync, as the setting says."""
+    settings = wal_settings(tmp_path / "data", loop_medium, wal_volatile_write_cache=False)
+    wal = await started(settings)
+    assert wal.direct_io
+    rng = random.Random(23)
+    written = [record(1, i, rng) for i in range(100)]
+    await asyncio.gather(*(append(wal, rec) for rec in written))
+    assert wal.fdatasyncs == 0
+    await wal.close()
+    assert await recover_all(settings) == written
 
 
 # --- damage: torn blocks, header slots, holes ---------------------------------------------------
