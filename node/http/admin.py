@@ -129,8 +129,14 @@ def _list_files(settings: Settings, kinds: list[str]) -> dict[str, str]:
 
 @routes.get("/api/v1/bookie/last_log_mark")
 async def last_log_mark(request: web.Request) -> web.Response:
-    mark = await asyncio.to_thread(journal.read_last_mark, request.app[SETTINGS].ledgers_dir)
-    key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journal.SUFFIX})"
+    """BookKeeper's shape for the file journal; the ring's trim offset for the block WAL,
+    which has no journal files."""
+    settings = request.app[SETTINGS]
+    mark = request.app[STORAGE].last_checkpoint_mark
+    if settings.wal_kind == "journal":
+        key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journal.SUFFIX})"
+    else:
+        key = f"LastLogMark: WAL {settings.wal_path}"
     return web.json_response({key: f"Pos - {mark.offset}"})
 
 

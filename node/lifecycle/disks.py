@@ -127,7 +127,8 @@ class DiskMonitor:
         s = self._settings
         self.usages = usages
         worst_dir, worst = max(usages.items(), key=lambda item: item[1])
-        if worst > s.gc_disk_usage_threshold:
+        self._gc.disk_pressure = worst > s.gc_disk_usage_threshold
+        if self._gc.disk_pressure:
             self._gc.request()
         self.warned = worst > s.disk_usage_warn_threshold
         if self.warned:

@@ -23,8 +23,9 @@ Two triggers beyond BookKeeper's intervals bound what the intervals alone let th
 - lag: a log that has held dead data for a major interval is compacted whatever its usage
   (Kafka's max.compaction.lag.ms, KIP-354). When GC first saw the dead data is kept in
   ``gc-state.json`` beside the logs, so a restart does not restart the wait.
-On a full disk, deleting empty logs always runs, and compaction still runs for logs whose
-live bytes are small enough that copying them frees more than it uses.
+Above the GC watermark (``gc_disk_usage_threshold``) or on a full disk, compaction runs at
+every run whatever the intervals, for the logs whose live bytes fit the free space, into
+outputs no larger than it; deleting empty logs always runs.
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ class GarbageCollector:
         self._throttles: list[Throttle] = []  # the current run's: stop() cancels them
         self._stopping = False
         self.disk_full = False  # set by the disk monitor
+        self.disk_pressure = False  # above the GC watermark (the disk monitor): compact now
         self.stats = GcStats()
         started = clock.now_ms()
         self.status = GcStatus(last_major_compaction_ms=started, last_minor_compaction_ms=started)
@@ -431,7 +433,7 @@ class GarbageCollector:
         s, st = self._settings, self.status
         now = self._clock.monotonic()
         force_major, force_minor = force or (False, False)
-        pressure = self.disk_full  # a full disk compacts what it can, whatever the interval
+        pressure = self._short_of_space
         major_due = (
             s.major_compaction_interval > 0
             and now - self._last_major >= s.major_compaction_interval
@@ -457,10 +459,16 @@ class GarbageCollector:
         is_live = self._storage.is_live_ledger
         return any(m.live_bytes(is_live) < m.record_bytes() for m in self._metas.values())
 
+    @property
+    def _short_of_space(self) -> bool:
+        """Above the GC watermark, or full: compact what qualifies whatever the intervals
+        (BookKeeper forces GC on an almost full disk), in copies that fit the free space."""
+        return self.disk_full or self.disk_pressure
+
     def _output_limit(self) -> int | None:
-        """On a full disk, outputs no larger than the free space: each is sealed and its
+        """Short of space, outputs no larger than the free space: each is sealed and its
         sources deleted before the next begins, so compaction frees space as it goes."""
-        return self._free_bytes(self._settings.ledgers_dir) if self.disk_full else None
+        return self._free_bytes(self._settings.ledgers_dir) if self._short_of_space else None
 
     def _candidates(self, kind: str) -> list[tuple[int, int]]:
         """(log id, live bytes) of the logs to compact, emptiest first: those below the
@@ -469,7 +477,8 @@ class GarbageCollector:
         be under the amplification limit."""
         s = self._settings
         is_live = self._storage.is_live_ledger
-        free = self._free_bytes(s.ledgers_dir) if self.disk_full else 0
+        short = self._short_of_space
+        free = self._free_bytes(s.ledgers_dir) if short else 0
         lag_ms = s.major_compaction_interval * 1000  # 0: major and the bound are off
         now_ms = self._clock.now_ms()
         ranked = []
@@ -479,7 +488,7 @@ class GarbageCollector:
                 # No dead record: a copy frees nothing, however low its usage (a small log
                 # is measured against the target size, so every major run would copy it).
                 continue
-            if self.disk_full and live >= free:
+            if short and live >= free:
                 continue  # its copy does not fit (any other frees more than it uses)
             dead = meta.dead_since_ms
             lagging = lag_ms > 0 and dead is not None and now_ms - dead >= lag_ms

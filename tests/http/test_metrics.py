@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from node.http.app import build_app
 from node.http.frames import encode_batch
 from node.http.state import STORAGE
-from node.settings import KiB, MiB
+from node.settings import KiB, MiB, Settings
 from node.storage.blockwal import HEADER_AREA
 from tests.conftest import make_settings
 from tests.loopdev import loop_device
@@ -321,20 +321,47 @@ async def test_raw_device_wal_metrics_move(
     then, with checkpoints held up, appends that wait for the full ring and are refused."""
     from node.http.state import STORAGE
 
-    settings = make_settings(
-        tmp_path / "data",
-        wal_kind="blockdev",
-        wal_path=wal_device,
-        wal_capacity=WAL_RING,
-        max_entry_size=32 * KiB,
-        flush_interval=3_600_000,
-        db_storage_max_throttle_time_ms=300,
+    settings = _ring_settings(
+        tmp_path, wal_device, flush_interval=3_600_000, db_storage_max_throttle_time_ms=300
     )
     client = await aiohttp_client(build_app(settings))
     try:
         await _ring_metrics_move(client, client.server.app[STORAGE])
     finally:
         await client.close()  # the node lets go of the device before it is detached
+
+
+def _ring_settings(tmp_path: Path, wal_device: Path, **overrides: Any) -> Settings:
+    return make_settings(
+        tmp_path / "data",
+        wal_kind="blockdev",
+        wal_path=wal_device,
+        wal_capacity=WAL_RING,
+        max_entry_size=32 * KiB,
+        **overrides,
+    )
+
+
+async def test_last_log_mark_of_the_raw_device_wal(
+    tmp_path: Path, wal_device: Path, aiohttp_client: Any
+) -> None:
+    """The ring's trim offset, where the replay would start, not a journal's lastMark file."""
+    from node.http.state import STORAGE
+
+    client = await aiohttp_client(build_app(_ring_settings(tmp_path, wal_device)))
+    try:
+        storage = client.server.app[STORAGE]
+        lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
+        r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x" * 1000, headers=OCTET)
+        assert r.status == 201
+        await storage.checkpoint(force=True)
+        mark = await (await client.get("/api/v1/bookie/last_log_mark")).json()
+        assert storage.last_checkpoint_mark.offset > 0
+        assert mark == {
+            f"LastLogMark: WAL {wal_device}": f"Pos - {storage.last_checkpoint_mark.offset}"
+        }
+    finally:
+        await client.close()
 
 
 async def _ring_metrics_move(client: Any, storage: Any) -> None:

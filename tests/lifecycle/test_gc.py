@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from node.lifecycle.disks import DiskMonitor
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings, load
 from node.storage import entrylog
@@ -105,6 +106,57 @@ async def test_minor_and_major_compaction_thresholds(
     await check_survivors(storage, ids[9:])
     assert await dangling_entries(storage) == []
     assert gc.status.minor_compaction_counter == 2 and gc.status.major_compaction_counter == 1
+
+
+async def test_above_the_gc_watermark_compaction_runs_whatever_the_interval(
+    tmp_path: Path,
+) -> None:
+    """Logs half live wait for the daily major; a disk above ``gc_disk_usage_threshold``
+    (0.85) does not wait: the disk monitor's next run compacts them. The monitor is given
+    usages (the host's disk is not measured), against the default watermarks."""
+    defaults = load()
+    watermarks = {
+        name: getattr(defaults, name)
+        for name in (
+            "gc_disk_usage_threshold",
+            "disk_usage_warn_threshold",
+            "disk_usage_threshold",
+            "disk_usage_lwm_threshold",
+        )
+    }
+    settings = gc_settings(tmp_path / "d", **watermarks)
+    storage = LedgerStorage(settings)
+    await storage.start()
+    try:
+        gc = GarbageCollector(storage, SystemClock())
+        await _compact_above_the_gc_watermark(storage, gc, DiskMonitor(storage, gc))
+    finally:
+        await storage.close()
+
+
+async def _compact_above_the_gc_watermark(
+    storage: LedgerStorage, gc: GarbageCollector, monitor: DiskMonitor
+) -> None:
+    settings = storage.settings
+    ids = await interleave(storage, ledgers=10, rounds=12)
+    await _delete(storage, ids[:5])  # every log 50% live: below the major threshold
+    below = settings.gc_disk_usage_threshold - 0.05
+    monitor.apply({"journal": below, "ledgers": below, "index": below})
+    report = await gc.run()
+    assert report.compaction is None, "no interval is due"
+    before = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
+
+    above = settings.gc_disk_usage_threshold + 0.01
+    monitor.apply({"journal": below, "ledgers": above, "index": below})
+    report = await gc.run()
+    assert report.compaction == "major" and report.result.compacted
+    assert await asyncio.to_thread(log_bytes, settings.ledgers_dir) < before * 0.6
+    assert not storage.read_only_reason, "under the full watermark the node stays writable"
+    await check_survivors(storage, ids[5:])
+    assert await dangling_entries(storage) == []
+
+    monitor.apply({"journal": below, "ledgers": below, "index": below})
+    assert not gc.disk_pressure
 
 
 async def test_space_trigger_compacts_the_emptiest_logs_until_under_the_limit(
