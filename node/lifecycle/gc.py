@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 USAGE_BUCKETS = 10  # BookKeeper's ENTRY_LOG_USAGE_SEGMENT_COUNT
 STATE_FILE = "gc-state.json"  # beside the entry logs: when each log first held dead data
 STATE_VERSION = 1
+REAP_POLL_MIN_S = 0.1  # the shortest wait between checks for retired logs held too long
 
 
 @dataclass(slots=True)
@@ -202,17 +203,31 @@ class GarbageCollector:
         self.status.minor_suspended &= not minor
 
     async def run_forever(self) -> None:
-        wait_s = self._settings.gc_wait_time / 1000
+        """A run every ``gc_wait_time`` and whenever one is requested. In between, while a
+        retired log is still held by a read, it is deleted once held for
+        ``destroy_maped_file_interval_forcibly`` (at most a quarter of that late), not at the
+        next run, up to ``gc_wait_time`` later."""
+        s = self._settings
+        wait_s = s.gc_wait_time / 1000
+        reap_every_s = max(s.destroy_maped_file_interval_forcibly / 1000 / 4, REAP_POLL_MIN_S)
+        next_run = self._clock.monotonic() + wait_s
         while True:
+            timeout = next_run - self._clock.monotonic()
+            if self._storage.retired_logs:
+                timeout = min(timeout, reap_every_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wanted.wait(), wait_s)
-            self._wanted.clear()
+                await asyncio.wait_for(self._wanted.wait(), max(timeout, 0.0))
             if self._stopping:
                 return
+            if not self._wanted.is_set() and self._clock.monotonic() < next_run:
+                await asyncio.to_thread(self._storage.reap_retired_logs)
+                continue
+            self._wanted.clear()
             try:
                 await self.run()
             except Exception:
                 log.exception("garbage collection failed; retrying at the next run")
+            next_run = self._clock.monotonic() + wait_s
 
     def stop(self) -> None:
         """Ask the loop to end; a compaction in progress stops after its current log

@@ -272,6 +272,40 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
             await asyncio.to_thread(hold.__exit__, None, None, None)  # a late release is fine
 
 
+async def test_a_log_held_past_the_forced_interval_goes_without_waiting_for_a_run(
+    tmp_path: Path,
+) -> None:
+    """The forced delete comes ``destroy_maped_file_interval_forcibly`` after the retirement
+    (here 400 ms), not at the next GC run (an hour here; 10 minutes by default)."""
+    forcibly_ms = 400
+    settings = gc_settings(
+        tmp_path / "d", destroy_maped_file_interval_forcibly=forcibly_ms, gc_wait_time=3_600_000
+    )
+    storage = LedgerStorage(settings)
+    await storage.start()
+    gc = GarbageCollector(storage, SystemClock())
+    task = asyncio.create_task(gc.run_forever())
+    try:
+        await interleave(storage, ledgers=2, rounds=20)
+        log_id = (await asyncio.to_thread(entrylog.list_logs, settings.ledgers_dir))[0]
+        path = entrylog.log_path(settings.ledgers_dir, log_id)
+        hold = storage._reader._open(log_id)  # a read that never ends
+        await asyncio.to_thread(hold.__enter__)
+        retired_at = time.monotonic()
+        assert await asyncio.to_thread(storage.retire_log, log_id) is False
+        gc.request()  # a run, which finds it still held: it stays
+        while await asyncio.to_thread(path.exists):
+            assert time.monotonic() - retired_at < 10, "the held log was never deleted"
+            await asyncio.sleep(0.02)
+        held_s = time.monotonic() - retired_at
+        assert forcibly_ms / 1000 <= held_s < forcibly_ms / 1000 * 1.25 + 0.5, held_s
+        await asyncio.to_thread(hold.__exit__, None, None, None)
+    finally:
+        gc.stop()
+        await task
+        await storage.close()
+
+
 async def test_a_read_racing_compaction_finds_the_new_copy(
     world: tuple[LedgerStorage, GarbageCollector],
 ) -> None:
