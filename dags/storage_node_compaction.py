@@ -3,7 +3,9 @@ midnight UTC), or what the "kind" param says when triggered by hand. PUT /api/v1
 forceMinor/forceMajor, then gc_details is polled until the run is over, within a timeout.
 Bytes reclaimed per node come from the node's storage_node_gc_reclaimed_bytes_total counter.
 
-Idempotent: a second forced GC finds nothing more to reclaim and does no harm."""
+Idempotent: a second forced GC finds nothing more to reclaim and does no harm. A read-only
+node is compacted too (a full disk is when it matters; the node's GC copies only what fits the
+free space), and then its task fails, naming it, as retention's does."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow.sdk import Param, Variable, dag, get_current_context, task
-from storage_node_common import DEFAULT_ARGS, DISCOVERY_VARIABLE, TAGS, discover
+from storage_node_common import DEFAULT_ARGS, DISCOVERY_VARIABLE, TAGS, NodeError, discover
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,9 @@ def storage_node_compaction() -> None:
 
         context = get_current_context()
         node = node_client(url)
-        node.require_writable()
+        state = node.state()  # unreachable: fails here, naming the node
+        if state.get("shuttingDown"):
+            raise NodeError(f"node {url} is shutting down: {state}")
         before, reclaimed_before = node.gc_details(), node.reclaimed_bytes()
         major = kind == "major"
         node.call("PUT", "/api/v1/bookie/gc", {"forceMajor": major, "forceMinor": not major})
@@ -84,6 +88,10 @@ def storage_node_compaction() -> None:
         log.info("node %s: %s compaction done: %s", url, kind, result)
         if after["unreadableLogs"]:
             log.warning("node %s: unreadable entry logs %s", url, after["unreadableLogs"])
+        if state.get("readOnly"):
+            # Compaction ran: a full node needs it most, and its GC copies only what fits the
+            # free space. The task still fails, so that a read-only node does not pass unseen.
+            raise NodeError(f"node {url} is read-only (compaction ran: {result})")
         return result
 
     run_compaction.partial(kind=compaction_kind()).expand(url=discover_nodes())

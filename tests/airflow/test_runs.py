@@ -100,8 +100,9 @@ def test_retention_on_two_nodes_and_one_down(airflow: Airflow, tmp_path: Path) -
         assert not set(ledgers[node.url]) & {x["ledgerId"] for x in stream["ledgers"]}
 
 
-def test_major_compaction_on_two_nodes_reclaims_space(airflow: Airflow, tmp_path: Path) -> None:
-    nodes = start_nodes(tmp_path, 2)
+def test_major_compaction_on_three_nodes_reclaims_space(airflow: Airflow, tmp_path: Path) -> None:
+    """The third node is read-only: it is compacted as well, and its task fails naming it."""
+    nodes = start_nodes(tmp_path, 3)
     before = {}
     for node in nodes:
         # Six ledgers written round-robin, so that each 1 MiB entry log holds all six; four
@@ -113,20 +114,33 @@ def test_major_compaction_on_two_nodes_reclaims_space(airflow: Airflow, tmp_path
         for lid in lids[:4]:
             call(node, "DELETE", f"/api/v1/ledgers/{lid}")
         before[node.url] = call(node, "GET", "/api/v1/bookie/gc_details")[0]
+    read_only = nodes[2]
+    call(read_only, "PUT", "/api/v1/bookie/state/readonly", {"readOnly": True})
     urls = sorted(n.url for n in nodes)
 
     run = run_dag(airflow, "storage_node_compaction", urls, {"kind": "major"})
-    assert run.result["state"] == "success", run.output[-5000:]
+    assert run.result["state"] == "failed", run.output[-5000:]
     tasks = mapped(run.result, "run_compaction")
-    assert {t["state"] for t in tasks.values()} == {"success"}
+    assert {i: t["state"] for i, t in tasks.items()} == {
+        i: "failed" if url == read_only.url else "success" for i, url in enumerate(urls)
+    }
+    failure = re.search(
+        rf"node {re.escape(read_only.url)} is read-only \(compaction ran: (.*)\)", run.output
+    )
+    assert failure, run.output[-5000:]
+    reclaimed = re.search(r"'reclaimedBytes': \{'deletion': \d+, 'compaction': (\d+)\}", failure[1])
+    assert reclaimed and int(reclaimed[1]) > 0, failure[1]
     for node in nodes:
-        result = tasks[urls.index(node.url)]["xcom"]
         after = call(node, "GET", "/api/v1/bookie/gc_details")[0]
-        assert result["kind"] == "major"
         moved = after["majorCompactionCounter"] - before[node.url]["majorCompactionCounter"]
-        assert moved >= 1 and result["compactions"]["majorCompactionCounter"] == moved
-        assert result["reclaimedBytes"]["compaction"] > 0, result
+        assert moved >= 1
         assert after["forceCompacting"] is False
+        if node is read_only:
+            continue
+        result = tasks[urls.index(node.url)]["xcom"]
+        assert result["kind"] == "major"
+        assert result["compactions"]["majorCompactionCounter"] == moved
+        assert result["reclaimedBytes"]["compaction"] > 0, result
 
 
 def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path, moto_endpoint: str) -> None:
