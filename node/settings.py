@@ -266,6 +266,12 @@ class Settings(BaseSettings):
             raise ValueError("log_size_limit must fit an entry location's 32-bit offset")
         if self.wal_kind == "blockdev" and self.wal_path is None:
             raise ValueError("wal_path must name a block device or file when wal_kind=blockdev")
+        if self.wal_kind == "journal" and self.wal_path is not None:
+            # Ignored, it would hide a forgotten wal_kind=blockdev: a WAL in the wrong place.
+            raise ValueError(
+                f"wal_path ({self.wal_path}) is the raw-device WAL's: set wal_kind=blockdev, or "
+                "unset it (the file journal is always data_dir/journal)"
+            )
         if self.offload_store == "s3" and not self.offload_bucket:
             raise ValueError("offload_bucket must name a bucket when offload_store=s3")
         if self.wal_capacity % WAL_BLOCK_ALIGNMENT:

@@ -60,6 +60,7 @@ def test_environment_and_config_file_and_precedence(
         ({"http_port": 70000}, "http_port"),
         ({"no_such_setting": 1}, "no_such_setting"),
         ({"wal_kind": "blockdev"}, "wal_path"),
+        ({"wal_kind": "journal", "wal_path": "/dev/nvme1n1"}, "wal_path"),
     ],
 )
 def test_invalid_settings_are_refused_naming_the_setting(
