@@ -12,6 +12,10 @@ CPU_LINE = re.compile(
     r"event loop ([0-9.]+) of a core, ([0-9.]+) us of its CPU per (?:add|entry); "
     r"the process ([0-9.]+) cores"
 )
+FLUSH_LINE = re.compile(
+    r"flush thread: ([0-9]+) checkpoints flushed ([0-9,]+) entries in ([0-9.]+) s: "
+    r"([0-9,]+) entries/s of flush thread time, busy ([0-9]+)% of the window"
+)
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 
 
@@ -56,6 +60,8 @@ def test_bench_write_prints_positive_figures_for_its_rows(tmp_path: Path) -> Non
         assert 0 < float(busy) <= 1.05, result.stdout
         assert float(per_add_us) > 0, result.stdout
         assert float(cores) >= float(busy) - 0.05, result.stdout
+    # The checkpoints' flush thread, for both rows (a short window may hold none).
+    assert len(FLUSH_LINE.findall(result.stdout)) == 2, result.stdout
     # It cleans up after itself: nothing left of what it created.
     assert not scratch.exists() or not any(scratch.iterdir())
 

@@ -26,6 +26,9 @@ batch of adds, so that replay checks one CRC and hands the storage one run. Entr
     ..  ..  the entries' payloads, back to back
 
 The record's CRC covers all of it; the entries' own CRCs are not checked again at replay.
+Replay hands on single records of one ledger at consecutive ids as runs too (``WalBatch``,
+at most ``REPLAY_RUN_ENTRIES``, within one file): the storage then works per run, not per
+entry, whichever way the entries were added.
 
 Group start record (opens every group write, always at a 512-byte boundary): a record with
 ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
@@ -93,7 +96,15 @@ from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
 from node.storage.faults import CrashPoints
 from node.storage.fsutil import fsync_dir, is_no_space, write_file_atomically
 from node.storage.probe import NullProbe, StorageProbe
-from node.storage.wal import BATCH, LogMark, Replayed, WalBatch, WalRecord, record_crc
+from node.storage.wal import (
+    BATCH,
+    REPLAY_RUN_ENTRIES,
+    LogMark,
+    Replayed,
+    WalBatch,
+    WalRecord,
+    record_crc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -450,6 +461,13 @@ class Journal:
                         return  # header never reached the disk: nothing was acknowledged
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
                 pos = start
+                # Single records of one ledger at consecutive ids (what single adds
+                # journal) are gathered here into runs, yielded as batches: replay's
+                # work is then per run, as for a batch record, not per entry.
+                run_ledger = run_first = 0
+                run_next = -1  # the entry id that extends the run (none: -1, never one)
+                run_crcs: list[int] = []
+                run_payloads: list[bytes] = []
                 while True:
                     # The common case inline (replay runs at the speed of this loop): a
                     # whole record whose CRC matches. Anything else (padding, the end of
@@ -461,6 +479,12 @@ class Journal:
                             ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
                             if entry_id == BATCH:
                                 if crc_of(view[pos + head : end], ids_crc) == crc:
+                                    if run_payloads:
+                                        yield (
+                                            WalBatch(run_ledger, run_first, run_crcs, run_payloads),
+                                            None,
+                                        )
+                                        run_next, run_crcs, run_payloads = -1, [], []
                                     yield _batch(path, pos, mm, end, ledger_id), None
                                     pos = end
                                     continue
@@ -468,7 +492,31 @@ class Journal:
                                 payload = mm[pos + head : end]
                                 if crc_of(payload, ids_crc) == crc:
                                     pos = end
-                                    if entry_id != GROUP_START_ENTRY_ID:
+                                    if (
+                                        entry_id == run_next
+                                        and ledger_id == run_ledger
+                                        and len(run_payloads) < REPLAY_RUN_ENTRIES
+                                    ):
+                                        run_payloads.append(payload)
+                                        run_crcs.append(crc)
+                                        run_next += 1
+                                        continue
+                                    if entry_id == GROUP_START_ENTRY_ID:
+                                        continue  # a run goes on across group writes
+                                    if run_payloads:
+                                        yield (
+                                            WalBatch(run_ledger, run_first, run_crcs, run_payloads),
+                                            None,
+                                        )
+                                        run_next, run_crcs, run_payloads = -1, [], []
+                                    if entry_id >= 0:
+                                        run_ledger, run_first, run_next = (
+                                            ledger_id,
+                                            entry_id,
+                                            entry_id + 1,
+                                        )
+                                        run_crcs, run_payloads = [crc], [payload]
+                                    else:
                                         yield WalRecord(ledger_id, entry_id, payload), crc
                                     continue
                     found = read_record(mm, pos, size, max_length)
@@ -484,6 +532,8 @@ class Journal:
                     record, pos, _crc = found
                     # Its checks are the fast path's: only padding gets this far valid.
                     assert record is None, f"a valid record at {pos} missed the fast path"
+                if run_payloads:
+                    yield WalBatch(run_ledger, run_first, run_crcs, run_payloads), None
             if cut is not None:
                 os.ftruncate(f.fileno(), cut)
                 os.fsync(f.fileno())

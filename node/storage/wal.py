@@ -59,8 +59,12 @@ class WalBatch(NamedTuple):
 
 
 # What replay yields: a record with its ``record_crc`` when the WAL checked that very value
-# (the journal), else None (replay computes it); or a batch (the journal), crc None.
+# (the journal), else None (replay computes it); or a batch (the journal: a batch record, or
+# a run of single records of one ledger at consecutive ids), crc None.
 Replayed = tuple[WalRecord | WalBatch, int | None]
+# The longest run of single records replay puts back as one batch: the storage checks its
+# write cache's size (to flush as it goes) between them.
+REPLAY_RUN_ENTRIES = 1024
 
 
 def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> int:

@@ -42,6 +42,7 @@ from node.storage.wal import (
     EXPLICIT_LAC,
     FENCE,
     LEDGER_CREATED,
+    REPLAY_RUN_ENTRIES,
     LogMark,
     WalBatch,
     WalRecord,
@@ -690,29 +691,77 @@ def test_batches_come_back_whole_with_their_crcs(
 ) -> None:
     """Batches (split into records of at most max_entry_size bytes) and single records,
     across rotations: recover gives every entry in order; replay gives each batch record
-    as one WalBatch whose CRCs are the entries' own record_crc."""
+    as one WalBatch, entries of single records as runs (WalBatch too), metadata records one
+    by one, every CRC the entry's own record_crc."""
     with tempfile.TemporaryDirectory() as tmp:
         s = make_settings(Path(tmp), journal_max_size=max_size, max_entry_size=limit)
         asyncio.run(_write_appends(s, groups))
-        expected = [r for group in groups for appended in group for r in _entries(appended)]
+        appends = [appended for group in groups for appended in group]
+        expected = [r for appended in appends for r in _entries(appended)]
         assert recover_all(s) == expected
         replayed: list[WalRecord] = []
+        spans = set()  # (first index in expected, count) of each WalBatch
         for record, crc in new_journal(s).replay(START):
             if isinstance(record, WalBatch):
-                assert len(record.payloads) > 1
-                assert sum(8 + len(p) for p in record.payloads) + 12 <= limit
-                entries = list(record.records())
-                crcs = record.crcs
+                assert 0 < len(record.payloads) <= REPLAY_RUN_ENTRIES
+                spans.add((len(replayed), len(record.payloads)))
+                entries, crcs = list(record.records()), record.crcs
             else:
+                assert record.entry_id < 0  # an entry comes in a run, even a run of one
                 entries, crcs = [record], [crc]
             for entry, entry_crc in zip(entries, crcs, strict=True):
                 assert entry_crc == record_crc(*entry)
             replayed += entries
         assert replayed == expected
-        if limit == 1 << 20:  # every batch of two or more fits in one record
-            batches = [b for b in new_journal(s).replay(START) if isinstance(b[0], WalBatch)]
-            many = [v for g in groups for k, v in g if k == "batch" and len(v[2]) > 1]
-            assert len(batches) == len(many)
+        if limit == 1 << 20:  # every batch of two or more fits in one record: one WalBatch
+            at = 0
+            for kind, value in appends:
+                count = len(_entries((kind, value)))
+                if kind == "batch" and count > 1:
+                    assert (at, count) in spans
+                at += count
+
+
+def test_replay_gathers_single_records_of_a_ledger_at_consecutive_ids_into_runs(
+    tmp_path: Path,
+) -> None:
+    """What single adds journal comes back as runs: across group writes, broken by a gap in
+    the ids, another ledger's record, a metadata record or a batch record (and at the end of
+    a journal file), never longer than REPLAY_RUN_ENTRIES."""
+    s = make_settings(tmp_path, journal_max_size=1 << 20)  # one file
+    longest = REPLAY_RUN_ENTRIES + 100
+    groups: list[list[Append]] = [
+        [("one", (5, n, b"a%d" % n)) for n in range(0, 3)],
+        [("one", (5, n, b"a%d" % n)) for n in range(3, 6)],  # the same run, a later write
+        [("one", (5, 7, b"gap")), ("one", (6, 8, b"other")), ("one", (6, 9, b"x"))],
+        [("one", (6, FENCE, b"")), ("one", (6, 10, b"y"))],
+        [("batch", (6, 11, [b"b1", b"b2"])), ("one", (6, 13, b"z"))],
+        *(
+            [
+                ("one", (9, n, bytes([n % 256]) * 100))
+                for n in range(first, min(first + 100, longest))
+            ]
+            for first in range(0, longest, 100)
+        ),
+    ]
+    asyncio.run(_write_appends(s, groups))
+    replayed = [
+        (r.ledger_id, r.first_entry_id, len(r.payloads)) if isinstance(r, WalBatch) else r
+        for r, _crc in new_journal(s).replay(START)
+    ]
+    assert replayed == [
+        (5, 0, 6),
+        (5, 7, 1),
+        (6, 8, 2),
+        WalRecord(6, FENCE, b""),
+        (6, 10, 1),
+        (6, 11, 2),  # the batch record: not merged with the run before or after it
+        (6, 13, 1),
+        (9, 0, REPLAY_RUN_ENTRIES),
+        (9, REPLAY_RUN_ENTRIES, longest - REPLAY_RUN_ENTRIES),
+    ]
+    expected = [r for group in groups for appended in group for r in _entries(appended)]
+    assert recover_all(s) == expected
 
 
 def _batch_groups(count: int) -> list[list[Append]]:

@@ -301,6 +301,24 @@ async def test_half_full_write_cache_triggers_a_checkpoint(tmp_path: Path) -> No
         await storage.close()
 
 
+async def test_checkpoints_count_the_entries_they_flush_and_their_flush_time(
+    storage: LedgerStorage,
+) -> None:
+    """bench write's flush thread line: entries and seconds of the checkpoints' flushes."""
+    meta, _ = await storage.create_ledger()
+    await storage.checkpoint()  # the creation alone: no entry to flush
+    stats = storage.stats
+    assert stats.flushed_entries == 0
+    seconds_before = stats.flush_seconds_total
+    await storage.add_entries(meta.ledger_id, [b"a" * 100] * 300)
+    await storage.add_entry(meta.ledger_id, None, b"b")
+    await storage.checkpoint()
+    assert stats.flushed_entries == 301
+    assert stats.flush_seconds_total > seconds_before  # an entry log write and its fsync
+    await storage.checkpoint()  # nothing new: no checkpoint at all
+    assert stats.flushed_entries == 301
+
+
 async def test_full_cache_during_a_slow_flush_throttles_then_refuses(tmp_path: Path) -> None:
     settings = make_settings(
         tmp_path / "d",
