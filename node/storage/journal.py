@@ -462,10 +462,10 @@ class Journal:
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
                 pos = start
                 # Single records of one ledger at consecutive ids (what single adds
-                # journal) are gathered here into runs, yielded as batches: replay's
-                # work is then per run, as for a batch record, not per entry.
+                # journal) are gathered into runs, yielded as batches: replay's work is
+                # then per run, as for a batch record, not per entry.
                 run_ledger = run_first = 0
-                run_next = -1  # the entry id that extends the run (none: -1, never one)
+                run_next: int | None = None  # the entry id that extends the run, if any
                 run_crcs: list[int] = []
                 run_payloads: list[bytes] = []
                 while True:
@@ -478,47 +478,39 @@ class Journal:
                         if length <= max_length and end <= size:
                             ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
                             if entry_id == BATCH:
-                                if crc_of(view[pos + head : end], ids_crc) == crc:
-                                    if run_payloads:
-                                        yield (
-                                            WalBatch(run_ledger, run_first, run_crcs, run_payloads),
-                                            None,
-                                        )
-                                        run_next, run_crcs, run_payloads = -1, [], []
-                                    yield _batch(path, pos, mm, end, ledger_id), None
-                                    pos = end
-                                    continue
+                                valid = crc_of(view[pos + head : end], ids_crc) == crc
                             else:
                                 payload = mm[pos + head : end]
-                                if crc_of(payload, ids_crc) == crc:
-                                    pos = end
-                                    if (
-                                        entry_id == run_next
-                                        and ledger_id == run_ledger
-                                        and len(run_payloads) < REPLAY_RUN_ENTRIES
-                                    ):
-                                        run_payloads.append(payload)
-                                        run_crcs.append(crc)
-                                        run_next += 1
-                                        continue
-                                    if entry_id == GROUP_START_ENTRY_ID:
-                                        continue  # a run goes on across group writes
-                                    if run_payloads:
-                                        yield (
-                                            WalBatch(run_ledger, run_first, run_crcs, run_payloads),
-                                            None,
-                                        )
-                                        run_next, run_crcs, run_payloads = -1, [], []
-                                    if entry_id >= 0:
-                                        run_ledger, run_first, run_next = (
-                                            ledger_id,
-                                            entry_id,
-                                            entry_id + 1,
-                                        )
-                                        run_crcs, run_payloads = [crc], [payload]
-                                    else:
-                                        yield WalRecord(ledger_id, entry_id, payload), crc
+                                valid = crc_of(payload, ids_crc) == crc
+                            if valid:
+                                at, pos = pos, end
+                                if (  # (an entry id: never a batch record's)
+                                    entry_id == run_next
+                                    and ledger_id == run_ledger
+                                    and len(run_payloads) < REPLAY_RUN_ENTRIES
+                                ):
+                                    run_payloads.append(payload)
+                                    run_crcs.append(crc)
+                                    run_next = entry_id + 1
                                     continue
+                                if entry_id == GROUP_START_ENTRY_ID:
+                                    continue  # a run goes on across group writes
+                                if run_payloads:  # anything else ends the run first
+                                    run = WalBatch(run_ledger, run_first, run_crcs, run_payloads)
+                                    yield run, None
+                                    run_next, run_crcs, run_payloads = None, [], []
+                                if entry_id == BATCH:
+                                    yield _batch(path, at, mm, end, ledger_id), None
+                                elif entry_id >= 0:
+                                    run_ledger, run_first = ledger_id, entry_id
+                                    run_next, run_crcs, run_payloads = (
+                                        entry_id + 1,
+                                        [crc],
+                                        [payload],
+                                    )
+                                else:
+                                    yield WalRecord(ledger_id, entry_id, payload), crc
+                                continue
                     found = read_record(mm, pos, size, max_length)
                     if found is None:
                         break
