@@ -138,7 +138,7 @@ from node.storage.errors import (
 from node.storage.faults import CrashPoints
 from node.storage.journal import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
-from node.storage.wal import LogMark, Replayed, WalRecord
+from node.storage.wal import LogMark, Replayed, WalRecord, replay_runs
 
 log = logging.getLogger(__name__)
 
@@ -826,7 +826,7 @@ class BlockWal:
 
     def replay(self, mark: LogMark) -> Iterator[Replayed]:
         # The ring's CRC covers the record's body, not record_crc's bytes: none to reuse.
-        return ((record, None) for record in self.recover(mark))
+        return replay_runs(self.recover(mark))
 
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
         raw = self._ensure_open()

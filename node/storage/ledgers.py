@@ -31,7 +31,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, cast
+from typing import Protocol, TypeVar
 
 from node.settings import Settings
 from node.storage.blockwal import BlockWal
@@ -73,7 +73,6 @@ from node.storage.wal import (
     EXPLICIT_LAC,
     FENCE,
     LEDGER_CREATED,
-    REPLAY_RUN_ENTRIES,
     LogMark,
     Wal,
     WalBatch,
@@ -122,23 +121,6 @@ class Stats:
     flushed_entries: int = 0
     flush_seconds_total: float = 0.0
     replayed_records: int = 0
-
-
-@dataclass(slots=True)
-class _ReplayRun:
-    """Fresh consecutive entries of one ledger met by replay, put back as one batch."""
-
-    meta: LedgerMeta
-    payloads: list[bytes]
-    crcs: list[int | None]
-
-    def extended_by(self, record: WalRecord) -> bool:
-        """Whether ``record`` is the run's ledger's next entry (and the run has room)."""
-        return (
-            record.ledger_id == self.meta.ledger_id
-            and record.entry_id == self.meta.last_entry_id + 1 + len(self.payloads)
-            and len(self.payloads) < REPLAY_RUN_ENTRIES
-        )
 
 
 @dataclass(slots=True)
@@ -238,9 +220,9 @@ class LedgerStorage:
     def _recover(self) -> None:
         """Blocking, before the node serves: nothing else touches the state meanwhile.
 
-        Runs of fresh consecutive entries of one ledger are put back as one batch: a batch
-        record is one, the file journal's replay gathers single records into runs itself,
-        and the block WAL's single records are gathered here. A long journal is flushed as it
+        Runs of fresh consecutive entries of one ledger are put back as one batch: the WAL
+        hands batch records on whole and gathers single records into runs (wal.replay_runs).
+        A long journal is flushed as it
         is replayed: each chunk of the write cache on a thread of its own while the scan
         goes on (its pwrites, fsync and index write overlap the scan), keeping the old
         mark, so that a crash meanwhile replays again from it (which is idempotent)."""
@@ -253,29 +235,19 @@ class LedgerStorage:
         mark = self._wal.last_mark()
         self.last_checkpoint_mark = mark
         chunk = max(1, self._half_cache // REPLAY_FLUSH_CHUNKS)
-        run: _ReplayRun | None = None
         flushing: _ReplayChunk | None = None
         flush_as_we_go = True
         with ThreadPoolExecutor(1, thread_name_prefix="replay-flush") as flusher:
             for record, crc in self._wal.replay(mark):
-                if run is not None:
-                    if type(record) is WalRecord and run.extended_by(record):
-                        self.stats.replayed_records += 1
-                        run.payloads.append(record.payload)
-                        run.crcs.append(crc)
-                        continue
-                    self._replay_run(run.meta, run.payloads, run.crcs)
-                    run = None
                 if isinstance(record, WalBatch):
                     self._replay_batch(record)
                 else:
-                    run = self._replay_record(record, crc)
+                    self.stats.replayed_records += 1
+                    self._replay(record, crc)
                 if flush_as_we_go and self._cache.size >= chunk:
                     if flushing is not None:
                         flush_as_we_go = self._replay_flushed(flushing)
                     flushing = self._replay_flush(flusher) if flush_as_we_go else None
-            if run is not None:
-                self._replay_run(run.meta, run.payloads, run.crcs)
             if flushing is not None:
                 self._replay_flushed(flushing)
         self._next_ledger_id = max(max(self._ledgers, default=-1) + 1, self._index.next_ledger_id())
@@ -293,45 +265,23 @@ class LedgerStorage:
             return False
         return meta.offload is None or not meta.offload.local_deleted
 
-    def _replay_record(self, record: WalRecord, crc: int | None) -> _ReplayRun | None:
-        """Replay one record; a fresh entry instead starts a run (returned) that the
-        records after it may extend."""
-        self.stats.replayed_records += 1
-        meta = self._ledgers.get(record.ledger_id)
-        entry_id = record.entry_id
-        if (
-            meta is not None
-            and entry_id == meta.last_entry_id + 1
-            and entry_id >= 0
-            and self._replays_entries(meta)
-        ):
-            return _ReplayRun(meta, [record.payload], [crc])
-        self._replay(record, crc)
-        return None
-
     def _replay_batch(self, batch: WalBatch) -> None:
+        """A batch record or a run: put back as one batch when its entries are fresh (at the
+        ids after the ledger's last one), else record by record."""
         self.stats.replayed_records += len(batch.payloads)
         meta = self._ledgers.get(batch.ledger_id)
+        first = batch.first_entry_id
         if (
             meta is not None
             and batch.payloads
-            and batch.first_entry_id == meta.last_entry_id + 1
+            and first == meta.last_entry_id + 1
             and self._replays_entries(meta)
         ):
-            self._replay_run(meta, batch.payloads, batch.crcs)
+            self._cache_batch(meta, first, batch.crcs, batch.payloads)
+            self._on_durable_range(meta, first, first + len(batch.payloads) - 1)
             return
         for record, crc in zip(batch.records(), batch.crcs, strict=True):
             self._replay(record, crc)
-
-    def _replay_run(
-        self, meta: LedgerMeta, payloads: list[bytes], crcs: Sequence[int | None]
-    ) -> None:
-        """Fresh entries of ``meta`` at the ids after its last one, put back as one batch."""
-        ledger_id, first = meta.ledger_id, meta.last_entry_id + 1
-        if crcs[0] is None:  # the block WAL's records do not carry record_crc
-            crcs = [record_crc(ledger_id, first + n, p) for n, p in enumerate(payloads)]
-        self._cache_batch(meta, first, cast(Sequence[int], crcs), payloads)
-        self._on_durable_range(meta, first, first + len(payloads) - 1)
 
     def _replay_flush(self, flusher: ThreadPoolExecutor) -> _ReplayChunk:
         """Hand the write cache to ``flusher`` (without a mark: replay is not over)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple, Protocol
 
 from crc32c import crc32c as _crc32c
@@ -65,6 +65,35 @@ Replayed = tuple[WalRecord | WalBatch, int | None]
 # The longest run of single records replay puts back as one batch: the storage checks its
 # write cache's size (to flush as it goes) between them.
 REPLAY_RUN_ENTRIES = 1024
+
+
+def replay_runs(records: Iterable[WalRecord]) -> Iterator[Replayed]:
+    """``Wal.replay`` from records one by one (the block WAL, whose records carry no
+    record_crc: computed here): entries of one ledger at consecutive ids as runs, metadata
+    records as they are. The file journal gathers its runs the same way inside its scan."""
+    run: WalBatch | None = None
+    for record in records:
+        ledger_id, entry_id, payload = record
+        if (
+            run is not None
+            and ledger_id == run.ledger_id
+            and entry_id == run.first_entry_id + len(run.payloads)
+            and len(run.payloads) < REPLAY_RUN_ENTRIES
+        ):
+            run.payloads.append(payload)
+            run.crcs.append(record_crc(ledger_id, entry_id, payload))
+            continue
+        if run is not None:
+            yield run, None
+            run = None
+        if entry_id >= 0:
+            run = WalBatch(
+                ledger_id, entry_id, [record_crc(ledger_id, entry_id, payload)], [payload]
+            )
+        else:
+            yield record, None
+    if run is not None:
+        yield run, None
 
 
 def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> int:
