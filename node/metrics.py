@@ -11,12 +11,14 @@ Three kinds of sources:
 
 Labels are bounded: route templates (never ids), ledger states, data dir kinds; streams and
 cursors are named by their operators (as Pulsar labels its topics), and a deleted stream's
-series go with it.
+series go with it. A node may hold many thousands of streams: only the ``metrics_max_streams``
+with the largest backlog have series of their own, and ``streams_*`` aggregates cover all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import os
 import time
@@ -44,6 +46,7 @@ from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage, Stats
 from node.storage.probe import RingFigures
 from node.streams.manager import StreamManager
+from node.streams.model import Stream
 
 PREFIX = "storage_node"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -73,6 +76,7 @@ class AuditFigures:
 @dataclass(slots=True)
 class CursorSnapshot:
     name: str
+    mark_delete: str  # L:E
     backlog_entries: int
     backlog_bytes: int
     oldest_unacknowledged_age_s: float  # 0 without backlog
@@ -87,6 +91,34 @@ class StreamSnapshot:
     ledgers: int
     retained_bytes: int
     cursors: list[CursorSnapshot]
+
+    @property
+    def largest_backlog(self) -> int:
+        """Entries behind the stream's slowest cursor (0 without cursors)."""
+        return max((c.backlog_entries for c in self.cursors), default=0)
+
+
+@dataclass(slots=True)
+class StreamTotals:
+    """Over every stream, those without series of their own included."""
+
+    streams: int = 0
+    cursors: int = 0
+    backlog_entries: int = 0
+    backlog_bytes: int = 0
+    retained_bytes: int = 0
+    oldest_unacknowledged_age_s: float = 0.0  # of any cursor
+
+    def add(self, stream: StreamSnapshot) -> None:
+        self.streams += 1
+        self.cursors += len(stream.cursors)
+        self.retained_bytes += stream.retained_bytes
+        for cursor in stream.cursors:
+            self.backlog_entries += cursor.backlog_entries
+            self.backlog_bytes += cursor.backlog_bytes
+            self.oldest_unacknowledged_age_s = max(
+                self.oldest_unacknowledged_age_s, cursor.oldest_unacknowledged_age_s
+            )
 
 
 @dataclass(slots=True)
@@ -119,7 +151,8 @@ class EngineSnapshot:
     log_usages: list[float] = field(default_factory=list)
     disk_warning: bool = False
     reserve_bytes: int = 0  # the emergency reserve held
-    streams: list[StreamSnapshot] = field(default_factory=list)
+    streams: list[StreamSnapshot] = field(default_factory=list)  # the largest backlog first
+    stream_totals: StreamTotals = field(default_factory=StreamTotals)
     orphan_ledgers: int = 0  # ledgers of streams that no stream names yet hold entries
     retention: RetentionStats = field(default_factory=RetentionStats)
     wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
@@ -303,7 +336,9 @@ class Metrics:
             if offload._reader is not None:
                 self._snapshot.offload_cache_bytes = offload.reader.cached_bytes
         if streams is not None:
-            self._snapshot.streams = stream_snapshots(streams)
+            self._snapshot.streams, self._snapshot.stream_totals = top_streams(
+                streams, self._settings.metrics_max_streams
+            )
             self._snapshot.orphan_ledgers = len(streams.live_orphans())
 
     def _ring_snapshot(self) -> RingSnapshot | None:
@@ -340,34 +375,51 @@ class Metrics:
         return self._start_time_s
 
 
-def stream_snapshots(manager: StreamManager) -> list[StreamSnapshot]:
-    """Per stream and cursor. The oldest unacknowledged age is at ledger granularity (entries
+def streams_now_ms() -> float:
+    """Now for stream_snapshot: the streams' times come from the system clock too."""
+    return time.time() * MS_PER_S
+
+
+def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> StreamSnapshot:
+    """A stream and its cursors. The oldest unacknowledged age is at ledger granularity (entries
     carry no time): the age of the ledger holding a cursor's next unacknowledged entry."""
-    now_ms = time.time() * MS_PER_S  # the streams' times come from the system clock too
-    snapshots = []
-    for stream in manager.streams():
-        created = {info.ledger_id: info.created_ms for info in stream.ledgers}
-        cursors = []
-        for cursor in manager.cursors(stream.name):
-            backlog = manager.backlog(stream.name, cursor.mark_delete)
-            age_s = 0.0
-            following = manager.next_position(stream, cursor.mark_delete)
-            if backlog.entries and following is not None and following.ledger_id in created:
-                age_s = max(0.0, now_ms - created[following.ledger_id]) / MS_PER_S
-            cursors.append(CursorSnapshot(cursor.name, backlog.entries, backlog.size_bytes, age_s))
-        entries, size = manager.appended.get(stream.name, (0, 0))
-        snapshots.append(
-            StreamSnapshot(
-                name=stream.name,
-                appended_entries=entries,
-                appended_bytes=size,
-                rollovers=manager.rollovers_by_stream.get(stream.name, 0),
-                ledgers=len(stream.ledgers),
-                retained_bytes=sum(info.size_bytes for info in stream.ledgers),
-                cursors=cursors,
+    created = {info.ledger_id: info.created_ms for info in stream.ledgers}
+    cursors = []
+    for cursor in manager.cursors(stream.name):
+        backlog = manager.backlog(stream.name, cursor.mark_delete)
+        age_s = 0.0
+        following = manager.next_position(stream, cursor.mark_delete)
+        if backlog.entries and following is not None and following.ledger_id in created:
+            age_s = max(0.0, now_ms - created[following.ledger_id]) / MS_PER_S
+        cursors.append(
+            CursorSnapshot(
+                cursor.name, str(cursor.mark_delete), backlog.entries, backlog.size_bytes, age_s
             )
         )
-    return snapshots
+    entries, size = manager.appended.get(stream.name, (0, 0))
+    return StreamSnapshot(
+        name=stream.name,
+        appended_entries=entries,
+        appended_bytes=size,
+        rollovers=manager.rollovers_by_stream.get(stream.name, 0),
+        ledgers=len(stream.ledgers),
+        retained_bytes=sum(info.size_bytes for info in stream.ledgers),
+        cursors=cursors,
+    )
+
+
+def top_streams(manager: StreamManager, limit: int) -> tuple[list[StreamSnapshot], StreamTotals]:
+    """The ``limit`` streams an operator looks at first: the largest backlog of a cursor, then
+    the most retained bytes (ties in name order, so the set holds still between scrapes); and
+    totals over every stream. The totals need every cursor's backlog anyway; choosing keeps a
+    heap of ``limit``, never a sort of all streams."""
+    now_ms = streams_now_ms()
+    snapshots = [stream_snapshot(manager, stream, now_ms) for stream in manager.streams()]
+    totals = StreamTotals()
+    for snapshot in snapshots:
+        totals.add(snapshot)
+    top = heapq.nlargest(limit, snapshots, key=lambda s: (s.largest_backlog, s.retained_bytes))
+    return top, totals
 
 
 NODE_STATES = ("writable", "read_only", "shutting_down")
@@ -699,6 +751,7 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
             deleted_bytes.add_metric([stream.name, reason], r.deleted_bytes.get(key, 0))
     yield from (appended, appended_bytes, rollovers, ledgers, retained, backlog, backlog_bytes)
     yield from (oldest, deleted, deleted_bytes)
+    yield from _stream_totals_metrics(s.stream_totals, r)
     yield CounterMetricFamily(f"{PREFIX}_retention_runs", "Retention runs.", value=r.runs)
     yield GaugeMetricFamily(
         f"{PREFIX}_retention_last_run_timestamp_seconds",
@@ -716,6 +769,40 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         "Cursors a message TTL moved past expired ledgers.",
         value=r.expired_cursor_moves,
     )
+
+
+def _stream_totals_metrics(t: StreamTotals, r: RetentionStats) -> Iterator[Metric]:
+    """Over every stream: what the per-stream series of the largest backlogs leave out."""
+    for name, value, doc in (
+        ("streams", t.streams, "Streams on the node."),
+        ("streams_cursors", t.cursors, "Cursors of all streams."),
+        ("streams_backlog_entries", t.backlog_entries, "Backlog entries of all cursors."),
+        ("streams_backlog_bytes", t.backlog_bytes, "Backlog payload bytes of all cursors."),
+        ("streams_retained_bytes", t.retained_bytes, "Payload bytes in all streams' ledgers."),
+        (
+            "streams_oldest_unacknowledged_age_seconds",
+            t.oldest_unacknowledged_age_s,
+            "The largest oldest unacknowledged age of any cursor (0: no backlog).",
+        ),
+    ):
+        yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    deleted = CounterMetricFamily(
+        f"{PREFIX}_retention_deleted_ledgers",
+        "Ledgers retention deleted from all streams (deleted streams too), by why.",
+        labels=["reason"],
+    )
+    deleted_bytes = CounterMetricFamily(
+        f"{PREFIX}_retention_deleted_bytes",
+        "Payload bytes of the ledgers retention deleted from all streams, by why.",
+        labels=["reason"],
+    )
+    for reason in RETENTION_REASONS:
+        deleted.add_metric([reason], sum(n for (_, why), n in r.deleted.items() if why == reason))
+        deleted_bytes.add_metric(
+            [reason], sum(n for (_, why), n in r.deleted_bytes.items() if why == reason)
+        )
+    yield deleted
+    yield deleted_bytes
 
 
 def _entry_log_metrics(ledgers_dir: Path) -> Iterator[Metric]:

@@ -628,6 +628,27 @@ class StatusStream(Reply):
     cursors: list[StatusCursor]
 
 
+class StatusStreamTotals(Reply):
+    """Over every stream, those the summary leaves out included."""
+
+    streams: Count
+    shown: Annotated[
+        Count, Field(description="Streams in the summary: metrics_max_streams at most")
+    ]
+    cursors: Count
+    backlogEntries: Count
+    backlogBytes: Count
+    retainedBytes: Count
+    oldestUnacknowledgedAgeSeconds: Annotated[Seconds, Field(description="Of any cursor")]
+
+
+class StatusStreamPage(Reply):
+    total: Count
+    offset: Count
+    limit: Count
+    streams: Annotated[list[StatusStream], Field(description="In name order")]
+
+
 class StatusSummary(Reply):
     nodeId: Count
     version: str
@@ -644,7 +665,11 @@ class StatusSummary(Reply):
     retention: StatusRetention
     offload: StatusOffload
     audit: StatusAudit | None
-    streams: list[StatusStream]
+    streams: Annotated[
+        list[StatusStream],
+        Field(description="The largest cursor backlog first; all: /api/v1/status/streams"),
+    ]
+    streamTotals: StatusStreamTotals
 
 
 class StatusSample(Reply):
@@ -733,6 +758,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     AuditSnapshot,
     AuditResult,
     StatusSummary,
+    StatusStreamPage,
     StatusHistory,
     StatusEntryLogs,
 )

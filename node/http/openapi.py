@@ -14,6 +14,7 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.state import SETTINGS
+from node.http.status import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
 from node.settings import Settings
 from node.storage.index import MAX_ID
 
@@ -582,6 +583,32 @@ def _status_paths() -> dict[str, Any]:
                 "summary": "The status page's panels: state, disks against their watermarks, "
                 "WAL, counters, GC, retention, offload, the last audit, streams and cursors",
                 "responses": {"200": _json(_ref("StatusSummary"), "Summary"), **_errors()},
+            }
+        },
+        "/api/v1/status/streams": {
+            "get": {
+                "summary": "Every stream with its cursors' backlogs, a page at a time in name "
+                "order (the summary carries only those with the largest backlog)",
+                "parameters": [
+                    {
+                        "name": "offset",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "integer", "minimum": 0, "default": 0},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": STREAM_PAGE_MAX,
+                            "default": STREAM_PAGE_DEFAULT,
+                        },
+                    },
+                ],
+                "responses": {"200": _json(_ref("StatusStreamPage"), "Streams"), **_errors(400)},
             }
         },
         "/api/v1/status/history": {

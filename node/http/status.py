@@ -22,8 +22,9 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.errors import ApiError
+from node.http.ledgers import parse_id
 from node.http.state import AUDIT, LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
-from node.metrics import data_dirs, stream_snapshots
+from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
 from node.settings import Settings
 from node.status.entrylogs import MapCache, PinContext, build_map, scan_logs
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
@@ -45,6 +46,10 @@ CONTENT_SECURITY_POLICY = (
 PINNED_LOGS_SHOWN = 5  # the oldest logs the map explains
 PINS_PER_LOG = 10  # ledgers named per log, the largest first (a log may hold thousands)
 MS_PER_S = 1000
+# GET /api/v1/status/streams: streams per page unless asked, and at most (a page of 1,000
+# is ~200 KB of JSON, fetched on demand, never polled).
+STREAM_PAGE_DEFAULT = 100
+STREAM_PAGE_MAX = 1000
 
 
 @dataclass(slots=True)
@@ -262,31 +267,37 @@ def _audit(app: web.Application) -> models.StatusAudit | None:
     )
 
 
-def _streams(app: web.Application) -> list[models.StatusStream]:
-    manager = app[STREAMS]
-    marks = {
-        (stream.name, cursor.name): str(cursor.mark_delete)
-        for stream in manager.streams()
-        for cursor in manager.cursors(stream.name)
-    }
-    return [
-        models.StatusStream(
-            name=s.name,
-            ledgers=s.ledgers,
-            retainedBytes=s.retained_bytes,
-            cursors=[
-                models.StatusCursor(
-                    name=c.name,
-                    markDeletePosition=marks[(s.name, c.name)],
-                    backlogEntries=c.backlog_entries,
-                    backlogBytes=c.backlog_bytes,
-                    oldestUnacknowledgedAgeSeconds=c.oldest_unacknowledged_age_s,
-                )
-                for c in s.cursors
-            ],
-        )
-        for s in stream_snapshots(manager)
-    ]
+def _status_stream(s: StreamSnapshot) -> models.StatusStream:
+    return models.StatusStream(
+        name=s.name,
+        ledgers=s.ledgers,
+        retainedBytes=s.retained_bytes,
+        cursors=[
+            models.StatusCursor(
+                name=c.name,
+                markDeletePosition=c.mark_delete,
+                backlogEntries=c.backlog_entries,
+                backlogBytes=c.backlog_bytes,
+                oldestUnacknowledgedAgeSeconds=c.oldest_unacknowledged_age_s,
+            )
+            for c in s.cursors
+        ],
+    )
+
+
+def _streams(app: web.Application) -> tuple[list[models.StatusStream], models.StatusStreamTotals]:
+    """The streams /metrics gives series of their own (the page polls this every 2 s: a node
+    with thousands of streams must not send them all), with totals over every stream."""
+    top, totals = top_streams(app[STREAMS], app[SETTINGS].metrics_max_streams)
+    return [_status_stream(s) for s in top], models.StatusStreamTotals(
+        streams=totals.streams,
+        shown=len(top),
+        cursors=totals.cursors,
+        backlogEntries=totals.backlog_entries,
+        backlogBytes=totals.backlog_bytes,
+        retainedBytes=totals.retained_bytes,
+        oldestUnacknowledgedAgeSeconds=totals.oldest_unacknowledged_age_s,
+    )
 
 
 @routes.get("/api/v1/status/summary")
@@ -295,6 +306,7 @@ async def summary(request: web.Request) -> web.Response:
     settings, storage, state = app[SETTINGS], app[STORAGE], app[STATUS]
     disks = await asyncio.to_thread(_disks, settings)
     stats = storage.stats
+    streams, stream_totals = _streams(app)
     reply = models.StatusSummary(
         nodeId=settings.node_id,
         version=__version__,
@@ -323,7 +335,31 @@ async def summary(request: web.Request) -> web.Response:
         retention=_retention(app),
         offload=_offload(app),
         audit=_audit(app),
-        streams=_streams(app),
+        streams=streams,
+        streamTotals=stream_totals,
+    )
+    return web.json_response(reply.to_json())
+
+
+@routes.get("/api/v1/status/streams")
+async def streams_page(request: web.Request) -> web.Response:
+    """Every stream, a page at a time in name order: what the summary leaves out."""
+    query = request.query
+    offset = parse_id(query.get("offset"), "offset", default=0)
+    limit = parse_id(query.get("limit"), "limit", default=STREAM_PAGE_DEFAULT)
+    if not 1 <= limit <= STREAM_PAGE_MAX:
+        raise ApiError(400, "invalid_limit", f"limit must be in [1, {STREAM_PAGE_MAX}]")
+    manager = request.app[STREAMS]
+    everything = manager.streams()
+    now_ms = streams_now_ms()
+    reply = models.StatusStreamPage(
+        total=len(everything),
+        offset=offset,
+        limit=limit,
+        streams=[
+            _status_stream(stream_snapshot(manager, stream, now_ms))
+            for stream in everything[offset : offset + limit]
+        ],
     )
     return web.json_response(reply.to_json())
 
