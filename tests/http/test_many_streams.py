@@ -131,9 +131,7 @@ async def test_ten_thousand_streams_at_defaults_keep_metrics_and_the_summary_sma
     assert len(body) < SUMMARY_MAX_BYTES
     summary = models.StatusSummary.model_validate_json(body)
     assert [s.name for s in summary.streams] == [_name(i) for i in largest]  # largest first
-    assert [s.cursors[0].backlogEntries for s in summary.streams] == [
-        backlogs[i] for i in largest
-    ]
+    assert [s.cursors[0].backlogEntries for s in summary.streams] == [backlogs[i] for i in largest]
     totals = summary.streamTotals
     assert (totals.streams, totals.shown, totals.cursors) == (MANY, shown, MANY)
     assert totals.backlogEntries == sum(backlogs.values())

@@ -37,6 +37,9 @@ NODE_ENV = {
     "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
     # Retention must run only when a test asks (the daily hour could fall inside the run).
     "NODE_RETENTION_SCHEDULER_ENABLED": "false",
+    # The summary's streams: "orders" (its "audit" cursor never acknowledges: the largest
+    # backlog) and one other, whatever the test of many streams adds.
+    "NODE_METRICS_MAX_STREAMS": "2",
 }
 OLD_S = 90 * 24 * 3600  # how old the test makes one log
 
@@ -440,6 +443,45 @@ def test_axe_finds_no_serious_accessibility_violation(
     # Headings in order, every control named.
     levels = page.eval_on_selector_all("h1, h2, h3", "hs => hs.map(h => Number(h.tagName[1]))")
     assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels))
+    page.context.close()
+
+
+def test_with_many_streams_the_page_shows_the_largest_backlogs_and_pages_the_rest(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    extra = [f"extra-{i:02d}" for i in range(60)]
+    for name in extra:
+        _call(node, "PUT", f"/api/v1/streams/{name}", {})
+    page = _open(browser, node).page
+    _updated_after(page, time.time() * 1000)
+    summary = node.get_json("/api/v1/status/summary")
+    totals = summary["streamTotals"]
+    assert (totals["streams"], totals["shown"]) == (61, 2)
+    shown = page.eval_on_selector_all("#streams h3", "hs => hs.map(h => h.dataset.stream)")
+    assert shown == [s["name"] for s in summary["streams"]] and shown[0] == STREAM
+    totals_text = page.locator("#stream-totals").inner_text()
+    assert totals_text.startswith("61 streams, 2 cursors") and "the 2 with" in totals_text
+
+    # The full list: fetched when opened, a page of 50 at a time, in name order.
+    page.locator("#all-streams summary").click()
+    names = sorted([*extra, STREAM])
+    page.wait_for_selector("#all-streams-list li")
+    listed = page.eval_on_selector_all(
+        "#all-streams-list li", "ls => ls.map(l => l.dataset.stream)"
+    )
+    assert listed == names[:50]
+    assert page.locator("#all-streams-range").inner_text().startswith("1\u201350 of 61")
+    assert page.locator("#all-streams-prev").is_disabled()
+    page.locator("#all-streams-next").click()
+    page.wait_for_function(
+        "() => document.getElementById('all-streams-range').textContent.startsWith('51')"
+    )
+    listed = page.eval_on_selector_all(
+        "#all-streams-list li", "ls => ls.map(l => l.dataset.stream)"
+    )
+    assert listed == names[50:]
+    assert page.locator("#all-streams-next").is_disabled()
+    _shot(page, "many-streams")
     page.context.close()
 
 

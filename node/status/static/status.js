@@ -10,6 +10,9 @@
   // A poll that takes longer than this counts as "not answering" (a hung node answers nothing).
   const TIMEOUT_MS = Math.max(3000, 2 * POLL_MS);
   const TOKEN_KEY = "storage-node-admin-token";
+  // The summary carries only the streams with the largest backlog; the full list comes a page
+  // at a time from its own route, when asked for (never polled: it may be thousands long).
+  const STREAM_PAGE = 50;
   const HISTORY_CHARTS = [
     { title: "Adds and reads per second", unit: "rate",
       series: [["addsPerSecond", "adds/s"], ["readsPerSecond", "reads/s"]] },
@@ -195,7 +198,7 @@
     renderCharts(data.history);
     renderLogs(data.entrylogs);
     renderGc(s.gc);
-    renderStreams(s.streams);
+    renderStreams(s.streams, s.streamTotals);
     renderLifecycle(s);
     renderAudit(s.audit);
     $("#token-hint").dataset.required = String(s.adminTokenRequired);
@@ -389,9 +392,16 @@
     }
   }
 
-  function renderStreams(streams) {
+  function renderStreams(streams, totals) {
     const box = $("#streams");
     box.replaceChildren();
+    const shown = totals.shown < totals.streams ? ` Below: the ${count(totals.shown)} with ` +
+      "the largest backlog (the node's metrics_max_streams); every stream is in the list " +
+      "further down." : "";
+    $("#stream-totals").textContent = totals.streams ? `${count(totals.streams)} streams, ` +
+      `${count(totals.cursors)} cursors: backlog ${count(totals.backlogEntries)} entries ` +
+      `(${bytes(totals.backlogBytes)}), ${bytes(totals.retainedBytes)} retained.${shown}` : "";
+    $("#stream-totals").dataset.value = JSON.stringify(totals);
     if (!streams.length) box.append(el("p", { text: "No stream." }));
     for (const stream of streams) {
       box.append(el("h3", { "data-stream": stream.name }, stream.name,
@@ -414,6 +424,35 @@
         el("th", { scope: "col", text: "Oldest unacked" })));
       box.append(el("table", { class: "cursors" }, head, body));
     }
+  }
+
+  let streamOffset = 0;
+
+  async function loadStreamPage(offset) {
+    const range = $("#all-streams-range");
+    let page;
+    try {
+      page = await getJson(`/api/v1/status/streams?offset=${offset}&limit=${STREAM_PAGE}`);
+    } catch (error) {
+      range.textContent = `The list did not load (${error.message}).`;
+      return;
+    }
+    streamOffset = offset;
+    const list = $("#all-streams-list");
+    list.replaceChildren();
+    list.start = offset + 1;
+    for (const stream of page.streams) {
+      const backlog = Math.max(0, ...stream.cursors.map((c) => c.backlogEntries));
+      list.append(el("li", { "data-stream": stream.name }, stream.name,
+        el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ` +
+          `${bytes(stream.retainedBytes)}, ${stream.cursors.length} cursors, largest backlog ` +
+          `${count(backlog)}` })));
+    }
+    const last = offset + page.streams.length;
+    range.textContent = page.total ? `${count(offset + 1)}–${count(last)} of ` +
+      `${count(page.total)}, by name (fetched when opened or paged, not polled).` : "No stream.";
+    $("#all-streams-prev").disabled = offset === 0;
+    $("#all-streams-next").disabled = last >= page.total;
   }
 
   function renderLifecycle(s) {
@@ -526,6 +565,12 @@
       input.value = "";
       input.focus();
     });
+    $("#all-streams").addEventListener("toggle", (event) => {
+      if (event.target.open) loadStreamPage(streamOffset);
+    });
+    $("#all-streams-prev").addEventListener("click",
+      () => loadStreamPage(Math.max(0, streamOffset - STREAM_PAGE)));
+    $("#all-streams-next").addEventListener("click", () => loadStreamPage(streamOffset + STREAM_PAGE));
     for (const button of document.querySelectorAll("[data-action]")) {
       button.addEventListener("click", () => run(button.dataset.action, button));
     }
