@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from node.settings import Settings
+
 DASHBOARDS_DIR = Path(__file__).parent / "dashboards"
 RULES_FILE = Path(__file__).parent / "alerts" / "storage-node.rules.yml"
 PROMETHEUS_RULE = Path(__file__).parent.parent / "manifests" / "monitoring" / "prometheusrule.yaml"
@@ -31,6 +33,8 @@ S = '{instance=~"$instance"}'  # every panel's selector
 RATE = "[$__rate_interval]"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 WIDTH = 24  # Grafana's grid
+# Streams with per-stream series at the node's default (metrics_max_streams), named in panels.
+STREAMS_WITH_SERIES = Settings.model_fields["metrics_max_streams"].default
 
 
 def sel(name: str, extra: str = "") -> str:
@@ -534,39 +538,59 @@ def lifecycle() -> Dashboard:
                 [
                     q(
                         f"sum by (instance, reason) "
-                        f"(increase({sel('stream_retention_deleted_ledgers_total')}[1h]))",
+                        f"(increase({sel('retention_deleted_ledgers_total')}[1h]))",
                         "{{instance}} {{reason}}",
                     )
                 ],
-                "Ledgers deleted in the last hour by why: time, size, disk pressure.",
+                "Ledgers deleted in the last hour by why: time, size, disk pressure (all "
+                "streams; stream_retention_deleted_* name the streams with series).",
             ),
             Panel(
                 "Retention deleted bytes",
                 "bytes",
+                [q(f"sum by (instance) (increase({sel('retention_deleted_bytes_total')}[1h]))")],
+                "Payload bytes deleted in the last hour, all streams.",
+            ),
+            Panel(
+                "Streams and cursors",
+                "none",
                 [
-                    q(
-                        f"sum by (instance) "
-                        f"(increase({sel('stream_retention_deleted_bytes_total')}[1h]))"
-                    )
+                    q(sel("streams"), "{{instance}} streams"),
+                    q(sel("streams_cursors"), "{{instance}} cursors"),
                 ],
-                "Payload bytes deleted in the last hour.",
+                "Every stream and cursor of the node. The panels by stream show the "
+                f"{STREAMS_WITH_SERIES} with the largest backlog (metrics_max_streams).",
             ),
             Panel(
                 "Retained bytes by stream",
                 "bytes",
-                [q(sel("stream_retained_bytes"), "{{instance}} {{stream}}")],
-                "Backlog and retained acknowledged data.",
+                [
+                    q(sel("streams_retained_bytes"), "{{instance}} all streams"),
+                    q(sel("stream_retained_bytes"), "{{instance}} {{stream}}"),
+                ],
+                "Backlog and retained acknowledged data: the total, and the streams with "
+                "the largest backlog.",
             ),
             Panel(
                 "Backlog by cursor",
                 "none",
-                [q(sel("stream_backlog_entries"), "{{stream}}/{{cursor}}")],
-                "Entries after each cursor's mark-delete position.",
+                [
+                    q(sel("streams_backlog_entries"), "{{instance}} all cursors"),
+                    q(sel("stream_backlog_entries"), "{{stream}}/{{cursor}}"),
+                ],
+                "Entries after each cursor's mark-delete position: the total, and the cursors "
+                "of the streams with the largest backlog.",
             ),
             Panel(
                 "Oldest unacknowledged",
                 "s",
-                [q(sel("stream_oldest_unacknowledged_age_seconds"), "{{stream}}/{{cursor}}")],
+                [
+                    q(
+                        sel("streams_oldest_unacknowledged_age_seconds"),
+                        "{{instance}} oldest of any cursor",
+                    ),
+                    q(sel("stream_oldest_unacknowledged_age_seconds"), "{{stream}}/{{cursor}}"),
+                ],
                 "A stuck consumer pins its stream's ledgers and their entry logs.",
             ),
         ],
