@@ -46,7 +46,7 @@ from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage, Stats
 from node.storage.probe import RingFigures
 from node.streams.manager import StreamManager
-from node.streams.model import Stream
+from node.streams.model import Position, Stream
 
 PREFIX = "storage_node"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -76,7 +76,7 @@ class AuditFigures:
 @dataclass(slots=True)
 class CursorSnapshot:
     name: str
-    mark_delete: str  # L:E
+    mark_delete: Position
     backlog_entries: int
     backlog_bytes: int
     oldest_unacknowledged_age_s: float  # 0 without backlog
@@ -393,7 +393,7 @@ def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> St
             age_s = max(0.0, now_ms - created[following.ledger_id]) / MS_PER_S
         cursors.append(
             CursorSnapshot(
-                cursor.name, str(cursor.mark_delete), backlog.entries, backlog.size_bytes, age_s
+                cursor.name, cursor.mark_delete, backlog.entries, backlog.size_bytes, age_s
             )
         )
     entries, size = manager.appended.get(stream.name, (0, 0))

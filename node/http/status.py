@@ -275,7 +275,7 @@ def _status_stream(s: StreamSnapshot) -> models.StatusStream:
         cursors=[
             models.StatusCursor(
                 name=c.name,
-                markDeletePosition=c.mark_delete,
+                markDeletePosition=str(c.mark_delete),
                 backlogEntries=c.backlog_entries,
                 backlogBytes=c.backlog_bytes,
                 oldestUnacknowledgedAgeSeconds=c.oldest_unacknowledged_age_s,
