@@ -91,6 +91,7 @@ class StreamSnapshot:
     ledgers: int
     retained_bytes: int
     cursors: list[CursorSnapshot]
+    cursor_count: int  # all of the stream's cursors, those without series included
 
     @property
     def largest_backlog(self) -> int:
@@ -405,20 +406,29 @@ def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> St
         ledgers=len(stream.ledgers),
         retained_bytes=sum(info.size_bytes for info in stream.ledgers),
         cursors=cursors,
+        cursor_count=len(cursors),
     )
 
 
 def top_streams(manager: StreamManager, limit: int) -> tuple[list[StreamSnapshot], StreamTotals]:
     """The ``limit`` streams an operator looks at first: the largest backlog of a cursor, then
-    the most retained bytes (ties in name order, so the set holds still between scrapes); and
-    totals over every stream. The totals need every cursor's backlog anyway; choosing keeps a
-    heap of ``limit``, never a sort of all streams."""
+    the most retained bytes (ties in name order, so the set holds still between scrapes), with
+    at most ``limit`` of their cursors in all (a stream may have thousands), the largest
+    backlogs; and totals over every stream and cursor. The totals need every cursor's backlog
+    anyway; choosing keeps heaps of ``limit``, never a sort of all streams or cursors."""
     now_ms = streams_now_ms()
     snapshots = [stream_snapshot(manager, stream, now_ms) for stream in manager.streams()]
     totals = StreamTotals()
     for snapshot in snapshots:
         totals.add(snapshot)
     top = heapq.nlargest(limit, snapshots, key=lambda s: (s.largest_backlog, s.retained_bytes))
+    cursors = ((s.name, c) for s in top for c in s.cursors)
+    kept = {
+        (name, c.name)
+        for name, c in heapq.nlargest(limit, cursors, key=lambda pair: pair[1].backlog_entries)
+    }
+    for snapshot in top:
+        snapshot.cursors = [c for c in snapshot.cursors if (snapshot.name, c.name) in kept]
     return top, totals
 
 

@@ -625,7 +625,11 @@ class StatusStream(Reply):
     name: str
     ledgers: Count
     retainedBytes: Count
-    cursors: list[StatusCursor]
+    cursors: Annotated[
+        list[StatusCursor],
+        Field(description="In the summary, metrics_max_streams cursors at most in all"),
+    ]
+    cursorCount: Annotated[Count, Field(description="All of the stream's cursors")]
 
 
 class StatusStreamTotals(Reply):

@@ -282,6 +282,7 @@ def _status_stream(s: StreamSnapshot) -> models.StatusStream:
             )
             for c in s.cursors
         ],
+        cursorCount=s.cursor_count,
     )
 
 

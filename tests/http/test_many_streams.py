@@ -198,3 +198,18 @@ async def test_the_bound_picks_the_largest_backlogs_and_aggregates_cover_the_res
         assert r.status == 400 and (await r.json())["code"] == code
     r = await client.get("/api/v1/status/streams?offset=-1")
     assert r.status == 400 and (await r.json())["code"] == "invalid_id"
+
+    # One stream with many cursors: its series and rows are bounded too (the limit, in all,
+    # the largest backlogs first), while the totals count every cursor.
+    for i in range(10):
+        path = f"/api/v1/streams/{_name(1)}/cursors/more-{i}"
+        await _ok(await client.put(path, json={"start": "earliest"}))
+    _, streams, samples = await _metrics(client)
+    per_cursor = [name for name, _ in samples if name == "storage_node_stream_backlog_entries"]
+    assert len(per_cursor) == 2
+    assert _value(samples, "storage_node_streams_cursors") == 15
+    assert _value(samples, "storage_node_streams_backlog_entries") == 7 + 10 * 5
+    summary = await _ok(await client.get("/api/v1/status/summary"))
+    rows = {s["name"]: s for s in summary["streams"]}
+    assert (len(rows[_name(1)]["cursors"]), rows[_name(1)]["cursorCount"]) == (2, 11)
+    assert (rows[_name(3)]["cursors"], rows[_name(3)]["cursorCount"]) == ([], 1)

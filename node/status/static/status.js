@@ -404,10 +404,16 @@
     $("#stream-totals").dataset.value = JSON.stringify(totals);
     if (!streams.length) box.append(el("p", { text: "No stream." }));
     for (const stream of streams) {
+      // A stream may have thousands of cursors: the summary carries the largest backlogs.
+      const some = stream.cursors.length < stream.cursorCount ?
+        `; ${count(stream.cursors.length)} of ${count(stream.cursorCount)} cursors shown` : "";
       box.append(el("h3", { "data-stream": stream.name }, stream.name,
-        el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ${bytes(stream.retainedBytes)}` })));
+        el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ` +
+          `${bytes(stream.retainedBytes)}${some}` })));
       if (!stream.cursors.length) {
-        box.append(el("p", { class: "legend", text: "No cursor: retention alone decides." }));
+        box.append(el("p", { class: "legend", text: stream.cursorCount ?
+          "Its cursors' backlogs are smaller than those shown." :
+          "No cursor: retention alone decides." }));
         continue;
       }
       const body = el("tbody");
@@ -445,7 +451,7 @@
       const backlog = Math.max(0, ...stream.cursors.map((c) => c.backlogEntries));
       list.append(el("li", { "data-stream": stream.name }, stream.name,
         el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ` +
-          `${bytes(stream.retainedBytes)}, ${stream.cursors.length} cursors, largest backlog ` +
+          `${bytes(stream.retainedBytes)}, ${stream.cursorCount} cursors, largest backlog ` +
           `${count(backlog)}` })));
     }
     const last = offset + page.streams.length;
