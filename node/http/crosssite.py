@@ -83,7 +83,7 @@ class Guard:
         names |= {suffix[1:] for suffix in self.suffixes}  # ".domain" is the domain too
         names |= LOOPBACK_NAMES | {socket.gethostname().lower()}
         if settings.http_host not in WILDCARD_BINDS:
-            names.add(host_of(settings.http_host))
+            names.add(settings.http_host.lower().strip("[]"))  # an address, or a name
         self.names = frozenset(names)
         self.any_origin = ANY in settings.allowed_origins
         self.origins = frozenset(settings.allowed_origins)
@@ -115,7 +115,7 @@ class Guard:
             return ApiError(
                 403,
                 "host_not_allowed",
-                f"Host {host!r} is not a name of this node; add it to allowed_hosts",
+                f"Host {(host or '')[:100]!r} is not a name of this node; add it to allowed_hosts",
             )
         if (
             method in MUTATING

@@ -369,3 +369,18 @@ def test_entry_routes_are_the_routes_without_a_json_body() -> None:
 def test_the_hosts_that_are_the_nodes_own(header: str, own: bool) -> None:
     guard = Guard(Settings(http_host="0.0.0.0"))
     assert guard.host_allowed(header, ("10.1.2.3", 8080)) is own
+
+
+@pytest.mark.parametrize(
+    ("bound", "header", "own"),
+    [
+        ("::1", "[::1]:8080", True),
+        ("fd00::7", "[fd00::7]:8080", True),
+        ("fd00::7", "[fd00::8]:8080", False),
+        ("node-1.example", "node-1.example:8080", True),
+        ("node-1.example", "node-2.example:8080", False),
+    ],
+)
+def test_the_bound_host_is_the_nodes_own(bound: str, header: str, own: bool) -> None:
+    guard = Guard(Settings(http_host=bound))
+    assert guard.host_allowed(header, None) is own
