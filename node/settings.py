@@ -18,9 +18,9 @@ import os
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -69,6 +69,15 @@ FOREIGN_ENV = frozenset(
 )
 
 
+def _origin(value: str) -> str:
+    """An origin as browsers send it: scheme://host[:port], no path, lower case."""
+    origin = value.lower().rstrip("/")
+    scheme, sep, host = origin.partition("://")
+    if origin != "*" and (scheme not in ("http", "https") or not sep or not host or "/" in host):
+        raise ValueError(f"an origin is http(s)://host[:port] or *, not {value!r}")
+    return origin
+
+
 class SettingsError(ValueError):
     """Settings that the node refuses to start with; the message names the setting."""
 
@@ -96,6 +105,11 @@ class Settings(BaseSettings):
     max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
     admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/
+    # Host names a client may use besides the node's own (README "Cross-site requests"):
+    # "name", ".domain" (it and its subdomains), "*" (any: DNS rebinding is let through).
+    allowed_hosts: list[str] = []
+    # Origins ("https://ui.example:8443") whose pages may change state (CORS); "*" any.
+    allowed_origins: list[Annotated[str, AfterValidator(_origin)]] = []
     shutdown_timeout_s: float = Field(30.0, gt=0)  # how long SIGTERM waits for requests
     log_level: str = "info"  # debug, info, warning, error
     log_json: bool = False  # one JSON object per log line (with request ids)

@@ -42,6 +42,7 @@ from node.bench.server import (
     short_machine_line,
 )
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
+from node.http.ledgers import JSON
 from node.http.streams import decode_stream_frames
 
 ROLLOVER_ENTRIES = 10_000  # maxEntriesPerLedger of the bench's streams
@@ -196,7 +197,7 @@ def _run(
 ) -> StreamFigures:
     stream = f"bench-{n}"
     policies = {"maxEntriesPerLedger": ROLLOVER_ENTRIES, "minLedgerRolloverTimeMinutes": 0}
-    call(f"{server.url}/api/v1/streams/{stream}", "PUT", json.dumps(policies).encode())
+    call(f"{server.url}/api/v1/streams/{stream}", "PUT", json.dumps(policies).encode(), JSON)
     result, server_cpu_s = server.load("node.bench.stream", mode, writers, seconds, stream)
     details = call(f"{server.url}/api/v1/streams/{stream}")
     return StreamFigures(

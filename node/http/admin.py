@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import web
+from pydantic import SecretStr
 
 from node.http import models
 from node.http.errors import ApiError
@@ -140,12 +142,37 @@ async def last_log_mark(request: web.Request) -> web.Response:
     return web.json_response({key: f"Pos - {mark.offset}"})
 
 
+MASK = "******"
+# Never echoed: every secret, and the names that go with one (an access key id names the
+# account a leaked secret would open).
+CREDENTIALS = frozenset(
+    {
+        name
+        for name, field in Settings.model_fields.items()
+        if SecretStr in (field.annotation, *get_args(field.annotation))
+    }
+    | {"offload_access_key_id"}
+)
+
+
+def _masked_url(url: str) -> str:
+    """``url`` without the user and password it may carry (http://user:secret@minio:9000)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{MASK}@{parts.netloc.rpartition('@')[2]}"))
+
+
 @routes.get("/api/v1/config/server_config")
 async def server_config(request: web.Request) -> web.Response:
+    """Every setting, credentials masked; with an admin token set it needs the token
+    (middleware.GUARDED_READS)."""
     settings = request.app[SETTINGS]
     config: dict[str, Any] = settings.model_dump(mode="json")
-    if settings.admin_token is not None:
-        config["admin_token"] = "******"  # never echo a secret
+    for name in CREDENTIALS:
+        if config[name]:
+            config[name] = MASK
+    config["offload_endpoint"] = _masked_url(settings.offload_endpoint)
     config["crash_points"] = sorted(settings.crash_points)
     return web.json_response(config)
 

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from node.http import admin, audit, ledgers, offload, openapi, status, streams
+from node.http import admin, audit, crosssite, ledgers, offload, openapi, status, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.errors import HTTP_CODES, error_middleware
@@ -50,7 +50,13 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app = web.Application(
         client_max_size=settings.max_request_size,
         # Bodies are read after authentication: an unauthorized one is never buffered.
-        middlewares=[request_context, error_middleware, require_admin_token, bounded_body],
+        middlewares=[
+            request_context,
+            error_middleware,
+            crosssite.refuse_cross_site,
+            require_admin_token,
+            bounded_body,
+        ],
         handler_args={
             "max_field_size": MAX_HEADER_FIELD_SIZE,
             "keepalive_timeout": settings.keepalive_timeout_s,
@@ -77,6 +83,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app.add_routes(audit.routes)
     app.add_routes(openapi.routes)
     status.install(app)
+    crosssite.install(app)
     return app
 
 

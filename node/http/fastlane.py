@@ -4,8 +4,9 @@ Every connection starts here. A request that is plainly an add is answered here,
 the very functions aiohttp's routes call (``ledgers.add``, ``streams.add``): a complete head
 of ``POST /api/v1/ledgers/{id}/entries`` or ``POST /api/v1/streams/{name}/entries`` in
 HTTP/1.1, one Content-Length no larger than ``http_fast_lane_max_body``, no
-Transfer-Encoding, Expect or Upgrade, no duplicate or malformed header, the admin token when
-one is set, and room in the body budget at once. The first request that is anything else
+Transfer-Encoding, Expect or Upgrade, no duplicate or malformed header, no Origin and a Host
+of this node's (``crosssite.py``), the admin token when one is set, and room in the body
+budget at once. The first request that is anything else
 hands the connection, with every byte not yet answered, to aiohttp's request handler for
 good: aiohttp then applies all its rules and error answers, to that request and to all
 that follow on the connection. So the lane only ever answers requests that aiohttp would
@@ -46,6 +47,7 @@ from aiohttp import web
 
 from node import logs
 from node.http import ledgers, streams
+from node.http.crosssite import GUARD
 from node.http.errors import RETRY_AFTER_S, ApiError, error_body, storage_status
 from node.http.middleware import (
     CLIENT_CLOSED_REQUEST,
@@ -167,6 +169,7 @@ class Lanes:
         self.admin_token = (
             settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         )
+        self.guard = app[GUARD]
         self.header_timeout = settings.header_timeout_s
         self.body_timeout = settings.body_read_timeout_s
         self.keepalive_timeout = settings.keepalive_timeout_s
@@ -223,6 +226,7 @@ class FastLane(asyncio.Protocol):
         self._closing = False  # answer what is in progress, then close
         self._eof = False  # the client sent all it will send
         self._paused = False
+        self._own_host: bytes | None = None  # the last Host header found to be this node's
 
     # --- asyncio.Protocol ----------------------------------------------------------------
 
@@ -317,7 +321,7 @@ class FastLane(asyncio.Protocol):
     def _admitted(self, add: _Add) -> bool:
         """Whether the lane takes the add: aiohttp answers the rest (refusals included)."""
         lanes = self._lanes
-        if add.length > lanes.max_body:
+        if add.length > lanes.max_body or not self._same_site(add):
             return False
         if lanes.admin_token is not None:
             scheme, _, presented = add.headers.get(b"authorization", b"").partition(b" ")
@@ -331,6 +335,21 @@ class FastLane(asyncio.Protocol):
         budget.in_use += add.length
         self._held = add.length
         lanes.metrics.request_body_bytes.set(budget.in_use)
+        return True
+
+    def _same_site(self, add: _Add) -> bool:
+        """No Origin (a page's request: aiohttp judges it and answers CORS) and a Host of
+        this node's (crosssite.py)."""
+        if b"origin" in add.headers:
+            return False
+        host = add.headers.get(b"host")
+        if host is None or host == self._own_host:
+            return True
+        assert self._transport is not None
+        sockname = self._transport.get_extra_info("sockname")
+        if not self._lanes.guard.host_allowed(host.decode("latin-1"), sockname):
+            return False
+        self._own_host = host
         return True
 
     def _give_back(self) -> None:

@@ -27,6 +27,8 @@ _ID_PREFIX = f"{os.getpid():x}{int(time.time()) & 0xFFFFFF:06x}-"
 _ID_COUNTER = itertools.count(1)
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 GUARDED_PREFIX = "/api/v1/"
+# Reads that need the admin token too: the settings name host paths, endpoints, buckets.
+GUARDED_READS = frozenset({"/api/v1/config/server_config"})
 # nginx's status for a client that closed the connection before the answer: in the metrics
 # it tells a careless client from a failing node (it never goes on the wire).
 CLIENT_CLOSED_REQUEST = 499
@@ -94,12 +96,12 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
 
 @web.middleware
 async def require_admin_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an admin token configured, every state change under /api/v1/ needs it."""
+    """With an admin token configured, every state change under /api/v1/ needs it, and the
+    reads of GUARDED_READS."""
     secret = request.app[SETTINGS].admin_token
-    if (
-        secret is not None
-        and request.method in MUTATING
-        and request.path.startswith(GUARDED_PREFIX)
+    if secret is not None and (
+        (request.method in MUTATING and request.path.startswith(GUARDED_PREFIX))
+        or request.path in GUARDED_READS
     ):
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")

@@ -31,6 +31,8 @@ def call(node: NodeProcess, method: str, path: str, body: Any = None, raw: bytes
     request.add_header("Authorization", f"Bearer {TOKEN}")
     if raw:
         request.add_header("Content-Type", "application/octet-stream")
+    elif data is not None:
+        request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=30) as reply:
         text = reply.read()
     return json.loads(text) if text else None

@@ -6,6 +6,7 @@ be on a volume), each raw block volume a loop device of the claim's size."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import typing
 from collections.abc import Iterator
@@ -66,15 +67,20 @@ def pod_environment(
     env = {k: v for k, v in image_env.items() if k.startswith("NODE_")}
     for source in cont.get("envFrom", []):
         env.update(only(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
+    fields = {
+        "metadata.labels['apps.kubernetes.io/pod-index']": POD_INDEX,
+        "metadata.namespace": statefulset["metadata"].get("namespace", "default"),
+    }
     for variable in cont.get("env", []):
         if "value" in variable:
-            env[variable["name"]] = variable["value"]
+            # $(NAME) is a variable defined before this one, as the kubelet expands it.
+            env[variable["name"]] = re.sub(
+                r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), variable["value"]
+            )
             continue
         reference = variable["valueFrom"]
         if "fieldRef" in reference:
-            path = reference["fieldRef"]["fieldPath"]
-            assert path == "metadata.labels['apps.kubernetes.io/pod-index']", path
-            env[variable["name"]] = POD_INDEX
+            env[variable["name"]] = fields[reference["fieldRef"]["fieldPath"]]
         else:
             assert "secretKeyRef" in reference, reference
             env[variable["name"]] = ADMIN_TOKEN

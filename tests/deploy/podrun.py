@@ -31,10 +31,19 @@ NETNS = "/proc/self/ns/net"
 BODY_LIMIT = 1 << 20  # enough for /metrics and the settings, bounded all the same
 
 
+# The pod's IP in its namespace (on its loopback interface: a dummy one needs a kernel module
+# a container may lack): the kubelet's probes, Prometheus and Airflow connect to it, and
+# name it in Host.
+POD_IP = "10.244.0.7"
+
+
 @dataclass
 class Probe:
     port: int
     path: str
+    address: str = "127.0.0.1"  # where it connects
+    host: str | None = None  # the Host header it sends; None: address:port
+    token: bool = False  # sends the admin token (a client, not the kubelet)
 
 
 @dataclass
@@ -55,10 +64,14 @@ class PodSpec:
     stop_timeout_s: float = 120.0
 
 
-def _get(probe: Probe) -> tuple[int, str]:
-    url = f"http://127.0.0.1:{probe.port}{probe.path}"
+def _get(probe: Probe, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://{probe.address}:{probe.port}{probe.path}")
+    if probe.host is not None:
+        request.add_header("Host", probe.host)
+    if probe.token and token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as response:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
             return int(response.status), response.read(BODY_LIMIT).decode(errors="replace")
     except urllib.error.HTTPError as e:
         return int(e.code), e.read(BODY_LIMIT).decode(errors="replace")
@@ -119,7 +132,7 @@ def _run(spec: PodSpec) -> dict[str, Any]:
             report["exit_before_ready"] = proc.poll()
             return report
         for probe in spec.probes:
-            status, body = _get(probe)
+            status, body = _get(probe, spec.token)
             report["probes"].append({**asdict(probe), "status": status, "body": body})
         report["checks_ready"] = [_check(argv, spec.env) for argv in spec.checks]
         if spec.writes:
@@ -148,7 +161,8 @@ def run_pod(spec: PodSpec) -> dict[str, Any]:
             "--",
             "sh",
             "-c",
-            'ip link set lo up && exec "$0" -m tests.deploy.podrun "$1"',
+            f"ip link set lo up && ip address add {POD_IP}/32 dev lo && "
+            'exec "$0" -m tests.deploy.podrun "$1"',
             sys.executable,
             str(spec_path),
         ],

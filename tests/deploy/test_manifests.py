@@ -50,7 +50,8 @@ def node_variables(objects: tuple[Obj, ...]) -> dict[str, str]:
         config_map = only(objects, "ConfigMap", source["configMapRef"]["name"])
         found.update(config_map["data"])
     for variable in cont.get("env", []):
-        found[variable["name"]] = variable.get("value", json.dumps(variable.get("valueFrom")))
+        if variable["name"].startswith("NODE_"):  # others feed them ($(POD_NAMESPACE))
+            found[variable["name"]] = variable.get("value", json.dumps(variable.get("valueFrom")))
     return found
 
 

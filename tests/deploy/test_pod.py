@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dockerfile_parse import DockerfileParser
 
 from tests.deploy.pod import ADMIN_TOKEN, pod_environment
-from tests.deploy.podrun import PROBE_OK, PodSpec, Probe, run_pod
+from tests.deploy.podrun import POD_IP, PROBE_OK, PodSpec, Probe, run_pod
 from tests.deploy.render import OVERLAYS, REPO, container, of_kind, only, render, resolve_port
 
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
@@ -23,6 +24,30 @@ READY_TIMEOUT_S = 60.0
 # Written before SIGTERM: a write cache for the final checkpoint to flush (16 MiB).
 WRITES = 256
 WRITE_SIZE = 64 * 1024
+CLUSTER_DOMAIN = "cluster.local"
+FOREIGN_HOST = "evil.example"  # a name rebound to the pod's IP by a hostile page
+
+
+def _service_hosts(objects: tuple[dict[str, Any], ...], port: int) -> list[str]:
+    """Every Host a client of a Service sends: its name, with or without the namespace and
+    the cluster domain; for the headless Service, the first pod's name under it too."""
+    statefulset = only(objects, "StatefulSet")
+    namespace = statefulset["metadata"].get("namespace", "default")
+    hosts = []
+    for service in of_kind(objects, "Service"):
+        name = service["metadata"]["name"]
+        bases = [name]
+        if service["spec"].get("clusterIP") == "None":
+            bases.append(f"{statefulset['metadata']['name']}-0.{name}")
+        for base in bases:
+            for suffix in (
+                "",
+                f".{namespace}",
+                f".{namespace}.svc",
+                f".{namespace}.svc.{CLUSTER_DOMAIN}",
+            ):
+                hosts.append(f"{base}{suffix}:{port}")
+    return hosts
 
 
 def _entrypoint() -> list[str]:
@@ -44,13 +69,17 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
     statefulset = only(objects, "StatefulSet")
     cont = container(statefulset)
     ready = cont["startupProbe"]["httpGet"]
+    # The kubelet, Prometheus (through the endpoints) and Airflow connect to the pod's IP.
     probes = [
-        Probe(resolve_port(cont, cont[p]["httpGet"]["port"]), cont[p]["httpGet"]["path"])
+        Probe(resolve_port(cont, cont[p]["httpGet"]["port"]), cont[p]["httpGet"]["path"], POD_IP)
         for p in PROBES
     ]
     for service in of_kind(objects, "Service"):
         for port in service["spec"]["ports"]:
-            probes.append(Probe(resolve_port(cont, port["targetPort"]), SERVICE_CHECK_PATH))
+            target = resolve_port(cont, port["targetPort"])
+            probes.append(Probe(target, SERVICE_CHECK_PATH, POD_IP))
+            for host in _service_hosts(objects, port["port"]):
+                probes.append(Probe(target, SERVICE_CHECK_PATH, POD_IP, host))
     monitor = only(render("monitoring"), "ServiceMonitor")
     selector = monitor["spec"]["selector"]["matchLabels"]
     for service in of_kind(objects, "Service"):
@@ -58,9 +87,11 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
             by_name = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
             for endpoint in monitor["spec"]["endpoints"]:
                 port = resolve_port(cont, by_name[endpoint["port"]])
-                probes.append(Probe(port, endpoint["path"]))
+                probes.append(Probe(port, endpoint["path"], POD_IP))
     http_port = resolve_port(cont, ready["port"])
-    probes.append(Probe(http_port, SETTINGS_PATH))
+    refused = Probe(http_port, SERVICE_CHECK_PATH, POD_IP, f"{FOREIGN_HOST}:{http_port}")
+    probes.append(refused)
+    probes.append(Probe(http_port, SETTINGS_PATH, token=True))
 
     with pod_environment(objects, _image_env(), tmp_path / "root") as env:
         report = run_pod(
@@ -78,9 +109,11 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
             )
         )
         assert report["ready"], f"never ready; node log:\n{report['log']}"
-        for seen in report["probes"]:
+        *answered, foreign, settings = report["probes"]
+        for seen in [*answered, settings]:
             assert seen["status"] in PROBE_OK, (seen, report["log"])
-        config = json.loads(report["probes"][-1]["body"])
+        assert foreign["status"] == 403 and "host_not_allowed" in foreign["body"], foreign
+        config = json.loads(settings["body"])
         # The node runs on what the manifests give it, not on its defaults.
         assert config["http_host"] == env["NODE_HTTP_HOST"]
         assert config["http_port"] == int(env["NODE_HTTP_PORT"])

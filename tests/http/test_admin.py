@@ -14,6 +14,7 @@ from node.storage import entrylog
 from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
+JSON = {"Content-Type": "application/json"}
 SMALL_LOG = 16 * 1024  # entry logs roll every few entries
 GC_DEADLINE_S = 60.0  # generous: a forced run over a few small logs takes well under a second
 
@@ -64,7 +65,7 @@ async def test_read_only_mode_refuses_adds_and_serves_reads(client: Any) -> None
     assert await r.json() == {"readOnly": False}
     assert (await client.post("/api/v1/ledgers")).status == 201
     for bad in (b"", b"{}", b'{"readOnly": "yes"}', b"[true]", b"\xff"):
-        r = await client.put("/api/v1/bookie/state/readonly", data=bad)
+        r = await client.put("/api/v1/bookie/state/readonly", data=bad, headers=JSON)
         code = "invalid_json" if bad == b"\xff" else "invalid_body"
         assert r.status == 400 and (await r.json())["code"] == code
 
@@ -104,7 +105,7 @@ async def test_gc_admin_routes(client: Any) -> None:
     r = await client.put("/api/v1/bookie/gc", json={"forceMajor": True, "forceMinor": False})
     assert r.status == 200
     for bad in (b"[1]", b'{"forceMajor": "yes"}', b'{"other": true}', b"{"):
-        r = await client.put("/api/v1/bookie/gc", data=bad)
+        r = await client.put("/api/v1/bookie/gc", data=bad, headers=JSON)
         code = "invalid_json" if bad == b"{" else "invalid_body"
         assert r.status == 400 and (await r.json())["code"] == code
     (details,) = await (await client.get("/api/v1/bookie/gc_details")).json()

@@ -52,8 +52,42 @@ async def test_the_right_token_passes_and_reads_need_none(guarded: Any) -> None:
     assert r.status == 201
     assert (await guarded.get("/api/v1/ledgers/5/entries/0")).status == 200
     assert (await guarded.get("/api/v1/bookie/state")).status == 200
-    config = await (await guarded.get("/api/v1/config/server_config")).json()
+    config = await (await guarded.get("/api/v1/config/server_config", headers=auth)).json()
     assert config["admin_token"] == "******"  # never echoed
+
+
+async def test_the_settings_need_the_token_and_show_no_credential(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """They name host paths, the object store's endpoint and bucket: with a token set, only
+    its holders read them; nobody reads a credential."""
+    settings = make_settings(
+        tmp_path / "d",
+        admin_token=TOKEN,
+        offload_access_key_id="AKIAEXAMPLEKEYID",
+        offload_secret_access_key="wJalrXUtnFEMIsecret",
+        offload_endpoint="http://minio-user:minio-password@minio:9000",
+    )
+    client = await aiohttp_client(build_app(settings))
+    path = "/api/v1/config/server_config"
+    r = await client.get(path)
+    assert r.status == 401 and (await r.json())["code"] == "unauthorized"
+    r = await client.get(path, headers={"Authorization": "Bearer wrong"})
+    assert r.status == 403
+    r = await client.get(path, headers={"Authorization": f"Bearer {TOKEN}"})
+    text = await r.text()
+    for secret in (
+        TOKEN,
+        "AKIAEXAMPLEKEYID",
+        "wJalrXUtnFEMIsecret",
+        "minio-user",
+        "minio-password",
+    ):
+        assert secret not in text
+    config = await r.json()
+    assert config["offload_access_key_id"] == config["offload_secret_access_key"] == "******"
+    assert config["offload_endpoint"] == "http://******@minio:9000"
+    assert config["data_dir"] == str(tmp_path / "d")  # what is not a credential is shown
 
 
 async def test_loopback_default_needs_no_token(client: Any) -> None:

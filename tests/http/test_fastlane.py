@@ -27,7 +27,7 @@ TOKEN = "s3cret-token"
 
 
 def _add(ledger: int | str, body: bytes, *extra: str, content_type: str = "") -> bytes:
-    head = [f"POST /api/v1/ledgers/{ledger}/entries HTTP/1.1", "Host: x"]
+    head = [f"POST /api/v1/ledgers/{ledger}/entries HTTP/1.1", "Host: localhost"]
     if content_type:
         head.append(f"Content-Type: {content_type}")
     head += [f"Content-Length: {len(body)}", *extra]
@@ -197,7 +197,7 @@ async def test_pipelined_requests_are_answered_in_order_across_the_hand_off(
     client, connect = node
     ledger = await _ledger(client)
     conn = await connect()
-    read = f"GET /api/v1/ledgers/{ledger}/entries/1 HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    read = f"GET /api/v1/ledgers/{ledger}/entries/1 HTTP/1.1\r\nHost: localhost\r\n\r\n".encode()
     await conn.send(_add(ledger, b"e0") + _add(ledger, b"e1") + read + _add(ledger, b"e2"))
     answers = [await conn.answer() for _ in range(4)]
     assert [a[0] for a in answers] == [201, 201, 200, 201]

@@ -83,7 +83,7 @@ def _connect(node: NodeProcess) -> socket.socket:
 
 def _head(method: str, path: str, length: int, content_type: str) -> bytes:
     return (
-        f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+        f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {length}\r\n\r\n"
     ).encode()
 
@@ -277,7 +277,7 @@ def test_chunked_bodies_are_bounded_as_they_arrive(start_node: NodeFactory) -> N
     node = start_node(max_request_size=MiB)
     ledger_id = _create_ledger(node)
     head = (
-        f"POST /api/v1/ledgers/{ledger_id}/entries HTTP/1.1\r\nHost: x\r\n"
+        f"POST /api/v1/ledgers/{ledger_id}/entries HTTP/1.1\r\nHost: localhost\r\n"
         "Content-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
     ).encode()
     chunk = bytes(256 * 1024)
@@ -298,7 +298,7 @@ def test_chunked_bodies_are_bounded_as_they_arrive(start_node: NodeFactory) -> N
 def test_slowloris_head_and_idle_connections_are_closed(start_node: NodeFactory) -> None:
     node = start_node(header_timeout_s=SHORT_TIMEOUT_S, keepalive_timeout_s=SHORT_TIMEOUT_S)
     trickler = _connect(node)
-    trickler.sendall(b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n")
+    trickler.sendall(b"GET /heartbeat HTTP/1.1\r\nHost: localhost\r\n")
     started = time.monotonic()
     closed = False
     # One header byte at a time: the head never ends, yet bytes keep coming.
@@ -314,7 +314,7 @@ def test_slowloris_head_and_idle_connections_are_closed(start_node: NodeFactory)
     with _connect(node) as silent:  # connects and never sends a byte
         assert _closed_by_server(silent, SHORT_TIMEOUT_S + CLOSE_SLACK_S)
     with _connect(node) as idle:  # one request, then idle on keep-alive
-        idle.sendall(b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n\r\n")
+        idle.sendall(b"GET /heartbeat HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert _reply(idle)[0] == 200
         assert _closed_by_server(idle, SHORT_TIMEOUT_S + CLOSE_SLACK_S)
 
@@ -333,7 +333,7 @@ def test_slow_but_steady_clients_are_served(start_node: NodeFactory) -> None:
     with _connect(node) as sock:
         sock.sendall(
             f"GET /api/v1/ledgers/{ledger_id}/lac?after=0&timeoutMs={poll_ms} HTTP/1.1\r\n"
-            "Host: x\r\n\r\n".encode()
+            "Host: localhost\r\n\r\n".encode()
         )
         status, _, body = _reply(sock)
         assert status == 200 and json.loads(body)["lac"] == -1

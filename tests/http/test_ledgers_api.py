@@ -18,6 +18,7 @@ from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
+JSON = {"Content-Type": "application/json"}
 STREAM_FRAME = struct.Struct(">QQI")  # a stream read: ledger id u64 | entry id u64 | len u32
 TOKEN = "s3cret"
 PROMPT_S = 2.0  # a long poll that has its answer returns within this (its timeout is 30 s)
@@ -217,7 +218,8 @@ async def test_bad_bodies(client: Any) -> None:
     huge = bytes((8 << 20) + 1)  # max_request_size in tests is 8 MiB
     r = await client.post(base, data=io.BytesIO(huge), headers=OCTET)
     await _error(r, 413, "request_too_large")
-    await _error(await client.post("/api/v1/ledgers", data=b"{nope"), 400, "invalid_json")
+    r = await client.post("/api/v1/ledgers", data=b"{nope", headers=JSON)
+    await _error(r, 400, "invalid_json")
     r = await client.post("/api/v1/ledgers", json={"properties": {"a": 1}})
     await _error(r, 400, "invalid_body")
     r = await client.post("/api/v1/ledgers", json=["a"])

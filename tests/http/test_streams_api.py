@@ -19,6 +19,7 @@ from tests.conftest import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
+JSON = {"Content-Type": "application/json"}
 FRAMES_TYPE = "application/x-stream-entries"
 FRAME = struct.Struct(">QQI")  # ledger id u64 | entry id u64 | len u32, then the payload
 # Small ledgers that roll over at once: 3 entries each, no minimum age.
@@ -653,7 +654,8 @@ async def test_bad_appends_get_json_errors(client: Any) -> None:
         404,
         "stream_not_found",
     )
-    await _error(await client.put("/api/v1/streams/orders", data=b"{nope"), 400, "invalid_json")
+    r = await client.put("/api/v1/streams/orders", data=b"{nope", headers=JSON)
+    await _error(r, 400, "invalid_json")
     details = await _details(client)
     assert details["entries"] == 0 and details["ledgers"] == []  # nothing was half-appended
     assert await _append(client, b"") != ""  # an empty entry is an entry

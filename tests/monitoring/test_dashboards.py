@@ -34,6 +34,7 @@ METRIC = re.compile(r"\b(storage_node_[a-z0-9_]+|up)\b")
 # What Grafana puts in place of the variables; a short rate window, as scrapes come every 1 s.
 VARIABLES = {"$instance": ".*", "$__rate_interval": "10s"}
 OCTET = {"Content-Type": "application/octet-stream"}
+JSON = {"Content-Type": "application/json"}
 MiB = 1024 * 1024
 # Alerts on this machine's disk speed, not the node's health: on 2 shared cores a few slow
 # syncs of the workload can pass 100 ms at p99. promtool's unit test proves when it fires.
@@ -49,7 +50,7 @@ class Stack:
 
 def _call(node: NodeProcess, method: str, path: str, body: bytes | dict[str, Any] = b"") -> Any:
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    headers = OCTET if isinstance(body, bytes) and body else {}
+    headers = OCTET if isinstance(body, bytes) and body else JSON
     request = urllib.request.Request(f"{node.url}{path}", data, headers, method=method)
     with urllib.request.urlopen(request, timeout=30) as r:
         text = r.read()

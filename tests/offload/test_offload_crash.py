@@ -17,6 +17,7 @@ from tests.crash.nodeproc import NodeProcess
 
 ENTRIES = 200
 OCTET = {"Content-Type": "application/octet-stream"}
+JSON = {"Content-Type": "application/json"}
 
 
 def request(node: NodeProcess, method: str, path: str, body: bytes = b"", **headers: str) -> Any:
@@ -50,7 +51,8 @@ def test_sigkill_during_an_offload_loses_nothing_and_leaves_no_stray_object(
             request(node, "PUT", f"/api/v1/ledgers/{lid}/entries/{eid}", payload, **OCTET)
         request(node, "POST", f"/api/v1/ledgers/{lid}/close")
         try:
-            request(node, "POST", "/api/v1/offload/run", json.dumps({"ledgers": [lid]}).encode())
+            run = json.dumps({"ledgers": [lid]}).encode()
+            request(node, "POST", "/api/v1/offload/run", run, **JSON)
         except urllib.error.HTTPError:
             raise
         except OSError:
@@ -67,7 +69,8 @@ def test_sigkill_during_an_offload_loses_nothing_and_leaves_no_stray_object(
         for eid, payload in enumerate(entries):
             assert node.get_bytes(f"/api/v1/ledgers/{lid}/entries/{eid}") == payload
 
-        done = request(node, "POST", "/api/v1/offload/run", json.dumps({"ledgers": [lid]}).encode())
+        run = json.dumps({"ledgers": [lid]}).encode()
+        done = request(node, "POST", "/api/v1/offload/run", run, **JSON)
         assert done["offloaded"] == [lid] and done["localDeleted"] == [lid], done
         state = request(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]
         assert state["state"] == "offloaded" and state["attempt"] != interrupted
