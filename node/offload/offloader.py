@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from node.offload.errors import OffloadFailed
+from node.offload.errors import ObjectStoreError, OffloadFailed
 from node.offload.format import DataWriter, FormatError, LedgerIndex, check_block
 from node.offload.format import data_key as data_key_of
 from node.offload.format import index_key as index_key_of
@@ -120,10 +120,17 @@ class Offloader:
             self._crash.hit("offload.after_upload")
             await self._verify(index, index_bytes, attempt)
         except Exception as e:
-            self._stats.upload_failures += 1
             with contextlib.suppress(Exception):
                 await self.remove_attempt(ledger_id, attempt)
-            raise OffloadFailed(f"offload of ledger {ledger_id} failed: {e}") from e
+            # Deleted meanwhile (its stream, retention): its reads and objects went with it.
+            self._storage.ledger(ledger_id)  # LedgerNotFound: not a failure
+            self._stats.upload_failures += 1
+            if isinstance(e, ObjectStoreError):
+                raise  # its code says whether the store failed, was unreachable or slow
+            raise OffloadFailed(
+                f"offload of ledger {ledger_id} to {self.store.description} failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         done = OffloadInfo(OffloadState.OFFLOADED, attempt, index.data_length, self._clock.now_ms())
         try:
             await self._storage.record_offload(ledger_id, done)
@@ -170,6 +177,8 @@ class Offloader:
         lid = index.ledger_id
         key = data_key_of(lid, attempt)
         size = await self.store.size(key)
+        if size is None:
+            raise FormatError(f"{key} is missing right after its upload")
         if size != index.data_length:
             raise FormatError(f"{key} holds {size} bytes, not {index.data_length}")
         for block in index.blocks:

@@ -22,6 +22,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
 from node.offload.format import AUDIT_PREFIX, parse_key
 from node.offload.offloader import Ineligible, Offloader, ineligible_reason
 from node.offload.reader import OffloadReader
@@ -71,7 +72,7 @@ class Offload:
         self.last_error: str | None = None
 
     async def start(self) -> None:
-        self._store = await open_store(self._settings)
+        self._store = await open_store(self._settings, self.stats)
         self._reader = OffloadReader(self._store, self._settings, self._clock, self.stats)
         self._offloader = Offloader(
             self._storage, self._store, self._settings, self._clock, self.stats
@@ -113,14 +114,19 @@ class Offload:
         self.reader.forget(meta.ledger_id)
         await self._storage.record_offload(meta.ledger_id, None)
 
-    async def reap_deleted(self) -> list[int]:
-        """Objects of deleted ledgers that a failure or a crash left: delete them now."""
-        reaped = []
+    async def reap_deleted(self) -> list[tuple[int, str]]:
+        """Objects of deleted ledgers that a failure or a crash left: delete them now.
+        Returns the ledgers whose objects must wait (the store failing), with the error."""
+        waiting = []
         for meta in list(self._storage.all_ledgers()):
             if meta.state == LedgerState.DELETED and meta.offload is not None:
-                await self._remove_objects(meta)
-                reaped.append(meta.ledger_id)
-        return reaped
+                try:
+                    await self._remove_objects(meta)
+                except ObjectStoreError as e:
+                    log.warning("ledger %d is deleted; its objects stay for now: %s",
+                                meta.ledger_id, e.message)  # fmt: skip
+                    waiting.append((meta.ledger_id, e.message))
+        return waiting
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -128,32 +134,38 @@ class Offload:
         self, dry_run: bool = False, stream: str | None = None, ledgers: list[int] | None = None
     ) -> RunResult:
         async with self._lock:
+            result = RunResult()
             if not dry_run:
                 self.stats.runs += 1
-                await self.reap_deleted()
-            result = RunResult()
+                result.failed.extend(await self.reap_deleted())
             candidates = self._plan(stream, ledgers, result)
             if dry_run:
                 result.offloaded = candidates
                 result.local_deleted = [m.ledger_id for m in self._local_copies_due()]
                 return result
+            unreachable: str | None = None
             for ledger_id in candidates:
+                if unreachable is not None:  # each would wait as long to fail the same way
+                    result.skipped.append((ledger_id, "store_unreachable"))
+                    continue
                 try:
                     await self.offloader.offload(ledger_id)
                 except Ineligible as e:
                     result.skipped.append((ledger_id, str(e)))
                 except LedgerNotFound:
-                    result.skipped.append((ledger_id, "not_found"))
+                    # deleted (a stream's deletion, retention) before or during its offload
+                    result.skipped.append((ledger_id, "deleted"))
+                    log.info("ledger %d was deleted during its offload: skipped", ledger_id)
                 except StorageError as e:
                     result.failed.append((ledger_id, e.message))
-                    self.last_error = e.message
-                    log.error("%s", e.message)
+                    log.error("offload of ledger %d failed: %s", ledger_id, e.message)
+                    if isinstance(e, ObjectStoreUnavailable | ObjectStoreTimeout):
+                        unreachable = e.message
                 else:
                     result.offloaded.append(ledger_id)
             result.local_deleted = await self._delete_local_copies()
             self.last_run_ms = self._clock.now_ms()
-            if not result.failed:
-                self.last_error = None
+            self.last_error = result.failed[-1][1] if result.failed else None
             return result
 
     def _plan(self, stream: str | None, ledgers: list[int] | None, result: RunResult) -> list[int]:
@@ -344,11 +356,19 @@ class Offload:
         return {"streams": groups, "totals": totals}
 
     async def status(self) -> dict[str, Any]:
-        unknown = await self.unknown_objects()
+        """Everything the node knows; what needs the store (its unknown objects) is null
+        with ``storeError`` set while the store fails."""
+        unknown: list[dict[str, Any]] | None = None
+        store_error: dict[str, str] | None = None
+        try:
+            unknown = [{"key": key, "bytes": size} for key, size in await self.unknown_objects()]
+        except ObjectStoreError as e:
+            store_error = {"code": e.code, "message": e.message}
         return {
             "store": self.store.description,
             **self.summary(),
             "lastRun": self.last_run_ms,
             "lastError": self.last_error,
-            "unknownObjects": [{"key": key, "bytes": size} for key, size in unknown],
+            "unknownObjects": unknown,
+            "storeError": store_error,
         }

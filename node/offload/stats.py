@@ -24,7 +24,9 @@ class OffloadStats:
     cache_misses: int = 0
     prefetches: int = 0
     fetched_bytes: int = 0  # data object bytes read back for reads
-    unreadable_objects: int = 0  # reads refused: an object missing or damaged
+    unreadable_objects: int = 0  # reads refused: an object missing or damaged, or the store failing
+    # store failures by (operation, error code): timeouts, refused connections, error statuses
+    store_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     # cumulative read latency histogram: counts per bucket (plus +Inf), sum
     read_latency_counts: list[int] = field(
         default_factory=lambda: [0] * (len(READ_LATENCY_BUCKETS) + 1)

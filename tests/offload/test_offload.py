@@ -78,7 +78,11 @@ async def assert_ledger_reads(client: Any, lid: int, entries: list[bytes]) -> No
         assert await r.read() == payload, eid
     r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=0&to={len(entries) - 1}")
     assert r.status == 200
-    body = await r.read()
+    assert range_entries(await r.read()) == list(enumerate(entries))
+
+
+def range_entries(body: bytes) -> list[tuple[int, bytes]]:
+    """(entry id, payload) of a range read's frames."""
     got = []
     pos = 0
     while pos < len(body):
@@ -86,7 +90,7 @@ async def assert_ledger_reads(client: Any, lid: int, entries: list[bytes]) -> No
         pos += RANGE_FRAME.size
         got.append((eid, body[pos : pos + size]))
         pos += size
-    assert got == list(enumerate(entries))
+    return got
 
 
 async def objects(client: Any) -> list[str]:
@@ -275,7 +279,7 @@ class FailingStore(ObjectStore):
     breaks mid-upload)."""
 
     def __init__(self, inner: ObjectStore, parts: int) -> None:
-        super().__init__(inner._store, inner.description)
+        super().__init__(inner._store, inner.description, inner._timeout_s, inner._stats)
         self._parts = parts
 
     async def put_multipart(self, key: str, parts: AsyncIterator[bytes], part_size: int) -> None:
