@@ -93,10 +93,14 @@ class Offloader:
         self._crash = CrashPoints(settings.crash_points)
 
     async def remove_attempt(self, ledger_id: int, attempt: str) -> None:
-        """Delete an attempt's objects (both; missing ones are fine)."""
+        """Delete an attempt's objects (both; missing ones are fine) and abort its upload
+        if it never completed (the node killed mid-upload)."""
         for key in (index_key_of(ledger_id, attempt), data_key_of(ledger_id, attempt)):
             await self.store.delete(key)
             self._stats.objects_deleted += 1
+        for upload in await self.store.incomplete_uploads(data_key_of(ledger_id, attempt)):
+            await self.store.abort_upload(upload)
+            self._stats.uploads_aborted += 1
 
     async def offload(self, ledger_id: int) -> Uploaded:
         meta = self._storage.ledger(ledger_id)
@@ -157,6 +161,7 @@ class Offloader:
                 if block is not None:
                     self._stats.upload_bytes += len(block)
                     yield block
+                    self._crash.hit("offload.mid_upload")
             last = writer.finish()
             if last is not None:
                 self._stats.upload_bytes += len(last)

@@ -24,6 +24,7 @@ from typing import Any
 
 from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
 from node.offload.format import AUDIT_PREFIX, parse_key
+from node.offload.multipart import IncompleteUpload
 from node.offload.offloader import Ineligible, Offloader, ineligible_reason
 from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
@@ -282,13 +283,28 @@ class Offload:
             if parse_key(key) not in known and not key.startswith(AUDIT_PREFIX)
         ]
 
-    async def remove_unknown_objects(self) -> list[str]:
+    async def incomplete_uploads(self) -> list[IncompleteUpload]:
+        """Multipart uploads never completed: a node killed mid-upload (a run in flight
+        has one too; status shows it)."""
+        found = await self.store.incomplete_uploads()
+        return [u for u in found if not u.key.startswith(AUDIT_PREFIX)]
+
+    async def remove_unknown_objects(self) -> dict[str, Any]:
+        """Delete the objects no record names and abort every incomplete upload (under the
+        run lock: no upload of this node is in flight)."""
         async with self._lock:
             unknown = await self.unknown_objects()
             for key, _size in unknown:
                 await self.store.delete(key)
                 self.stats.objects_deleted += 1
-            return [key for key, _size in unknown]
+            aborted = await self.incomplete_uploads()
+            for upload in aborted:
+                await self.store.abort_upload(upload)
+                self.stats.uploads_aborted += 1
+            return {
+                "removed": [key for key, _size in unknown],
+                "abortedUploads": [_upload_json(u) for u in aborted],
+            }
 
     def lag_seconds(self) -> float:
         """Age of the oldest ledger due for offload and not offloaded (0 if none)."""
@@ -359,9 +375,12 @@ class Offload:
         """Everything the node knows; what needs the store (its unknown objects) is null
         with ``storeError`` set while the store fails."""
         unknown: list[dict[str, Any]] | None = None
+        uploads: list[dict[str, str]] | None = None
         store_error: dict[str, str] | None = None
         try:
             unknown = [{"key": key, "bytes": size} for key, size in await self.unknown_objects()]
+            if self.store.lists_uploads:
+                uploads = [_upload_json(u) for u in await self.incomplete_uploads()]
         except ObjectStoreError as e:
             store_error = {"code": e.code, "message": e.message}
         return {
@@ -370,5 +389,10 @@ class Offload:
             "lastRun": self.last_run_ms,
             "lastError": self.last_error,
             "unknownObjects": unknown,
+            "incompleteUploads": uploads,
             "storeError": store_error,
         }
+
+
+def _upload_json(upload: IncompleteUpload) -> dict[str, str]:
+    return {"key": upload.key, "uploadId": upload.upload_id}

@@ -19,6 +19,7 @@ class OffloadStats:
     upload_bytes: int = 0
     upload_failures: int = 0
     objects_deleted: int = 0
+    uploads_aborted: int = 0  # multipart uploads a killed node left, aborted
     local_copies_deleted: int = 0
     cache_hits: int = 0
     cache_misses: int = 0

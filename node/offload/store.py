@@ -11,6 +11,7 @@ leave empty comes from the standard ``AWS_*`` variables, as the AWS SDKs read th
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -22,6 +23,7 @@ from obstore.exceptions import NotFoundError
 from obstore.store import LocalStore, S3Store
 
 from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
+from node.offload.multipart import IncompleteUpload, LocalUploads, S3Uploads, Uploads
 from node.offload.stats import OffloadStats
 from node.settings import MiB, Settings
 
@@ -56,12 +58,18 @@ class ObjectStore:
     store, the operation and the object, counted in ``stats.store_errors``."""
 
     def __init__(
-        self, store: ObstoreStore, description: str, timeout_s: float, stats: OffloadStats
+        self,
+        store: ObstoreStore,
+        description: str,
+        timeout_s: float,
+        stats: OffloadStats,
+        uploads: Uploads,
     ) -> None:
         self._store = store
         self.description = description
         self._timeout_s = timeout_s
         self._stats = stats
+        self._uploads = uploads
 
     @contextlib.asynccontextmanager
     async def _call(self, operation: str, key: str, bounded: bool = True) -> AsyncIterator[None]:
@@ -156,6 +164,23 @@ class ObjectStore:
             found.extend((meta["path"], int(meta["size"])) for meta in chunk)
 
 
+    @property
+    def lists_uploads(self) -> bool:
+        """Whether incomplete multipart uploads can be listed (S3: static credentials)."""
+        return self._uploads.available
+
+    async def incomplete_uploads(self, prefix: str = "") -> builtins.list[IncompleteUpload]:
+        """Multipart uploads begun and never completed nor aborted (a node killed)."""
+        if not self._uploads.available:
+            return []
+        async with self._call("list_uploads", prefix):
+            return await self._uploads.find(prefix)
+
+    async def abort_upload(self, upload: IncompleteUpload) -> None:
+        async with self._call("abort_upload", upload.key):
+            await self._uploads.abort(upload)
+
+
 async def open_store(settings: Settings, stats: OffloadStats) -> ObjectStore:
     """The store the settings name (the local directory is created on a worker thread)."""
     if settings.offload_store == "local":
@@ -163,7 +188,8 @@ async def open_store(settings: Settings, stats: OffloadStats) -> ObjectStore:
         if settings.offload_prefix:
             root = root / settings.offload_prefix
         local = await asyncio.to_thread(LocalStore, root, mkdir=True)
-        return ObjectStore(local, f"local:{root}", settings.offload_operation_timeout_s, stats)
+        timeout_s = settings.offload_operation_timeout_s
+        return ObjectStore(local, f"local:{root}", timeout_s, stats, LocalUploads(root))
     config: dict[str, Any] = {
         "virtual_hosted_style_request": settings.offload_virtual_hosted_style,
     }
@@ -196,4 +222,5 @@ async def open_store(settings: Settings, stats: OffloadStats) -> ObjectStore:
     )
     prefix = f"/{settings.offload_prefix}" if settings.offload_prefix else ""
     description = f"s3://{settings.offload_bucket}{prefix}"
-    return ObjectStore(s3, description, settings.offload_operation_timeout_s, stats)
+    timeout_s = settings.offload_operation_timeout_s
+    return ObjectStore(s3, description, timeout_s, stats, S3Uploads(settings))

@@ -281,7 +281,7 @@ class FailingStore(ObjectStore):
     breaks mid-upload)."""
 
     def __init__(self, inner: ObjectStore, parts: int) -> None:
-        super().__init__(inner._store, inner.description, inner._timeout_s, inner._stats)
+        vars(self).update(vars(inner))
         self._parts = parts
 
     async def put_multipart(self, key: str, parts: AsyncIterator[bytes], part_size: int) -> None:
@@ -363,7 +363,7 @@ class PausingStore(ObjectStore):
     set (an upload long enough for something to happen meanwhile)."""
 
     def __init__(self, inner: ObjectStore) -> None:
-        super().__init__(inner._store, inner.description, inner._timeout_s, inner._stats)
+        vars(self).update(vars(inner))
         self.paused = asyncio.Event()
         self.go = asyncio.Event()
 
