@@ -170,9 +170,7 @@ def sign(
     if credentials.token:
         headers["x-amz-security-token"] = credentials.token
     names = sorted(headers)
-    canonical_query = "&".join(
-        f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())
-    )
+    canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
     canonical = "\n".join(
         [
             method,

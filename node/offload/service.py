@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +48,12 @@ class RunResult:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     local_deleted: list[int] = field(default_factory=list)
+    refused: str | None = None  # why nothing was offloaded at all (the store's disk)
 
     def to_json(self, dry_run: bool) -> dict[str, Any]:
         return {
             "dryRun": dry_run,
+            "refused": self.refused,
             "offloaded": self.offloaded,
             "skipped": [{"ledgerId": lid, "reason": why} for lid, why in self.skipped],
             "failed": [{"ledgerId": lid, "error": why} for lid, why in self.failed],
@@ -140,6 +143,11 @@ class Offload:
                 self.stats.runs += 1
                 result.failed.extend(await self.reap_deleted())
             candidates = self._plan(stream, ledgers, result)
+            result.refused = await asyncio.to_thread(self._store_disk_refusal)
+            if result.refused is not None:
+                log.warning("offload refused: %s", result.refused)
+                result.skipped.extend((lid, "store_disk_full") for lid in candidates)
+                candidates = []
             if dry_run:
                 result.offloaded = candidates
                 result.local_deleted = [m.ledger_id for m in self._local_copies_due()]
@@ -166,8 +174,34 @@ class Offload:
                     result.offloaded.append(ledger_id)
             result.local_deleted = await self._delete_local_copies()
             self.last_run_ms = self._clock.now_ms()
-            self.last_error = result.failed[-1][1] if result.failed else None
+            self.last_error = result.failed[-1][1] if result.failed else result.refused
             return result
+
+    def _store_disk_refusal(self) -> str | None:
+        """Blocking: why nothing may go to the local store now (None: it may). A local
+        store on the data disk takes space rather than freeing it (a local copy stays for
+        the deletion lag, and its objects stay after): above the warning watermark,
+        offloading would be what fills the disk."""
+        from node.lifecycle.disks import usage  # node.lifecycle imports this module
+        from node.metrics import data_dirs
+
+        s = self._settings
+        if s.offload_store != "local":
+            return None
+        store = os.stat(s.offload_dir).st_dev
+        for name, path in data_dirs(s).items():
+            made = next(p for p in (path, *path.parents) if p.exists())  # maybe not yet
+            if os.stat(made).st_dev != store:
+                continue
+            used = usage(path)
+            if used > s.disk_usage_warn_threshold:
+                return (
+                    f"the local offload store {s.offload_dir} shares the disk of {name} "
+                    f"({path}), which is {used:.1%} full (warning at "
+                    f"{s.disk_usage_warn_threshold:.0%}): offloading to it would fill that "
+                    "disk, not free it; offload to S3, or free space first"
+                )
+        return None
 
     def _plan(self, stream: str | None, ledgers: list[int] | None, result: RunResult) -> list[int]:
         if ledgers is not None:

@@ -163,7 +163,6 @@ class ObjectStore:
                 return found
             found.extend((meta["path"], int(meta["size"])) for meta in chunk)
 
-
     @property
     def lists_uploads(self) -> bool:
         """Whether incomplete multipart uploads can be listed (S3: static credentials)."""
