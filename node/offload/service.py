@@ -143,7 +143,8 @@ class Offload:
                 self.stats.runs += 1
                 result.failed.extend(await self.reap_deleted())
             candidates = self._plan(stream, ledgers, result)
-            result.refused = await asyncio.to_thread(self._store_disk_refusal)
+            if candidates:
+                result.refused = await asyncio.to_thread(self._store_disk_refusal)
             if result.refused is not None:
                 log.warning("offload refused: %s", result.refused)
                 result.skipped.extend((lid, "store_disk_full") for lid in candidates)

@@ -75,3 +75,49 @@ async def test_offload_to_a_local_store_on_the_data_disk_is_refused_above_the_wa
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["lastError"] is None
     await client.close()
+
+
+async def read_only(client: Any) -> bool:
+    state = await (await client.get("/api/v1/bookie/state")).json()
+    return bool(state["readOnly"])
+
+
+async def test_the_read_only_runbook_frees_space_by_dropping_offloaded_local_copies(
+    disk: SmallDisk,  # first: unmounted after the node has stopped
+    aiohttp_client: Any,
+) -> None:
+    """README, StorageNodeReadOnly: offload frees space once the local copies go (the lag
+    lowered, a run, GC), and not before."""
+    data = disk.root / "data"
+    store = {"offload_store": "local"}
+    small = {**WATERMARKS, "log_size_limit": 2 * MiB, "disk_check_interval": 100}
+    client = await new_client(aiohttp_client, data, store, **small)  # the default 4 h lag
+    lid = await closed_ledger(client, [os.urandom(63 * 1024) for _ in range(128)])
+    assert (await run(client, {"ledgers": [lid]}))["offloaded"] == [lid]
+    await client.close()
+
+    await asyncio.to_thread(ballast_to, disk, 0.96)
+    client = await new_client(
+        aiohttp_client, data, store, **small, managed_ledger_offload_deletion_lag_ms=0
+    )
+    for _ in range(100):
+        if await read_only(client):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the node never turned read-only")
+    full = await asyncio.to_thread(disk.usage)
+
+    assert (await run(client, {}))["localDeleted"] == [lid]
+    r = await client.put("/api/v1/bookie/gc", json={})
+    assert r.status == 200, await r.text()
+    for _ in range(300):
+        if not await read_only(client):
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"still read-only at {await asyncio.to_thread(disk.usage):.1%}")
+    assert await asyncio.to_thread(disk.usage) < full - 0.07  # the ~8 MiB local copy, of 64
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries/5")
+    assert r.status == 200
+    await client.close()
