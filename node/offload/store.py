@@ -33,8 +33,9 @@ if TYPE_CHECKING:
 S3_MIN_PART = 5 * MiB  # S3 refuses smaller parts of a multipart upload (but the last)
 # obstore reports a missing object as its NotFoundError, or (local store) FileNotFoundError
 NOT_FOUND = (NotFoundError, FileNotFoundError)
-# What obstore's messages say for a ranged read past the end, and for a store that sheds load
-RANGE_NOT_SATISFIABLE = "status code: 416"
+# What obstore's messages say for a ranged read past the end (S3, local), and for a store
+# that sheds load
+RANGE_NOT_SATISFIABLE = ("status code: 416", "InvalidRange")
 UNAVAILABLE = "status code: 503"
 UPLOAD_CONCURRENCY = 2  # parts in flight (Pulsar: managedLedgerOffloadMaxThreads = 2)
 
@@ -90,7 +91,7 @@ class ObjectStore:
             # obstore tells the kinds apart only in its message (one GenericError for all).
             detail = str(e).split("\n", 1)[0]
             text = str(e)
-            if RANGE_NOT_SATISFIABLE in text:
+            if any(marker in text for marker in RANGE_NOT_SATISFIABLE):
                 raise ObjectTooShort(f"{key}: {detail}") from e
             if "kind: Timeout" in text:
                 raise self._failed(ObjectStoreTimeout, operation, key, detail) from e

@@ -13,13 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.crash.nodeproc import free_port
-from tests.offload.conftest import KEY_ID, REGION, SECRET, new_bucket, s3_settings
+from tests.offload.conftest import new_bucket, s3_settings
 from tests.offload.test_offload import (
     closed_ledger,
     ledger_offload,
@@ -182,32 +181,25 @@ async def test_a_killed_store_is_a_503_and_a_run_goes_on_and_records_the_error(
 
 
 async def test_a_truncated_data_object_is_a_502_naming_the_object(
-    aiohttp_client: Any, tmp_path: Path, moto: Moto, store: dict[str, Any]
+    aiohttp_client: Any, tmp_path: Path, store_settings: dict[str, Any]
 ) -> None:
     data = tmp_path / "data"
-    lid, entries = await offloaded_without_local_copy(aiohttp_client, data, store, count=200)
-    client = await new_client(aiohttp_client, data, store)
-    attempt = (await ledger_offload(client, lid))["attempt"]
-    key = f"node-0/{lid}/{attempt}.data"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto.endpoint,
-        region_name=REGION,
-        aws_access_key_id=KEY_ID,
-        aws_secret_access_key=SECRET,
+    lid, entries = await offloaded_without_local_copy(
+        aiohttp_client, data, store_settings, count=200
     )
-    bucket = store["offload_bucket"]
+    client = await new_client(aiohttp_client, data, store_settings)
+    attempt = (await ledger_offload(client, lid))["attempt"]
+    key = f"{lid}/{attempt}.data"
+    store = offload_of(client).store
+    whole = await store.get(key)
+    await store.put(key, whole[: len(whole) // 2])
 
-    def truncate() -> None:
-        whole = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
-        s3.put_object(Bucket=bucket, Key=key, Body=whole[: len(whole) // 2])
-
-    await asyncio.to_thread(truncate)
-    r = await client.get(f"/api/v1/ledgers/{lid}/entries/{len(entries) - 1}")
-    assert r.status == 502, await r.text()
-    body = await r.json()
-    assert body["code"] == "offload_object_unreadable"
-    assert f"{lid}/{attempt}.data" in body["message"]
-    assert offload_of(client).stats.unreadable_objects == 1
+    for last in (len(entries) - 1, len(entries) // 2 + 10):  # past the end; across it
+        r = await client.get(f"/api/v1/ledgers/{lid}/entries/{last}")
+        assert r.status == 502, await r.text()
+        body = await r.json()
+        assert body["code"] == "offload_object_unreadable"
+        assert key in body["message"]
+    assert offload_of(client).stats.unreadable_objects == 2
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")  # the half that is left
     assert r.status == 200 and await r.read() == entries[0]
