@@ -144,6 +144,7 @@ async def test_a_killed_store_is_a_503_and_a_run_goes_on_and_records_the_error(
     gone, _ = await offloaded_without_local_copy(aiohttp_client, data, store)
     client = await new_client(aiohttp_client, data, store, managed_ledger_offload_deletion_lag_ms=0)
     pending = await closed_ledger(client, payloads(30, seed=12))
+    behind = await closed_ledger(client, payloads(30, seed=13))
     await asyncio.to_thread(moto.stop)
 
     r = await client.get(f"/api/v1/ledgers/{gone}/entries/3")
@@ -159,10 +160,12 @@ async def test_a_killed_store_is_a_503_and_a_run_goes_on_and_records_the_error(
     result = await r.json()
     failed = {f["ledgerId"]: f["error"] for f in result["failed"]}
     assert gone in failed and "object store s3://" in failed[gone]
-    r = await client.post("/api/v1/offload/run", json={"ledgers": [pending]})
+    r = await client.post("/api/v1/offload/run", json={"ledgers": [pending, behind]})
     assert r.status == 200, await r.text()
     result = await r.json()
     assert [f["ledgerId"] for f in result["failed"]] == [gone, pending], result
+    # The store is unreachable: the ledgers after the first it failed are not tried.
+    assert result["skipped"] == [{"ledgerId": behind, "reason": "store_unreachable"}]
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["lastError"] and "object store s3://" in status["lastError"]
     assert status["storeError"]["code"] == "offload_store_unavailable"
@@ -172,12 +175,12 @@ async def test_a_killed_store_is_a_503_and_a_run_goes_on_and_records_the_error(
 
     # The store is back: the next run removes the deleted ledger's objects and offloads.
     await asyncio.to_thread(moto.start)
-    result = await run(client, {"ledgers": [pending]})
-    assert result["failed"] == [] and result["offloaded"] == [pending], result
+    result = await run(client, {"ledgers": [pending, behind]})
+    assert result["failed"] == [] and result["offloaded"] == [pending, behind], result
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["lastError"] is None and status["storeError"] is None
     assert status["unknownObjects"] == []
-    assert all(key.startswith(f"{pending}/") for key in await objects(client))
+    assert {key.split("/")[0] for key in await objects(client)} == {str(pending), str(behind)}
 
 
 async def test_a_truncated_data_object_is_a_502_naming_the_object(
