@@ -89,8 +89,8 @@ class ObjectStore:
             ) from e
         except (obstore_errors.BaseError, OSError) as e:
             # obstore tells the kinds apart only in its message (one GenericError for all).
-            detail = str(e).split("\n", 1)[0]
             text = str(e)
+            detail = text.split("\n", 1)[0]  # not the debug dump that follows
             if any(marker in text for marker in RANGE_NOT_SATISFIABLE):
                 raise ObjectTooShort(f"{key}: {detail}") from e
             if "kind: Timeout" in text:
