@@ -1,8 +1,13 @@
 """Hourly offload of closed stream ledgers to the object store on every node:
 POST /api/v1/offload/run with {} (every stream by its policies), one mapped task per node.
 
-Idempotent: a ledger offloaded already is skipped by the node. A node that reports failed
-ledgers fails its task (its offloaded ledgers stay offloaded; the next run retries the rest)."""
+Idempotent: a ledger offloaded already is skipped by the node, and so is one deleted before or
+during its offload (reason "deleted"): skips never fail a task. A node that reports failed
+ledgers (an upload that failed, or the object store failing: offload_store_error,
+offload_store_unavailable, offload_store_timeout in the error) fails its task (its offloaded
+ledgers stay offloaded; the task's retries and the next run retry the rest), and so does a
+node that refused the run ("refused": its local store shares a data disk above the warning
+watermark, where offloading would fill the disk)."""
 
 from __future__ import annotations
 
@@ -48,6 +53,8 @@ def storage_node_offload() -> None:
         )
         if result.get("failed"):
             raise NodeError(f"node {url}: offload failed for {result['failed']}")
+        if result.get("refused"):
+            raise NodeError(f"node {url}: offload refused: {result['refused']}")
         return {"node": url, **result}
 
     run_offload.expand(url=discover_nodes())

@@ -331,7 +331,9 @@ class Metrics:
             self._snapshot.oldest_log_pinning = pinning
             offload = work.offload
             self._snapshot.offload = dataclasses.replace(
-                offload.stats, read_latency_counts=list(offload.stats.read_latency_counts)
+                offload.stats,
+                read_latency_counts=list(offload.stats.read_latency_counts),
+                store_errors=dict(offload.stats.store_errors),
             )
             self._snapshot.offload_totals = dict(offload.summary()["totals"])
             if offload._reader is not None:
@@ -623,11 +625,19 @@ def _offload_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         "offload_fetched_bytes": (o.fetched_bytes, "Bytes read from the object store."),
         "offload_unreadable_objects": (
             o.unreadable_objects,
-            "Reads refused: an offloaded object missing or damaged.",
+            "Reads refused: an offloaded object missing or damaged, or the store failing.",
         ),
     }
     for name, (value, doc) in counters.items():
         yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+    store_errors = CounterMetricFamily(
+        f"{PREFIX}_offload_store_errors",
+        "Object store calls that failed, by operation and error code.",
+        labels=["operation", "code"],
+    )
+    for (operation, code), count in sorted(o.store_errors.items()):
+        store_errors.add_metric([operation, code], count)
+    yield store_errors
     t = s.offload_totals
     gauges = {
         "offload_ledgers": (t.get("offloadedLedgers", 0), "Ledgers offloaded."),

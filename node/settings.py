@@ -207,6 +207,7 @@ class Settings(BaseSettings):
     offload_virtual_hosted_style: bool = False  # bucket in the host name; path style otherwise
     offload_max_retries: int = Field(3, ge=0)  # retries of one object request before it fails
     offload_request_timeout_s: float = Field(30.0, gt=0)  # one object request (Pulsar: 25 s)
+    offload_operation_timeout_s: float = Field(10.0, gt=0)  # one store call, retries included
     managed_ledger_offload_threshold_in_bytes: int = Field(-1, ge=-1)  # keep newest N local
     managed_ledger_offload_threshold_in_seconds: int = Field(-1, ge=-1)  # offload older; -1 off
     managed_ledger_offload_deletion_lag_ms: int = Field(4 * 3600 * 1000, ge=0)  # then local goes

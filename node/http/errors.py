@@ -42,6 +42,9 @@ STATUS: dict[type[storage_errors.StorageError], int] = {
     storage_errors.CorruptRecord: 500,
     offload_errors.OffloadObjectUnreadable: 502,
     offload_errors.OffloadFailed: 502,
+    offload_errors.ObjectStoreError: 502,
+    offload_errors.ObjectStoreUnavailable: 503,
+    offload_errors.ObjectStoreTimeout: 504,
 }
 RETRY_AFTER_S = "1"  # Backpressure clears within a checkpoint, a second or so
 

@@ -29,5 +29,4 @@ async def offload_status(request: web.Request) -> web.Response:
 
 @routes.delete("/api/v1/offload/unknown-objects")
 async def remove_unknown_objects(request: web.Request) -> web.Response:
-    removed = await request.app[WORK].offload.remove_unknown_objects()
-    return web.json_response({"removed": removed})
+    return web.json_response(await request.app[WORK].offload.remove_unknown_objects())

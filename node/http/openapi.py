@@ -59,9 +59,13 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "the snapshot directory (invalid_target), an audit summary whose status disagrees "
         "with its counts (invalid_summary)",
         500: "An entry failed its CRC check, or the WAL failed",
-        502: "An offloaded object is missing or damaged (offload_object_unreadable)",
+        502: "An offloaded object is missing or damaged (offload_object_unreadable), or the "
+        "object store answered an error (offload_store_error)",
         503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
-        "filling max_request_bytes_in_flight (overloaded); see Retry-After",
+        "filling max_request_bytes_in_flight (overloaded), or the object store unreachable "
+        "(offload_store_unavailable); see Retry-After",
+        504: "The object store did not answer within offload_operation_timeout_s "
+        "(offload_store_timeout)",
         507: "A data disk is full: the node is read-only",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
@@ -90,6 +94,7 @@ WRITE_TOKEN = {
     "schema": {"type": "string"},
 }
 MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
+OFFLOAD_READ_ERRORS = (502, 503, 504)  # reads of an offloaded ledger: the object store
 
 
 def _body(name: str, required: bool) -> dict[str, Any]:
@@ -176,7 +181,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                         "description": "Payload",
                         "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
                     },
-                    **_errors(400, 404, 500),
+                    **_errors(400, 404, 500, *OFFLOAD_READ_ERRORS),
                 },
             },
         },
@@ -215,7 +220,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                         "description": "Frames, streamed",
                         "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
                     },
-                    **_errors(400, 404, 422),
+                    **_errors(400, 404, 422, *OFFLOAD_READ_ERRORS),
                 },
             },
         },
@@ -443,7 +448,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     {"name": "from", "in": "query", "required": False, "schema": position},
                     *read_params,
                 ],
-                "responses": {"200": frames, **_errors(400, 404, 422)},
+                "responses": {"200": frames, **_errors(400, 404, 422, *OFFLOAD_READ_ERRORS)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}": {
@@ -471,7 +476,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "get": {
                 "summary": "The next unacknowledged entries (not acknowledged by reading)",
                 "parameters": read_params,
-                "responses": {"200": frames, **_errors(400, 404)},
+                "responses": {"200": frames, **_errors(400, 404, *OFFLOAD_READ_ERRORS)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}/ack": {
@@ -659,9 +664,10 @@ def _audit_paths() -> dict[str, Any]:
 def _offload_paths() -> dict[str, Any]:
     run_result = {
         "type": "object",
-        "required": ["dryRun", "offloaded", "skipped", "failed", "localDeleted"],
+        "required": ["dryRun", "refused", "offloaded", "skipped", "failed", "localDeleted"],
         "properties": {
             "dryRun": {"type": "boolean"},
+            "refused": {"type": ["string", "null"]},
             "offloaded": {"type": "array", "items": {"type": "integer"}},
             "skipped": {"type": "array", "items": {"type": "object"}},
             "failed": {"type": "array", "items": {"type": "object"}},
@@ -691,16 +697,18 @@ def _offload_paths() -> dict[str, Any]:
         "/api/v1/offload/status": {
             "get": {
                 "summary": "Offloaded ledgers and bytes per stream and in total, the offload "
-                "lag, the last run and error, objects no ledger names",
+                "lag, the last run and error, objects no ledger names, incomplete uploads, "
+                "the store's error when it fails",
                 "responses": {"200": _json({"type": "object"}, "Offload status")},
             }
         },
         "/api/v1/offload/unknown-objects": {
             "delete": {
-                "summary": "Delete the objects that no ledger's offload record names",
+                "summary": "Delete the objects that no ledger's offload record names and abort "
+                "the multipart uploads never completed",
                 "responses": {
-                    "200": _json({"type": "object"}, "The keys removed"),
-                    **_errors(401, 403),
+                    "200": _json({"type": "object"}, "The keys removed, the uploads aborted"),
+                    **_errors(401, 403, *OFFLOAD_READ_ERRORS),
                 },
             }
         },

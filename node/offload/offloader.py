@@ -23,7 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from node.offload.errors import OffloadFailed
+from node.offload.errors import ObjectStoreError, OffloadFailed
 from node.offload.format import DataWriter, FormatError, LedgerIndex, check_block
 from node.offload.format import data_key as data_key_of
 from node.offload.format import index_key as index_key_of
@@ -93,10 +93,14 @@ class Offloader:
         self._crash = CrashPoints(settings.crash_points)
 
     async def remove_attempt(self, ledger_id: int, attempt: str) -> None:
-        """Delete an attempt's objects (both; missing ones are fine)."""
+        """Delete an attempt's objects (both; missing ones are fine) and abort its upload
+        if it never completed (the node killed mid-upload)."""
         for key in (index_key_of(ledger_id, attempt), data_key_of(ledger_id, attempt)):
             await self.store.delete(key)
             self._stats.objects_deleted += 1
+        for upload in await self.store.incomplete_uploads(data_key_of(ledger_id, attempt)):
+            await self.store.abort_upload(upload)
+            self._stats.uploads_aborted += 1
 
     async def offload(self, ledger_id: int) -> Uploaded:
         meta = self._storage.ledger(ledger_id)
@@ -120,10 +124,17 @@ class Offloader:
             self._crash.hit("offload.after_upload")
             await self._verify(index, index_bytes, attempt)
         except Exception as e:
-            self._stats.upload_failures += 1
             with contextlib.suppress(Exception):
                 await self.remove_attempt(ledger_id, attempt)
-            raise OffloadFailed(f"offload of ledger {ledger_id} failed: {e}") from e
+            # Deleted meanwhile (its stream, retention): its reads and objects went with it.
+            self._storage.ledger(ledger_id)  # LedgerNotFound: not a failure
+            self._stats.upload_failures += 1
+            if isinstance(e, ObjectStoreError):
+                raise  # its code says whether the store failed, was unreachable or slow
+            raise OffloadFailed(
+                f"offload of ledger {ledger_id} to {self.store.description} failed: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         done = OffloadInfo(OffloadState.OFFLOADED, attempt, index.data_length, self._clock.now_ms())
         try:
             await self._storage.record_offload(ledger_id, done)
@@ -150,6 +161,7 @@ class Offloader:
                 if block is not None:
                     self._stats.upload_bytes += len(block)
                     yield block
+                    self._crash.hit("offload.mid_upload")
             last = writer.finish()
             if last is not None:
                 self._stats.upload_bytes += len(last)
@@ -170,6 +182,8 @@ class Offloader:
         lid = index.ledger_id
         key = data_key_of(lid, attempt)
         size = await self.store.size(key)
+        if size is None:
+            raise FormatError(f"{key} is missing right after its upload")
         if size != index.data_length:
             raise FormatError(f"{key} holds {size} bytes, not {index.data_length}")
         for block in index.blocks:

@@ -7,7 +7,8 @@ with one ranged GET and checked against its CRC before any byte of it is served.
 kept in a block cache bounded in bytes (``offload_block_cache_size``); a read that follows
 the previous one in order starts fetching the next ``managed_ledger_offload_prefetch_rounds``
 spans, so a sequential reader rarely waits on the store. A missing or damaged object is an
-``offload_object_unreadable`` error naming the object (502), never wrong bytes.
+``offload_object_unreadable`` error naming the object (502), never wrong bytes; a store
+that fails is an ``offload_store_*`` error (502, 503, 504). Both count as refused reads.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import asyncio
 import logging
 from collections import OrderedDict
 
-from node.offload.errors import OffloadObjectUnreadable
+from node.offload.errors import ObjectStoreError, OffloadObjectUnreadable
 from node.offload.format import FormatError, LedgerIndex, data_key, decode_span, index_key
 from node.offload.stats import OffloadStats
-from node.offload.store import ObjectMissing, ObjectStore
+from node.offload.store import ObjectMissing, ObjectStore, ObjectTooShort
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import EntryNotFound
@@ -47,6 +48,13 @@ class OffloadReader:
         self._last_point: dict[int, int] = {}  # ledger id -> span of its previous read
 
     async def read(self, meta: LedgerMeta, entry_id: int) -> bytes:
+        try:
+            return await self._read(meta, entry_id)
+        except (OffloadObjectUnreadable, ObjectStoreError):
+            self._stats.unreadable_objects += 1  # a read refused: the alert's metric
+            raise
+
+    async def _read(self, meta: LedgerMeta, entry_id: int) -> bytes:
         offload = meta.offload
         assert offload is not None and offload.offloaded
         lid, attempt = meta.ledger_id, offload.attempt
@@ -68,7 +76,6 @@ class OffloadReader:
             self._prefetch(index, lid, attempt, point)
         payload = entries.get(entry_id)
         if payload is None:
-            self._stats.unreadable_objects += 1
             raise OffloadObjectUnreadable(
                 f"offloaded object {data_key(lid, attempt)} of {self.store.description} "
                 f"lacks entry {entry_id} where its index puts it"
@@ -105,7 +112,7 @@ class OffloadReader:
             index = LedgerIndex.decode(data)
             if index.ledger_id != lid:
                 raise FormatError(f"it indexes ledger {index.ledger_id}")
-        except (ObjectMissing, FormatError) as e:
+        except (ObjectMissing, ObjectTooShort, FormatError) as e:
             raise self._unreadable(key, e) from e
         self._stats.object_read(self._clock.monotonic() - started, len(data))
         self._indexes[(lid, attempt)] = index
@@ -146,7 +153,7 @@ class OffloadReader:
         try:
             data = await self.store.get_range(object_key, point.offset, point.length)
             entries = decode_span(data, point, object_key)
-        except (ObjectMissing, FormatError) as e:
+        except (ObjectMissing, ObjectTooShort, FormatError) as e:
             raise self._unreadable(object_key, e) from e
         self._stats.object_read(self._clock.monotonic() - started, len(data))
         self._keep(key, entries, len(data))
@@ -167,7 +174,6 @@ class OffloadReader:
         self._cached_bytes -= self._span_sizes.pop(key)
 
     def _unreadable(self, key: str, error: Exception) -> OffloadObjectUnreadable:
-        self._stats.unreadable_objects += 1
         reason = "it does not exist" if isinstance(error, ObjectMissing) else str(error)
         log.error(
             "offloaded object %s of %s is unreadable: %s", key, self.store.description, reason

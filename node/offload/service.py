@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
 from node.offload.format import AUDIT_PREFIX, parse_key
+from node.offload.multipart import IncompleteUpload
 from node.offload.offloader import Ineligible, Offloader, ineligible_reason
 from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
@@ -45,10 +48,12 @@ class RunResult:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
     local_deleted: list[int] = field(default_factory=list)
+    refused: str | None = None  # why nothing was offloaded at all (the store's disk)
 
     def to_json(self, dry_run: bool) -> dict[str, Any]:
         return {
             "dryRun": dry_run,
+            "refused": self.refused,
             "offloaded": self.offloaded,
             "skipped": [{"ledgerId": lid, "reason": why} for lid, why in self.skipped],
             "failed": [{"ledgerId": lid, "error": why} for lid, why in self.failed],
@@ -71,7 +76,7 @@ class Offload:
         self.last_error: str | None = None
 
     async def start(self) -> None:
-        self._store = await open_store(self._settings)
+        self._store = await open_store(self._settings, self.stats)
         self._reader = OffloadReader(self._store, self._settings, self._clock, self.stats)
         self._offloader = Offloader(
             self._storage, self._store, self._settings, self._clock, self.stats
@@ -113,14 +118,19 @@ class Offload:
         self.reader.forget(meta.ledger_id)
         await self._storage.record_offload(meta.ledger_id, None)
 
-    async def reap_deleted(self) -> list[int]:
-        """Objects of deleted ledgers that a failure or a crash left: delete them now."""
-        reaped = []
+    async def reap_deleted(self) -> list[tuple[int, str]]:
+        """Objects of deleted ledgers that a failure or a crash left: delete them now.
+        Returns the ledgers whose objects must wait (the store failing), with the error."""
+        waiting = []
         for meta in list(self._storage.all_ledgers()):
             if meta.state == LedgerState.DELETED and meta.offload is not None:
-                await self._remove_objects(meta)
-                reaped.append(meta.ledger_id)
-        return reaped
+                try:
+                    await self._remove_objects(meta)
+                except ObjectStoreError as e:
+                    log.warning("ledger %d is deleted; its objects stay for now: %s",
+                                meta.ledger_id, e.message)  # fmt: skip
+                    waiting.append((meta.ledger_id, e.message))
+        return waiting
 
     # --- runs --------------------------------------------------------------------------------
 
@@ -128,33 +138,71 @@ class Offload:
         self, dry_run: bool = False, stream: str | None = None, ledgers: list[int] | None = None
     ) -> RunResult:
         async with self._lock:
+            result = RunResult()
             if not dry_run:
                 self.stats.runs += 1
-                await self.reap_deleted()
-            result = RunResult()
+                result.failed.extend(await self.reap_deleted())
             candidates = self._plan(stream, ledgers, result)
+            if candidates:
+                result.refused = await asyncio.to_thread(self._store_disk_refusal)
+            if result.refused is not None:
+                log.warning("offload refused: %s", result.refused)
+                result.skipped.extend((lid, "store_disk_full") for lid in candidates)
+                candidates = []
             if dry_run:
                 result.offloaded = candidates
                 result.local_deleted = [m.ledger_id for m in self._local_copies_due()]
                 return result
+            unreachable: str | None = None
             for ledger_id in candidates:
+                if unreachable is not None:  # each would wait as long to fail the same way
+                    result.skipped.append((ledger_id, "store_unreachable"))
+                    continue
                 try:
                     await self.offloader.offload(ledger_id)
                 except Ineligible as e:
                     result.skipped.append((ledger_id, str(e)))
                 except LedgerNotFound:
-                    result.skipped.append((ledger_id, "not_found"))
+                    # deleted (a stream's deletion, retention) before or during its offload
+                    result.skipped.append((ledger_id, "deleted"))
+                    log.info("ledger %d was deleted during its offload: skipped", ledger_id)
                 except StorageError as e:
                     result.failed.append((ledger_id, e.message))
-                    self.last_error = e.message
-                    log.error("%s", e.message)
+                    log.error("offload of ledger %d failed: %s", ledger_id, e.message)
+                    if isinstance(e, ObjectStoreUnavailable | ObjectStoreTimeout):
+                        unreachable = e.message
                 else:
                     result.offloaded.append(ledger_id)
             result.local_deleted = await self._delete_local_copies()
             self.last_run_ms = self._clock.now_ms()
-            if not result.failed:
-                self.last_error = None
+            self.last_error = result.failed[-1][1] if result.failed else result.refused
             return result
+
+    def _store_disk_refusal(self) -> str | None:
+        """Blocking: why nothing may go to the local store now (None: it may). A local
+        store on the data disk takes space rather than freeing it (a local copy stays for
+        the deletion lag, and its objects stay after): above the warning watermark,
+        offloading would be what fills the disk."""
+        from node.lifecycle.disks import usage  # node.lifecycle imports this module
+        from node.metrics import data_dirs
+
+        s = self._settings
+        if s.offload_store != "local":
+            return None
+        store = os.stat(s.offload_dir).st_dev
+        for name, path in data_dirs(s).items():
+            made = next(p for p in (path, *path.parents) if p.exists())  # maybe not yet
+            if os.stat(made).st_dev != store:
+                continue
+            used = usage(path)
+            if used > s.disk_usage_warn_threshold:
+                return (
+                    f"the local offload store {s.offload_dir} shares the disk of {name} "
+                    f"({path}), which is {used:.1%} full (warning at "
+                    f"{s.disk_usage_warn_threshold:.0%}): offloading to it would fill that "
+                    "disk, not free it; offload to S3, or free space first"
+                )
+        return None
 
     def _plan(self, stream: str | None, ledgers: list[int] | None, result: RunResult) -> list[int]:
         if ledgers is not None:
@@ -270,13 +318,28 @@ class Offload:
             if parse_key(key) not in known and not key.startswith(AUDIT_PREFIX)
         ]
 
-    async def remove_unknown_objects(self) -> list[str]:
+    async def incomplete_uploads(self) -> list[IncompleteUpload]:
+        """Multipart uploads never completed: a node killed mid-upload (a run in flight
+        has one too; status shows it)."""
+        found = await self.store.incomplete_uploads()
+        return [u for u in found if not u.key.startswith(AUDIT_PREFIX)]
+
+    async def remove_unknown_objects(self) -> dict[str, Any]:
+        """Delete the objects no record names and abort every incomplete upload (under the
+        run lock: no upload of this node is in flight)."""
         async with self._lock:
             unknown = await self.unknown_objects()
             for key, _size in unknown:
                 await self.store.delete(key)
                 self.stats.objects_deleted += 1
-            return [key for key, _size in unknown]
+            aborted = await self.incomplete_uploads()
+            for upload in aborted:
+                await self.store.abort_upload(upload)
+                self.stats.uploads_aborted += 1
+            return {
+                "removed": [key for key, _size in unknown],
+                "abortedUploads": [_upload_json(u) for u in aborted],
+            }
 
     def lag_seconds(self) -> float:
         """Age of the oldest ledger due for offload and not offloaded (0 if none)."""
@@ -344,11 +407,27 @@ class Offload:
         return {"streams": groups, "totals": totals}
 
     async def status(self) -> dict[str, Any]:
-        unknown = await self.unknown_objects()
+        """Everything the node knows; what needs the store (its unknown objects) is null
+        with ``storeError`` set while the store fails."""
+        unknown: list[dict[str, Any]] | None = None
+        uploads: list[dict[str, str]] | None = None
+        store_error: dict[str, str] | None = None
+        try:
+            unknown = [{"key": key, "bytes": size} for key, size in await self.unknown_objects()]
+            if self.store.lists_uploads:
+                uploads = [_upload_json(u) for u in await self.incomplete_uploads()]
+        except ObjectStoreError as e:
+            store_error = {"code": e.code, "message": e.message}
         return {
             "store": self.store.description,
             **self.summary(),
             "lastRun": self.last_run_ms,
             "lastError": self.last_error,
-            "unknownObjects": [{"key": key, "bytes": size} for key, size in unknown],
+            "unknownObjects": unknown,
+            "incompleteUploads": uploads,
+            "storeError": store_error,
         }
+
+
+def _upload_json(upload: IncompleteUpload) -> dict[str, str]:
+    return {"key": upload.key, "uploadId": upload.upload_id}

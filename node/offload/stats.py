@@ -19,12 +19,15 @@ class OffloadStats:
     upload_bytes: int = 0
     upload_failures: int = 0
     objects_deleted: int = 0
+    uploads_aborted: int = 0  # multipart uploads a killed node left, aborted
     local_copies_deleted: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
     prefetches: int = 0
     fetched_bytes: int = 0  # data object bytes read back for reads
-    unreadable_objects: int = 0  # reads refused: an object missing or damaged
+    unreadable_objects: int = 0  # reads refused: an object missing or damaged, or the store failing
+    # store failures by (operation, error code): timeouts, refused connections, error statuses
+    store_errors: dict[tuple[str, str], int] = field(default_factory=dict)
     # cumulative read latency histogram: counts per bucket (plus +Inf), sum
     read_latency_counts: list[int] = field(
         default_factory=lambda: [0] * (len(READ_LATENCY_BUCKETS) + 1)

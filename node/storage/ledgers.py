@@ -987,7 +987,10 @@ class LedgerStorage:
             found = self._read_cache.get(ledger_id, entry_id)
         if found is None:
             found = await self._read_stored(ledger_id, entry_id)
-            self.ledger(ledger_id)  # deleted while we read
+            meta = self.ledger(ledger_id)  # deleted while we read
+            if found is None and self._reads_cold(meta):
+                assert self._cold is not None  # its local copy went while we read
+                found = await self._cold.read(meta, entry_id)
             if found is None:
                 raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} is not indexed")
         self.stats.reads += 1

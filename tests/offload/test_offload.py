@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import random
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,7 +80,11 @@ async def assert_ledger_reads(client: Any, lid: int, entries: list[bytes]) -> No
         assert await r.read() == payload, eid
     r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=0&to={len(entries) - 1}")
     assert r.status == 200
-    body = await r.read()
+    assert range_entries(await r.read()) == list(enumerate(entries))
+
+
+def range_entries(body: bytes) -> list[tuple[int, bytes]]:
+    """(entry id, payload) of a range read's frames."""
     got = []
     pos = 0
     while pos < len(body):
@@ -86,7 +92,7 @@ async def assert_ledger_reads(client: Any, lid: int, entries: list[bytes]) -> No
         pos += RANGE_FRAME.size
         got.append((eid, body[pos : pos + size]))
         pos += size
-    assert got == list(enumerate(entries))
+    return got
 
 
 async def objects(client: Any) -> list[str]:
@@ -275,7 +281,7 @@ class FailingStore(ObjectStore):
     breaks mid-upload)."""
 
     def __init__(self, inner: ObjectStore, parts: int) -> None:
-        super().__init__(inner._store, inner.description)
+        vars(self).update(vars(inner))
         self._parts = parts
 
     async def put_multipart(self, key: str, parts: AsyncIterator[bytes], part_size: int) -> None:
@@ -350,3 +356,49 @@ async def test_a_flipped_byte_in_a_data_object_is_a_502_naming_the_object(
     offload_of(client).reader.forget(lid)
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
     assert r.status == 502 and (await r.json())["code"] == "offload_object_unreadable"
+
+
+class PausingStore(ObjectStore):
+    """The real store, whose multipart uploads stop after their first part until ``go`` is
+    set (an upload long enough for something to happen meanwhile)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        vars(self).update(vars(inner))
+        self.paused = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def put_multipart(self, key: str, parts: AsyncIterator[bytes], part_size: int) -> None:
+        async def pausing() -> AsyncIterator[bytes]:
+            async for part in parts:
+                yield part
+                if not self.go.is_set():
+                    self.paused.set()
+                    await self.go.wait()
+
+        await super().put_multipart(key, pausing(), part_size)
+
+
+async def test_a_ledger_deleted_during_its_offload_is_skipped_not_failed(
+    aiohttp_client: Any,
+    tmp_path: Path,
+    store_settings: dict[str, Any],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = await new_client(aiohttp_client, tmp_path / "data", store_settings)
+    lid = await closed_ledger(client, payloads(300, seed=6))
+    offloader = offload_of(client).offloader
+    offloader.store = pausing = PausingStore(offloader.store)
+    running = asyncio.ensure_future(run(client, {"ledgers": [lid]}))
+    await asyncio.wait_for(pausing.paused.wait(), 30)
+    r = await client.delete(f"/api/v1/ledgers/{lid}")  # as a stream's deletion or retention
+    assert r.status == 204
+    pausing.go.set()
+    done = await running
+
+    assert done["skipped"] == [{"ledgerId": lid, "reason": "deleted"}], done
+    assert done["failed"] == [] and done["offloaded"] == []
+    status = await (await client.get("/api/v1/offload/status")).json()
+    assert status["lastError"] is None and status["unknownObjects"] == []
+    assert await objects(client) == []
+    assert offload_of(client).stats.upload_failures == 0
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
