@@ -157,9 +157,9 @@ class DiskMonitor:
 
     async def check(self) -> None:
         self.apply(await asyncio.to_thread(self.measure))
-        await asyncio.to_thread(self._tend_reserve, self._storage.read_only_source(DISK))
+        await asyncio.to_thread(self._tend_free_space, self._storage.read_only_source(DISK))
 
-    def _tend_reserve(self, out_of_space: bool) -> None:
+    def _tend_free_space(self, out_of_space: bool) -> None:
         if out_of_space:
             self.reserve.release()
             dropped = kept.prune(self._settings.audit_snapshots_dir, 0)
