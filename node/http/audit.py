@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from node.audit import kept, snapshot
 from node.http import models
+from node.http.bodies import limited_by
 from node.http.errors import ApiError
 from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
 from node.offload.format import AUDIT_PREFIX
@@ -151,16 +152,9 @@ def _check_summary(summary: models.AuditSummary, settings: Settings) -> None:
 
 
 @routes.post("/api/v1/audit/result")
+@limited_by("audit_result_max_bytes")  # kept in the index, served to anyone: a few KiB
 async def post_result(request: web.Request) -> web.Response:
-    raw = await request.read()
-    limit = request.app[SETTINGS].audit_result_max_bytes
-    if len(raw) > limit:  # kept in the index and served to anyone: a summary is a few KiB
-        raise ApiError(
-            413,
-            "request_too_large",
-            f"the summary has {len(raw)} bytes; audit_result_max_bytes is {limit}",
-        )
-    summary = models.AUDIT_SUMMARY.parse(raw)
+    summary = models.AUDIT_SUMMARY.parse(await request.read())
     _check_summary(summary, request.app[SETTINGS])
     result = models.AuditResult(receivedMs=_now_ms(), summary=summary)
     await request.app[STORAGE].write_records({RESULT_KEY: json.dumps(result.to_json()).encode()})
