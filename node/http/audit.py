@@ -22,6 +22,7 @@ from node.http.bodies import limited_by
 from node.http.errors import ApiError
 from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
 from node.offload.format import AUDIT_PREFIX
+from node.offload.store import ObjectStore
 from node.settings import Settings
 from node.storage.fsutil import is_no_space
 from node.storage.ledgers import DISK
@@ -123,9 +124,25 @@ async def _write_snapshot(
         prefix = f"{OFFLOAD_SNAPSHOTS}/{name}"
         for file_name, data in files.items():
             await store.put(f"{prefix}/{file_name}", data)
+        await _prune_store(store, settings.audit_snapshots_kept)
         store_url = await asyncio.to_thread(snapshot.offload_store_url, settings)
         uri = f"{store_url}/{prefix}"
     return snap, uri
+
+
+async def _prune_store(store: ObjectStore, keep: int) -> None:
+    """Delete all but the newest ``keep`` snapshots in the store (names sort by time)."""
+    keys = [key for key, _size in await store.list(f"{OFFLOAD_SNAPSHOTS}/")]
+    names = sorted({_store_snapshot(key) for key in keys})
+    doomed = set(names[: max(len(names) - keep, 0)])
+    for key in keys:
+        if _store_snapshot(key) in doomed:
+            await store.delete(key)
+
+
+def _store_snapshot(key: str) -> str:
+    """The snapshot name in a store key (audit/snapshots/<name>/<file>)."""
+    return key.removeprefix(f"{OFFLOAD_SNAPSHOTS}/").split("/")[0]
 
 
 def _check_summary(summary: models.AuditSummary, settings: Settings) -> None:

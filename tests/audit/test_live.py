@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.audit import CHECKS, job, kept, snapshot
 from node.http.app import build_app
+from node.http.audit import OFFLOAD_SNAPSHOTS
 from node.http.state import STORAGE
 from tests.audit import world as w
 
@@ -133,6 +134,16 @@ async def test_snapshot_targets_and_summary_checks(tmp_path: Path, aiohttp_clien
     assert meta["rows"]["locations"] == ENTRIES_PER_ROUND
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["unknownObjects"] == []
+    # Only the newest audit_snapshots_kept stay, in the store as on the disk.
+    for _ in range(settings.audit_snapshots_kept):
+        r = await client.post("/api/v1/audit/snapshot", json={"to": "offload"})
+        assert r.status == 201, await r.text()
+    in_store = settings.offload_dir / OFFLOAD_SNAPSHOTS  # the local store: objects are files
+    objects = await asyncio.to_thread(lambda: [p for p in in_store.rglob("*") if p.is_file()])
+    names = sorted({p.parent.name for p in objects})
+    assert len(names) == settings.audit_snapshots_kept
+    assert (await r.json())["uri"].endswith(names[-1])
+    assert len(await asyncio.to_thread(kept.list_kept, settings.audit_snapshots_dir)) == len(names)
 
     inside = await asyncio.to_thread(settings.audit_snapshots_dir.resolve) / "mine"
     r = await client.post("/api/v1/audit/snapshot", json={"to": inside.as_uri()})
