@@ -35,6 +35,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from node.audit import kept
 from node.lifecycle import BackgroundWork
 from node.lifecycle.gc import USAGE_BUCKETS, GcStats
 from node.lifecycle.retention import RetentionStats
@@ -494,6 +495,11 @@ class _StateCollector(Collector):
             f"{PREFIX}_index_size_bytes",
             "Bytes of the RocksDB index on disk.",
             value=_directory_bytes(settings.index_dir),
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_audit_snapshot_bytes",
+            "Bytes the node's audit snapshots take: their files and the logs only they hold.",
+            value=kept.kept_bytes(settings.audit_snapshots_dir, settings.ledgers_dir),
         )
         yield from _disk_metrics(settings)
         yield from _settings_metrics(settings)

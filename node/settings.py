@@ -194,6 +194,12 @@ class Settings(BaseSettings):
     # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target
     # of that request must lie under it: the HTTP API never writes anywhere else on the host.
     audit_snapshot_dir: Path | None = None
+    # Snapshots kept there (each holds its logs: GC cannot free them); a new one deletes older
+    audit_snapshots_kept: int = Field(3, ge=1)
+    audit_result_max_bytes: int = Field(1 * MiB, gt=0)  # largest POST /api/v1/audit/result body
+    # a posted result finished further ahead of the node's clock is refused (a stale-audit
+    # alert would stay quiet until then)
+    audit_result_clock_skew_ms: int = Field(5 * 60_000, ge=0)
 
     # --- offload (Pulsar tiered storage, README "Offload") ---------------------------------
     offload_store: Literal["local", "s3"] = "local"  # a local directory, or any S3 service

@@ -109,6 +109,8 @@ def _wanted(text: str | None) -> list[str]:
     if not text:
         return list(CHECKS)
     wanted = [c.strip() for c in text.split(",") if c.strip()]
+    if not wanted:  # a summary of no check is no audit: the node refuses it
+        raise CannotRun(f"--checks names no check; known: {', '.join(CHECKS)}")
     unknown = sorted(set(wanted) - set(CHECKS))
     if unknown:
         raise CannotRun(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace, spark: Any | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
-    from node.audit import checks, snapshot, source
+    from node.audit import checks, kept, snapshot, source
 
     started_ms = time.time_ns() // NS_PER_MS
     now_ms = args.now_ms if args.now_ms is not None else started_ms
@@ -154,7 +156,7 @@ def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     scratch = out / "_snapshots"
     dirs = _snapshot_dirs(args, scratch, now_ms)
-    metas = [snapshot.read_meta(d) for d in dirs]
+    metas = [kept.read_meta(d) for d in dirs]
     if args.data_dir is not None and len(metas) == 1:
         # The logs are read where this machine sees them (a copied snapshot, a mount).
         metas[0]["ledgersDir"] = str((args.data_dir / "ledgers").resolve())

@@ -22,12 +22,23 @@ Tables (every one has a ``node`` column, so that snapshots of a fleet stack up):
 
 plus ``snapshot.json`` (node name, directories, time taken, the settings the checks need,
 the offload store's URL). Only pyarrow here: the node imports this module, never pyspark.
+
+A live node's snapshot **holds its logs**: hard links to them in its ``logs/`` directory,
+which ``ledgersDir`` names, so that GC deleting a log, or compaction moving its records
+into a new one, leaves the audit the log the snapshot's index points into (without them:
+thousands of false ``index`` violations). A link costs nothing until GC deletes the
+original; then the snapshot keeps its blocks, which is why the node keeps only the newest
+``audit_snapshots_kept`` snapshots (``prune``). The current log, still appended to, is
+linked too: the audit reads each log only up to the size the snapshot recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import json
+import os
 import tempfile
 import time
 from collections.abc import Iterable
@@ -39,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rocksdict import AccessType, Options, Rdict
 
+from node.audit.kept import LOGS_DIR, META_FILE, read_meta
 from node.settings import Settings
 from node.storage import entrylog
 from node.storage.errors import CorruptRecord
@@ -54,7 +66,6 @@ if TYPE_CHECKING:
     from node.storage.ledgers import LedgerStorage
 
 FORMAT_VERSION = 1
-META_FILE = "snapshot.json"
 PARQUET_SUFFIX = ".parquet"
 INDEX_CURRENT_FILE = "CURRENT"  # every RocksDB directory has it
 MS_PER_S = 1000
@@ -348,8 +359,9 @@ def from_storage_serialized(
     )
 
 
-def from_live_storage(storage: LedgerStorage, node: str, now_ms: int) -> Snapshot:
-    """Blocking, on a worker thread: the snapshot of a running node at its last checkpoint.
+def from_live_storage(storage: LedgerStorage, node: str, now_ms: int, directory: Path) -> Snapshot:
+    """Blocking, on a worker thread: the snapshot of a running node at its last checkpoint,
+    holding its logs in ``directory/logs`` (see the module's doc).
 
     It runs on the storage's flush thread between two checkpoints, so nothing appends to
     an entry log or writes a location meanwhile. Metadata comes from the index, not from
@@ -358,16 +370,17 @@ def from_live_storage(storage: LedgerStorage, node: str, now_ms: int) -> Snapsho
     that compaction is writing or has retired are left out: nothing indexes their records
     (yet, or any more)."""
     settings = storage.settings
+    held = directory / LOGS_DIR
 
     def take() -> Snapshot:
         index = storage.index
         busy = {*storage.compactor.in_progress, *storage.retired_logs}
         log_ids = [i for i in entrylog.list_logs(settings.ledgers_dir) if i not in busy]
         return from_storage_serialized(
-            settings.ledgers_dir,
+            held,
             index,
             list(index.load_ledgers().values()),
-            log_ids,
+            hold_logs(settings.ledgers_dir, log_ids, held),
             node,
             check_settings(settings),
             offload_store_url(settings),
@@ -375,6 +388,30 @@ def from_live_storage(storage: LedgerStorage, node: str, now_ms: int) -> Snapsho
         )
 
     return storage.run_serialized(take)
+
+
+def hold_logs(ledgers_dir: Path, log_ids: list[int], held: Path) -> list[int]:
+    """Hard-link each log, and the ledgers map GC may keep beside it, into ``held``; the ids
+    linked (a log GC deleted since it was listed is left out, as if it had not been)."""
+    held.mkdir(parents=True, exist_ok=True)
+    linked = []
+    for log_id in log_ids:
+        source = entrylog.log_path(ledgers_dir, log_id)
+        try:
+            os.link(source, entrylog.log_path(held, log_id))
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno == errno.EXDEV:
+                raise SnapshotError(
+                    f"the snapshot directory {held.parent} is not on the file system of the "
+                    f"entry logs ({ledgers_dir}): it holds them by hard links"
+                ) from None
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.link(entrylog.map_file_path(source), entrylog.map_file_path(held / source.name))
+        linked.append(log_id)
+    return linked
 
 
 def _now_ms() -> int:
@@ -391,16 +428,16 @@ def table_bytes(table: pa.Table) -> bytes:
 
 
 def write_dir(snapshot: Snapshot, directory: Path) -> str:
-    """Write the snapshot's files into ``directory``; returns its ``file://`` URI."""
+    """Write the snapshot's files into ``directory``; returns its ``file://`` URI. Encoded
+    in memory first, so that a full disk fails a plain write (ENOSPC in ``errno``)."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name, table in snapshot.tables.items():
-        pq.write_table(table, directory / f"{name}{PARQUET_SUFFIX}")
-    (directory / META_FILE).write_text(json.dumps(snapshot.meta(), indent=2))
+    for name, data in snapshot_files(snapshot).items():
+        (directory / name).write_bytes(data)
     return directory.resolve().as_uri()
 
 
 def snapshot_files(snapshot: Snapshot) -> dict[str, bytes]:
-    """The snapshot's objects by name (for an object store)."""
+    """The snapshot's files by name, ``snapshot.json`` last (what marks one complete)."""
     files = {f"{n}{PARQUET_SUFFIX}": table_bytes(t) for n, t in snapshot.tables.items()}
     files[META_FILE] = json.dumps(snapshot.meta(), indent=2).encode()
     return files
@@ -418,7 +455,7 @@ def fetch(uri: str, scratch: Path | None = None) -> Path:
         local = _download(uri, scratch)
     if not (local / META_FILE).is_file():
         raise SnapshotError(f"{uri}: not a snapshot (no {META_FILE})")
-    meta = json.loads((local / META_FILE).read_text())
+    meta = read_meta(local)
     if meta.get("version") != FORMAT_VERSION:
         raise SnapshotError(f"{uri}: snapshot version {meta.get('version')} is not supported")
     return local
@@ -437,7 +474,3 @@ def _download(uri: str, scratch: Path | None) -> Path:
     except Exception as e:  # obstore's errors: missing object, refused credentials
         raise SnapshotError(f"{uri}: cannot read the snapshot: {e}") from None
     return target
-
-
-def read_meta(directory: Path) -> dict[str, Any]:
-    return cast(dict[str, Any], json.loads((directory / META_FILE).read_text()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import socket
 import time
 import uuid
@@ -15,12 +16,16 @@ from urllib.parse import unquote
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.audit import snapshot
+from node.audit import kept, snapshot
 from node.http import models
+from node.http.bodies import limited_by
 from node.http.errors import ApiError
 from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
 from node.offload.format import AUDIT_PREFIX
+from node.offload.store import ObjectStore
 from node.settings import Settings
+from node.storage.fsutil import is_no_space
+from node.storage.ledgers import DISK
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -71,35 +76,79 @@ async def take_snapshot(request: web.Request) -> web.Response:
     target = body.get("to", "local")
     settings = request.app[SETTINGS]
     storage = request.app[STORAGE]
-    now_ms = _now_ms()
-    name = _snapshot_name(now_ms)
-    directory = None
-    if target != "offload":
-        directory = await asyncio.to_thread(_target_dir, settings, target, name)
-    store = request.app[WORK].offload.store if target == "offload" else None
     if not storage.running:
         raise ApiError(503, "not_running", "the storage is not running")
-    snap = await asyncio.to_thread(
-        lambda: snapshot.from_live_storage(storage, node_name(settings), now_ms)
-    )
-    if directory is not None:
-        uri = await asyncio.to_thread(snapshot.write_dir, snap, directory)
-    else:
-        assert store is not None
-        files = await asyncio.to_thread(snapshot.snapshot_files, snap)
-        prefix = f"{OFFLOAD_SNAPSHOTS}/{name}"
-        for file_name, data in files.items():
-            await store.put(f"{prefix}/{file_name}", data)
-        store_url = await asyncio.to_thread(snapshot.offload_store_url, settings)
-        uri = f"{store_url}/{prefix}"
+    if storage.read_only_source(DISK):
+        raise ApiError(507, "disk_full", "a data disk is full: no room for a snapshot")
+    # One at a time: each prunes the older ones before it is made.
+    async with request.app[AUDIT].snapshot_lock:
+        now_ms = _now_ms()
+        name = _snapshot_name(now_ms)
+        # Every snapshot has its directory here, holding its logs; "offload" copies its
+        # files to the store as well.
+        directory = await asyncio.to_thread(
+            _target_dir, settings, "local" if target == "offload" else target, name
+        )
+        try:
+            snap, uri = await _write_snapshot(request.app, directory, name, now_ms, target)
+        except Exception as e:
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+            if is_no_space(e):
+                raise ApiError(507, "disk_full", f"no space for the snapshot: {e}") from None
+            if isinstance(e, snapshot.SnapshotError):
+                raise ApiError(500, "snapshot_failed", str(e)) from None
+            raise
     log.info("audit snapshot taken: %s", uri)
     rows = {table: t.num_rows for table, t in snap.tables.items()}
     reply = models.AuditSnapshot(uri=uri, takenMs=snap.taken_ms, rows=rows)
     return web.json_response(reply.to_json(), status=201)
 
 
-def _check_summary(summary: models.AuditSummary) -> None:
-    """What the schema cannot say: the status agrees with the counts, time runs forward."""
+async def _write_snapshot(
+    app: web.Application, directory: Path, name: str, now_ms: int, target: str
+) -> tuple[snapshot.Snapshot, str]:
+    """Prune, then take the snapshot into ``directory`` (and the store); its URI."""
+    settings = app[SETTINGS]
+    root = settings.audit_snapshots_dir
+    pruned = await asyncio.to_thread(kept.prune, root, settings.audit_snapshots_kept - 1)
+    if pruned:
+        log.info("deleted %d older audit snapshots (audit_snapshots_kept)", len(pruned))
+    storage = app[STORAGE]
+    snap = await asyncio.to_thread(
+        lambda: snapshot.from_live_storage(storage, node_name(settings), now_ms, directory)
+    )
+    uri = await asyncio.to_thread(snapshot.write_dir, snap, directory)
+    if target == "offload":
+        store = app[WORK].offload.store
+        files = await asyncio.to_thread(snapshot.snapshot_files, snap)
+        prefix = f"{OFFLOAD_SNAPSHOTS}/{name}"
+        for file_name, data in files.items():
+            await store.put(f"{prefix}/{file_name}", data)
+        await _prune_store(store, settings.audit_snapshots_kept)
+        store_url = await asyncio.to_thread(snapshot.offload_store_url, settings)
+        uri = f"{store_url}/{prefix}"
+    return snap, uri
+
+
+async def _prune_store(store: ObjectStore, keep: int) -> None:
+    """Delete all but the newest ``keep`` snapshots in the store (names sort by time)."""
+    keys = [key for key, _size in await store.list(f"{OFFLOAD_SNAPSHOTS}/")]
+    names = sorted({_store_snapshot(key) for key in keys})
+    doomed = set(names[: max(len(names) - keep, 0)])
+    for key in keys:
+        if _store_snapshot(key) in doomed:
+            await store.delete(key)
+
+
+def _store_snapshot(key: str) -> str:
+    """The snapshot name in a store key (audit/snapshots/<name>/<file>)."""
+    return key.removeprefix(f"{OFFLOAD_SNAPSHOTS}/").split("/")[0]
+
+
+def _check_summary(summary: models.AuditSummary, settings: Settings) -> None:
+    """What the schema cannot say: the status agrees with the counts, time runs forward and
+    not past the node's clock (a result from the future would keep the stale-audit alert
+    quiet until then)."""
     violations = sum(c["violations"] for c in summary["checks"].values())
     if (summary["status"] == "clean") != (violations == 0):
         raise ApiError(
@@ -109,12 +158,21 @@ def _check_summary(summary: models.AuditSummary) -> None:
         )
     if summary["finishedMs"] < summary["startedMs"]:
         raise ApiError(422, "invalid_summary", "finishedMs is before startedMs")
+    ahead_ms = summary["finishedMs"] - _now_ms()
+    if ahead_ms > settings.audit_result_clock_skew_ms:
+        raise ApiError(
+            422,
+            "invalid_summary",
+            f"finishedMs is {ahead_ms} ms ahead of the node's clock "
+            f"(audit_result_clock_skew_ms {settings.audit_result_clock_skew_ms})",
+        )
 
 
 @routes.post("/api/v1/audit/result")
+@limited_by("audit_result_max_bytes")  # kept in the index, served to anyone: a few KiB
 async def post_result(request: web.Request) -> web.Response:
     summary = models.AUDIT_SUMMARY.parse(await request.read())
-    _check_summary(summary)
+    _check_summary(summary, request.app[SETTINGS])
     result = models.AuditResult(receivedMs=_now_ms(), summary=summary)
     await request.app[STORAGE].write_records({RESULT_KEY: json.dumps(result.to_json()).encode()})
     _adopt(request.app, result)

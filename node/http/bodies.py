@@ -7,7 +7,8 @@ times out. Here the memory of bodies is bounded by ``max_request_bytes_in_flight
 the number of connections:
 
 - a declared ``Content-Length`` above ``max_request_size`` is refused (413) before any of
-  the body is read;
+  the body is read; a route marked ``limited_by(setting)`` has that smaller bound (the audit
+  result: a summary of a few KiB, kept and served to anyone);
 - a body takes its declared size from the budget before it is read (a chunked body takes it
   as it arrives); when the budget has no room it waits ``request_budget_wait_s``, then gets
   503 with ``Retry-After``. A body that fits goes ahead of bigger ones that wait, so stalled
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
@@ -36,7 +38,7 @@ from node.http.budget import BodyBudget
 from node.http.errors import ApiError, ClientAborted, error_response
 from node.http.middleware import REQUEST_ID_HEADER
 from node.http.state import BUDGET, METRICS, SETTINGS
-from node.settings import MiB
+from node.settings import MiB, Settings
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,27 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A chunked body takes budget in steps of this much: fewer waits than one per chunk, and
 # little more held than the body has.
 CHUNKED_BUDGET_STEP = 1 * MiB
+LIMIT_ATTRIBUTE = "body_limit_setting"  # on a handler: the setting bounding its body
+H = TypeVar("H")
+
+
+def limited_by(setting: str) -> Callable[[H], H]:
+    """Bound the body of the decorated handler by ``setting`` (bytes), refused like one above
+    ``max_request_size``; place it under the route decorator."""
+
+    def mark(handler: H) -> H:
+        setattr(handler, LIMIT_ATTRIBUTE, setting)
+        return handler
+
+    return mark
+
+
+def _limit(request: web.Request, settings: Settings) -> tuple[str, int]:
+    """The setting that bounds this request's body, and its value."""
+    name = getattr(request.match_info.handler, LIMIT_ATTRIBUTE, None)
+    if name is not None and getattr(settings, name) < settings.max_request_size:
+        return name, int(getattr(settings, name))
+    return "max_request_size", settings.max_request_size
 
 
 class _BodyTimedOut(ApiError):
@@ -59,11 +82,12 @@ async def bounded_body(request: web.Request, handler: Handler) -> web.StreamResp
     settings = request.app[SETTINGS]
     budget = request.app[BUDGET]
     declared = request.content_length
-    if declared is not None and declared > settings.max_request_size:
+    limit_name, limit = _limit(request, settings)
+    if declared is not None and declared > limit:
         raise ApiError(
             413,
             "request_too_large",
-            f"the body declares {declared} bytes; max_request_size is {settings.max_request_size}",
+            f"the body declares {declared} bytes; {limit_name} is {limit}",
         )
     held = 0
     try:
@@ -76,15 +100,15 @@ async def bounded_body(request: web.Request, handler: Handler) -> web.StreamResp
         received = 0
         while chunk := await _next_chunk(request, settings.body_read_timeout_s):
             received += len(chunk)
-            if received > settings.max_request_size:  # chunked: no length was declared
+            if received > limit:  # chunked: no length was declared
                 raise ApiError(
                     413,
                     "request_too_large",
-                    f"the body passed max_request_size ({settings.max_request_size} bytes)",
+                    f"the body passed {limit_name} ({limit} bytes)",
                 )
             if received > held:
                 step = max(received - held, CHUNKED_BUDGET_STEP)
-                held += await _take(request, budget, min(step, settings.max_request_size - held))
+                held += await _take(request, budget, min(step, limit - held))
             chunks.append(chunk)
         # aiohttp's read() returns what is set here instead of reading (and buffering) again.
         request._read_bytes = b"".join(chunks)

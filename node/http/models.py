@@ -11,6 +11,7 @@ request breaks a schema of the document.
 from __future__ import annotations
 
 import json
+import reprlib
 from typing import Annotated, Any, Generic, Literal, NotRequired, TypeVar
 
 from pydantic import (
@@ -193,7 +194,7 @@ class Body(Generic[T]):
             return self.adapter.validate_python({})
         try:
             data = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:  # too deep: not ours
             raise ApiError(400, "invalid_json", f"body is not JSON: {e}") from None
         if not isinstance(data, dict):
             raise ApiError(400, "invalid_body", f"body must be a JSON object: {self._shape()}")
@@ -207,7 +208,8 @@ class Body(Generic[T]):
             if first["type"] == "string_pattern_mismatch":
                 code = self.pattern_code
             where = ".".join(str(p) for p in first["loc"]) or "body"
-            message = f"{where}: {first['msg']} (got {str(first.get('input'))[:60]!r})"
+            # reprlib: bounded in depth and length, whatever the body held
+            message = f"{where}: {first['msg']} (got {reprlib.repr(first.get('input'))})"
             raise ApiError(400, code, message[:MESSAGE_LIMIT]) from None
 
     def _shape(self) -> str:
@@ -275,8 +277,9 @@ class AuditSummary(TypedDict):
     status: Literal["clean", "violations"]
     checks: Annotated[
         dict[Annotated[str, Field(pattern=CHECK_NAME_PATTERN)], AuditCheckResult],
-        # Without it JSON Schema would let any other key through patternProperties.
-        Field(json_schema_extra={"additionalProperties": False}),
+        # Without it JSON Schema would let any other key through patternProperties; an
+        # audit of no check is no audit, not a clean one.
+        Field(min_length=1, json_schema_extra={"additionalProperties": False}),
     ]
     garbage: NotRequired[AuditGarbage]
     logAges: NotRequired[Annotated[dict[str, Counted], Field(description="Logs by age")]]

@@ -51,14 +51,17 @@ def _errors(*statuses: int) -> dict[str, Any]:
         408: "The body stopped arriving for body_read_timeout_s (body_timeout); the "
         "connection closes",
         413: "Entry or request too large (a declared Content-Length is refused before the "
-        "body), or more entries than max_entries_per_batch (too_many_entries)",
+        "body), or more entries than max_entries_per_batch (too_many_entries), or an audit "
+        "summary past audit_result_max_bytes",
         415: "Unsupported content type",
         422: "Well formed, but refused for what it means: a position not in the stream or past "
         "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
         "a range whose from is after its to (invalid_range), an audit snapshot target outside "
         "the snapshot directory (invalid_target), an audit summary whose status disagrees "
-        "with its counts (invalid_summary)",
-        500: "An entry failed its CRC check, or the WAL failed",
+        "with its counts, that finished ahead of the node's clock or that has no check "
+        "(invalid_summary)",
+        500: "An entry failed its CRC check, or the WAL failed; an audit snapshot directory "
+        "off the entry logs' file system (snapshot_failed)",
         502: "An offloaded object is missing or damaged (offload_object_unreadable), or the "
         "object store answered an error (offload_store_error)",
         503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
@@ -66,7 +69,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "(offload_store_unavailable); see Retry-After",
         504: "The object store did not answer within offload_operation_timeout_s "
         "(offload_store_timeout)",
-        507: "A data disk is full: the node is read-only",
+        507: "A data disk is full: the node is read-only; or an audit snapshot found no "
+        "space (disk_full)",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
     responses["default"] = _json(_ref("Error"), "Any other error")
@@ -643,7 +647,7 @@ def _audit_paths() -> dict[str, Any]:
                 "requestBody": _body("AuditSnapshotRequest", required=False),
                 "responses": {
                     "201": _json(_ref("AuditSnapshot"), "Its URI (the job's --snapshot)"),
-                    **_errors(400, 401, 403, 409, 422, 503),
+                    **_errors(400, 401, 403, 409, 422, 500, 503, 507),
                 },
             }
         },

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -28,6 +29,7 @@ class AuditState:
     """The last audit summary posted (POST /api/v1/audit/result), None before the first."""
 
     last: AuditResult | None = None
+    snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one snapshot at a time
 
 
 STORAGE = web.AppKey("storage", LedgerStorage)

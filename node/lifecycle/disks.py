@@ -13,6 +13,9 @@ the last block by someone else leaves RocksDB unable to reopen (it must flush it
 compaction nothing to copy into, so deleting ledgers alone frees nothing; the reserve's
 blocks let the index and GC work. It is made again once the disk has room for it while
 staying under the GC watermark (so that making it never turns the node read-only).
+
+Out of space, the audit snapshots go too: each holds its entry logs by hard links, so the
+logs GC deletes meanwhile keep their blocks until the snapshot is gone.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from node.audit import kept
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings
 from node.storage.fsutil import fsync_dir, is_no_space
@@ -153,11 +157,18 @@ class DiskMonitor:
 
     async def check(self) -> None:
         self.apply(await asyncio.to_thread(self.measure))
-        await asyncio.to_thread(self._tend_reserve, self._storage.read_only_source(DISK))
+        await asyncio.to_thread(self._tend_free_space, self._storage.read_only_source(DISK))
 
-    def _tend_reserve(self, out_of_space: bool) -> None:
+    def _tend_free_space(self, out_of_space: bool) -> None:
         if out_of_space:
             self.reserve.release()
+            dropped = kept.prune(self._settings.audit_snapshots_dir, 0)
+            if dropped:
+                log.warning(
+                    "deleted %d audit snapshots for want of space (with them their hold "
+                    "on entry logs GC deleted)",
+                    len(dropped),
+                )
         else:
             self.reserve.make()
 

@@ -5,15 +5,19 @@ and exported as metrics."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.audit import CHECKS, job, snapshot
+from node.audit import CHECKS, job, kept, snapshot
 from node.http.app import build_app
+from node.http.audit import OFFLOAD_SNAPSHOTS
 from node.http.state import STORAGE
 from tests.audit import world as w
 
@@ -126,10 +130,20 @@ async def test_snapshot_targets_and_summary_checks(tmp_path: Path, aiohttp_clien
     assert r.status == 201, await r.text()
     uri = (await r.json())["uri"]
     local = await asyncio.to_thread(snapshot.fetch, uri)
-    meta = await asyncio.to_thread(snapshot.read_meta, local)
+    meta = await asyncio.to_thread(kept.read_meta, local)
     assert meta["rows"]["locations"] == ENTRIES_PER_ROUND
     status = await (await client.get("/api/v1/offload/status")).json()
     assert status["unknownObjects"] == []
+    # Only the newest audit_snapshots_kept stay, in the store as on the disk.
+    for _ in range(settings.audit_snapshots_kept):
+        r = await client.post("/api/v1/audit/snapshot", json={"to": "offload"})
+        assert r.status == 201, await r.text()
+    in_store = settings.offload_dir / OFFLOAD_SNAPSHOTS  # the local store: objects are files
+    objects = await asyncio.to_thread(lambda: [p for p in in_store.rglob("*") if p.is_file()])
+    names = sorted({p.parent.name for p in objects})
+    assert len(names) == settings.audit_snapshots_kept
+    assert (await r.json())["uri"].endswith(names[-1])
+    assert len(await asyncio.to_thread(kept.list_kept, settings.audit_snapshots_dir)) == len(names)
 
     inside = await asyncio.to_thread(settings.audit_snapshots_dir.resolve) / "mine"
     r = await client.post("/api/v1/audit/snapshot", json={"to": inside.as_uri()})
@@ -155,3 +169,39 @@ async def test_snapshot_targets_and_summary_checks(tmp_path: Path, aiohttp_clien
     r = await client.post("/api/v1/audit/result", json={**lying, "checks": {"nope": {}}})
     assert r.status == 400 and (await r.json())["code"] == "invalid_summary"
     assert (await client.get("/api/v1/audit/result")).status == 404
+
+
+async def test_a_summary_too_big_from_the_future_or_of_no_check_is_refused(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A result is kept in the index, served to anyone and read by the stale-audit alert:
+    a body past audit_result_max_bytes (default), a finishedMs beyond the clock skew and
+    an audit of no check are refused; nothing of them is kept."""
+    client = await aiohttp_client(build_app(w.settings_for(tmp_path / "data")))
+    now_ms = time.time_ns() // 1_000_000
+    good = {
+        "version": 1,
+        "startedMs": now_ms - 60_000,
+        "finishedMs": now_ms,
+        "auditTimeMs": now_ms - 60_000,
+        "nodes": ["n"],
+        "status": "clean",
+        "checks": {"crc": {"violations": 0, "table": "/x"}},
+    }
+    huge = {**good, "nodes": [f"{i}".ljust(1024, "n") for i in range(2048)]}  # 2 MiB
+    body = io.BytesIO(json.dumps(huge).encode())  # aiohttp's client warns of raw big bytes
+    headers = {"Content-Type": "application/json"}
+    r = await client.post("/api/v1/audit/result", data=body, headers=headers)
+    assert r.status == 413 and (await r.json())["code"] == "request_too_large"
+    year_5000_ms = int(datetime(5000, 1, 1, tzinfo=UTC).timestamp() * 1000)
+    r = await client.post("/api/v1/audit/result", json={**good, "finishedMs": year_5000_ms})
+    assert r.status == 422 and (await r.json())["code"] == "invalid_summary"
+    r = await client.post("/api/v1/audit/result", json={**good, "checks": {}})
+    assert r.status == 400 and (await r.json())["code"] == "invalid_summary"
+    assert (await client.get("/api/v1/audit/result")).status == 404
+
+    # Within the skew (a job's clock a minute ahead of the node's) is taken.
+    skewed = {**good, "finishedMs": now_ms + 60_000}
+    r = await client.post("/api/v1/audit/result", json=skewed)
+    assert r.status == 200, await r.text()
+    assert (await (await client.get("/api/v1/audit/result")).json())["summary"] == skewed

@@ -141,13 +141,18 @@ def _json_body_routes() -> list[tuple[str, str]]:
     ]
 
 
+# Nested past the JSON decoder's recursion limit: a client's error, never the server's.
+TOO_DEEP = b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+
+
+@pytest.mark.parametrize("bad", [b'{"a": ', TOO_DEEP], ids=["torn", "too_deep"])
 @pytest.mark.parametrize(("method", "path"), _json_body_routes())
 async def test_every_json_body_route_says_invalid_json_for_invalid_json(
-    url: str, method: str, path: str
+    url: str, method: str, path: str, bad: bytes
 ) -> None:
     async with aiohttp.ClientSession() as s:
         headers = {"Content-Type": "application/json"}
-        async with s.request(method, f"{url}{path}", data=b'{"a": ', headers=headers) as r:
+        async with s.request(method, f"{url}{path}", data=bad, headers=headers) as r:
             assert r.status == 400, await r.text()
             body = await r.json()
             assert body["code"] == "invalid_json" and set(body) == {"code", "message"}
