@@ -203,7 +203,7 @@ def _flood(node: NodeProcess, monitored: bool = True) -> Flood:
         monitor = _connect(node) if monitored else None
         if monitor is not None:
             _get(node, "/heartbeat", monitor)
-        flood.phase = "flood"
+        flood.phase = "during"
         _hold_long_polls(flood, monitor)
         if monitor is not None:
             monitor.close()
@@ -247,7 +247,7 @@ def _check_flood(flood: Flood) -> None:
     }
     # A refusal is at most a 503 with Retry-After (none is expected): never a 500, a reset.
     assert all(" Retry-After=1" in key for key in refusals), refusals
-    during = flood.answers.get("flood", collections.Counter())
+    during = flood.answers.get("during", collections.Counter())
     assert during["201"] > 0, "the writers added nothing during the flood"
     elapsed, answers = _resumes(flood)
     assert answers[-1] == "201", f"adds still refused {elapsed:.1f} s after the flood: {answers}"
