@@ -11,7 +11,9 @@ The answer is written once the request's first bytes came (or ``REFUSAL_WAIT_S``
 and those bytes are read: a socket closed with unread bytes sends a reset, which may reach
 the client before the answer does. At most ``REFUSALS_WAITING`` refused connections wait so
 at a time; past that they are answered and closed at once, so that a flood of refusals holds
-few descriptors too.
+few descriptors too. A refused ``GET /heartbeat`` gets its usual 200 instead: the liveness
+probe asks whether the event loop answers, which it does, and a flood of connections must
+not have the node restarted (readiness, ``is_ready``, is refused like the rest).
 
 aiohttp counts a connection until its handler returns, even after its client hung up; a
 long poll would then hold its place (and its waiter) until its timeout, up to
@@ -36,6 +38,11 @@ log = logging.getLogger(__name__)
 
 REFUSAL_WAIT_S = 1.0  # a refused connection's request is awaited this long, then answered
 REFUSALS_WAITING = 64  # refused connections awaiting their request at once; more: answered now
+HEARTBEAT = b"GET /heartbeat "
+HEARTBEAT_ANSWER = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
+    b"Connection: close\r\n\r\nOK\n"
+)
 
 
 class ConnectionLimit:
@@ -95,17 +102,17 @@ class _Refused(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(REFUSAL_WAIT_S, self._answer)
 
     def data_received(self, data: bytes) -> None:
-        self._answer()
+        self._answer(HEARTBEAT_ANSWER if data.startswith(HEARTBEAT) else self._limit.answer)
 
     def eof_received(self) -> bool:
         self._answer()
         return False
 
-    def _answer(self) -> None:
+    def _answer(self, answer: bytes | None = None) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        transport.write(self._limit.answer)
+        transport.write(answer or self._limit.answer)
         transport.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:

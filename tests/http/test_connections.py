@@ -15,6 +15,7 @@ from tests.conftest import make_settings
 from tests.http.test_descriptors import samples
 
 HEARTBEAT = b"GET /heartbeat HTTP/1.1\r\nHost: node\r\n\r\n"
+LEDGERS = b"GET /api/v1/ledgers HTTP/1.1\r\nHost: node\r\n\r\n"
 HANGUP_BOUND_S = 5.0  # a hung-up long poll's place is free within this
 
 
@@ -61,16 +62,22 @@ async def test_a_connection_past_max_connections_gets_503_and_is_closed(
         head, _ = await raw.ask(HEARTBEAT)
         assert head.startswith(b"HTTP/1.1 200")
     refused = await Raw.open(client)
-    head, body = await refused.ask(HEARTBEAT)
+    head, body = await refused.ask(LEDGERS)
     assert head.startswith(b"HTTP/1.1 503")
     assert b"\r\nRetry-After: 1\r\n" in head and b"\r\nConnection: close\r\n" in head
     assert json.loads(body)["code"] == "too_many_connections"
     assert await refused.reader.read() == b""  # closed by the node
     refused.close()
+    # The liveness probe's heartbeat is answered all the same (then closed).
+    probe = await Raw.open(client)
+    head, body = await probe.ask(HEARTBEAT)
+    assert head.startswith(b"HTTP/1.1 200") and body == b"OK\n"
+    assert await probe.reader.read() == b""
+    probe.close()
     # The connections already open go on.
     metrics = await opened[0].metrics()
     assert metrics["storage_node_http_connections"] == 3
-    assert metrics["storage_node_http_refused_connections_total"] == 1
+    assert metrics["storage_node_http_refused_connections_total"] == 2
     assert metrics["storage_node_http_max_connections"] == 3
     # One closes: its place is free.
     opened.pop().close()

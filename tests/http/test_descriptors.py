@@ -269,12 +269,20 @@ def _check_restart(flood: Flood, nodes: list[NodeProcess]) -> None:
     assert meta["lac"] + 1 == meta["entries"] >= _acknowledged(flood) + 1
 
 
+@pytest.mark.parametrize("journal", ["rotating", "shipped"])
 def test_a_long_poll_flood_is_refused_past_max_connections_and_adds_go_on(
-    tmp_path: Path, nodes: list[NodeProcess]
+    tmp_path: Path, nodes: list[NodeProcess], journal: str
 ) -> None:
     """The shipped bound: the connections past it get 503 too_many_connections at once, the
-    node's descriptors never run out, and its writers never notice."""
-    flood = _flood(_start(tmp_path / "data", nodes))
+    node's descriptors never run out, and its writers never notice. With small journals
+    (rotations during the flood, where the node first failed), and with every setting as
+    shipped."""
+    shipped = {
+        key: str(Settings.model_fields[key.removeprefix("NODE_").lower()].default)
+        for key in SMALL_JOURNAL
+    }
+    settings = shipped if journal == "shipped" else {}
+    flood = _flood(_start(tmp_path / "data", nodes, **settings))
     _check_flood(flood)
     max_connections = Settings.model_fields["max_connections"].default
     assert flood.refused["too_many_connections"] >= FLOOD - max_connections, flood.refused
