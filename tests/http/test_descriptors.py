@@ -289,9 +289,10 @@ def test_a_long_poll_flood_is_refused_past_max_connections_and_adds_go_on(
     assert flood.connections_seen is not None and flood.connections_seen <= max_connections
     metrics = _metrics(flood.node)
     assert metrics["storage_node_http_max_connections"] == max_connections
+    # (and any new connection refused while the flood's were closing)
     assert (
         metrics["storage_node_http_refused_connections_total"]
-        == flood.refused["too_many_connections"]
+        >= flood.refused["too_many_connections"]
     )
     # The long polls ended with their clients: their places are free again.
     deadline = time.monotonic() + RESUME_BOUND_S
