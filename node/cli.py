@@ -33,6 +33,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = load(args.config, data_dir=args.data_dir, http_host=args.host, http_port=args.port)
     logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
     settings = fit_to_disks(settings)
+    settings = runtime.fit_connections(settings, runtime.raise_open_files_limit())
     if settings.http_host not in LOOPBACK and settings.admin_token is None:
         logging.getLogger("node").warning(
             "!!! listening on %s, which is not loopback, WITHOUT an admin token: anyone who "

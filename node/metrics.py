@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -143,6 +143,7 @@ class EngineSnapshot:
     read_cache_misses: int = 0
     journal_queue_bytes: int = 0
     index_keys: int = 0
+    long_polls: int = 0
     ledgers_by_state: dict[str, int] = field(default_factory=dict)
     state: str = "writable"
     gc: GcStats = field(default_factory=GcStats)
@@ -195,6 +196,17 @@ class Metrics:
         self.request_body_bytes = Gauge(
             f"{PREFIX}_http_request_body_bytes_in_flight",
             "Bytes of request bodies held, out of max_request_bytes_in_flight.",
+            registry=self.registry,
+        )
+        # Set by the server (node/http/connections.py), which holds the connections.
+        self.http_connections = Gauge(
+            f"{PREFIX}_http_connections",
+            "Open HTTP connections (long polls included), out of max_connections.",
+            registry=self.registry,
+        )
+        self.http_refused_connections = Counter(
+            f"{PREFIX}_http_refused_connections",
+            "Connections refused past max_connections (503 too_many_connections).",
             registry=self.registry,
         )
         self.add_latency = histogram(
@@ -285,7 +297,7 @@ class Metrics:
             by_state[meta.state.name.lower()] += 1
         if shutting_down or not storage.running:
             state = "shutting_down"
-        elif storage.read_only_reason is not None:
+        elif storage.refuses_adds:
             state = "read_only"
         else:
             state = "writable"
@@ -297,6 +309,7 @@ class Metrics:
             read_cache_misses=storage.read_cache.misses,
             journal_queue_bytes=storage.wal_queued_bytes,
             index_keys=storage.index_keys_estimate() if storage.running else 0,
+            long_polls=storage.lac_waiters,
             ledgers_by_state=by_state,
             state=state,
             wal_ring=self._ring_snapshot(),
@@ -468,6 +481,7 @@ class _StateCollector(Collector):
                 s.index_keys,
                 "Keys of the locations index, one per run of entries (RocksDB estimate).",
             ),
+            "lac_long_polls": (s.long_polls, "Long polls waiting for a LAC, each on a connection."),
         }
         for name, (value, doc) in gauges.items():
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
@@ -922,6 +936,7 @@ def _settings_metrics(settings: Settings) -> Iterator[Metric]:
             retention_s,
             "default_retention_time_in_minutes in seconds (+Inf: kept forever).",
         ),
+        ("http_max_connections", settings.max_connections, "max_connections in effect."),
     ):
         yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import gc
+import logging
+import resource
 import signal
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from node.settings import Settings
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -20,6 +26,57 @@ GC_GENERATION0_THRESHOLD = 50_000
 # scanning a log, a checkpoint encoding records) then holds the event loop up to 5 ms at a
 # time, which bench gc sees in the writers' p99. 1 ms bounds that wait.
 GIL_SWITCH_INTERVAL_S = 0.001
+
+
+# Descriptors the node's files take beside the entry log readers (open_file_limit): the
+# journal, the entry log being written, RocksDB's tables and WAL, the listening socket, the
+# event loop's and the thread pools' own. About 30 at start; the rest is headroom.
+FILES_MARGIN = 128
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft limit on open files to the hard one, as servers do (systemd starts
+    services at 1,024, with a hard limit of 524,288); the limit now in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft == hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:
+        log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, e)
+        return soft
+    return hard
+
+
+def fit_connections(settings: Settings, open_files: int) -> Settings:
+    """``settings`` with max_connections lowered (when not set explicitly) so that the
+    connections cannot take the descriptors the node's files need."""
+    room = max(1, open_files - settings.open_file_limit - FILES_MARGIN)
+    if settings.max_connections <= room:
+        return settings
+    if "max_connections" in settings.model_fields_set:
+        log.warning(
+            "max_connections %d leaves too few of the %d open files allowed for the node's "
+            "own (open_file_limit %d, and %d more): raise the limit (LimitNOFILE=) or "
+            "lower max_connections to %d",
+            settings.max_connections,
+            open_files,
+            settings.open_file_limit,
+            FILES_MARGIN,
+            room,
+        )
+        return settings
+    log.warning(
+        "max_connections lowered to %d (default %d): the process may open %d files, and "
+        "open_file_limit (%d) and %d more are the node's own",
+        room,
+        settings.max_connections,
+        open_files,
+        settings.open_file_limit,
+        FILES_MARGIN,
+    )
+    values = {**settings.model_dump(), "max_connections": room}
+    return Settings.model_construct(_fields_set=settings.model_fields_set, **values)
 
 
 def tune() -> None:

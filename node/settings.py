@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     keepalive_timeout_s: float = Field(75.0, gt=0)  # an idle connection is closed after this
     range_read_chunk_entries: int = Field(256, gt=0)  # a range read yields the loop this often
     max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
+    # Open HTTP connections (long polls included); more get 503 too_many_connections at once.
+    max_connections: int = Field(512, gt=0)
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
     admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/
     # Host names a client may use besides the node's own (README "Cross-site requests"):

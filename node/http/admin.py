@@ -23,6 +23,7 @@ routes = web.RouteTableDef()
 
 READ_ONLY_BY_OPERATOR = "set by an operator (PUT /api/v1/bookie/state/readonly)"
 NOT_READY = "Bookie is not fully started yet"
+WAL_FAILED = "the WAL failed for good and takes no more adds; restart the node"
 # BookKeeper's list_disk_file keys, by file_type.
 DISK_FILE_KINDS = {"journal": "journal files", "entrylog": "entrylog files", "index": "index files"}
 
@@ -58,7 +59,7 @@ def _state(request: web.Request) -> dict[str, bool]:
     storage = request.app[STORAGE]
     lifecycle = request.app[LIFECYCLE]
     running = lifecycle.started and storage.running and not lifecycle.shutting_down
-    read_only = storage.read_only_reason is not None
+    read_only = storage.refuses_adds
     return {
         "running": running,
         "readOnly": read_only,
@@ -73,7 +74,7 @@ async def bookie_state(request: web.Request) -> web.Response:
 
 
 def _read_only(request: web.Request) -> web.Response:
-    read_only = request.app[STORAGE].read_only_reason is not None
+    read_only = request.app[STORAGE].refuses_adds
     return web.json_response(models.ReadOnlyState(readOnly=read_only).to_json())
 
 
@@ -93,6 +94,9 @@ async def put_read_only(request: web.Request) -> web.Response:
 async def is_ready(request: web.Request) -> web.Response:
     if not _state(request)["running"]:
         raise ApiError(503, "not_ready", NOT_READY)
+    failure = request.app[STORAGE].wal_failure
+    if failure is not None:
+        raise ApiError(503, "not_ready", f"{WAL_FAILED}: {failure}")
     return web.Response(text="OK")
 
 

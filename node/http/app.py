@@ -18,6 +18,7 @@ from aiohttp.web_request import BaseRequest
 from node.http import admin, audit, crosssite, ledgers, offload, openapi, status, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
+from node.http.connections import ConnectionLimit, HangupCancels
 from node.http.errors import HTTP_CODES, error_middleware
 from node.http.fastlane import FastLane, Lanes
 from node.http.middleware import request_context, require_admin_token
@@ -113,12 +114,12 @@ async def _begin_shutdown(app: web.Application) -> None:
     app[STORAGE].release_waiters()
 
 
-class _JsonErrorRequestHandler(RequestHandler):
+class _JsonErrorRequestHandler(RequestHandler, HangupCancels):
     """Errors found before a request reaches the application (a malformed request line,
     headers too large) get the same JSON error body as every other error; a request head
     that is not complete ``header_timeout`` seconds after its first byte closes the
     connection (slowloris: a head trickled a byte at a time would otherwise hold it until
-    the keep-alive timeout, and bytes keep coming)."""
+    the keep-alive timeout, and bytes keep coming); a long poll ends with its connection."""
 
     def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -158,6 +159,7 @@ class _JsonErrorRequestHandler(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._cancel_head_timer()
+        self.hung_up()
         super().connection_lost(exc)
 
     def handle_error(
@@ -186,11 +188,14 @@ class _JsonErrorRequestHandler(RequestHandler):
 
 class _NodeServer(web.Server):
     """Connections start in the fast lane (adds), which hands them to aiohttp's request
-    handler at their first other request."""
+    handler at their first other request; past max_connections they are refused."""
 
     lanes: Lanes | None
+    limit: ConnectionLimit
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        if self.limit.full():
+            return self.limit.refusal()
         if self.lanes is not None:
             return FastLane(self.lanes)
         return self.aiohttp_handler()
@@ -209,6 +214,9 @@ class NodeRunner(web.AppRunner):
         # is the one place to change the protocol of its connections.
         server.__class__ = _NodeServer
         assert isinstance(server, _NodeServer)
+        server.limit = ConnectionLimit(
+            self.app[SETTINGS].max_connections, server._connections, self.app[METRICS]
+        )
         server.lanes = (
             Lanes(self.app, server._connections, server.aiohttp_handler)
             if self.app[SETTINGS].http_fast_lane_max_body

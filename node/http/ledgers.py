@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http import models
+from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
@@ -344,7 +345,8 @@ async def long_poll_lac(request: web.Request) -> web.Response:
     if "after" in request.query:
         raw = request.query["after"]
         after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
-        lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
+        with cancelled_on_hangup(request):
+            lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
         lac = storage.ledger(ledger_id).lac
     return web.json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())

@@ -174,7 +174,7 @@ def _state(app: web.Application) -> models.NodeStateName:
         return "shutting_down"
     if not lifecycle.started or not storage.running:
         return "starting"
-    return "read_only" if storage.read_only_reason is not None else "writable"
+    return "read_only" if storage.refuses_adds else "writable"
 
 
 def _wal(app: web.Application, history: History) -> models.StatusWal:

@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http import models
+from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.frames import BATCH_CONTENT_TYPE
 from node.http.ledgers import JSON, RAW_TYPES, decode_payloads, parse_id, unsupported
@@ -180,7 +181,9 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
 async def read(request: web.Request) -> web.Response:
     start = parse_position(request.query["from"]) if "from" in request.query else None
     limit, wait_s = _limit_and_wait(request)
-    return _frames(await _streams(request).read(_name(request), start, limit, wait_s))
+    with cancelled_on_hangup(request):  # reads only: nothing is left half done
+        found = await _streams(request).read(_name(request), start, limit, wait_s)
+    return _frames(found)
 
 
 @routes.put("/api/v1/streams/{name}/cursors/{cursor}")

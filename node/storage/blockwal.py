@@ -138,7 +138,7 @@ from node.storage.errors import (
 from node.storage.faults import CrashPoints
 from node.storage.journal import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
-from node.storage.wal import LogMark, Replayed, WalRecord, replay_runs
+from node.storage.wal import LogMark, Replayed, WalRecord, failure_of, replay_runs
 
 log = logging.getLogger(__name__)
 
@@ -1429,6 +1429,10 @@ class BlockWal:
         """Bytes appended and not yet handed to an I/O thread."""
         queued = sum(b.used for b in self._pending)
         return queued + (self._open.used if self._open else 0)
+
+    @property
+    def failure(self) -> str | None:
+        return failure_of(self._failed)
 
     @property
     def durable_offset(self) -> int:

@@ -10,8 +10,17 @@ from pathlib import Path
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
+# Out of descriptors (the process's, the system's) or kernel memory: an open that may
+# succeed a moment later, once connections close; never a sign of damage.
+OUT_OF_RESOURCES_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
 def is_no_space(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in NO_SPACE_ERRNOS
+
+
+def is_out_of_resources(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in OUT_OF_RESOURCES_ERRNOS
 
 
 def fsync_dir(directory: Path) -> None:

@@ -68,8 +68,11 @@ where today it cuts the tail.
 A full disk (ENOSPC, EDQUOT) is not fatal: the write that found no space fails its groups
 and every group queued behind it with DiskFull, leaves nothing of itself in the file, and
 the next write tries again at the same offset; ``on_no_space`` lets the storage turn
-read-only at once. A failed fdatasync stays fatal (after one, the state of the page cache
-is unknown: PostgreSQL's fsyncgate).
+read-only at once. Neither is a rotation that cannot create the next file for want of
+space or of a descriptor (EMFILE, ENFILE, ENOMEM): the current file takes the next writes
+and the rotation is retried after each. A failed fdatasync stays fatal (after one, the state
+of the page cache is unknown: PostgreSQL's fsyncgate), and so does any other failed write:
+``failure`` says why, and the storage reports the node as not writable.
 """
 
 from __future__ import annotations
@@ -94,7 +97,12 @@ from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
 from node.storage.faults import CrashPoints
-from node.storage.fsutil import fsync_dir, is_no_space, write_file_atomically
+from node.storage.fsutil import (
+    fsync_dir,
+    is_no_space,
+    is_out_of_resources,
+    write_file_atomically,
+)
 from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import (
     BATCH,
@@ -103,6 +111,7 @@ from node.storage.wal import (
     Replayed,
     WalBatch,
     WalRecord,
+    failure_of,
     record_crc,
 )
 
@@ -391,6 +400,7 @@ class Journal:
         self._preallocated = 0
         self._durable = LogMark(0, 0)
         self._failed: BaseException | None = None
+        self._rotation_deferred = False  # the last rotation could not create its file
         self._group: _Group | None = None  # the group taking appends
         self._sealed: list[_Group] = []  # groups closed by sync_point(), not yet written
         self._kick: asyncio.Event | None = None
@@ -919,18 +929,25 @@ class Journal:
         try:
             self._open_file(self._file_id + 1)
         except OSError as e:
-            if not is_no_space(e):
+            if not (is_no_space(e) or is_out_of_resources(e)):
                 raise
             # The groups just written are durable; only the rotation waits. journal_max_size
             # is a soft limit: the current file takes the next writes (each extension of it
-            # may fail with DiskFull) and the rotation is tried again after each of them.
-            log.warning(
-                "cannot start the next journal (%s); %s grows past journal_max_size meanwhile",
-                e.strerror or e,
-                journal_path(self._dir, self._file_id),
-            )
+            # may fail with DiskFull) and the rotation is tried again after each of them, so
+            # it happens as soon as space or a descriptor (EMFILE) is free again.
+            if not self._rotation_deferred:  # (once, not at every write that retries)
+                log.warning(
+                    "cannot start the next journal (%s); %s grows past journal_max_size "
+                    "meanwhile, the rotation is retried after every write",
+                    e.strerror or e,
+                    journal_path(self._dir, self._file_id),
+                )
+            self._rotation_deferred = True
             return
         os.close(old_fd)
+        if self._rotation_deferred:
+            log.info("started journal %x, after a deferred rotation", self._file_id)
+            self._rotation_deferred = False
         self._crash.hit("journal.rotate.after")
 
     def checkpoint_complete(self, mark: LogMark) -> None:
@@ -971,3 +988,7 @@ class Journal:
     @property
     def queued_bytes(self) -> int:
         return self._group.size if self._group else 0
+
+    @property
+    def failure(self) -> str | None:
+        return failure_of(self._failed)

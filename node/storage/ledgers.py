@@ -878,6 +878,22 @@ class LedgerStorage:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def wal_failure(self) -> str | None:
+        """Why the WAL failed for good (adds answer 500 ``journal_failed`` until a restart)."""
+        return self._wal.failure
+
+    @property
+    def refuses_adds(self) -> bool:
+        """Read-only (an operator, a full disk), or a WAL that failed for good."""
+        return bool(self._read_only) or self._wal.failure is not None
+
+    @property
+    def lac_waiters(self) -> int:
+        """Long polls waiting for a LAC to pass."""
+        waiters = self._lac_waiters.values()
+        return sum(not waiter.done() for pending in waiters for _after, waiter in pending)
+
     # --- LAC -------------------------------------------------------------------------------
 
     def _on_durable(self, meta: LedgerMeta, entry_id: int) -> None:

@@ -102,6 +102,11 @@ def record_crc(ledger_id: int, entry_id: int, payload: bytes | memoryview) -> in
     return _crc32c(payload, _crc32c(_ID_PREFIX.pack(ledger_id, entry_id)))
 
 
+def failure_of(error: BaseException | None) -> str | None:
+    """``Wal.failure`` from the error that stopped the WAL."""
+    return None if error is None else str(error) or type(error).__name__
+
+
 class Wal(Protocol):
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
         """Every valid record from ``mark`` on, a batch's entries one by one (blocking;
@@ -149,4 +154,10 @@ class Wal(Protocol):
 
     async def close(self) -> None:
         """Write what is queued, fsync, stop the writer."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """Why the WAL stopped taking appends for good (a failed write or fdatasync; only
+        a restart recovers), or None."""
         ...

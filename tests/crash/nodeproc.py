@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import socket
 import subprocess
@@ -45,8 +46,14 @@ def free_port() -> int:
 class NodeProcess:
     started: list[NodeProcess] = []  # reaped by the crash tests' conftest, pass or fail
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str] | None = None,
+        open_files: tuple[int, int] | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        self.open_files = open_files  # RLIMIT_NOFILE (soft, hard) of the process, as systemd sets
         self.port = free_port()
         self.env = {**neutral_env(), **CHURN_SETTINGS}
         self.env.pop("NODE_CRASH_POINTS", None)
@@ -75,6 +82,7 @@ class NodeProcess:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self._limit if self.open_files else None,
         )
         NodeProcess.started.append(self)
         log.close()
@@ -88,6 +96,11 @@ class NodeProcess:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 time.sleep(0.05)
         raise AssertionError(f"node did not answer within {READY_TIMEOUT_S} s:\n{self.log()}")
+
+    def _limit(self) -> None:
+        """In the child, before exec."""
+        assert self.open_files is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.open_files)
 
     def kill(self) -> None:
         assert self.proc is not None
