@@ -14,8 +14,8 @@ from node.http.app import build_app
 from tests.conftest import make_settings
 from tests.http.test_descriptors import samples
 
-HEARTBEAT = b"GET /heartbeat HTTP/1.1\r\nHost: node\r\n\r\n"
-LEDGERS = b"GET /api/v1/ledgers HTTP/1.1\r\nHost: node\r\n\r\n"
+HEARTBEAT = b"GET /heartbeat HTTP/1.1\r\nHost: localhost\r\n\r\n"
+LEDGERS = b"GET /api/v1/ledgers HTTP/1.1\r\nHost: localhost\r\n\r\n"
 HANGUP_BOUND_S = 5.0  # a hung-up long poll's place is free within this
 
 
@@ -41,7 +41,7 @@ class Raw:
         return head, await self.reader.readexactly(length)
 
     async def metrics(self) -> dict[str, float]:
-        _, body = await self.ask(b"GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n")
+        _, body = await self.ask(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
         return samples(body.decode())
 
     def close(self) -> None:
@@ -98,12 +98,12 @@ async def test_a_long_poll_whose_client_hangs_up_gives_its_place_back(
     client = await _node(tmp_path, aiohttp_client, max_connections=2)
     scrape = await Raw.open(client)
     head, body = await scrape.ask(
-        b"POST /api/v1/ledgers HTTP/1.1\r\nHost: node\r\nContent-Length: 0\r\n\r\n"
+        b"POST /api/v1/ledgers HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
     )
     ledger_id = json.loads(body)["ledgerId"]
     poll = await Raw.open(client)
     poll.writer.write(
-        b"GET /api/v1/ledgers/%d/lac?after=0&timeoutMs=60000 HTTP/1.1\r\nHost: node\r\n\r\n"
+        b"GET /api/v1/ledgers/%d/lac?after=0&timeoutMs=60000 HTTP/1.1\r\nHost: localhost\r\n\r\n"
         % ledger_id
     )
     for _ in range(50):

@@ -127,7 +127,7 @@ def _hold_long_polls(flood: Flood, monitor: http.client.HTTPConnection | None) -
     ``monitor`` (a connection of its own), http_connections is read before they close."""
     request = (
         f"GET /api/v1/ledgers/{flood.ledger_id}/lac?after=1000000000&timeoutMs=60000 "
-        "HTTP/1.1\r\nHost: node\r\n\r\n"
+        "HTTP/1.1\r\nHost: localhost\r\n\r\n"
     ).encode()
     selector = selectors.DefaultSelector()
     sockets = []
@@ -286,6 +286,7 @@ def test_a_long_poll_flood_is_refused_past_max_connections_and_adds_go_on(
     _check_flood(flood)
     max_connections = Settings.model_fields["max_connections"].default
     assert flood.refused["too_many_connections"] >= FLOOD - max_connections, flood.refused
+    assert set(flood.refused) == {"too_many_connections"}, flood.refused  # no poll refused else
     assert flood.connections_seen is not None and flood.connections_seen <= max_connections
     metrics = _metrics(flood.node)
     assert metrics["storage_node_http_max_connections"] == max_connections
