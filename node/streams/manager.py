@@ -319,6 +319,7 @@ class StreamManager:
         return sorted(self._cursors.get(name, {}).values(), key=lambda c: c.name)
 
     async def delete_stream(self, name: str) -> None:
+        self.stream(name)  # before a lock is made for the name: a missing one costs nothing
         async with self._writing.setdefault(name, asyncio.Lock()):
             stream = self.stream(name)
             changes: dict[bytes, bytes | None] = {stream.key(): None}
