@@ -532,6 +532,22 @@ class StreamManager:
     def first_position(self, stream: Stream) -> Position:
         return Position(stream.ledgers[0].ledger_id, 0) if stream.ledgers else Position(0, 0)
 
+    def _resume(self, stream: Stream, start: Position) -> Position:
+        """Where a read from ``start`` begins: there, or at the stream's first entry when
+        retention deleted ``start``'s ledger (its entries are gone; Pulsar's readers skip
+        deleted ledgers too). A tailing read's next position, or the mark-delete a cursor
+        read started from, is left in such a ledger by a trim. InvalidPosition when the
+        ledger is not the stream's."""
+        if stream.ledgers and start.ledger_id < stream.ledgers[0].ledger_id:
+            try:
+                owner = self._storage.ledger(start.ledger_id).properties.get(STREAM_PROPERTY)
+            except LedgerNotFound:
+                owner = stream.name  # deleted: trimmed (ids of a stream only grow)
+            if owner == stream.name:  # or not deleted yet: a trim deletes them paced
+                return self.first_position(stream)
+        self._index_of(stream, start.ledger_id)
+        return start
+
     async def read(
         self, name: str, start: Position | None, limit: int, wait_s: float
     ) -> list[tuple[Position, bytes]]:
@@ -539,6 +555,7 @@ class StreamManager:
         ``wait_s`` for new ones when there is nothing to read yet."""
         stream = self.stream(name)
         if start is not None and stream.ledgers:
+            start = self._resume(stream, start)
             info = stream.ledgers[self._index_of(stream, start.ledger_id)]
             # At most one past the last entry (where a previous read ended): a start further
             # on would silently skip the entries before it once they arrive.
@@ -566,7 +583,7 @@ class StreamManager:
     ) -> list[tuple[Position, bytes]]:
         if not stream.ledgers:
             return []
-        start = start or self.first_position(stream)
+        start = self.first_position(stream) if start is None else self._resume(stream, start)
         found: list[tuple[Position, bytes]] = []
         first = self._index_of(stream, start.ledger_id)
         entry = max(0, start.entry_id)
