@@ -26,6 +26,7 @@ from node.http.state import (
     BUDGET,
     LIFECYCLE,
     METRICS,
+    READ_BUDGET,
     SETTINGS,
     STORAGE,
     STREAMS,
@@ -62,6 +63,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     metrics = Metrics(settings)
     app[SETTINGS] = settings
     app[BUDGET] = BodyBudget(settings.max_request_bytes_in_flight)
+    app[READ_BUDGET] = BodyBudget(settings.max_read_bytes_in_flight)
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)

@@ -35,6 +35,19 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
+def _header(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
+# A read reply cut short by max_read_reply_bytes or the read budget (node/http/replies.py).
+TRUNCATED = {
+    "X-Truncated": _header(
+        '"true": the reply holds fewer entries than asked for although more are there; '
+        "read on from where it says"
+    )
+}
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     """Error responses: the listed statuses, and any other as the same JSON shape."""
     described = {
@@ -59,8 +72,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "with its counts (invalid_summary)",
         500: "An entry failed its CRC check, or the WAL failed",
         502: "An offloaded object is missing or damaged (offload_object_unreadable)",
-        503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
-        "filling max_request_bytes_in_flight (overloaded); see Retry-After",
+        503: "Back-pressure, read-only node, shutting down, or request bodies (or read "
+        "replies) in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
+        "overloaded; see Retry-After",
         507: "A data disk is full: the node is read-only",
     }
     responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
@@ -211,10 +225,16 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": {
-                        "description": "Frames, streamed",
+                        "description": "Frames, at most max_read_reply_bytes of them",
+                        "headers": {
+                            **TRUNCATED,
+                            "X-Next-Entry-Id": _header(
+                                "On a reply cut short (X-Truncated): the entry id to read on from"
+                            ),
+                        },
                         "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
                     },
-                    **_errors(400, 404, 422),
+                    **_errors(400, 404, 422, 503),
                 },
             },
         },
@@ -381,7 +401,12 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
         },
     ]
     frames = {
-        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload",
+        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload; at most "
+        "max_read_reply_bytes of them",
+        "headers": {
+            **TRUNCATED,
+            "X-Next-Position": _header("The position to read on from (absent: nothing read)"),
+        },
         "content": {
             "application/x-stream-entries": {"schema": {"type": "string", "format": "binary"}}
         },
@@ -442,7 +467,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     {"name": "from", "in": "query", "required": False, "schema": position},
                     *read_params,
                 ],
-                "responses": {"200": frames, **_errors(400, 404, 422)},
+                "responses": {"200": frames, **_errors(400, 404, 422, 503)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}": {
@@ -470,7 +495,7 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "get": {
                 "summary": "The next unacknowledged entries (not acknowledged by reading)",
                 "parameters": read_params,
-                "responses": {"200": frames, **_errors(400, 404)},
+                "responses": {"200": frames, **_errors(400, 404, 503)},
             },
         },
         "/api/v1/streams/{name}/cursors/{cursor}/ack": {

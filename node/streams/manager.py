@@ -47,7 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from node.settings import Settings
@@ -78,6 +78,9 @@ from node.streams.model import (
 log = logging.getLogger(__name__)
 
 APPEND_ATTEMPTS = 3  # an append that lands on a ledger closed by a rollover tries again
+
+Read = list[tuple[Position, bytes]]  # entries read, in order
+Admit = Callable[[int], Awaitable[bool]]  # may an entry of this many bytes join a read?
 
 
 class StreamNotFound(StorageError):
@@ -549,10 +552,16 @@ class StreamManager:
         return start
 
     async def read(
-        self, name: str, start: Position | None, limit: int, wait_s: float
-    ) -> list[tuple[Position, bytes]]:
+        self,
+        name: str,
+        start: Position | None,
+        limit: int,
+        wait_s: float,
+        admit: Admit | None = None,
+    ) -> Read:
         """Up to ``limit`` entries from ``start`` (default: the first), waiting up to
-        ``wait_s`` for new ones when there is nothing to read yet."""
+        ``wait_s`` for new ones when there is nothing to read yet. ``admit`` is asked about
+        each entry's size before it joins the result; False ends the result there."""
         stream = self.stream(name)
         if start is not None and stream.ledgers:
             start = self._resume(stream, start)
@@ -569,7 +578,7 @@ class StreamManager:
         while True:
             event = self._arrivals.setdefault(name, asyncio.Event())
             event.clear()
-            found = await self._read_now(self.stream(name), start, limit)
+            found = await self._read_now(self.stream(name), start, limit, admit)
             remaining = deadline - loop.time()
             if found or remaining <= 0:
                 return found
@@ -579,12 +588,12 @@ class StreamManager:
                 return []
 
     async def _read_now(
-        self, stream: Stream, start: Position | None, limit: int
-    ) -> list[tuple[Position, bytes]]:
+        self, stream: Stream, start: Position | None, limit: int, admit: Admit | None
+    ) -> Read:
         if not stream.ledgers:
             return []
         start = self.first_position(stream) if start is None else self._resume(stream, start)
-        found: list[tuple[Position, bytes]] = []
+        found: Read = []
         first = self._index_of(stream, start.ledger_id)
         entry = max(0, start.entry_id)
         for info in stream.ledgers[first:]:
@@ -593,6 +602,8 @@ class StreamManager:
                 async for eid, payload in self._storage.read_range(
                     info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
                 ):
+                    if admit is not None and not await admit(len(payload)):
+                        return found
                     found.append((Position(info.ledger_id, eid), payload))
             if len(found) >= limit:
                 break
@@ -715,8 +726,8 @@ class StreamManager:
         return None
 
     async def read_cursor(
-        self, name: str, cursor: str, limit: int, wait_s: float
-    ) -> list[tuple[Position, bytes]]:
+        self, name: str, cursor: str, limit: int, wait_s: float, admit: Admit | None = None
+    ) -> Read:
         found = self.cursor(name, cursor)
         stream = self.stream(name)
         start = self.next_position(stream, found.mark_delete)
@@ -726,7 +737,7 @@ class StreamManager:
                 if stream.ledgers
                 else None
             )
-        return await self.read(name, start, limit, wait_s)
+        return await self.read(name, start, limit, wait_s, admit)
 
     def backlog(self, name: str, mark: Position) -> Backlog:
         """Entries (and their bytes) after ``mark``."""

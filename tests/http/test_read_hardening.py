@@ -7,13 +7,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import tracemalloc
+from pathlib import Path
 from typing import Any
 
+from node.http.app import build_app
+from node.http.frames import decode_range
+from node.http.state import METRICS
+from node.settings import KiB, MiB, Settings
+from tests.conftest import make_settings
+from tests.http.read_rss import _call, concurrent_reads, fill, rss
+from tests.http.test_hostile_clients import NodeFactory, _metric, start_node
 from tests.http.test_streams_api import (
     NOT_YET_S,
     POLL_S,
     ROLLING,
     _append,
+    _append_batch,
     _error,
     _frames,
     _ledger,
@@ -21,6 +30,10 @@ from tests.http.test_streams_api import (
     _read,
     _stream,
 )
+
+__all__ = ["start_node"]  # a fixture
+
+MB = 1_000_000
 
 MISSING_DELETES = 5_000  # DELETEs of distinct names that never existed
 MISSING_WARMUP = 1_000  # first: what the first requests allocate for good (caches fill)
@@ -119,3 +132,136 @@ async def test_a_position_in_an_older_ledger_that_is_not_the_streams_is_refused(
     assert _ledger(position) > plain
     r = await client.get(f"/api/v1/streams/orders/entries?from={plain}:0")
     await _error(r, 422, "invalid_position")
+
+
+# --- item 2: read replies bounded in bytes, under a node-wide budget -------------------------
+
+LARGE_ENTRIES = 2_500  # of LARGE_ENTRY bytes: a stream of 250 MiB
+LARGE_ENTRY = 100 * KiB
+# Four readers of it at once, with the defaults: replies of 16 MiB, the read cache, slack.
+# Replies built whole took about three times the stream per reader (4 x ~750 MB).
+LARGE_RSS_GROWTH_BOUND = 300 * MB
+LARGE_RSS_CAP = 3_000 * MB  # past this (over the start) the node is killed: a failure
+
+
+def test_large_concurrent_reads_are_cut_and_keep_memory_bounded(start_node: NodeFactory) -> None:
+    """Issue 27 item 2, with the defaults: four readers (two of a stream, two of cursors)
+    each ask for 10,000 entries of 100 KiB. Each reply stops at max_read_reply_bytes with
+    X-Truncated and X-Next-Position; following them, every reader gets every entry once,
+    and the node's RSS stays bounded (tests/http/read_rss.py, the README's figure, reads a
+    1 GiB stream the same way). A ledger range read of the same data is cut the same way
+    and names the entry to go on from."""
+    node = start_node()
+    assert node.proc is not None
+    fill(node, LARGE_ENTRIES, LARGE_ENTRY)
+    figure = concurrent_reads(node, LARGE_ENTRIES, cap=rss(node.proc.pid) + LARGE_RSS_CAP)
+    growth = figure.peak - figure.at_start
+    print(f"RSS {figure.at_start / MB:.0f} MB at the start, peak {figure.peak / MB:.0f} MB")
+    assert not figure.capped, "the node passed the cap: replies are built whole"
+    assert growth < LARGE_RSS_GROWTH_BOUND, f"RSS grew by {growth / MB:.0f} MB"
+    bound = Settings.model_fields["max_read_reply_bytes"].default
+    ledger = node.get_json("/api/v1/streams/big")["ledgers"][0]["ledgerId"]
+    for reader in figure.readers:
+        assert reader.error is None, reader.error
+        assert reader.got == LARGE_ENTRIES
+        assert reader.largest_reply <= bound
+        # Cut short but the last, which held what was left: fewer than limit either way.
+        assert reader.truncated == [True] * (reader.replies - 1) + [False]
+        assert reader.positions[-1] == f"{ledger}:{LARGE_ENTRIES}"
+    assert _metric(node, "storage_node_http_read_reply_bytes_in_flight") == 0
+
+    ids: list[int] = []
+    following: str | None = "0"
+    while following is not None:
+        path = f"/api/v1/ledgers/{ledger}/entries?from={following}"
+        status, headers, body = _call(node, "GET", path)
+        assert status == 200 and len(body) <= bound
+        frames = list(decode_range(body))
+        assert all(len(payload) == LARGE_ENTRY for _, payload in frames)
+        ids += [entry_id for entry_id, _ in frames]
+        following = headers.get("X-Next-Entry-Id")
+        assert (headers.get("X-Truncated") == "true") == (following is not None)
+        assert following is None or int(following) == ids[-1] + 1
+    assert ids == list(range(LARGE_ENTRIES))
+
+
+async def test_an_entry_larger_than_the_reply_bound_goes_alone(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    settings = make_settings(tmp_path / "data", max_read_reply_bytes=100 * KiB)
+    client = await aiohttp_client(build_app(settings))
+    await _stream(client)
+    payloads = [b"a" * 300 * KiB, b"b" * 10, b"c" * 20, b"d" * 300 * KiB]
+    positions = await _append_batch(client, payloads)
+    following: str | None = positions[0]
+    replies = []
+    while following is not None:
+        r = await client.get(f"/api/v1/streams/orders/entries?from={following}&limit=10000")
+        frames = _frames(await r.read())
+        if not frames:
+            break
+        replies.append((frames, r.headers.get("X-Truncated")))
+        following = r.headers["X-Next-Position"]
+    assert replies == [
+        ([(positions[0], payloads[0])], "true"),
+        ([(positions[1], payloads[1]), (positions[2], payloads[2])], "true"),
+        ([(positions[3], payloads[3])], None),
+    ]
+    lid = _ledger(positions[0])
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=1&to=3")
+    assert list(decode_range(await r.read())) == [(1, payloads[1]), (2, payloads[2])]
+    assert r.headers["X-Truncated"] == "true" and r.headers["X-Next-Entry-Id"] == "3"
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries?from=3&to=3")
+    assert list(decode_range(await r.read())) == [(3, payloads[3])]
+    assert "X-Truncated" not in r.headers and "X-Next-Entry-Id" not in r.headers
+
+
+FRAME_OF_A_MIB = MiB + 20  # a stream frame of a 1 MiB entry (the tests' max_entry_size)
+HELD_FRAMES = 31  # what the stalled reply holds: its bound is just above them
+STALL_S = 2.0  # reply_write_timeout_s of the test's node
+
+
+async def test_a_stalled_reply_holds_the_read_budget_only_until_its_timeout(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A client that asks for a large read and takes none of it holds its reply's bytes of
+    the read budget: another read cut short where the budget ends, one with no room for its
+    first entry is refused with 503 overloaded; after reply_write_timeout_s the stalled
+    connection is closed and its bytes come back."""
+    bound = HELD_FRAMES * FRAME_OF_A_MIB + 10  # the budget then has a MiB + 10 bytes free
+    settings = make_settings(
+        tmp_path / "data",
+        max_read_reply_bytes=bound,
+        max_read_bytes_in_flight=bound + MiB,
+        reply_write_timeout_s=STALL_S,
+        request_budget_wait_s=0.2,
+    )
+    client = await aiohttp_client(build_app(settings))
+    await _stream(client)
+    for _ in range(5):
+        await _append_batch(client, [bytes(MiB)] * 7)
+    await _stream(client, "small")
+    small = await _append_batch(client, [b"s" * 600 * KiB] * 2, name="small")
+
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"GET /api/v1/streams/orders/entries?limit=10000 HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.5)  # gathered, and written as far as the socket takes it
+    held = HELD_FRAMES * FRAME_OF_A_MIB
+    gauge = "storage_node_http_read_reply_bytes_in_flight"
+    assert client.app[METRICS].registry.get_sample_value(gauge) == held
+    r = await client.get("/api/v1/streams/orders/entries?limit=10000")
+    await _error(r, 503, "overloaded")
+    assert r.headers["Retry-After"].isdigit()
+    frames, _ = await _read(client, "/api/v1/streams/small/entries?limit=10")
+    assert frames == [(small[0], b"s" * 600 * KiB)]  # the second did not fit the budget
+    await asyncio.sleep(STALL_S + 0.5)
+    r = await client.get("/api/v1/streams/orders/entries?limit=10000")
+    assert r.status == 200 and r.headers["X-Truncated"] == "true"
+    assert len(_frames(await r.read())) == HELD_FRAMES
+    received = 0
+    while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):
+        received += len(chunk)
+    assert received < held, "the stalled reply was sent whole"
+    writer.close()
+    assert client.app[METRICS].registry.get_sample_value(gauge) == 0

@@ -83,7 +83,7 @@ async def _append(client: Any, payload: bytes = ENTRY, name: str = "orders") -> 
 
 async def _append_batch(client: Any, payloads: list[bytes], name: str = "orders") -> list[str]:
     r = await client.post(
-        f"/api/v1/streams/{name}/entries", data=encode_batch(payloads), headers=BATCH
+        f"/api/v1/streams/{name}/entries", data=io.BytesIO(encode_batch(payloads)), headers=BATCH
     )
     assert r.status == 201, await r.text()
     body = await r.json()
