@@ -284,15 +284,17 @@ async def append_entries(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries/{eid}")
-async def read_entry(request: web.Request) -> web.Response:
+async def read_entry(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
     started = time.perf_counter()
-    try:
-        payload = await _storage(request).read_entry(ledger_id, entry_id)
-    finally:
-        _observe_read(request, "entry", started)
-    return web.Response(body=payload, content_type="application/octet-stream")
+    async with ReplyBytes(request.app, 0) as reply:
+        try:
+            payload = await _storage(request).read_entry(ledger_id, entry_id)
+        finally:
+            _observe_read(request, "entry", started)
+        await reply.admit(len(payload))  # the first entry of a reply: room, or 503
+        return await send(request, reply, "application/octet-stream", [payload], {})
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")

@@ -28,7 +28,7 @@ from types import TracebackType
 from aiohttp import web
 
 from node.http.errors import ApiError
-from node.http.state import METRICS, READ_BUDGET, SETTINGS
+from node.http.state import READ_BUDGET, SETTINGS
 from node.settings import MiB
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,9 @@ TRUNCATED_HEADER = "X-Truncated"  # "true" on a reply the byte bound or the budg
 # The budget is taken in steps of at least this much: fewer takes than entries.
 BUDGET_STEP = 1 * MiB
 WRITE_CHUNK = 256 * 1024  # frames are gathered into writes of about this size
+# A reply up to this size, written to a transport with nothing pending, never waits on the
+# client: asyncio's transports pause their writers above 64 KiB.
+UNBLOCKED_REPLY = 64 * 1024
 
 
 class ReplyBytes:
@@ -46,7 +49,6 @@ class ReplyBytes:
     def __init__(self, app: web.Application, frame_header: int) -> None:
         settings = app[SETTINGS]
         self._budget = app[READ_BUDGET]
-        self._gauge = app[METRICS].read_reply_bytes
         self._bound = settings.max_read_reply_bytes
         self._wait_s = settings.request_budget_wait_s
         self._frame_header = frame_header
@@ -64,18 +66,18 @@ class ReplyBytes:
         if size > self._held:
             # Never more than the reply can use: the bound, or its one larger entry.
             step = min(max(size - self._held, BUDGET_STEP), max(size, self._bound) - self._held)
-            if not await self._budget.take(step, 0 if self.size else self._wait_s):
-                if self.size:
+            if not self._budget.try_take(step):
+                if self.size:  # no waiting with entries in hand: they go as they are
                     self.cut = True
                     return False
-                raise ApiError(
-                    503,
-                    "overloaded",
-                    f"read replies in flight fill max_read_bytes_in_flight "
-                    f"({self._budget.capacity} bytes); retry shortly",
-                )
+                if not await self._budget.take(step, self._wait_s):
+                    raise ApiError(
+                        503,
+                        "overloaded",
+                        f"read replies in flight fill max_read_bytes_in_flight "
+                        f"({self._budget.capacity} bytes); retry shortly",
+                    )
             self._held += step
-            self._gauge.set(self._budget.in_use)
         self.size = size
         return True
 
@@ -90,7 +92,6 @@ class ReplyBytes:
     ) -> None:
         self._budget.give_back(self._held)
         self._held = 0
-        self._gauge.set(self._budget.in_use)
 
 
 async def send(
@@ -100,17 +101,24 @@ async def send(
     pieces: Iterable[bytes],
     headers: dict[str, str],
 ) -> web.StreamResponse:
-    """Write the reply's frames (``pieces``: frame headers and payloads, in order) with a
-    Content-Length, a chunk at a time."""
+    """Write the reply's frames (``pieces``: frame headers and payloads, in order), a chunk
+    at a time; the reply's budget is held until they are written."""
     if reply.cut:
         headers[TRUNCATED_HEADER] = "true"
+    transport = request.transport
+    if reply.size <= UNBLOCKED_REPLY and transport and not transport.get_write_buffer_size():
+        # It cannot wait on the client: the transport takes it below its high-water mark.
+        # So no timer, and one write (single entry reads: either costs a fifth of their CPU).
+        small = web.Response(body=b"".join(pieces), headers=headers, content_type=content_type)
+        await small.prepare(request)
+        await small.write_eof()
+        return small
     response = web.StreamResponse(headers=headers)
     response.content_type = content_type
     response.content_length = reply.size
     timeout_s = request.app[SETTINGS].reply_write_timeout_s
+    await response.prepare(request)  # the head waits for the first bytes of the body
     try:
-        async with asyncio.timeout(timeout_s):
-            await response.prepare(request)
         chunk: list[bytes] = []
         size = 0
         for piece in pieces:
@@ -121,8 +129,7 @@ async def send(
                     await response.write(b"".join(chunk))
                 chunk, size = [], 0
         async with asyncio.timeout(timeout_s):
-            await response.write(b"".join(chunk))
-            await response.write_eof()
+            await response.write_eof(b"".join(chunk))
     except TimeoutError:
         log.info(
             "%s %s: the client took none of its reply for %s s; closing",
@@ -130,6 +137,6 @@ async def send(
             request.path,
             timeout_s,
         )
-        if request.transport is not None:
-            request.transport.abort()  # its unsent bytes go with it
+        if transport is not None:
+            transport.abort()  # its unsent bytes go with it
     return response

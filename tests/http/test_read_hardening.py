@@ -12,13 +12,14 @@ from typing import Any
 
 from node.http.app import build_app
 from node.http.frames import decode_range
-from node.http.state import METRICS
+from node.http.state import METRICS, READ_BUDGET
 from node.settings import KiB, MiB, Settings
 from tests.conftest import make_settings
 from tests.http.read_rss import _call, concurrent_reads, fill, rss
 from tests.http.test_hostile_clients import NodeFactory, _metric, start_node
 from tests.http.test_streams_api import (
     NOT_YET_S,
+    OCTET,
     POLL_S,
     ROLLING,
     _append,
@@ -225,9 +226,9 @@ async def test_a_stalled_reply_holds_the_read_budget_only_until_its_timeout(
     tmp_path: Path, aiohttp_client: Any
 ) -> None:
     """A client that asks for a large read and takes none of it holds its reply's bytes of
-    the read budget: another read cut short where the budget ends, one with no room for its
-    first entry is refused with 503 overloaded; after reply_write_timeout_s the stalled
-    connection is closed and its bytes come back."""
+    the read budget: another read is cut short where the budget ends, one with no room for
+    its first entry is refused with 503 overloaded; after
+    reply_write_timeout_s the stalled connection is closed and its bytes come back."""
     bound = HELD_FRAMES * FRAME_OF_A_MIB + 10  # the budget then has a MiB + 10 bytes free
     settings = make_settings(
         tmp_path / "data",
@@ -265,3 +266,21 @@ async def test_a_stalled_reply_holds_the_read_budget_only_until_its_timeout(
     assert received < held, "the stalled reply was sent whole"
     writer.close()
     assert client.app[METRICS].registry.get_sample_value(gauge) == 0
+
+
+async def test_a_single_entry_read_takes_its_bytes_from_the_read_budget(client: Any) -> None:
+    """With the budget full (held here as replies in flight would), a single entry's read
+    waits request_budget_wait_s, then 503; once bytes come back it is served."""
+    r = await client.post("/api/v1/ledgers")
+    lid = (await r.json())["ledgerId"]
+    r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"payload", headers=OCTET)
+    assert r.status == 201
+    budget = client.app[READ_BUDGET]
+    held = budget.capacity - budget.in_use - len(b"payload") + 1
+    assert budget.try_take(held)
+    try:
+        await _error(await client.get(f"/api/v1/ledgers/{lid}/entries/0"), 503, "overloaded")
+    finally:
+        budget.give_back(held)
+    r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
+    assert r.status == 200 and await r.read() == b"payload"
