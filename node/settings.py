@@ -88,9 +88,7 @@ class Settings(BaseSettings):
     http_fast_lane_max_body: int = Field(4 * MiB, ge=0)
     # Request bodies held at once, node-wide: what bounds their memory (not connections).
     max_request_bytes_in_flight: int = Field(128 * MiB, gt=0)
-    request_budget_wait_s: float = Field(
-        1.0, ge=0
-    )  # a body (or read) waits this for room, then 503
+    request_budget_wait_s: float = Field(1.0, ge=0)  # a body or read waits this for room, then 503
     body_read_timeout_s: float = Field(30.0, gt=0)  # longest silence within a request body
     header_timeout_s: float = Field(10.0, gt=0)  # a request head must arrive within this
     keepalive_timeout_s: float = Field(75.0, gt=0)  # an idle connection is closed after this
