@@ -599,12 +599,17 @@ class StreamManager:
         for info in stream.ledgers[first:]:
             last = self._last_entry(info)
             if entry <= last:
-                async for eid, payload in self._storage.read_range(
-                    info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
-                ):
-                    if admit is not None and not await admit(len(payload)):
-                        return found
-                    found.append((Position(info.ledger_id, eid), payload))
+                try:
+                    async for eid, payload in self._storage.read_range(
+                        info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
+                    ):
+                        if admit is not None and not await admit(len(payload)):
+                            return found
+                        found.append((Position(info.ledger_id, eid), payload))
+                except LedgerNotFound:
+                    if info in stream.ledgers:
+                        raise
+                    # Trimmed meanwhile: the rest of it is gone, as for _resume.
             if len(found) >= limit:
                 break
             entry = 0

@@ -12,7 +12,7 @@ from typing import Any
 
 from node.http.app import build_app
 from node.http.frames import decode_range
-from node.http.state import METRICS, READ_BUDGET
+from node.http.state import METRICS, READ_BUDGET, STREAMS
 from node.settings import KiB, MiB, Settings
 from tests.conftest import make_settings
 from tests.http.read_rss import _call, concurrent_reads, fill, rss
@@ -284,3 +284,23 @@ async def test_a_single_entry_read_takes_its_bytes_from_the_read_budget(client: 
         budget.give_back(held)
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
     assert r.status == 200 and await r.read() == b"payload"
+
+
+async def test_a_read_goes_on_past_a_ledger_trimmed_while_it_reads(client: Any) -> None:
+    """A trim that deletes the ledger a read is in, between two of its entries: the read
+    goes on with the next ledger (the rest of that one is gone), as a read that starts in
+    a trimmed ledger does, instead of answering 404 ledger_not_found."""
+    await _stream(client, **TRIMMING)
+    positions = [await _append(client, bytes([65 + n])) for n in range(4)]  # 3, then 1
+    l0 = _ledger(positions[0])
+    streams = client.app[STREAMS]
+    trimmed: list[int] = []
+
+    async def trim_after_the_first(size: int) -> bool:
+        if not trimmed:
+            trimmed.extend(await streams.trim("orders", [l0], 0))
+        return True
+
+    found = await streams.read("orders", None, 10, 0, trim_after_the_first)
+    assert trimmed == [l0]
+    assert [str(p) for p, _ in found] == [positions[0], positions[3]]
