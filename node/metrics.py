@@ -209,6 +209,11 @@ class Metrics:
             "Connections refused past max_connections (503 too_many_connections).",
             registry=self.registry,
         )
+        self.read_reply_bytes = Gauge(
+            f"{PREFIX}_http_read_reply_bytes_in_flight",
+            "Bytes of read replies held, out of max_read_bytes_in_flight.",
+            registry=self.registry,
+        )
         self.add_latency = histogram(
             "add_latency_seconds",
             "Time from receiving an add (one entry or a batch) to its durable acknowledgment.",

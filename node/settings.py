@@ -97,11 +97,17 @@ class Settings(BaseSettings):
     http_fast_lane_max_body: int = Field(4 * MiB, ge=0)
     # Request bodies held at once, node-wide: what bounds their memory (not connections).
     max_request_bytes_in_flight: int = Field(128 * MiB, gt=0)
-    request_budget_wait_s: float = Field(1.0, ge=0)  # a body waits this for the budget, then 503
+    request_budget_wait_s: float = Field(1.0, ge=0)  # a body or read waits this for room, then 503
     body_read_timeout_s: float = Field(30.0, gt=0)  # longest silence within a request body
     header_timeout_s: float = Field(10.0, gt=0)  # a request head must arrive within this
     keepalive_timeout_s: float = Field(75.0, gt=0)  # an idle connection is closed after this
     range_read_chunk_entries: int = Field(256, gt=0)  # a range read yields the loop this often
+    # Frame bytes in one read reply (stream, cursor, ledger range): a reply stops before
+    # passing it and says where to go on; an entry larger than it goes alone.
+    max_read_reply_bytes: int = Field(16 * MiB, gt=0)
+    # Read replies held at once, node-wide: what bounds their memory (not connections).
+    max_read_bytes_in_flight: int = Field(128 * MiB, gt=0)
+    reply_write_timeout_s: float = Field(30.0, gt=0)  # a reply the client stops taking: closed
     max_long_poll_ms: int = Field(60_000, gt=0)  # longest wait a long poll may ask for
     # Open HTTP connections (long polls included); more get 503 too_many_connections at once.
     max_connections: int = Field(512, gt=0)
@@ -281,6 +287,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "max_request_bytes_in_flight must be at least max_request_size "
                 "(else a body of the largest size could never be read)"
+            )
+        if self.max_read_bytes_in_flight < self.max_read_reply_bytes + self.max_entry_size:
+            raise ValueError(
+                "max_read_bytes_in_flight must be at least max_read_reply_bytes + "
+                "max_entry_size (else a reply of the largest size could never be gathered)"
             )
         if self.max_entry_size > self.log_size_limit // 2:
             raise ValueError("max_entry_size must be at most half of log_size_limit")

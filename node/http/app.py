@@ -27,6 +27,7 @@ from node.http.state import (
     BUDGET,
     LIFECYCLE,
     METRICS,
+    READ_BUDGET,
     SETTINGS,
     STORAGE,
     STREAMS,
@@ -69,6 +70,8 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     metrics = Metrics(settings)
     app[SETTINGS] = settings
     app[BUDGET] = BodyBudget(settings.max_request_bytes_in_flight)
+    app[READ_BUDGET] = read_budget = BodyBudget(settings.max_read_bytes_in_flight)
+    metrics.read_reply_bytes.set_function(lambda: read_budget.in_use)  # read at each scrape
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)

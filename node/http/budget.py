@@ -14,6 +14,13 @@ class BodyBudget:
         self.in_use = 0
         self._freed = asyncio.Event()  # set (and replaced) whenever bytes come back
 
+    def try_take(self, size: int) -> bool:
+        """Take ``size`` bytes if there is room now (no coroutine: the common case, cheap)."""
+        if self.in_use + size > self.capacity:
+            return False
+        self.in_use += size
+        return True
+
     async def take(self, size: int, wait_s: float) -> bool:
         """Take ``size`` bytes, waiting up to ``wait_s`` for room; False if none came."""
         loop = asyncio.get_running_loop()

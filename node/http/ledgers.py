@@ -15,11 +15,12 @@ from node.http.errors import ApiError
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
     RANGE_CONTENT_TYPE,
+    RANGE_HEADER,
     FrameError,
     TooManyEntries,
     decode_batch,
-    encode_range_frame,
 )
+from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
@@ -29,7 +30,7 @@ from node.streams.model import ID_DIGITS
 log = logging.getLogger(__name__)
 
 WRITE_TOKEN_HEADER = "X-Write-Token"
-RANGE_WRITE_CHUNK = 256 * 1024  # frames are gathered into writes of about this size
+NEXT_ENTRY_HEADER = "X-Next-Entry-Id"  # a range reply cut short: the entry to read on from
 # Canonical decimal only: "00100" is not another name of ledger 100 (a cache or a log keyed by
 # the path would see two ledgers).
 _ID = re.compile(ID_DIGITS)
@@ -284,15 +285,17 @@ async def append_entries(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries/{eid}")
-async def read_entry(request: web.Request) -> web.Response:
+async def read_entry(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
     started = time.perf_counter()
-    try:
-        payload = await _storage(request).read_entry(ledger_id, entry_id)
-    finally:
-        _observe_read(request, "entry", started)
-    return web.Response(body=payload, content_type="application/octet-stream")
+    async with ReplyBytes(request.app, 0) as reply:
+        try:
+            payload = await _storage(request).read_entry(ledger_id, entry_id)
+        finally:
+            _observe_read(request, "entry", started)
+        await reply.admit(len(payload))  # the first entry of a reply: room, or 503
+        return await send(request, reply, "application/octet-stream", [payload], {})
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")
@@ -304,32 +307,29 @@ async def read_range(request: web.Request) -> web.StreamResponse:
         # Well formed, so not a 400 (every schema of the document holds): a rule between
         # two values, like a minimum rollover time above the maximum.
         raise ApiError(422, "invalid_range", f"from ({first}) is after to ({last})")
-    storage = _storage(request)
-    storage.ledger(ledger_id)  # 404 before the stream starts
-    response = web.StreamResponse(headers={"Content-Type": RANGE_CONTENT_TYPE})
-    await response.prepare(request)
     started = time.perf_counter()
-    pending: list[bytes] = []
-    size = 0
-    try:
-        async for entry_id, payload in storage.read_range(ledger_id, first, last):
-            pending.append(encode_range_frame(entry_id, payload))
-            size += len(pending[-1])
-            if size >= RANGE_WRITE_CHUNK:
-                await response.write(b"".join(pending))
-                pending, size = [], 0
-    except StorageError as e:
-        # The status line is gone: send the good frames, then cut the connection so the
-        # client sees a broken stream instead of a clean end (never a bad payload).
-        log.error("range read of ledger %d cut short: %s", ledger_id, e)
-        if pending:
-            await response.write(b"".join(pending))
-        if request.transport is not None:
-            request.transport.close()
-        return response
-    if pending:
-        await response.write(b"".join(pending))
-    await response.write_eof()
+    async with ReplyBytes(request.app, RANGE_HEADER.size) as reply:
+        found: list[tuple[int, bytes]] = []
+        try:
+            async for entry_id, payload in _storage(request).read_range(ledger_id, first, last):
+                if not await reply.admit(len(payload)):
+                    next_id = entry_id
+                    break
+                found.append((entry_id, payload))
+        except StorageError as e:
+            if not found:
+                raise
+            # Answer the good entries as a cut reply: reading on from the next gets the
+            # error, with its status.
+            log.error("range read of ledger %d cut short: %s", ledger_id, e)
+            reply.cut, next_id = True, found[-1][0] + 1
+        headers = {NEXT_ENTRY_HEADER: str(next_id)} if reply.cut else {}
+        pieces = (
+            piece
+            for entry_id, payload in found
+            for piece in (RANGE_HEADER.pack(entry_id, len(payload)), payload)
+        )
+        response = await send(request, reply, RANGE_CONTENT_TYPE, pieces, headers)
     _observe_read(request, "range", started)
     return response
 

@@ -36,6 +36,19 @@ def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {JSON: {"schema": schema}}}
 
 
+def _header(description: str) -> dict[str, Any]:
+    return {"description": description, "schema": {"type": "string"}}
+
+
+# A read reply cut short by max_read_reply_bytes or the read budget (node/http/replies.py).
+TRUNCATED = {
+    "X-Truncated": _header(
+        '"true": the reply holds fewer entries than asked for although more are there; '
+        "read on from where it says"
+    )
+}
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     """Error responses: the listed statuses, and any other as the same JSON shape."""
     described = {
@@ -64,9 +77,10 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "off the entry logs' file system (snapshot_failed)",
         502: "An offloaded object is missing or damaged (offload_object_unreadable), or the "
         "object store answered an error (offload_store_error)",
-        503: "Back-pressure, read-only node, shutting down, or request bodies in flight "
-        "filling max_request_bytes_in_flight (overloaded), or the object store unreachable "
-        "(offload_store_unavailable); see Retry-After",
+        503: "Back-pressure, read-only node, shutting down, request bodies (or read replies) "
+        "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
+        "overloaded, or the object store unreachable (offload_store_unavailable); see "
+        "Retry-After",
         504: "The object store did not answer within offload_operation_timeout_s "
         "(offload_store_timeout)",
         507: "A data disk is full: the node is read-only; or an audit snapshot found no "
@@ -221,7 +235,13 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 ],
                 "responses": {
                     "200": {
-                        "description": "Frames, streamed",
+                        "description": "Frames, at most max_read_reply_bytes of them",
+                        "headers": {
+                            **TRUNCATED,
+                            "X-Next-Entry-Id": _header(
+                                "On a reply cut short (X-Truncated): the entry id to read on from"
+                            ),
+                        },
                         "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
                     },
                     **_errors(400, 404, 422, *OFFLOAD_READ_ERRORS),
@@ -391,7 +411,12 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
         },
     ]
     frames = {
-        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload",
+        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload; at most "
+        "max_read_reply_bytes of them",
+        "headers": {
+            **TRUNCATED,
+            "X-Next-Position": _header("The position to read on from (absent: nothing read)"),
+        },
         "content": {
             "application/x-stream-entries": {"schema": {"type": "string", "format": "binary"}}
         },

@@ -17,8 +17,9 @@ from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.frames import BATCH_CONTENT_TYPE
 from node.http.ledgers import JSON, RAW_TYPES, decode_payloads, parse_id, unsupported
+from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
-from node.streams.manager import StreamManager, parse_position
+from node.streams.manager import Read, StreamManager, parse_position
 from node.streams.model import Cursor, Position, Stream
 
 routes = web.RouteTableDef()
@@ -27,10 +28,6 @@ STREAM_FRAME = struct.Struct(">QQI")
 STREAM_FRAMES_CONTENT_TYPE = "application/x-stream-entries"
 DEFAULT_READ_LIMIT = 100
 MAX_READ_LIMIT = 10_000
-
-
-def encode_stream_frame(position: Position, payload: bytes) -> bytes:
-    return STREAM_FRAME.pack(position.ledger_id, position.entry_id, len(payload)) + payload
 
 
 def decode_stream_frames(body: bytes) -> list[tuple[Position, bytes]]:
@@ -109,14 +106,21 @@ def _cursor_json(streams: StreamManager, cursor: Cursor) -> dict[str, Any]:
     return _cursor_model(streams, cursor).to_json()
 
 
-def _frames(found: list[tuple[Position, bytes]]) -> web.Response:
-    body = b"".join(encode_stream_frame(position, payload) for position, payload in found)
+async def _frames(request: web.Request, reply: ReplyBytes, found: Read) -> web.StreamResponse:
     headers = (
         {"X-Next-Position": str(Position(found[-1][0].ledger_id, found[-1][0].entry_id + 1))}
         if found
         else {}
     )
-    return web.Response(body=body, content_type=STREAM_FRAMES_CONTENT_TYPE, headers=headers)
+    pieces = (
+        piece
+        for position, payload in found
+        for piece in (
+            STREAM_FRAME.pack(position.ledger_id, position.entry_id, len(payload)),
+            payload,
+        )
+    )
+    return await send(request, reply, STREAM_FRAMES_CONTENT_TYPE, pieces, headers)
 
 
 @routes.get("/api/v1/streams")
@@ -178,12 +182,13 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
 
 
 @routes.get("/api/v1/streams/{name}/entries")
-async def read(request: web.Request) -> web.Response:
+async def read(request: web.Request) -> web.StreamResponse:
     start = parse_position(request.query["from"]) if "from" in request.query else None
     limit, wait_s = _limit_and_wait(request)
-    with cancelled_on_hangup(request):  # reads only: nothing is left half done
-        found = await _streams(request).read(_name(request), start, limit, wait_s)
-    return _frames(found)
+    async with ReplyBytes(request.app, STREAM_FRAME.size) as reply:
+        with cancelled_on_hangup(request):  # reads only: nothing is left half done
+            found = await _streams(request).read(_name(request), start, limit, wait_s, reply.admit)
+        return await _frames(request, reply, found)
 
 
 @routes.put("/api/v1/streams/{name}/cursors/{cursor}")
@@ -211,12 +216,13 @@ async def delete_cursor(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/v1/streams/{name}/cursors/{cursor}/entries")
-async def read_cursor(request: web.Request) -> web.Response:
+async def read_cursor(request: web.Request) -> web.StreamResponse:
     limit, wait_s = _limit_and_wait(request)
-    found = await _streams(request).read_cursor(
-        _name(request), request.match_info["cursor"], limit, wait_s
-    )
-    return _frames(found)
+    async with ReplyBytes(request.app, STREAM_FRAME.size) as reply:
+        found = await _streams(request).read_cursor(
+            _name(request), request.match_info["cursor"], limit, wait_s, reply.admit
+        )
+        return await _frames(request, reply, found)
 
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/ack")

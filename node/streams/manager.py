@@ -47,7 +47,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from node.settings import Settings
@@ -78,6 +78,9 @@ from node.streams.model import (
 log = logging.getLogger(__name__)
 
 APPEND_ATTEMPTS = 3  # an append that lands on a ledger closed by a rollover tries again
+
+Read = list[tuple[Position, bytes]]  # entries read, in order
+Admit = Callable[[int], Awaitable[bool]]  # may an entry of this many bytes join a read?
 
 
 class StreamNotFound(StorageError):
@@ -319,6 +322,7 @@ class StreamManager:
         return sorted(self._cursors.get(name, {}).values(), key=lambda c: c.name)
 
     async def delete_stream(self, name: str) -> None:
+        self.stream(name)  # before a lock is made for the name: a missing one costs nothing
         async with self._writing.setdefault(name, asyncio.Lock()):
             stream = self.stream(name)
             changes: dict[bytes, bytes | None] = {stream.key(): None}
@@ -531,13 +535,36 @@ class StreamManager:
     def first_position(self, stream: Stream) -> Position:
         return Position(stream.ledgers[0].ledger_id, 0) if stream.ledgers else Position(0, 0)
 
+    def _resume(self, stream: Stream, start: Position) -> Position:
+        """Where a read from ``start`` begins: there, or at the stream's first entry when
+        retention deleted ``start``'s ledger (its entries are gone; Pulsar's readers skip
+        deleted ledgers too). A tailing read's next position, or the mark-delete a cursor
+        read started from, is left in such a ledger by a trim. InvalidPosition when the
+        ledger is not the stream's."""
+        if stream.ledgers and start.ledger_id < stream.ledgers[0].ledger_id:
+            try:
+                owner = self._storage.ledger(start.ledger_id).properties.get(STREAM_PROPERTY)
+            except LedgerNotFound:
+                owner = stream.name  # deleted: trimmed (ids of a stream only grow)
+            if owner == stream.name:  # or not deleted yet: a trim deletes them paced
+                return self.first_position(stream)
+        self._index_of(stream, start.ledger_id)
+        return start
+
     async def read(
-        self, name: str, start: Position | None, limit: int, wait_s: float
-    ) -> list[tuple[Position, bytes]]:
+        self,
+        name: str,
+        start: Position | None,
+        limit: int,
+        wait_s: float,
+        admit: Admit | None = None,
+    ) -> Read:
         """Up to ``limit`` entries from ``start`` (default: the first), waiting up to
-        ``wait_s`` for new ones when there is nothing to read yet."""
+        ``wait_s`` for new ones when there is nothing to read yet. ``admit`` is asked about
+        each entry's size before it joins the result; False ends the result there."""
         stream = self.stream(name)
         if start is not None and stream.ledgers:
+            start = self._resume(stream, start)
             info = stream.ledgers[self._index_of(stream, start.ledger_id)]
             # At most one past the last entry (where a previous read ended): a start further
             # on would silently skip the entries before it once they arrive.
@@ -551,7 +578,7 @@ class StreamManager:
         while True:
             event = self._arrivals.setdefault(name, asyncio.Event())
             event.clear()
-            found = await self._read_now(self.stream(name), start, limit)
+            found = await self._read_now(self.stream(name), start, limit, admit)
             remaining = deadline - loop.time()
             if found or remaining <= 0:
                 return found
@@ -561,21 +588,28 @@ class StreamManager:
                 return []
 
     async def _read_now(
-        self, stream: Stream, start: Position | None, limit: int
-    ) -> list[tuple[Position, bytes]]:
+        self, stream: Stream, start: Position | None, limit: int, admit: Admit | None
+    ) -> Read:
         if not stream.ledgers:
             return []
-        start = start or self.first_position(stream)
-        found: list[tuple[Position, bytes]] = []
+        start = self.first_position(stream) if start is None else self._resume(stream, start)
+        found: Read = []
         first = self._index_of(stream, start.ledger_id)
         entry = max(0, start.entry_id)
         for info in stream.ledgers[first:]:
             last = self._last_entry(info)
             if entry <= last:
-                async for eid, payload in self._storage.read_range(
-                    info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
-                ):
-                    found.append((Position(info.ledger_id, eid), payload))
+                try:
+                    async for eid, payload in self._storage.read_range(
+                        info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
+                    ):
+                        if admit is not None and not await admit(len(payload)):
+                            return found
+                        found.append((Position(info.ledger_id, eid), payload))
+                except LedgerNotFound:
+                    if info in stream.ledgers:
+                        raise
+                    # Trimmed meanwhile: the rest of it is gone, as for _resume.
             if len(found) >= limit:
                 break
             entry = 0
@@ -697,8 +731,8 @@ class StreamManager:
         return None
 
     async def read_cursor(
-        self, name: str, cursor: str, limit: int, wait_s: float
-    ) -> list[tuple[Position, bytes]]:
+        self, name: str, cursor: str, limit: int, wait_s: float, admit: Admit | None = None
+    ) -> Read:
         found = self.cursor(name, cursor)
         stream = self.stream(name)
         start = self.next_position(stream, found.mark_delete)
@@ -708,7 +742,7 @@ class StreamManager:
                 if stream.ledgers
                 else None
             )
-        return await self.read(name, start, limit, wait_s)
+        return await self.read(name, start, limit, wait_s, admit)
 
     def backlog(self, name: str, mark: Position) -> Backlog:
         """Entries (and their bytes) after ``mark``."""

@@ -4,6 +4,7 @@ lost to the kill, and reads of what the node holds after a restart."""
 from __future__ import annotations
 
 import urllib.error
+import urllib.request
 
 import aiohttp
 
@@ -27,8 +28,16 @@ def http_status(node: NodeProcess, path: str) -> int:
 
 
 def read_ledger(node: NodeProcess, ledger_id: int) -> dict[int, bytes]:
-    """Every entry the node serves of the ledger, by id, through one range read."""
-    return dict(decode_range(node.get_bytes(f"/api/v1/ledgers/{ledger_id}/entries?from=0")))
+    """Every entry the node serves of the ledger, by id, through range reads (on from
+    X-Next-Entry-Id while a reply is cut short by max_read_reply_bytes)."""
+    found: dict[int, bytes] = {}
+    following: str | None = "0"
+    while following is not None:
+        url = f"{node.url}/api/v1/ledgers/{ledger_id}/entries?from={following}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            found.update(decode_range(r.read()))
+            following = r.headers.get("X-Next-Entry-Id")
+    return found
 
 
 def read_stream(node: NodeProcess, name: str, start: Position) -> list[tuple[Position, bytes]]:
