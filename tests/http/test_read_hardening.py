@@ -245,7 +245,9 @@ async def test_a_stalled_reply_holds_the_read_budget_only_until_its_timeout(
     small = await _append_batch(client, [b"s" * 600 * KiB] * 2, name="small")
 
     reader, writer = await asyncio.open_connection(client.host, client.port)
-    writer.write(b"GET /api/v1/streams/orders/entries?limit=10000 HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(
+        b"GET /api/v1/streams/orders/entries?limit=10000 HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    )
     await writer.drain()
     await asyncio.sleep(0.5)  # gathered, and written as far as the socket takes it
     held = HELD_FRAMES * FRAME_OF_A_MIB
