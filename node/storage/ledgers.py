@@ -962,6 +962,20 @@ class LedgerStorage:
             return await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
             return self.ledger(ledger_id).lac
+        finally:
+            self._forget_lac_waiter(ledger_id, waiter)
+
+    def _forget_lac_waiter(self, ledger_id: int, waiter: asyncio.Future[int]) -> None:
+        """A poll that timed out or was cancelled leaves no trace: on a ledger no add comes
+        to, a flood of them would otherwise be kept for good."""
+        pending = self._lac_waiters.get(ledger_id)
+        if pending is None:
+            return  # answered: its list was taken whole
+        keep = [(after, other) for after, other in pending if other is not waiter]
+        if keep:
+            self._lac_waiters[ledger_id] = keep
+        else:
+            del self._lac_waiters[ledger_id]
 
     def release_waiters(self) -> None:
         """Answer every long poll now with the current LAC (at shutdown)."""

@@ -360,6 +360,28 @@ async def test_long_poll_lac(storage: LedgerStorage) -> None:
     assert await asyncio.wait_for(waiter, 5) == 1
 
 
+async def test_long_polls_that_time_out_or_are_cancelled_are_forgotten(
+    storage: LedgerStorage,
+) -> None:
+    """On a ledger no add comes to, polls that end without an answer keep nothing (a flood
+    of them held memory until the ledger's next add)."""
+    meta, _ = await storage.create_ledger()
+    lid = meta.ledger_id
+    timed_out = [storage.wait_lac(lid, 5, 0.05) for _ in range(100)]
+    cancelled = [asyncio.create_task(storage.wait_lac(lid, 5, 60)) for _ in range(100)]
+    waiting = asyncio.create_task(storage.wait_lac(lid, -1, 60))
+    assert await asyncio.gather(*timed_out) == [-1] * 100
+    await asyncio.sleep(0)
+    assert storage.lac_waiters == 101
+    for task in cancelled:
+        task.cancel()
+    await asyncio.gather(*cancelled, return_exceptions=True)
+    assert storage.lac_waiters == 1 and len(storage._lac_waiters[lid]) == 1
+    await storage.add_entry(lid, None, b"0")
+    assert await asyncio.wait_for(waiting, 5) == 0
+    assert lid not in storage._lac_waiters
+
+
 async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
     settings: Settings = make_settings(
         tmp_path / "d",
