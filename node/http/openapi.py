@@ -55,7 +55,9 @@ def _errors(*statuses: int) -> dict[str, Any]:
         400: "Malformed id, query, body or frame (against this document's schemas); an empty "
         "batch (empty_batch); a reserved ledger property (reserved_property)",
         401: "Missing bearer token (when an admin token is configured)",
-        403: "Wrong bearer token (forbidden) or write token (write_token_mismatch)",
+        403: "Wrong bearer token (forbidden) or write token (write_token_mismatch); a Host "
+        "that is not one of the node's names (host_not_allowed, on any route); a state change "
+        "from another site's page (origin_not_allowed)",
         404: "No such ledger, entry or route",
         409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
@@ -66,7 +68,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         413: "Entry or request too large (a declared Content-Length is refused before the "
         "body), or more entries than max_entries_per_batch (too_many_entries), or an audit "
         "summary past audit_result_max_bytes",
-        415: "Unsupported content type",
+        415: "Unsupported content type: entries not as octet-stream or a batch, or a JSON "
+        "route's body not application/json",
         422: "Well formed, but refused for what it means: a position not in the stream or past "
         "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
         "a range whose from is after its to (invalid_range), an audit snapshot target outside "
@@ -79,8 +82,8 @@ def _errors(*statuses: int) -> dict[str, Any]:
         "object store answered an error (offload_store_error)",
         503: "Back-pressure, read-only node, shutting down, request bodies (or read replies) "
         "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
-        "overloaded, or the object store unreachable (offload_store_unavailable); see "
-        "Retry-After",
+        "overloaded, max_connections connections open (too_many_connections), or the object "
+        "store unreachable (offload_store_unavailable); see Retry-After",
         504: "The object store did not answer within offload_operation_timeout_s "
         "(offload_store_timeout)",
         507: "A data disk is full: the node is read-only; or an audit snapshot found no "
