@@ -33,8 +33,9 @@ $(AIRFLOW_STAMP):
 
 ## Airflow on 127.0.0.1:$(AIRFLOW_PORT) with dags/, working on the local node (make run) through
 ## static discovery; its state in ./airflow-home. Ctrl-C stops it and every process it started
-## (tools/airflow_local.py); `make airflow-cli ARGS="dags list"` runs the CLI in the same setup.
-## The test of this target (tests/airflow/test_local.py) overrides the three variables below.
+## (tools/airflow_local.py; the command is not echoed: it holds the token). `make airflow-cli
+## ARGS="dags list"` runs the CLI in the same setup. tests/airflow/test_local.py overrides the
+## three variables below.
 AIRFLOW_PORT      := 8081
 AIRFLOW_HOME_DIR  := $(CURDIR)/airflow-home
 AIRFLOW_NODE_URL  := http://127.0.0.1:8080
@@ -49,7 +50,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__LOAD_EXAMPLES=Fals
 	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH
 
 airflow: $(AIRFLOW_STAMP)
-	$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
+	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
 
 airflow-cli: $(AIRFLOW_STAMP)
 	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/airflow $(ARGS)
