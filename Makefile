@@ -49,8 +49,9 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__LOAD_EXAMPLES=Fals
 	AIRFLOW_CONN_STORAGE_NODE='{"conn_type": "http", "password": "$(NODE_ADMIN_TOKEN)"}' \
 	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH
 
+# exec: make passes a SIGTERM on to its child, which a shell in between would not.
 airflow: $(AIRFLOW_STAMP)
-	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
+	@$(AIRFLOW_ENV) exec $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
 
 airflow-cli: $(AIRFLOW_STAMP)
 	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/airflow $(ARGS)

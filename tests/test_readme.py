@@ -82,7 +82,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     (tmp_path / ".venv").symlink_to(sys.prefix)
     activate = activation_block()
     env = shell_env()
-    outputs = {}
+    outputs: dict[str, str] = {}
     try:
         for i, (title, block) in enumerate(walkthrough_blocks()):
             script = activate + block.replace(README_ADDRESS, f"127.0.0.1:{node.port}")
