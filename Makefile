@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean lock airflow
+.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli
 
 # Airflow in its own venv: its pins clash with the node's (requirements.lock constrains .venv),
 # so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
@@ -31,15 +31,30 @@ $(AIRFLOW_STAMP):
 
 .venv-airflow: $(AIRFLOW_STAMP)
 
-## Airflow standalone on 127.0.0.1:8081 with dags/, working on the local node (make run) through
-## static discovery; its state in ./airflow-home.
+## Airflow on 127.0.0.1:$(AIRFLOW_PORT) with dags/, working on the local node (make run) through
+## static discovery; its state in ./airflow-home. Ctrl-C stops it and every process it started
+## (tools/airflow_local.py; the command is not echoed: it holds the token). `make airflow-cli
+## ARGS="dags list"` runs the CLI in the same setup. tests/airflow/test_local.py overrides the
+## three variables below.
+AIRFLOW_PORT      := 8081
+AIRFLOW_HOME_DIR  := $(CURDIR)/airflow-home
+AIRFLOW_NODE_URL  := http://127.0.0.1:8080
+# The workers reach the API server through the execution API, which Airflow would look for on
+# 8080 (the node's port) unless told.
+AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__LOAD_EXAMPLES=False \
+	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags \
+	AIRFLOW__API__HOST=127.0.0.1 AIRFLOW__API__PORT=$(AIRFLOW_PORT) \
+	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
+	AIRFLOW_VAR_STORAGE_NODE_DISCOVERY='{"kind": "static", "urls": ["$(AIRFLOW_NODE_URL)"]}' \
+	AIRFLOW_CONN_STORAGE_NODE='{"conn_type": "http", "password": "$(NODE_ADMIN_TOKEN)"}' \
+	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH
+
+# exec: make passes a SIGTERM on to its child, which a shell in between would not.
 airflow: $(AIRFLOW_STAMP)
-	AIRFLOW_HOME=$(CURDIR)/airflow-home AIRFLOW__CORE__LOAD_EXAMPLES=False \
-	AIRFLOW__CORE__DAGS_FOLDER=$(CURDIR)/dags AIRFLOW__API__HOST=127.0.0.1 \
-	AIRFLOW__API__PORT=8081 \
-	AIRFLOW_VAR_STORAGE_NODE_DISCOVERY='{"kind": "static", "urls": ["http://127.0.0.1:8080"]}' \
-	AIRFLOW_CONN_STORAGE_NODE='{"conn_type": "http", "host": "127.0.0.1", "port": 8080, "password": "$(NODE_ADMIN_TOKEN)"}' \
-	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH $(AIRFLOW_VENV)/bin/airflow standalone
+	@$(AIRFLOW_ENV) exec $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
+
+airflow-cli: $(AIRFLOW_STAMP)
+	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/airflow $(ARGS)
 
 ## Start the node with embedded defaults: data in ./data, file journal, on 127.0.0.1:8080.
 run: $(STAMP)
@@ -72,14 +87,14 @@ $(AXE): tests/status/package.json tests/status/package-lock.json
 
 ## Lint, type-check and run the whole test suite.
 test: $(STAMP) $(AIRFLOW_STAMP) tools $(AXE)
-	$(PY) -m ruff check node tests grafana dags
+	$(PY) -m ruff check node tests grafana dags tools
 	$(PY) -m mypy
 	$(PY) -m mypy dags
 	$(PY) -m pytest -q --durations=15
 
 lint: $(STAMP)
-	$(PY) -m ruff check node tests grafana dags
-	$(PY) -m ruff format --check node tests grafana dags
+	$(PY) -m ruff check node tests grafana dags tools
+	$(PY) -m ruff format --check node tests grafana dags tools
 	$(PY) -m grafana.generate --check
 
 typecheck: $(STAMP)

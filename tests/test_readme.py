@@ -1,13 +1,17 @@
-"""The README's curl walkthroughs, run as written against a node on a free port, so that the
+"""The README's walkthroughs, run as written against a node on a free port, so that the
 README cannot drift from the code: each ``sh`` block of the sections below runs under
 ``bash -euo pipefail`` (every curl in them fails on an HTTP error), in the README's order,
-against one fresh node."""
+against one fresh node, in a directory where ``data`` is that node's data directory (as
+after ``make run``), in a shell whose PATH lacks the venv but for the README's activation
+line, run first as a new shell would."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,15 +20,39 @@ from tests.crash.nodeproc import NodeProcess
 from tests.hostdisk import REPO
 
 README = REPO / "README.md"
-WALKTHROUGH_SECTIONS = ("HTTP API", "Streams", "Admin API (BookKeeper's paths and shapes)")
+WALKTHROUGH_SECTIONS = (
+    "HTTP API",
+    "Streams",
+    "Offload (tiered storage)",
+    "Audit (Spark)",
+    "Admin API (BookKeeper's paths and shapes)",
+    "Command line",
+)
 README_ADDRESS = "localhost:8080"
-BLOCK_TIMEOUT_S = 60
+BLOCK_TIMEOUT_S = 180  # the audit's block starts local Spark
+ACTIVATE = ". .venv/bin/activate"
 FENCED_SH = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def _sections(text: str) -> dict[str, str]:
     parts = re.split(r"^## (.+)$", text, flags=re.MULTILINE)
     return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def activation_block() -> str:
+    """The README's first sh block but make's: how a new shell gets the venv's python."""
+    intro = README.read_text().split("\n## ")[0]
+    blocks = [b for b in FENCED_SH.findall(intro) if "make run" not in b]
+    assert blocks == [ACTIVATE + "\n"], blocks
+    return str(blocks[0])
+
+
+def shell_env() -> dict[str, str]:
+    """A new shell's environment: no venv on PATH (the activation line must bring it)."""
+    venv_bin = str(Path(sys.prefix) / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p and p != venv_bin)
+    return env
 
 
 def walkthrough_blocks() -> list[tuple[str, str]]:
@@ -47,17 +75,21 @@ def test_every_curl_of_the_walkthrough_fails_on_an_http_error() -> None:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the README's walkthroughs use curl")
 def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    # The blocks run in tmp_path, the repository's root as the README sees it: ./data is the
+    # node's, .venv the venv; payload.bin and the like land here, not in the repository.
     node = NodeProcess(tmp_path / "data")
     node.start()
-    work = tmp_path / "work"  # payload.bin and the like land here, not in the repository
-    work.mkdir()
-    outputs = {}
+    (tmp_path / ".venv").symlink_to(sys.prefix)
+    activate = activation_block()
+    env = shell_env()
+    outputs: dict[str, str] = {}
     try:
         for i, (title, block) in enumerate(walkthrough_blocks()):
-            script = block.replace(README_ADDRESS, f"127.0.0.1:{node.port}")
+            script = activate + block.replace(README_ADDRESS, f"127.0.0.1:{node.port}")
             result = subprocess.run(
                 ["bash", "-euo", "pipefail", "-c", script],
-                cwd=work,
+                cwd=tmp_path,
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=BLOCK_TIMEOUT_S,
@@ -73,7 +105,9 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
         assert node.alive()
     finally:
         assert node.terminate() == 0
-    ledgers, streams, admin = (outputs[title] for title in WALKTHROUGH_SECTIONS)
+    ledgers, streams, offload, audit, admin, inspect = (
+        outputs[title] for title in WALKTHROUGH_SECTIONS
+    )
     # The ledger block: entries at 0, 1 (payload.bin) and 2-3 (the batch), read back.
     assert '"entryId": 1' in ledgers and '"lastEntryId": 3' in ledgers
     assert "hello" in ledgers and '"state": "closed"' in ledgers
@@ -85,3 +119,9 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     # The admin block: read-only on, then off again.
     assert '{"readOnly": true}' in admin and '{"readOnly": false}' in admin
     assert "storage_node_journal_fsync_seconds" in admin
+    # The offload block: the ledger offloaded to the local store, its entry 1 still read.
+    assert '"state": "offloaded"' in offload and offload.rstrip().endswith("bc"), offload[-2000:]
+    # The audit block: every check clean, the result stored by the node.
+    assert '"status": "clean"' in audit, audit[-3000:]
+    # The inspect block: the journal and the index, every CRC checked.
+    assert inspect.count("\nOK") >= 2 and "opened read-only" in inspect, inspect[-3000:]

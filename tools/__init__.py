@@ -1,0 +1,1 @@
+"""Helpers run from the Makefile (tools/airflow_local.py: `make airflow`)."""
