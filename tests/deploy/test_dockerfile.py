@@ -6,7 +6,6 @@ environment those steps made, as the runtime stage starts it, and the HEALTHCHEC
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from node.settings import Settings
+from tests.deploy.image import dockerignore, ignored
 from tests.deploy.lockfile import LOCK, read_lock, render, runtime_requirements
 from tests.deploy.podrun import PodSpec, Probe, run_pod
 from tests.deploy.render import MANIFESTS, container, only
@@ -63,26 +63,6 @@ def _env(stage: list[dict[str, Any]]) -> dict[str, str]:
     return env
 
 
-def _ignored(relative: PurePosixPath, patterns: list[str]) -> bool:
-    """Whether .dockerignore leaves ``relative`` out (the subset of its syntax used here:
-    names, globs, and ``**/`` for any depth)."""
-    for pattern in patterns:
-        if pattern.startswith("**/"):
-            if any(fnmatch.fnmatch(part, pattern[3:]) for part in relative.parts):
-                return True
-        elif any(
-            fnmatch.fnmatch("/".join(relative.parts[: n + 1]), pattern)
-            for n in range(len(relative.parts))
-        ):
-            return True
-    return False
-
-
-def _dockerignore() -> list[str]:
-    lines = (REPO / ".dockerignore").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
 def _copy_context(sources: list[str], dest: Path, patterns: list[str]) -> None:
     for source in sources:
         path = REPO / source
@@ -90,7 +70,7 @@ def _copy_context(sources: list[str], dest: Path, patterns: list[str]) -> None:
         files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         for file in files:
             relative = PurePosixPath(file.relative_to(REPO).as_posix())
-            if _ignored(relative, patterns):
+            if ignored(relative, patterns):
                 continue
             inside = relative.name if path.is_file() else Path(relative).relative_to(source)
             target = dest / inside
@@ -102,7 +82,7 @@ def _run_build_stage(stage: list[dict[str, Any]], root: Path) -> dict[str, str]:
     """Perform ``stage``'s WORKDIR, COPY and RUN steps with its absolute paths under
     ``root``; the stage's ENV (so mapped) is returned."""
     env = {k: str(root / v.lstrip("/")) if v.startswith("/") else v for k, v in _env(stage).items()}
-    patterns = _dockerignore()
+    patterns = dockerignore()
     workdir = root
     # The image's `python` is this interpreter: the same version (checked below).
     bin_dir = root / "usr-local-bin"
@@ -181,9 +161,9 @@ def test_dockerfile_promises_match_the_node_and_the_manifests() -> None:
     kustomization = (MANIFESTS / "base" / "kustomization.yaml").read_text()
     assert f"newTag: {PROJECT['version']}" in kustomization, "the manifests run this version"
 
-    patterns = _dockerignore()
+    patterns = dockerignore()
     for path in NOT_IN_CONTEXT:
-        assert _ignored(PurePosixPath(path), patterns), f"{path} would be sent to the builder"
+        assert ignored(PurePosixPath(path), patterns), f"{path} would be sent to the builder"
 
 
 def test_lock_pins_every_runtime_dependency_within_pyproject() -> None:
