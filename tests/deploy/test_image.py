@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from packaging.utils import canonicalize_name
 
 from node.http.frames import decode_range
 from tests.crash.nodeproc import free_port
@@ -34,10 +33,9 @@ from tests.deploy.container import (
     started,
     statefulset_parts,
 )
-from tests.deploy.lockfile import LOCK, read_lock
+from tests.deploy.lockfile import LOCK, dev_only_names, read_lock
 from tests.deploy.pod import ADMIN_TOKEN, container_env, sparse_loop_device
 from tests.deploy.render import Obj, quantity_bytes, render
-from tests.deploy.test_dockerfile import PROJECT
 from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
 
 # The image as built here: pyarrow alone is ~170 MB; the local Debian base ~200 MB.
@@ -50,6 +48,7 @@ ENTRIES = 300
 MAX_ENTRY = 64 * 1024
 SIGKILL_EXIT = 128 + 9
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+STATUS_JS = "/status/status.js"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +72,7 @@ def test_image_holds_the_locked_packages_and_no_compiler(image: str) -> None:
     script = (
         "import shutil, subprocess, sys; "
         "print(subprocess.run([sys.executable, '-m', 'pip', 'freeze', '--exclude', "
-        f"'{PROJECT['name']}'], capture_output=True, text=True, check=True).stdout); "
+        f"'{image_build.PROJECT['name']}'], capture_output=True, text=True, check=True).stdout); "
         f"print('compilers:', [c for c in {COMPILERS!r} if shutil.which(c)])"
     )
     seen = podman(
@@ -89,11 +88,7 @@ def test_image_holds_the_locked_packages_and_no_compiler(image: str) -> None:
     frozen, _, compilers = seen.partition("compilers:")
     assert compilers.strip() == "[]", compilers
     assert read_lock(frozen) == read_lock(LOCK.read_text()), "the image is not the lock"
-    dev = {
-        canonicalize_name(re.split(r"[<>=\[;]", d)[0])
-        for d in PROJECT["optional-dependencies"]["dev"]
-    }
-    assert not dev & set(read_lock(frozen)) - set(read_lock(LOCK.read_text())), "dev extras"
+    assert not dev_only_names() & set(read_lock(frozen)), "dev extras in the image"
 
 
 @pytest.fixture
@@ -146,8 +141,10 @@ def _check_as_the_pod_says(node: Running, pod_spec: Obj, cont: Obj, env: dict[st
     for probe in PROBES:
         answer = node.request("GET", cont[probe]["httpGet"]["path"])
         assert answer[0] == 200, (probe, answer)
-    page = node.request("GET", "/status")
-    assert page[0] == 200 and b"status.js" in page[1], page[0]
+    page, script = node.request("GET", "/status"), node.request("GET", STATUS_JS)
+    # The page and its script are the wheel's package data.
+    assert page[0] == 200 and STATUS_JS.encode() in page[1], page[0]
+    assert script[0] == 200 and b"use strict" in script[1], script[0]
     code, body = node.request("GET", SETTINGS_PATH, token=ADMIN_TOKEN)
     assert code == 200, body
     config = json.loads(body)
