@@ -31,8 +31,7 @@ PODMAN_TIMEOUT_S = 120.0  # one podman command (a run, a stop within the grace p
 READY_TIMEOUT_S = 60.0  # a start on new volumes takes seconds; bounds a hang
 REQUEST_TIMEOUT_S = 10.0
 POLL_S = 0.1
-HTTP_PORT = 8080  # the container port; published on a free loopback port of the host
-UNLIMITED_FALLBACK = 1 << 20
+UNLIMITED_FALLBACK = 1 << 20  # what an unlimited hard limit is given as
 PID_MAX = Path("/proc/sys/kernel/pid_max")
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller
 
@@ -215,24 +214,25 @@ def wait_ready(running: Running, path: str) -> None:
 
 @contextmanager
 def run_container(
-    image: str, options: list[str], command: list[str], ready_path: str
+    image: str, options: list[str], command: list[str], port: int, ready_path: str
 ) -> Iterator[Running]:
-    """``image`` started detached with ``options`` and ``command``, its port on a free
-    loopback port, once ``ready_path`` answers 200; removed on exit whatever its state."""
+    """``image`` started detached with ``options`` and ``command``, its ``port`` published on
+    a free loopback port, once ``ready_path`` answers 200; removed on exit whatever its
+    state."""
     name = f"storage-node-test-{uuid.uuid4().hex[:12]}"
     podman(
         "run",
         "--detach",
         f"--name={name}",
-        f"--publish=127.0.0.1::{HTTP_PORT}",
+        f"--publish=127.0.0.1::{port}",
         *run_options(),
         *options,
         image,
         *command,
     )
     try:
-        port = int(podman("port", name, f"{HTTP_PORT}/tcp").strip().rpartition(":")[2])
-        yield started(name, port, ready_path)
+        published = podman("port", name, f"{port}/tcp").strip().rpartition(":")[2]
+        yield started(name, int(published), ready_path)
     finally:
         podman("rm", "--force", "--time=0", name, check=False)
 

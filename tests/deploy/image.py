@@ -46,6 +46,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 PULL_TIMEOUT_S = 600.0  # a slow registry; bounds a hang only
 DEBOOTSTRAP_TIMEOUT_S = 900.0  # ~40 s here
 BUILD_TIMEOUT_S = 1200.0  # ~30 s here (pip downloads the locked wheels)
+IMPORT_TIMEOUT_S = 300.0  # ~200 MB into the image store
 QUERY_TIMEOUT_S = 60.0  # `podman image inspect` and the like
 
 
@@ -138,6 +139,14 @@ def official_base() -> str:
     return f"docker.io/library/{match[1]}"
 
 
+def _unmount_under(root: Path) -> None:
+    """Detach every mount inside ``root``, deepest first, so that removing it removes only
+    what debootstrap wrote."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if Path(m).is_relative_to(root)), reverse=True):
+        _run(["umount", "--lazy", mount], QUERY_TIMEOUT_S)
+
+
 def make_local_base(tool: str) -> None:
     """A Debian base with debootstrap, imported as LOCAL_BASE."""
     debootstrap = shutil.which("debootstrap")
@@ -156,6 +165,7 @@ def make_local_base(tool: str) -> None:
             DEBOOTSTRAP_TIMEOUT_S,
         )
         if made.returncode != 0:
+            _unmount_under(root)  # a debootstrap that failed may leave /proc mounted there
             raise ImageError(f"debootstrap failed (root is needed):\n{made.stdout[-3000:]}")
         # The apt lists and the downloaded .debs are not part of a base.
         for cache in (root / "var/cache/apt/archives", root / "var/lib/apt/lists"):
@@ -167,11 +177,10 @@ def make_local_base(tool: str) -> None:
             shutil.copyfile(HOST_CA_BUNDLE, root / HOST_CA_BUNDLE.relative_to("/"))
             (root / "etc/pip.conf").write_text(f"[global]\ncert = {HOST_CA_BUNDLE}\n")
         changes = [a for k, v in LOCAL_BASE_ENV.items() for a in ("--change", f"ENV {k}={v}")]
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        imported = _run(
-            [tool, "import", *changes, "-", LOCAL_BASE], QUERY_TIMEOUT_S * 5, stdin=tar.stdout
-        )
-        tar.wait(QUERY_TIMEOUT_S)
+        with subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE) as tar:
+            imported = _run(
+                [tool, "import", *changes, "-", LOCAL_BASE], IMPORT_TIMEOUT_S, tar.stdout
+            )
         if imported.returncode != 0 or tar.returncode != 0:
             raise ImageError(f"{tool} import failed: {imported.stderr.strip()}")
 

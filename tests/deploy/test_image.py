@@ -190,9 +190,10 @@ def test_container_runs_as_the_statefulset_and_keeps_what_it_acknowledged(
         *[f"--env={k}={v}" for k, v in env.items()],
     ]
     ready = cont["startupProbe"]["httpGet"]["path"]
+    port = cont["ports"][0]["containerPort"]
     rng = random.Random(30)
 
-    with run_container(image, options, cont["args"], ready) as node:
+    with run_container(image, options, cont["args"], port, ready) as node:
         _check_as_the_pod_says(node, pod_spec, cont, env)
         healthcheck = subprocess.run(
             [podman_path(), "healthcheck", "run", node.name],
@@ -217,7 +218,7 @@ def test_container_runs_as_the_statefulset_and_keeps_what_it_acknowledged(
         assert node.inspect()["State"]["ExitCode"] == SIGKILL_EXIT
 
     # The kubelet restarts it on the same volumes: every acknowledged entry, byte for byte.
-    with run_container(image, options, cont["args"], ready) as node:
+    with run_container(image, options, cont["args"], port, ready) as node:
         code, body = node.request("GET", f"/api/v1/ledgers/{LEDGER}/entries?from=0")
         assert code == 200, body
         assert dict(decode_range(body)) == acked
