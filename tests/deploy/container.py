@@ -32,7 +32,7 @@ READY_TIMEOUT_S = 60.0  # a start on new volumes takes seconds; bounds a hang
 REQUEST_TIMEOUT_S = 10.0
 POLL_S = 0.1
 UNLIMITED_FALLBACK = 1 << 20  # what an unlimited hard limit is given as
-PID_MAX = Path("/proc/sys/kernel/pid_max")
+NPROC = 4096  # processes (threads) of the container's uid
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller
 
 
@@ -62,9 +62,9 @@ def ulimits() -> dict[str, int]:
     node raises its soft open-files limit to the hard one, so it gets all the host allows."""
     return {
         "nofile": _limit(resource.RLIMIT_NOFILE),
-        # Podman lowers its own process limit to pid_max (32768 here), and a container
-        # cannot be given more than podman has.
-        "nproc": min(_limit(resource.RLIMIT_NPROC), int(PID_MAX.read_text())),
+        # Podman runs with a process limit of its own (32768 here, whatever the host's) and
+        # cannot give a container more; the node needs a few dozen threads.
+        "nproc": min(_limit(resource.RLIMIT_NPROC), NPROC),
     }
 
 
