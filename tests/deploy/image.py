@@ -115,7 +115,8 @@ def engine() -> str:
 
 
 def _is_podman(tool: str) -> bool:
-    return Path(tool).name == "podman"
+    """Podman, under its name or as podman-docker's `docker`."""
+    return "podman" in _run([tool, "--version"], QUERY_TIMEOUT_S).stdout.lower()
 
 
 def image_id(tool: str, name: str) -> str | None:
