@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli
+.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli image image-tools
 
 # Airflow in its own venv: its pins clash with the node's (requirements.lock constrains .venv),
 # so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
@@ -68,7 +68,7 @@ run: $(STAMP)
 ## bench starts its own on a free loopback port), Debian's chromium (tests/status drives it
 ## with Playwright: no browser download) and npm (installs axe-core for the status page's
 ## accessibility test).
-tools:
+tools: image-tools
 	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	@command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends npm)
 	@command -v fio >/dev/null || (apt-get update && apt-get install -y --no-install-recommends fio)
@@ -77,6 +77,22 @@ tools:
 		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server \
 		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
+
+# --- the image ---------------------------------------------------------------------------------
+## The image storage-node:<version> from the Dockerfile (tests/deploy/image.py): podman, or
+## docker where its daemon answers; on a Debian base made with debootstrap when the official
+## python image cannot be pulled. Skipped when an image of the same inputs exists.
+image:
+	$(PYTHON) -m tests.deploy.image
+
+## podman, buildah and runc (Debian's default crun refuses hybrid cgroups), catatonit (the
+## pause process of `podman kube play`), debootstrap (the local base); run by `make tools`.
+image-tools:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v buildah >/dev/null \
+		&& command -v catatonit >/dev/null && command -v debootstrap >/dev/null \
+		|| (apt-get update && apt-get install -y --no-install-recommends podman buildah runc \
+			catatonit debootstrap)
+
 
 # axe-core for the status page's accessibility test, at the version of its lock file, in a
 # git-ignored node_modules (tests/status).

@@ -33,6 +33,16 @@ def runtime_requirements() -> list[Requirement]:
     return [Requirement(line) for line in project["dependencies"]]
 
 
+def dev_only_names() -> set[str]:
+    """The dev extras that are not runtime dependencies: none may be in the image."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    dev = {
+        canonicalize_name(Requirement(line).name)
+        for line in project["optional-dependencies"]["dev"]
+    }
+    return dev - {canonicalize_name(r.name) for r in runtime_requirements()}
+
+
 def _applies(requirement: Requirement, extras: frozenset[str]) -> bool:
     if requirement.marker is None:
         return True

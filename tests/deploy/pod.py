@@ -56,12 +56,9 @@ def _under(path: str, directory: str) -> bool:
     return PurePosixPath(path).is_relative_to(PurePosixPath(directory))
 
 
-@contextmanager
-def pod_environment(
-    objects: tuple[Obj, ...], image_env: dict[str, str], root: Path
-) -> Iterator[dict[str, str]]:
-    """The node's NODE_* environment in the first pod of ``objects``' StatefulSet, with its
-    volumes under ``root`` and its raw block volumes as loop devices."""
+def container_env(objects: tuple[Obj, ...], image_env: dict[str, str]) -> dict[str, str]:
+    """The node's NODE_* environment in the first pod of ``objects``' StatefulSet, as the
+    kubelet makes it: the image's, then the ConfigMap's, then the container's ``env``."""
     statefulset = only(objects, "StatefulSet")
     cont = container(statefulset)
     env = {k: v for k, v in image_env.items() if k.startswith("NODE_")}
@@ -84,7 +81,18 @@ def pod_environment(
         else:
             assert "secretKeyRef" in reference, reference
             env[variable["name"]] = ADMIN_TOKEN
+    return env
 
+
+@contextmanager
+def pod_environment(
+    objects: tuple[Obj, ...], image_env: dict[str, str], root: Path
+) -> Iterator[dict[str, str]]:
+    """``container_env`` with the pod's volumes under ``root`` and its raw block volumes as
+    loop devices."""
+    statefulset = only(objects, "StatefulSet")
+    cont = container(statefulset)
+    env = container_env(objects, image_env)
     mounts = [m["mountPath"] for m in cont.get("volumeMounts", [])]
     for mount in mounts:
         (root / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
