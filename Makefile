@@ -79,11 +79,11 @@ tools: image-tools
 		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
 
 # --- the image ---------------------------------------------------------------------------------
-## The image storage-node:<version> from the Dockerfile (tests/deploy/image.py): podman, or
+## The image storage-node:<version> from the Dockerfile (tools/image.py): podman, or
 ## docker where its daemon answers; on a Debian base made with debootstrap when the official
 ## python image cannot be pulled. Skipped when an image of the same inputs exists.
 image:
-	$(PYTHON) -m tests.deploy.image
+	$(PYTHON) -m tools.image
 
 ## podman, buildah and runc (Debian's default crun refuses hybrid cgroups), catatonit (the
 ## pause process of `podman kube play`), debootstrap (the local base); run by `make tools`.

@@ -17,10 +17,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from node.settings import Settings
-from tests.deploy.image import dockerignore, ignored
 from tests.deploy.lockfile import LOCK, read_lock, render, runtime_requirements
 from tests.deploy.render import MANIFESTS, container, only
 from tests.deploy.render import render as kustomize
+from tools.image import dockerignore, ignored
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"

@@ -1,6 +1,6 @@
 """The built image, run with podman as the StatefulSet runs it (tests/deploy/container.py).
 The image is built once per session, or reused when its inputs are unchanged
-(tests/deploy/image.py, the same code as `make image`)."""
+(tools/image.py, the same code as `make image`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.crash.nodeproc import free_port
-from tests.deploy import image as image_build
 from tests.deploy.container import (
     PODMAN_TIMEOUT_S,
     Running,
@@ -36,6 +35,7 @@ from tests.deploy.lockfile import LOCK, dev_only_names, read_lock
 from tests.deploy.pod import ADMIN_TOKEN, container_env, sparse_loop_device
 from tests.deploy.render import Obj, quantity_bytes, render
 from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
+from tools import image as image_build
 
 # The image as built here: pyarrow alone is ~170 MB; the local Debian base ~200 MB.
 IMAGE_SIZE_LIMIT = 600 * 10**6

@@ -27,7 +27,7 @@ import tomllib
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 TAG = f"{PROJECT['name']}:{PROJECT['version']}"
