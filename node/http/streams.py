@@ -96,9 +96,10 @@ def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
 
 def _cursor_model(streams: StreamManager, cursor: Cursor) -> models.Cursor:
     backlog = streams.backlog(cursor.stream, cursor.mark_delete)
+    shown = streams.stream(cursor.stream).shown_mark(cursor.mark_delete)
     return models.Cursor(
         name=cursor.name,
-        markDeletePosition=str(cursor.mark_delete),
+        markDeletePosition=None if shown is None else str(shown),
         backlogEntries=backlog.entries,
         backlogBytes=backlog.size_bytes,
         createdTime=cursor.created_ms,
