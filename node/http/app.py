@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
 import socket
@@ -21,9 +20,10 @@ from node.http import admin, audit, crosssite, ledgers, offload, openapi, status
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
-from node.http.errors import HTTP_CODES, error_middleware
+from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
 from node.http.middleware import request_context, require_admin_token
+from node.http.replies import JSON_TYPE
 from node.http.state import (
     AUDIT,
     BUDGET,
@@ -180,9 +180,7 @@ class _JsonErrorRequestHandler(RequestHandler, HangupCancels):
         code = HTTP_CODES.get(status, f"http_{status}")
         text = message or (exc and str(exc)) or HTTPStatus(status).phrase
         response = web.Response(
-            status=status,
-            text=json.dumps({"code": code, "message": str(text)[:500]}),
-            content_type="application/json",
+            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_TYPE
         )
         response.force_close()
         return response

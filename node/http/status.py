@@ -23,6 +23,7 @@ from node import __version__
 from node.http import models
 from node.http.errors import ApiError
 from node.http.ledgers import parse_id
+from node.http.replies import json_response
 from node.http.state import AUDIT, LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
 from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
 from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
@@ -348,7 +349,7 @@ async def summary(request: web.Request) -> web.Response:
         streams=streams,
         streamTotals=stream_totals,
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 @routes.get("/api/v1/status/streams")
@@ -371,7 +372,7 @@ async def streams_page(request: web.Request) -> web.Response:
             for stream in everything[offset : offset + limit]
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 @routes.get("/api/v1/status/history")
@@ -395,7 +396,7 @@ async def history(request: web.Request) -> web.Response:
             for s in h.samples()
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 def _sealed(app: web.Application) -> set[int]:
@@ -464,4 +465,4 @@ async def entry_logs(request: web.Request) -> web.Response:
             for p in built.oldest_pinned
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
