@@ -247,10 +247,10 @@
     // The WAL position (journal file:offset) means nothing to an operator: when, and how
     // much a start after a crash would replay; the position stays in the tooltip.
     const checkpoint = $("#wal-checkpoint");
-    checkpoint.textContent = wal.lastCheckpointMs === null ? "none since start" :
-      `${duration(Math.max(0, nowMs - wal.lastCheckpointMs) / 1000)} ago; ` +
-      (wal.sinceCheckpointBytes ? `${bytes(wal.sinceCheckpointBytes)} written since ` +
-        "(replayed from the WAL after a crash)" : "nothing written since");
+    const since = wal.sinceCheckpointBytes ? `${bytes(wal.sinceCheckpointBytes)} written since ` +
+      "(replayed from the WAL after a crash)" : "nothing written since";
+    checkpoint.textContent = (wal.lastCheckpointMs === null ? "none since start" :
+      `${duration(Math.max(0, nowMs - wal.lastCheckpointMs) / 1000)} ago`) + `; ${since}`;
     checkpoint.title = `WAL position ${wal.lastCheckpoint}`;
     checkpoint.dataset.value = JSON.stringify(wal.lastCheckpointMs);
     badge($("#wal-health"), wal.healthy ? "healthy" : "unhealthy", wal.healthy ? "ok" : "bad");
