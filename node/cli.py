@@ -10,6 +10,7 @@ from pathlib import Path
 from node import logs, runtime
 from node.settings import SettingsError, load
 from node.sizing import fit_to_disks
+from node.storage.dirlock import DataDirInUse, DataDirLock
 from node.storage.errors import WalDeviceError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -34,6 +35,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
     settings = fit_to_disks(settings)
     settings = runtime.fit_connections(settings, runtime.raise_open_files_limit())
+    # Both refusals come before the first write: the port's needs none, and the lock is
+    # the first file written (README "Data directory").
+    sockets = runtime.listen_sockets(settings.http_host, settings.http_port)
+    try:
+        lock = DataDirLock.acquire(settings.data_dir)
+    except DataDirInUse as e:
+        for sock in sockets:
+            sock.close()
+        raise StartRefused(
+            f"{e}: stop that node first (or, for an audit, let it finish), or give this one "
+            "another data directory (--data-dir, NODE_DATA_DIR)"
+        ) from None
     if settings.http_host not in LOOPBACK and settings.admin_token is None:
         logging.getLogger("node").warning(
             "!!! listening on %s, which is not loopback, WITHOUT an admin token: anyone who "
@@ -43,7 +56,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         )
     runtime.tune()
     runtime.dump_stacks_on_sigquit()
-    runtime.run(serve(settings))
+    with lock:
+        runtime.run(serve(settings, sockets))
     return 0
 
 
@@ -159,11 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StartRefused(Exception):
+    """The node cannot start as asked; the message says what to do (exit 2)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.setup(args.log_level or "info", args.log_json)
     try:
         return int(args.func(args))
-    except (SettingsError, WalDeviceError) as e:
+    except (SettingsError, WalDeviceError, StartRefused, runtime.PortInUse) as e:
         print(f"refusing to start: {e}", file=sys.stderr)
         return 2

@@ -77,7 +77,7 @@ class AuditFigures:
 @dataclass(slots=True)
 class CursorSnapshot:
     name: str
-    mark_delete: Position
+    mark_delete: Position | None  # as the API shows it (Stream.shown_mark)
     backlog_entries: int
     backlog_bytes: int
     oldest_unacknowledged_age_s: float  # 0 without backlog
@@ -415,7 +415,11 @@ def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> St
             age_s = max(0.0, now_ms - created[following.ledger_id]) / MS_PER_S
         cursors.append(
             CursorSnapshot(
-                cursor.name, cursor.mark_delete, backlog.entries, backlog.size_bytes, age_s
+                cursor.name,
+                stream.shown_mark(cursor.mark_delete),
+                backlog.entries,
+                backlog.size_bytes,
+                age_s,
             )
         )
     entries, size = manager.appended.get(stream.name, (0, 0))

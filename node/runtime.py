@@ -8,6 +8,7 @@ import gc
 import logging
 import resource
 import signal
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -104,3 +105,34 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(coro)
     result: T = uvloop.run(coro)
     return result
+
+
+class PortInUse(Exception):
+    """The listen address is taken (or not this host's); the message says what to do."""
+
+
+def listen_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bound sockets for every address of ``host`` (as asyncio's create_server binds them),
+    made before the node writes anything: a port in use refuses the start up front instead
+    of after the storage has created its files."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise PortInUse(f"cannot resolve the listen address {host!r}: {e.strerror}") from None
+    bound: list[socket.socket] = []
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        bound.append(sock)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+        except OSError as e:
+            for s in bound:
+                s.close()
+            raise PortInUse(
+                f"cannot listen on {address[0]} port {port}: {e.strerror}; stop what holds it "
+                "or choose another port (--port, NODE_HTTP_PORT)"
+            ) from None
+    return bound

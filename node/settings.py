@@ -34,6 +34,23 @@ SECTOR = 512  # the smallest unit a disk writes atomically
 WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
 
 
+# The unit of a number, for the message refusing one that is not ("10s"): a duration whose
+# name does not say its unit (BookKeeper's names) has it as its field's description; the
+# others say it with a suffix.
+MS, S = "milliseconds", "seconds"
+UNIT_SUFFIXES = (
+    ("_ms", MS),
+    ("_msec", MS),
+    ("_millis", MS),
+    ("_s", S),
+    ("_seconds", S),
+    ("_minutes", "minutes"),
+    ("_mb", "MiB"),
+    ("_mbytes", "MiB"),
+    ("_bytes", "bytes"),
+)
+NUMBER_ERRORS = frozenset({"int_parsing", "float_parsing", "int_from_float", "int_type"})
+
 ENV_PREFIX = "NODE_"
 # Variables of Node.js (nodejs.org/api/cli.html) share the prefix; a tool started from npm or
 # an editor carries them (NODE_EXTRA_CA_CERTS, NODE_OPTIONS), so they are not typos of ours.
@@ -150,7 +167,7 @@ class Settings(BaseSettings):
 
     # --- entry logs and caches (BookKeeper DbLedgerStorage) -------------------------------
     log_size_limit: int = Field(1 * GiB, gt=0)  # roll an entry log past this size
-    flush_interval: int = Field(10_000, gt=0)  # checkpoint period, ms
+    flush_interval: int = Field(10_000, gt=0, description=MS)  # checkpoint period, ms
     db_storage_write_cache_max_size: int = Field(64 * MiB, gt=0)  # both halves of the cache
     db_storage_read_ahead_cache_max_size: int = Field(64 * MiB, gt=0)  # read cache bytes
     db_storage_read_cache_segments: int = Field(8, ge=2)  # ring segments of the read cache
@@ -160,11 +177,11 @@ class Settings(BaseSettings):
     open_file_limit: int = Field(256, gt=0)  # entry log read handles kept open
 
     # --- garbage collection and compaction (BookKeeper) -----------------------------------
-    gc_wait_time: int = Field(600_000, gt=0)  # GC period, ms
+    gc_wait_time: int = Field(600_000, gt=0, description=MS)  # GC period, ms
     minor_compaction_threshold: float = Field(0.2, ge=0)  # minor compacts logs below this usage
-    minor_compaction_interval: int = Field(3600, ge=0)  # seconds between minor compactions
+    minor_compaction_interval: int = Field(3600, ge=0, description=S)  # between minor compactions
     major_compaction_threshold: float = Field(0.8, ge=0)  # major compacts logs below this usage
-    major_compaction_interval: int = Field(86_400, ge=0)  # seconds between major compactions
+    major_compaction_interval: int = Field(86_400, ge=0, description=S)  # between major compactions
     # sealed logs above this x their live bytes: compact the emptiest at once; 0 = off
     compaction_space_amplification_limit: float = Field(1.25, ge=0)
     major_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
@@ -174,10 +191,10 @@ class Settings(BaseSettings):
     is_throttle_by_bytes: bool = False  # throttle by bytes instead of entries
     # GC's reads, bytes/s: logs a crash left without a ledgers map; compaction by entries
     gc_read_rate_by_bytes: int = Field(32 * MiB, gt=0)
-    destroy_maped_file_interval_forcibly: int = Field(120_000, ge=0)  # RocketMQ, ms
+    destroy_maped_file_interval_forcibly: int = Field(120_000, ge=0, description=MS)  # RocketMQ, ms
 
     # --- disks (BookKeeper LedgerDirsMonitor, RocketMQ) ------------------------------------
-    disk_check_interval: int = Field(10_000, gt=0)  # ms between disk usage checks
+    disk_check_interval: int = Field(10_000, gt=0, description=MS)  # ms between disk usage checks
     gc_disk_usage_threshold: float = Field(0.85, ge=0)  # above: GC runs at once
     disk_usage_warn_threshold: float = Field(0.90, ge=0)  # above: warning and metric
     disk_usage_threshold: float = Field(0.95, ge=0)  # above: read-only
@@ -196,7 +213,7 @@ class Settings(BaseSettings):
     default_retention_size_in_mb: int = Field(-1, ge=-1)  # -1 = unlimited
     delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
-    delete_commit_log_files_interval: int = Field(100, ge=0)  # ms between deletions
+    delete_commit_log_files_interval: int = Field(100, ge=0, description=MS)  # ms between deletions
 
     # --- audit (README "Audit") --------------------------------------------------------------
     # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target
@@ -430,12 +447,28 @@ class _DictSource(PydanticBaseSettingsSource):
         return dict(self._values)
 
 
+def _unit(name: str) -> str | None:
+    field = Settings.model_fields.get(name)
+    if field is not None and field.description:
+        return field.description
+    return next((unit for suffix, unit in UNIT_SUFFIXES if name.endswith(suffix)), None)
+
+
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         message = item["msg"].removeprefix("Value error, ")
         if item["loc"]:  # a single field; a rule between fields names them in its message
             name = ".".join(str(p) for p in item["loc"])
+            if item["type"] in NUMBER_ERRORS:
+                unit = _unit(name)
+                number = "an integer" if item["type"].startswith("int") else "a number"
+                message = (
+                    f"{item['input']!r} is not {number}: the unit is {unit}, written as "
+                    f"{number} alone, with no unit suffix"
+                    if unit
+                    else f"{item['input']!r} is not {number} ({message})"
+                )
             message = f"invalid setting {name} (NODE_{name.upper()}): {message}"
         else:
             message = f"invalid settings: {message}"

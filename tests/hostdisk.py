@@ -41,8 +41,13 @@ REPO = Path(__file__).resolve().parent.parent
 def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
     """``python -m node bench ARGS`` from the repository, on a host-disk-neutral node.
     ``timeout_s`` only stops a hang; it asserts nothing about speed."""
+    return run_node("bench", *args, timeout_s=timeout_s)
+
+
+def run_node(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``python -m node ARGS`` from the repository, host-disk-neutral, to its end."""
     return subprocess.run(
-        [sys.executable, "-m", "node", "bench", *args],
+        [sys.executable, "-m", "node", *args],
         env=neutral_env(),
         cwd=REPO,
         capture_output=True,

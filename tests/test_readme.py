@@ -125,3 +125,16 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert '"status": "clean"' in audit, audit[-3000:]
     # The inspect block: the journal and the index, every CRC checked.
     assert inspect.count("\nOK") >= 2 and "opened read-only" in inspect, inspect[-3000:]
+
+
+def test_what_the_walkthroughs_leave_behind_is_ignored_by_git() -> None:
+    left = ["payload.bin", "frames.bin", "audit-out/summary.json"]
+    checked = subprocess.run(
+        ["git", "check-ignore", "--no-index", *left],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert sorted(checked.stdout.split()) == sorted(left), checked

@@ -76,6 +76,27 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
         load()
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "unit"),
+    [
+        ("NODE_FLUSH_INTERVAL", "10s", "milliseconds"),  # the unit is not in the name
+        ("NODE_MAJOR_COMPACTION_INTERVAL", "1d", "seconds"),
+        ("NODE_REQUEST_BUDGET_WAIT_S", "1s", "seconds"),  # ... or is, as a suffix
+        ("NODE_MAX_LONG_POLL_MS", "1m", "milliseconds"),
+    ],
+)
+def test_a_number_with_a_unit_is_refused_naming_the_unit(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, unit: str
+) -> None:
+    """Issue 28, item 8: ``NODE_FLUSH_INTERVAL=10s`` was refused without naming the unit."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as refused:
+        load()
+    message = str(refused.value)
+    assert variable in message and repr(value) in message
+    assert f"the unit is {unit}" in message and "no unit suffix" in message
+
+
 def test_misspelled_environment_variable_is_refused_naming_the_closest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,6 +1,7 @@
 """The audit job: ``python -m node audit ...`` or ``spark-submit node/audit/job.py ...``.
 
-    --data-dir DIR     a stopped node's data directory (index read-only, entry logs); with
+    --data-dir DIR     a stopped node's data directory (index read-only, entry logs; a live
+                       node's is refused, its lock held during the audit); with
                        --snapshot, only where the entry logs are is taken from the snapshot
     --snapshot URI     a snapshot (POST /api/v1/audit/snapshot) instead; repeat for a fleet
     --out DIR          <out>/summary.json, <out>/<check>.parquet per check, log_usage.parquet
@@ -16,6 +17,7 @@ reason on stderr; also when --post-to could not deliver the summary).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,6 +25,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from node.storage.dirlock import DataDirInUse, DataDirLock
 
 EXIT_CLEAN = 0
 EXIT_VIOLATIONS = 1
@@ -147,7 +151,28 @@ def run(args: argparse.Namespace, spark: Any | None = None) -> int:
         return EXIT_CANNOT_RUN
 
 
+def _own_data_dir(args: argparse.Namespace) -> contextlib.AbstractContextManager[object]:
+    """The data directory's lock for the whole audit of it: a node running on it (or
+    starting meanwhile) moves ledgers and logs under the scan, which then reports violations
+    that are not (retention's first). A directory that is not one is left to the snapshot."""
+    data_dir: Path | None = args.data_dir
+    if args.snapshot or data_dir is None or not data_dir.is_dir():
+        return contextlib.nullcontext()
+    try:
+        return DataDirLock.acquire(data_dir)
+    except DataDirInUse as e:
+        raise CannotRun(
+            f"{e}, a running node: audit it through the node (POST /api/v1/audit/snapshot, "
+            'then --snapshot with the uri it answers; README "Audit"), or stop it first'
+        ) from None
+
+
 def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
+    with _own_data_dir(args):
+        return _run_owned(args, wanted, spark)
+
+
+def _run_owned(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
     from node.audit import checks, kept, snapshot, source
 
     started_ms = time.time_ns() // NS_PER_MS

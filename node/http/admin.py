@@ -14,6 +14,7 @@ from pydantic import SecretStr
 
 from node.http import models
 from node.http.errors import ApiError
+from node.http.jsonreply import json_response
 from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
 from node.metrics import CONTENT_TYPE, data_dirs
 from node.settings import Settings
@@ -36,7 +37,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 @routes.get("/api/v1/bookie/info")
 async def bookie_info(request: web.Request) -> web.Response:
     free, total = await asyncio.to_thread(_space, request.app[SETTINGS])
-    return web.json_response(models.Space(freeSpace=free, totalSpace=total).to_json())
+    return json_response(models.Space(freeSpace=free, totalSpace=total).to_json())
 
 
 def _space(settings: Settings) -> tuple[int, int]:
@@ -70,12 +71,12 @@ def _state(request: web.Request) -> dict[str, bool]:
 
 @routes.get("/api/v1/bookie/state")
 async def bookie_state(request: web.Request) -> web.Response:
-    return web.json_response(models.BookieState(**_state(request)).to_json())
+    return json_response(models.BookieState(**_state(request)).to_json())
 
 
 def _read_only(request: web.Request) -> web.Response:
     read_only = request.app[STORAGE].refuses_adds
-    return web.json_response(models.ReadOnlyState(readOnly=read_only).to_json())
+    return json_response(models.ReadOnlyState(readOnly=read_only).to_json())
 
 
 @routes.get("/api/v1/bookie/state/readonly")
@@ -109,7 +110,7 @@ async def list_disk_file(request: web.Request) -> web.Response:
         )
     kinds = [kind] if kind else list(DISK_FILE_KINDS)
     listing = await asyncio.to_thread(_list_files, request.app[SETTINGS], kinds)
-    return web.json_response(listing)
+    return json_response(listing)
 
 
 def _list_files(settings: Settings, kinds: list[str]) -> dict[str, str]:
@@ -143,7 +144,7 @@ async def last_log_mark(request: web.Request) -> web.Response:
         key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journal.SUFFIX})"
     else:
         key = f"LastLogMark: WAL {settings.wal_path}"
-    return web.json_response({key: f"Pos - {mark.offset}"})
+    return json_response({key: f"Pos - {mark.offset}"})
 
 
 MASK = "******"
@@ -178,7 +179,7 @@ async def server_config(request: web.Request) -> web.Response:
             config[name] = MASK
     config["offload_endpoint"] = _masked_url(settings.offload_endpoint)
     config["crash_points"] = sorted(settings.crash_points)
-    return web.json_response(config)
+    return json_response(config)
 
 
 @routes.get("/metrics")
@@ -199,13 +200,13 @@ async def trigger_gc(request: web.Request) -> web.Response:
     body = models.GC_REQUEST.parse(await request.read())
     gc = request.app[WORK].gc
     gc.request(body.get("forceMajor", False), body.get("forceMinor", False))
-    return web.json_response(f"Triggered GC on BookieServer: node {request.app[SETTINGS].node_id}")
+    return json_response(f"Triggered GC on BookieServer: node {request.app[SETTINGS].node_id}")
 
 
 @routes.get("/api/v1/bookie/gc")
 async def gc_state(request: web.Request) -> web.Response:
     in_force = request.app[WORK].gc.in_force_gc
-    return web.json_response(
+    return json_response(
         models.ForceGcState(is_in_force_gc="true" if in_force else "false").to_json()
     )
 
@@ -213,7 +214,7 @@ async def gc_state(request: web.Request) -> web.Response:
 @routes.get("/api/v1/bookie/gc_details")
 async def gc_details(request: web.Request) -> web.Response:
     status = models.GcStatus.model_validate(request.app[WORK].gc.status.as_bookkeeper())
-    return web.json_response([status.to_json()])
+    return json_response([status.to_json()])
 
 
 def _suspension(request: web.Request) -> dict[str, Any]:
@@ -226,18 +227,18 @@ def _suspension(request: web.Request) -> dict[str, Any]:
 
 @routes.get("/api/v1/bookie/gc/suspend_compaction")
 async def get_suspension(request: web.Request) -> web.Response:
-    return web.json_response(_suspension(request))
+    return json_response(_suspension(request))
 
 
 @routes.put("/api/v1/bookie/gc/suspend_compaction")
 async def suspend_compaction(request: web.Request) -> web.Response:
     body = models.SUSPEND.parse(await request.read())
     request.app[WORK].gc.suspend(body.get("suspendMajor", False), body.get("suspendMinor", False))
-    return web.json_response(_suspension(request))
+    return json_response(_suspension(request))
 
 
 @routes.put("/api/v1/bookie/gc/resume_compaction")
 async def resume_compaction(request: web.Request) -> web.Response:
     body = models.RESUME.parse(await request.read())
     request.app[WORK].gc.resume(body.get("resumeMajor", False), body.get("resumeMinor", False))
-    return web.json_response(_suspension(request))
+    return json_response(_suspension(request))

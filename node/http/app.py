@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import signal
+import socket
 from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
@@ -15,12 +15,14 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
+from node import runtime
 from node.http import admin, audit, crosssite, ledgers, offload, openapi, status, streams
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
-from node.http.errors import HTTP_CODES, error_middleware
+from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
+from node.http.jsonreply import JSON_TYPE
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
     AUDIT,
@@ -181,9 +183,7 @@ class _JsonErrorRequestHandler(RequestHandler, HangupCancels):
         code = HTTP_CODES.get(status, f"http_{status}")
         text = message or (exc and str(exc)) or HTTPStatus(status).phrase
         response = web.Response(
-            status=status,
-            text=json.dumps({"code": code, "message": str(text)[:500]}),
-            content_type="application/json",
+            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_TYPE
         )
         response.force_close()
         return response
@@ -228,17 +228,19 @@ class NodeRunner(web.AppRunner):
         return server
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     """Run until SIGTERM or SIGINT; then readiness fails at once, the listener closes,
     in-flight requests finish (up to shutdown_timeout_s), the storage checkpoints and
-    closes its files."""
+    closes its files. ``sockets``: from listen_sockets (default: bound here)."""
+    if sockets is None:
+        sockets = runtime.listen_sockets(settings.http_host, settings.http_port)
     app = build_app(settings)
     runner = NodeRunner(
         app, handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
     )
     await runner.setup()
-    site = web.TCPSite(runner, settings.http_host, settings.http_port, reuse_address=True)
-    await site.start()
+    for sock in sockets:
+        await web.SockSite(runner, sock).start()
     log.info(
         "listening on http://%s:%s, data in %s",
         settings.http_host,

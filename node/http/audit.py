@@ -20,6 +20,7 @@ from node.audit import kept, snapshot
 from node.http import models
 from node.http.bodies import limited_by
 from node.http.errors import ApiError
+from node.http.jsonreply import json_response
 from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
 from node.offload.format import AUDIT_PREFIX
 from node.offload.store import ObjectStore
@@ -101,7 +102,7 @@ async def take_snapshot(request: web.Request) -> web.Response:
     log.info("audit snapshot taken: %s", uri)
     rows = {table: t.num_rows for table, t in snap.tables.items()}
     reply = models.AuditSnapshot(uri=uri, takenMs=snap.taken_ms, rows=rows)
-    return web.json_response(reply.to_json(), status=201)
+    return json_response(reply.to_json(), status=201)
 
 
 async def _write_snapshot(
@@ -176,7 +177,7 @@ async def post_result(request: web.Request) -> web.Response:
     result = models.AuditResult(receivedMs=_now_ms(), summary=summary)
     await request.app[STORAGE].write_records({RESULT_KEY: json.dumps(result.to_json()).encode()})
     _adopt(request.app, result)
-    return web.json_response(result.to_json())
+    return json_response(result.to_json())
 
 
 @routes.get("/api/v1/audit/result")
@@ -184,7 +185,7 @@ async def get_result(request: web.Request) -> web.Response:
     result = request.app[AUDIT].last
     if result is None:
         raise ApiError(404, "no_audit_result", "no audit result has been posted")
-    return web.json_response(result.to_json())
+    return json_response(result.to_json())
 
 
 def _adopt(app: web.Application, result: models.AuditResult) -> None:

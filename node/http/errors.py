@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from node.http.jsonreply import JSON_TYPE, json_bytes
 from node.offload import errors as offload_errors
 from node.storage import errors as storage_errors
 from node.streams import manager as stream_errors
@@ -75,7 +75,7 @@ def error_response(
     return web.Response(
         status=status,
         body=error_body(code, message),
-        content_type="application/json",
+        content_type=JSON_TYPE,
         headers=headers,
     )
 
@@ -104,7 +104,7 @@ def storage_status(error: storage_errors.StorageError, method: str, path: str) -
 
 
 def error_body(code: str, message: str) -> bytes:
-    return json.dumps({"code": code, "message": message}).encode()
+    return json_bytes({"code": code, "message": message})
 
 
 @web.middleware

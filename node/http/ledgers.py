@@ -20,6 +20,7 @@ from node.http.frames import (
     TooManyEntries,
     decode_batch,
 )
+from node.http.jsonreply import LINE_END, json_response
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
 from node.storage.errors import StorageError
@@ -39,9 +40,9 @@ JSON = "application/json"
 # The add replies, encoded without a model or json.dumps on the hot path; the OpenAPI
 # document describes them with models.AddResult and models.BatchResult (tests/http check
 # that the bytes validate against those).
-# Spaced as json.dumps spaces every other reply.
-ADD_REPLY = b'{"ledgerId": %d, "entryId": %d, "lac": %d}'
-BATCH_REPLY = b'{"ledgerId": %d, "firstEntryId": %d, "lastEntryId": %d, "lac": %d}'
+# Spaced as json.dumps spaces every other reply, and ended as they are (replies.py).
+ADD_REPLY = b'{"ledgerId": %d, "entryId": %d, "lac": %d}' + LINE_END
+BATCH_REPLY = b'{"ledgerId": %d, "firstEntryId": %d, "lastEntryId": %d, "lac": %d}' + LINE_END
 
 routes = web.RouteTableDef()
 
@@ -136,14 +137,14 @@ async def _create_options(request: web.Request) -> tuple[dict[str, str], str | N
 @routes.get("/api/v1/ledgers")
 async def list_ledgers(request: web.Request) -> web.Response:
     ledgers = sorted(_storage(request).ledgers(), key=lambda m: m.ledger_id)
-    return web.json_response({"ledgers": [meta_json(m) for m in ledgers]})
+    return json_response({"ledgers": [meta_json(m) for m in ledgers]})
 
 
 @routes.post("/api/v1/ledgers")
 async def create_ledger(request: web.Request) -> web.Response:
     properties, token = await _create_options(request)
     meta, _ = await _storage(request).create_ledger(None, properties, token)
-    return web.json_response(meta_json(meta), status=201)
+    return json_response(meta_json(meta), status=201)
 
 
 @routes.put("/api/v1/ledgers/{lid}")
@@ -151,13 +152,13 @@ async def create_ledger_with_id(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     properties, token = await _create_options(request)
     meta, created = await _storage(request).create_ledger(ledger_id, properties, token)
-    return web.json_response(meta_json(meta), status=201 if created else 200)
+    return json_response(meta_json(meta), status=201 if created else 200)
 
 
 @routes.get("/api/v1/ledgers/{lid}")
 async def get_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    return web.json_response(meta_json(_storage(request).ledger(ledger_id)))
+    return json_response(meta_json(_storage(request).ledger(ledger_id)))
 
 
 @routes.delete("/api/v1/ledgers/{lid}")
@@ -173,7 +174,7 @@ async def close_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     not_stream_owned(request.app, ledger_id)
     token = request.headers.get(WRITE_TOKEN_HEADER)
-    return web.json_response(meta_json(await _storage(request).close_ledger(ledger_id, token)))
+    return json_response(meta_json(await _storage(request).close_ledger(ledger_id, token)))
 
 
 @routes.post("/api/v1/ledgers/{lid}/fence")
@@ -182,7 +183,7 @@ async def fence_ledger(request: web.Request) -> web.Response:
     storage = _storage(request)
     not_stream_owned(request.app, ledger_id)
     await storage.fence(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
-    return web.json_response(meta_json(storage.ledger(ledger_id)))
+    return json_response(meta_json(storage.ledger(ledger_id)))
 
 
 def _content_type(request: web.Request) -> str:
@@ -349,4 +350,4 @@ async def long_poll_lac(request: web.Request) -> web.Response:
             lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
         lac = storage.ledger(ledger_id).lac
-    return web.json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())
+    return json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())

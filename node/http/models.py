@@ -44,6 +44,13 @@ Position = Annotated[
     str, Field(pattern=POSITION_PATTERN, description="L:E (ledger id:entry id), decimal")
 ]
 Id = Annotated[int, Field(ge=0, le=MAX_ID)]
+MarkDelete = Annotated[
+    Position | None,
+    Field(
+        description="The last entry the cursor acknowledged (L:-1: none of ledger L, the "
+        "stream's first); null while the stream holds no ledger yet (nothing to acknowledge)"
+    ),
+]
 Count = Annotated[int, Field(ge=0)]
 Millis = Annotated[int, Field(description="ms since the epoch")]
 
@@ -412,7 +419,7 @@ class StreamLedger(Reply):
 
 class Cursor(Reply):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    markDeletePosition: Position
+    markDeletePosition: MarkDelete
     backlogEntries: Count
     backlogBytes: Count
     createdTime: Millis
@@ -547,6 +554,16 @@ class StatusWal(Reply):
     queueBytes: Count
     checkpoints: Count
     lastCheckpoint: Annotated[str, Field(description="WAL position of the last checkpoint")]
+    lastCheckpointMs: Annotated[
+        Millis | None, Field(description="When the last checkpoint ended; null: none since start")
+    ]
+    sinceCheckpointBytes: Annotated[
+        Count,
+        Field(
+            description="Entry bytes written since the last checkpoint, not yet in entry logs: "
+            "what a start after a crash replays from the WAL"
+        ),
+    ]
     groupWrites: Annotated[Count, Field(description="WAL group writes (fsyncs) since start")]
     fsyncP50Seconds: Annotated[
         float | None, Field(description="Over the latest history interval with WAL writes")
@@ -592,6 +609,28 @@ class StatusRetention(Reply):
     deletedBytes: Count
     schedulerEnabled: bool
     deleteWhen: Annotated[str, Field(description="Hours of the day the scheduler runs")]
+    cleanAbove: Annotated[
+        float,
+        Field(
+            description="disk_max_used_space_ratio: above it retention runs every "
+            "pressureRunSeconds, by the streams' policies"
+        ),
+    ]
+    pressureRunSeconds: Annotated[
+        Seconds, Field(description="How often retention runs while a disk is past cleanAbove")
+    ]
+    forcedAbove: Annotated[
+        float,
+        Field(
+            description="disk_space_clean_forcibly_ratio: above it retention deletes every "
+            "acknowledged closed ledger, whatever the streams' retention"
+        ),
+    ]
+    diskUsage: Annotated[float, Field(ge=0, description="The fullest data disk's usage")]
+    diskPressure: Annotated[
+        Literal["none", "cleaning", "forced"],
+        Field(description="Which of the two the fullest data disk is past now"),
+    ]
 
 
 class StatusOffload(Reply):
@@ -616,7 +655,7 @@ class StatusAudit(Reply):
 
 class StatusCursor(Reply):
     name: str
-    markDeletePosition: Position
+    markDeletePosition: MarkDelete
     backlogEntries: Count
     backlogBytes: Count
     oldestUnacknowledgedAgeSeconds: Annotated[
@@ -713,8 +752,7 @@ class StatusLogCell(Reply):
     ledgers: Count | None
     liveBytes: Count | None
     usage: Annotated[
-        float | None,
-        Field(ge=0, description="Live bytes over the larger of size and log_size_limit"),
+        float | None, Field(ge=0, le=1, description="Live bytes over the log's own size")
     ]
 
 
@@ -731,12 +769,22 @@ class StatusPinnedLog(Reply):
     logId: LogId
     ageSeconds: Seconds
     liveLedgers: Count
+    old: Annotated[
+        bool, Field(description="Older than oldAfterSeconds: pinned past retention and GC")
+    ]
     pins: Annotated[list[StatusPin], Field(description="The largest first")]
 
 
 class StatusEntryLogs(Reply):
     nowMs: Millis
     logSizeLimitBytes: Count
+    oldAfterSeconds: Annotated[
+        Seconds,
+        Field(
+            description="default retention time + major compaction interval: a log with live "
+            "data past this age is pinned (the audit's pinned check, the EntryLogPinned alert)"
+        ),
+    ]
     logs: list[StatusLogCell]
     oldestPinned: Annotated[
         list[StatusPinnedLog], Field(description="The oldest sealed logs that hold live data")

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from node.http import models
 from node.http.errors import ApiError
+from node.http.jsonreply import json_response
 from node.http.state import WORK
 
 routes = web.RouteTableDef()
@@ -19,14 +20,14 @@ async def run_offload(request: web.Request) -> web.Response:
     body = models.OFFLOAD_RUN.parse(await request.read())
     stream, ledgers = body.get("stream"), body.get("ledgers")
     result = await request.app[WORK].offload.run(dry_run == "true", stream, ledgers)
-    return web.json_response(result.to_json(dry_run == "true"))
+    return json_response(result.to_json(dry_run == "true"))
 
 
 @routes.get("/api/v1/offload/status")
 async def offload_status(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[WORK].offload.status())
+    return json_response(await request.app[WORK].offload.status())
 
 
 @routes.delete("/api/v1/offload/unknown-objects")
 async def remove_unknown_objects(request: web.Request) -> web.Response:
-    return web.json_response(await request.app[WORK].offload.remove_unknown_objects())
+    return json_response(await request.app[WORK].offload.remove_unknown_objects())

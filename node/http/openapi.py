@@ -13,6 +13,7 @@ from aiohttp import web
 
 from node import __version__
 from node.http import models
+from node.http.jsonreply import json_response
 from node.http.state import SETTINGS
 from node.http.status import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
 from node.settings import Settings
@@ -749,4 +750,4 @@ def _offload_paths() -> dict[str, Any]:
 
 @routes.get("/openapi.json")
 async def openapi_json(request: web.Request) -> web.Response:
-    return web.json_response(document(request.app[SETTINGS]))
+    return json_response(document(request.app[SETTINGS]))

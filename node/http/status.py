@@ -22,11 +22,13 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.errors import ApiError
+from node.http.jsonreply import json_response
 from node.http.ledgers import parse_id
 from node.http.state import AUDIT, LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
+from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
 from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
 from node.settings import Settings
-from node.status.entrylogs import MapCache, PinContext, build_map, scan_logs
+from node.status.entrylogs import MapCache, PinContext, build_map, pinned_after_s, scan_logs
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
 from node.storage.clock import Clock, SystemClock
 from node.storage.ledgers import DISK
@@ -195,6 +197,8 @@ def _wal(app: web.Application, history: History) -> models.StatusWal:
         queueBytes=storage.wal_queued_bytes,
         checkpoints=storage.stats.checkpoints,
         lastCheckpoint=f"{mark.log_id:x}:{mark.offset}",
+        lastCheckpointMs=storage.stats.last_checkpoint_ms or None,
+        sinceCheckpointBytes=storage.write_cache_bytes,
         groupWrites=int(histogram_buckets(metrics.journal_fsync_seconds).count),
         fsyncP50Seconds=last.fsync_p50_s if last else None,
         fsyncP99Seconds=last.fsync_p99_s if last else None,
@@ -225,9 +229,15 @@ def _gc(app: web.Application) -> models.StatusGc:
     )
 
 
-def _retention(app: web.Application) -> models.StatusRetention:
+def _retention(app: web.Application, disks: list[models.StatusDisk]) -> models.StatusRetention:
     stats, settings = app[WORK].retention.stats, app[SETTINGS]
+    fullest = max((d.usage for d in disks), default=0.0)
     return models.StatusRetention(
+        cleanAbove=settings.disk_max_used_space_ratio,
+        pressureRunSeconds=SCHEDULER_TICK_S,
+        forcedAbove=settings.disk_space_clean_forcibly_ratio,
+        diskUsage=fullest,
+        diskPressure=disk_pressure(settings, fullest),
         runs=stats.runs,
         lastRunMs=stats.last_run_ms or None,
         deletedLedgers=sum(stats.deleted.values()),
@@ -275,7 +285,7 @@ def _status_stream(s: StreamSnapshot) -> models.StatusStream:
         cursors=[
             models.StatusCursor(
                 name=c.name,
-                markDeletePosition=str(c.mark_delete),
+                markDeletePosition=None if c.mark_delete is None else str(c.mark_delete),
                 backlogEntries=c.backlog_entries,
                 backlogBytes=c.backlog_bytes,
                 oldestUnacknowledgedAgeSeconds=c.oldest_unacknowledged_age_s,
@@ -333,13 +343,13 @@ async def summary(request: web.Request) -> web.Response:
             rejectedAdds=stats.rejected_adds,
         ),
         gc=_gc(app),
-        retention=_retention(app),
+        retention=_retention(app, disks),
         offload=_offload(app),
         audit=_audit(app),
         streams=streams,
         streamTotals=stream_totals,
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 @routes.get("/api/v1/status/streams")
@@ -362,7 +372,7 @@ async def streams_page(request: web.Request) -> web.Response:
             for stream in everything[offset : offset + limit]
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 @routes.get("/api/v1/status/history")
@@ -386,7 +396,7 @@ async def history(request: web.Request) -> web.Response:
             for s in h.samples()
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())
 
 
 def _sealed(app: web.Application) -> set[int]:
@@ -414,10 +424,14 @@ async def entry_logs(request: web.Request) -> web.Response:
         now_ms=now_ms,
         offload_deletion_lag_ms=settings.managed_ledger_offload_deletion_lag_ms,
     )
-    built = build_map(logs, ctx, settings.log_size_limit, PINNED_LOGS_SHOWN, PINS_PER_LOG)
+    old_after_s = pinned_after_s(
+        settings.default_retention_time_in_minutes, settings.major_compaction_interval
+    )
+    built = build_map(logs, ctx, old_after_s, PINNED_LOGS_SHOWN, PINS_PER_LOG)
     reply = models.StatusEntryLogs(
         nowMs=now_ms,
         logSizeLimitBytes=settings.log_size_limit,
+        oldAfterSeconds=old_after_s,
         logs=[
             models.StatusLogCell(
                 logId=f"{c.log_id:x}",
@@ -435,6 +449,7 @@ async def entry_logs(request: web.Request) -> web.Response:
                 logId=f"{p.log_id:x}",
                 ageSeconds=p.age_s,
                 liveLedgers=p.live_ledgers,
+                old=p.old,
                 pins=[
                     models.StatusPin(
                         ledgerId=pin.ledger_id,
@@ -450,4 +465,4 @@ async def entry_logs(request: web.Request) -> web.Response:
             for p in built.oldest_pinned
         ],
     )
-    return web.json_response(reply.to_json())
+    return json_response(reply.to_json())

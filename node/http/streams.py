@@ -16,6 +16,7 @@ from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.frames import BATCH_CONTENT_TYPE
+from node.http.jsonreply import LINE_END, json_response
 from node.http.ledgers import JSON, RAW_TYPES, decode_payloads, parse_id, unsupported
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
@@ -93,9 +94,10 @@ def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
 
 def _cursor_model(streams: StreamManager, cursor: Cursor) -> models.Cursor:
     backlog = streams.backlog(cursor.stream, cursor.mark_delete)
+    shown = streams.stream(cursor.stream).shown_mark(cursor.mark_delete)
     return models.Cursor(
         name=cursor.name,
-        markDeletePosition=str(cursor.mark_delete),
+        markDeletePosition=None if shown is None else str(shown),
         backlogEntries=backlog.entries,
         backlogBytes=backlog.size_bytes,
         createdTime=cursor.created_ms,
@@ -127,7 +129,7 @@ async def _frames(request: web.Request, reply: ReplyBytes, found: Read) -> web.S
 async def list_streams(request: web.Request) -> web.Response:
     streams = _streams(request)
     listing = models.StreamList(streams=[_stream_model(streams, s) for s in streams.streams()])
-    return web.json_response(listing.to_json())
+    return json_response(listing.to_json())
 
 
 @routes.put("/api/v1/streams/{name}")
@@ -135,13 +137,13 @@ async def put_stream(request: web.Request) -> web.Response:
     streams = _streams(request)
     policies = models.STREAM_POLICIES.parse(await request.read())
     stream, created = await streams.put_stream(_name(request), dict(policies))
-    return web.json_response(_stream_json(streams, stream), status=201 if created else 200)
+    return json_response(_stream_json(streams, stream), status=201 if created else 200)
 
 
 @routes.get("/api/v1/streams/{name}")
 async def get_stream(request: web.Request) -> web.Response:
     streams = _streams(request)
-    return web.json_response(_stream_json(streams, streams.stream(_name(request))))
+    return json_response(_stream_json(streams, streams.stream(_name(request))))
 
 
 @routes.delete("/api/v1/streams/{name}")
@@ -174,11 +176,12 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
     app[METRICS].add_latency_stream.observe(time.perf_counter() - started)
     if content_type == BATCH_CONTENT_TYPE:
         # A batch lands in one ledger at consecutive entry ids: first and last name them all.
-        return b'{"firstPosition": "%s", "lastPosition": "%s"}' % (
+        return b'{"firstPosition": "%s", "lastPosition": "%s"}%s' % (
             str(positions[0]).encode(),
             str(positions[-1]).encode(),
+            LINE_END,
         )
-    return b'{"position": "%s"}' % str(positions[0]).encode()
+    return b'{"position": "%s"}%s' % (str(positions[0]).encode(), LINE_END)
 
 
 @routes.get("/api/v1/streams/{name}/entries")
@@ -198,13 +201,13 @@ async def create_cursor(request: web.Request) -> web.Response:
     cursor, created = await streams.create_cursor(
         _name(request), request.match_info["cursor"], start
     )
-    return web.json_response(_cursor_json(streams, cursor), status=201 if created else 200)
+    return json_response(_cursor_json(streams, cursor), status=201 if created else 200)
 
 
 @routes.get("/api/v1/streams/{name}/cursors/{cursor}")
 async def get_cursor(request: web.Request) -> web.Response:
     streams = _streams(request)
-    return web.json_response(
+    return json_response(
         _cursor_json(streams, streams.cursor(_name(request), request.match_info["cursor"]))
     )
 
@@ -230,7 +233,7 @@ async def acknowledge(request: web.Request) -> web.Response:
     position = await _position_field(request)
     streams = _streams(request)
     cursor = await streams.acknowledge(_name(request), request.match_info["cursor"], position)
-    return web.json_response(_cursor_json(streams, cursor))
+    return json_response(_cursor_json(streams, cursor))
 
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/reset")
@@ -238,7 +241,7 @@ async def reset(request: web.Request) -> web.Response:
     position = await _position_field(request)
     streams = _streams(request)
     cursor = await streams.reset(_name(request), request.match_info["cursor"], position)
-    return web.json_response(_cursor_json(streams, cursor))
+    return json_response(_cursor_json(streams, cursor))
 
 
 @routes.post("/api/v1/retention/run")
@@ -253,4 +256,4 @@ async def run_retention(request: web.Request) -> web.Response:
             "streams": {name: [d.to_json() for d in plan] for name, plan in done.items()},
         }
     )
-    return web.json_response(result.to_json())
+    return json_response(result.to_json())

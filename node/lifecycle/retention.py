@@ -10,8 +10,14 @@ the retention time and size are ignored for acknowledged data (still never for b
 
 When: ``POST /api/v1/retention/run`` (with a dry run), every day at the hours of
 ``delete_when`` when ``retention_scheduler_enabled`` (turn it off when Airflow drives
-retention), and at once when a data disk passes ``disk_max_used_space_ratio``. Deletions
-are paced by ``delete_commit_log_files_interval``. Deleted ledgers' space comes back with GC.
+retention), and at every scheduler tick (30 s) while a data disk is past
+``disk_max_used_space_ratio``. Deletions are paced by ``delete_commit_log_files_interval``.
+Deleted ledgers' space comes back with GC.
+
+A run under disk pressure that deletes logs it at WARNING, naming the ledgers, the disk's
+usage and the threshold passed: on a shared disk the node may delete data its owners
+thought retained, and the log must say so; entering and leaving the pressure modes is
+logged too.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
 from node.streams.manager import StreamManager
@@ -31,6 +39,42 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_TICK_S = 30.0  # how often the scheduler looks at the clock and the disks
 HOUR_S = 3600
+LOGGED_LEDGERS = 20  # ledgers named per stream in a pressure run's warning; the rest counted
+
+Pressure = Literal["none", "cleaning", "forced"]
+
+
+def disk_pressure(settings: Settings, usage: float) -> Pressure:
+    """Which retention mode the fullest data disk's ``usage`` puts the node in: "cleaning"
+    past disk_max_used_space_ratio (runs every tick, by the streams' policies), "forced"
+    past disk_space_clean_forcibly_ratio (acknowledged ledgers go whatever their policy)."""
+    if usage > settings.disk_space_clean_forcibly_ratio:
+        return "forced"
+    if usage > settings.disk_max_used_space_ratio:
+        return "cleaning"
+    return "none"
+
+
+def _pressure_text(settings: Settings, pressure: Pressure, usage: float) -> str:
+    if pressure == "forced":
+        return (
+            f"data disk {usage:.0%} full, past disk_space_clean_forcibly_ratio "
+            f"{settings.disk_space_clean_forcibly_ratio:.0%}: acknowledged closed ledgers are "
+            "deleted whatever the streams' retention"
+        )
+    return (
+        f"data disk {usage:.0%} full, past disk_max_used_space_ratio "
+        f"{settings.disk_max_used_space_ratio:.0%}: retention runs every "
+        f"{SCHEDULER_TICK_S:.0f} s"
+    )
+
+
+def _named(plan: list[Deletion]) -> str:
+    shown = ", ".join(
+        f"{d.ledger_id} ({d.reason}, {d.size_bytes} bytes)" for d in plan[:LOGGED_LEDGERS]
+    )
+    more = len(plan) - LOGGED_LEDGERS
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(slots=True)
@@ -99,6 +143,7 @@ class Retention:
         self._lock = asyncio.Lock()
         self.stats = RetentionStats()
         self._last_scheduled_hour: int | None = None
+        self._pressure: Pressure = "none"  # as the scheduler last saw it (logged on change)
 
     def plan(self, name: str, forced: bool, ttl_mark: Position | None = None) -> list[Deletion]:
         """``ttl_mark``: where the message TTL would move every cursor (for a dry run, which
@@ -113,9 +158,10 @@ class Retention:
     ) -> dict[str, list[Deletion]]:
         """One retention pass over every stream; what was (or would be) deleted."""
         async with self._lock:
+            usage = await asyncio.to_thread(self._disk_usage)
+            pressure = disk_pressure(self._settings, usage)
             if forced is None:
-                usage = await asyncio.to_thread(self._disk_usage)
-                forced = usage > self._settings.disk_space_clean_forcibly_ratio
+                forced = pressure == "forced"
             self.stats.runs += 0 if dry_run else 1
             await self.roll_idle()  # a dry run too: a rollover is no deletion
             now = self._clock.now_ms()
@@ -141,10 +187,17 @@ class Retention:
                     self.stats.deleted[key] = self.stats.deleted.get(key, 0) + 1
                     bytes_so_far = self.stats.deleted_bytes.get(key, 0)
                     self.stats.deleted_bytes[key] = bytes_so_far + deletion.size_bytes
-                log.info(
-                    "retention deleted %d ledgers of stream %s (%s)",
-                    len(plan), stream.name, ", ".join(sorted({d.reason for d in plan})),
-                )  # fmt: skip
+                if pressure == "none":
+                    log.info(
+                        "retention deleted %d ledgers of stream %s (%s)",
+                        len(plan), stream.name, ", ".join(sorted({d.reason for d in plan})),
+                    )  # fmt: skip
+                else:
+                    log.warning(
+                        "retention under disk pressure (%s) deleted %d ledgers of stream %s: %s",
+                        _pressure_text(self._settings, pressure, usage),
+                        len(plan), stream.name, _named(plan),
+                    )  # fmt: skip
             if not dry_run:  # a run that finished: the "retention not running" alert's clock
                 self.stats.last_run_ms = self._clock.now_ms()
             return done
@@ -160,6 +213,15 @@ class Retention:
 
     def _due_hours(self) -> set[int]:
         return {int(h) for h in self._settings.delete_when.split(";") if h.strip().isdigit()}
+
+    def _note_pressure(self, pressure: Pressure, usage: float) -> None:
+        if pressure == self._pressure:
+            return
+        if pressure == "none":
+            log.info("data disk %.0f%% full: retention is back to its schedule", usage * 100)
+        else:
+            log.warning("%s", _pressure_text(self._settings, pressure, usage))
+        self._pressure = pressure
 
     async def run_forever(self) -> None:
         """RocketMQ's triggers: the hours of ``delete_when``, and a disk past the cleaning
@@ -177,7 +239,8 @@ class Retention:
                 if scheduled:
                     self._last_scheduled_hour = hour
                 usage = await asyncio.to_thread(self._disk_usage)
-                if scheduled or usage > self._settings.disk_max_used_space_ratio:
+                self._note_pressure(disk_pressure(self._settings, usage), usage)
+                if scheduled or self._pressure != "none":
                     await self.run()
                 elif hour not in self._due_hours():
                     self._last_scheduled_hour = None

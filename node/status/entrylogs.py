@@ -124,7 +124,9 @@ class LogCell:
     sealed: bool
     ledgers: int | None  # ledgers with data in it (None: unknown)
     live_bytes: int | None
-    usage: float | None  # live bytes over the larger of size and log_size_limit (GC's measure)
+    # live bytes over the log's own size: the map's shade. (GC measures against the larger of
+    # size and log_size_limit, which on a node of small logs shades every cell empty.)
+    usage: float | None
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,6 +134,7 @@ class PinnedLog:
     log_id: int
     age_s: float
     live_ledgers: int
+    old: bool  # past the pinned horizon: flagged on the page
     pins: list[Pin]  # the largest first, at most pins_per_log
 
 
@@ -185,7 +188,7 @@ def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
                 size,
                 "cursor_backlog",
                 f"cursor {slowest.name} has not acknowledged it (mark-delete at "
-                f"{slowest.mark_delete})",
+                f"{stream.shown_mark(slowest.mark_delete)})",
                 stream.name,
                 slowest.name,
             )
@@ -230,10 +233,17 @@ def _retention_detail(stream: Stream, meta: LedgerMeta, now_ms: int) -> str:
     return "acknowledged; " + "; ".join(parts)
 
 
+def pinned_after_s(default_retention_minutes: int, major_compaction_interval_s: int) -> float:
+    """The age past which a log with live data is pinned, not merely young: the default
+    retention plus a major compaction interval (the audit's ``pinned`` check and the
+    StorageNodeEntryLogPinned alert use the same horizon). Retention -1 (forever) counts 0."""
+    return max(0, default_retention_minutes) * MINUTE_MS / MS_PER_S + major_compaction_interval_s
+
+
 def build_map(
     logs: list[LogFile],
     ctx: PinContext,
-    log_size_limit: int,
+    old_after_s: float,
     pinned_shown: int,
     pins_per_log: int,
 ) -> EntryLogMap:
@@ -246,7 +256,7 @@ def build_map(
             continue
         live = {lid: n for lid, n in f.ledgers.items() if lid in ctx.ledgers}
         live_bytes = sum(live.values())
-        usage = live_bytes / max(f.size_bytes, log_size_limit)
+        usage = min(1.0, live_bytes / f.size_bytes) if f.size_bytes else 0.0
         cells.append(
             LogCell(f.log_id, f.size_bytes, age_s, f.sealed, len(f.ledgers), live_bytes, usage)
         )
@@ -259,7 +269,7 @@ def build_map(
     # Oldest first; equal ages (logs sealed in one second) by id, which grows with time.
     candidates.sort(key=lambda c: (-c[0], c[1].log_id))
     pinned = [
-        PinnedLog(f.log_id, age_s, len(pins), pins[:pins_per_log])
+        PinnedLog(f.log_id, age_s, len(pins), age_s > old_after_s, pins[:pins_per_log])
         for age_s, f, pins in candidates[:pinned_shown]
     ]
     return EntryLogMap(cells, pinned)

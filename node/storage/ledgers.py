@@ -116,6 +116,7 @@ class Stats:
     throttled_adds: int = 0
     rejected_adds: int = 0
     checkpoints: int = 0
+    last_checkpoint_ms: int = 0  # wall clock of the last checkpoint's end; 0: none since start
     # The flush thread's work (entry log, fsync, index) of the checkpoints done: its rate is
     # what BookKeeper quotes for its single flush thread (~250K 1 KB entries/s, PR 1289).
     flushed_entries: int = 0
@@ -1175,6 +1176,7 @@ class LedgerStorage:
             self.last_checkpoint_mark = mark
             elapsed = self._clock.monotonic() - started
             self.stats.checkpoints += 1
+            self.stats.last_checkpoint_ms = self._clock.now_ms()
             self.stats.flushed_entries += frozen.count
             self.stats.flush_seconds_total += flushed
             self._probe.checkpoint(elapsed, frozen.count, frozen.size)

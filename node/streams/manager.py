@@ -641,12 +641,18 @@ class StreamManager:
         self._index_of(stream, position.ledger_id)
         return Position(position.ledger_id, position.entry_id - 1)
 
-    def _check_readable(self, stream: Stream, position: Position) -> None:
-        info = stream.ledgers[self._index_of(stream, position.ledger_id)]
-        if not -1 <= position.entry_id <= self._last_entry(info):
+    def _check_readable(self, stream: Stream, mark: Position, asked: Position) -> None:
+        """``mark`` (a mark-delete) must lie in the stream; the message names ``asked``, the
+        position the client gave (a reset's and a cursor start's mark is the entry before)."""
+        info = stream.ledgers[self._index_of(stream, mark.ledger_id)]
+        last = self._last_entry(info)
+        if mark.entry_id > last:
             raise InvalidPosition(
-                f"entry {position.entry_id} of ledger {position.ledger_id} does not exist yet"
+                f"entry {asked.entry_id} of ledger {asked.ledger_id} does not exist yet (its "
+                f"last entry is {last})"
             )
+        if mark.entry_id < -1:
+            raise InvalidPosition(f"{asked} names no entry: entry ids start at 0")
 
     async def create_cursor(self, name: str, cursor: str, start: str) -> tuple[Cursor, bool]:
         if not NAME.fullmatch(cursor):
@@ -670,7 +676,9 @@ class StreamManager:
                         f"stream {name} has no entries yet, so {start} is not one of them: "
                         'create the cursor at "earliest" or "latest"'
                     )
-                self._check_readable(stream, Position(position.ledger_id, position.entry_id - 1))
+                self._check_readable(
+                    stream, Position(position.ledger_id, position.entry_id - 1), position
+                )
                 mark = self._before(stream, position)
             created = Cursor(name, cursor, mark, self._clock.now_ms())
             await self._storage.write_records({created.key(): created.encode()})
@@ -680,7 +688,7 @@ class StreamManager:
     async def acknowledge(self, name: str, cursor: str, position: Position) -> Cursor:
         """Mark-delete up to ``position`` (never moves back: use reset for that)."""
         found = self.cursor(name, cursor)
-        self._check_readable(self.stream(name), position)
+        self._check_readable(self.stream(name), position, position)
         await self._move(found, position, forward_only=True)
         return found
 
@@ -689,7 +697,7 @@ class StreamManager:
         found = self.cursor(name, cursor)
         stream = self.stream(name)
         mark = self._before(stream, position)
-        self._check_readable(stream, mark)
+        self._check_readable(stream, mark, position)
         await self._move(found, mark)
         return found
 

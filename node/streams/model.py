@@ -15,7 +15,8 @@ that no stream names for another reason (which it keeps: it may hold acknowledge
 "created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed.
 Positions are (ledger id, entry id), written ``L:E``. A cursor's mark-delete position is the
 last entry it acknowledged: everything at or before it is consumed; (L, -1) means nothing of
-ledger L yet.
+ledger L yet. A cursor made on a stream with no ledger yet is stored at (0, -1), before every
+ledger; the API shows it as null until the stream has a ledger (``Stream.shown_mark``).
 """
 
 from __future__ import annotations
@@ -167,6 +168,16 @@ class Stream:
 
     def key(self) -> bytes:
         return STREAM_PREFIX + self.name.encode()
+
+    def shown_mark(self, mark: Position) -> Position | None:
+        """A cursor's mark-delete as the API shows it. None while the stream holds no ledger
+        (nothing to acknowledge yet). A mark before the stream's first ledger (a cursor made
+        on an empty stream is kept at 0:-1, which sorts before every ledger; one whose
+        ledgers retention deleted keeps their id) is the same as acknowledging nothing of
+        that ledger: shown as its L:-1, never naming a ledger the stream does not hold."""
+        if not self.ledgers:
+            return None
+        return max(mark, Position(self.ledgers[0].ledger_id, -1))
 
     def encode(self) -> bytes:
         return json.dumps(

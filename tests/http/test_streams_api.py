@@ -142,7 +142,8 @@ def _check_cursor_shape(cursor: dict[str, Any]) -> None:
         "backlogBytes",
         "createdTime",
     }
-    assert isinstance(cursor["name"], str) and isinstance(cursor["markDeletePosition"], str)
+    assert isinstance(cursor["name"], str)
+    assert isinstance(cursor["markDeletePosition"], str | None)
     for key in ("backlogEntries", "backlogBytes", "createdTime"):
         assert type(cursor[key]) is int, (key, cursor)
 
@@ -308,6 +309,45 @@ async def test_long_poll_ends_with_404_when_the_stream_is_deleted(client: Any) -
 
 
 # --- cursors ---------------------------------------------------------------------------------
+
+
+async def test_an_empty_streams_cursor_names_no_ledger_and_errors_name_the_asked_entry(
+    client: Any,
+) -> None:
+    """Issue 28, item 8: "0:-1" named an unrelated ledger 0; a reset to L:999 said "entry
+    998 of ledger L does not exist yet"."""
+    unrelated = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
+    await _stream(client)
+    r = await client.put("/api/v1/streams/orders/cursors/c1", json={"start": "earliest"})
+    created = await r.json()
+    _check_cursor_shape(created)
+    assert created["markDeletePosition"] is None  # nothing to acknowledge yet
+    assert (await _details(client))["cursors"][0]["markDeletePosition"] is None
+    summary = await (await client.get("/api/v1/status/summary")).json()
+    assert summary["streams"][0]["cursors"][0]["markDeletePosition"] is None
+    first = await _append(client)
+    ledger = _ledger(first)
+    assert ledger != unrelated
+    assert (await _cursor(client))["markDeletePosition"] == f"{ledger}:-1"
+    summary = await (await client.get("/api/v1/status/summary")).json()
+    assert summary["streams"][0]["cursors"][0]["markDeletePosition"] == f"{ledger}:-1"
+
+    for action, asked in (("reset", f"{ledger}:999"), ("ack", f"{ledger}:999")):
+        r = await client.post(
+            f"/api/v1/streams/orders/cursors/c1/{action}", json={"position": asked}
+        )
+        await _error(r, 422, "invalid_position")
+        message = (await r.json())["message"]
+        assert f"entry 999 of ledger {ledger} does not exist yet" in message, message
+        assert "its last entry is 0" in message
+    r = await client.put("/api/v1/streams/orders/cursors/c2", json={"start": f"{ledger}:7"})
+    await _error(r, 422, "invalid_position")
+    assert f"entry 7 of ledger {ledger} does not exist yet" in (await r.json())["message"]
+    r = await client.post(
+        "/api/v1/streams/orders/cursors/c1/reset", json={"position": f"{ledger}:-1"}
+    )
+    await _error(r, 422, "invalid_position")
+    assert "entry ids start at 0" in (await r.json())["message"]
 
 
 async def test_cursor_lifecycle_reads_acks_resets_and_backlog(client: Any) -> None:

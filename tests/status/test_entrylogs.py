@@ -6,14 +6,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from node.status.entrylogs import LogFile, MapCache, PinContext, build_map, scan_logs, why_pinned
+from node.status.entrylogs import (
+    LogFile,
+    MapCache,
+    PinContext,
+    build_map,
+    pinned_after_s,
+    scan_logs,
+    why_pinned,
+)
 from node.storage.entrylog import HEADER_SIZE, create_log, encode_record, log_path, seal
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.streams.model import MINUTE_MS, Cursor, LedgerInfo, Policies, Position, Stream
 
 NOW_MS = 1_800_000_000_000
 DAY_MS = 24 * 60 * MINUTE_MS
-LIMIT = 1 << 20
+# pinned_after_s of the defaults: 3 days of retention + 1 day between major compactions
+OLD_AFTER_S = pinned_after_s(72 * 60, 86_400)
 
 
 def ledger(
@@ -86,7 +95,9 @@ def test_the_slowest_cursor_behind_a_closed_stream_ledger_is_named() -> None:
     ]
     pin = why_pinned(first, context([first], orders(), cursors))
     assert (pin.reason, pin.stream, pin.cursor) == ("cursor_backlog", "orders", "slower")
-    assert "0:-1" in pin.detail
+    # Created on the empty stream (stored 0:-1): shown as none of the stream's first ledger,
+    # not as a ledger 0 that is not the stream's (issue 28, item 8).
+    assert "mark-delete at 1:-1" in pin.detail
     # A cursor at the ledger's last entry has acknowledged all of it.
     pin = why_pinned(first, context([first], orders(), [cursor("done", Position(1, 9))]))
     assert pin.reason == "retention"
@@ -114,27 +125,30 @@ def test_plain_offloaded_and_deleted_ledgers() -> None:
     assert why_pinned(deleted, context([deleted])).reason == "awaiting_gc"
 
 
-def test_the_map_highlights_the_oldest_sealed_logs_with_live_data_and_their_largest_ledgers() -> (
-    None
-):
-    metas = [ledger(1), ledger(2), ledger(3, LedgerState.OPEN)]
+def test_the_map_shades_each_log_by_its_own_size_and_flags_only_logs_past_the_horizon() -> None:
+    assert OLD_AFTER_S == 4 * 24 * 3600
+    metas = [ledger(1), ledger(2), ledger(3, LedgerState.OPEN), ledger(4)]
     logs = [
         LogFile(1, 4096, NOW_MS - 90 * DAY_MS, True, {1: 100, 2: 900, 99: 3000}),  # 99 is gone
-        LogFile(2, 4096, NOW_MS - 1000, True, {99: 4000}),  # nothing live: not highlighted
+        LogFile(2, 4096, NOW_MS - 1000, True, {99: 4000}),  # nothing live: not listed
         LogFile(3, 4096, NOW_MS - 5 * DAY_MS, True, {3: 4000}),
         LogFile(4, 2048, NOW_MS, False, None),  # being written
+        LogFile(5, 4096, NOW_MS - 2 * MINUTE_MS, True, {4: 2048}),  # young: listed, not old
     ]
-    built = build_map(logs, context(metas), LIMIT, pinned_shown=5, pins_per_log=1)
+    built = build_map(logs, context(metas), OLD_AFTER_S, pinned_shown=5, pins_per_log=1)
     cells = {c.log_id: c for c in built.logs}
-    assert cells[1].live_bytes == 1000 and cells[1].usage == 1000 / LIMIT
+    # A 4 KiB log with 1000 live bytes is a quarter live: the shade is against its own size
+    # (against a 1 GiB log_size_limit every small log looked empty).
+    assert cells[1].live_bytes == 1000 and cells[1].usage == 1000 / 4096
+    assert cells[5].usage == 0.5
     assert cells[1].age_s == 90 * 24 * 3600
     assert cells[2].live_bytes == 0 and cells[4].usage is None and not cells[4].sealed
-    assert [p.log_id for p in built.oldest_pinned] == [1, 3]
+    assert [(p.log_id, p.old) for p in built.oldest_pinned] == [(1, True), (3, True), (5, False)]
     oldest = built.oldest_pinned[0]
     assert oldest.live_ledgers == 2
     assert [(p.ledger_id, p.size_bytes, p.reason) for p in oldest.pins] == [(2, 900, "not_deleted")]
     assert built.oldest_pinned[1].pins[0].reason == "open_ledger"
-    assert build_map(logs, context(metas), LIMIT, 1, 10).oldest_pinned[0].log_id == 1
+    assert build_map(logs, context(metas), OLD_AFTER_S, 1, 10).oldest_pinned[0].log_id == 1
 
 
 def _write_log(

@@ -321,6 +321,78 @@ def test_a_log_made_old_is_highlighted_with_the_ledger_that_pins_it(
     page.context.close()
 
 
+def _text_becomes(page: Page, selector: str, text: str) -> None:
+    page.wait_for_function(
+        "([sel, text]) => document.querySelector(sel).textContent === text", arg=[selector, text]
+    )
+
+
+def test_what_the_page_says_means_what_it_says(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    """Issue 28, item 7: compaction "running" only while one runs; each log shaded by its own
+    size; only logs past the pinned horizon outlined; the checkpoint as when and how much;
+    the graphs' restart said; the disk-pressure thresholds of retention (item 9)."""
+    deadline = time.monotonic() + 30
+    # A young sealed log that the never-acknowledging cursor keeps (the workload seals one
+    # every few seconds).
+    while all(p["old"] for p in node.get_json("/api/v1/status/entrylogs")["oldestPinned"]):
+        assert time.monotonic() < deadline, "no young sealed log holds live data"
+        time.sleep(0.2)
+    page = _open(browser, node).page
+    with world["workload"].pause():
+        time.sleep(0.5)  # the last add's checkpoint (flush_interval 100 ms)
+        _updated_after(page, time.time() * 1000)
+        logs = node.get_json("/api/v1/status/entrylogs")
+        summary = node.get_json("/api/v1/status/summary")
+        assert logs["oldAfterSeconds"] == (72 * 60 + 24 * 60) * 60  # as shipped: 4 days
+        young = [p for p in logs["oldestPinned"] if not p["old"]]
+        assert young, logs["oldestPinned"]
+        assert [p["logId"] for p in logs["oldestPinned"] if p["old"]] == [world["aged_log"]]
+        for listed in young:
+            cell = page.locator(f'#logmap [data-log="{listed["logId"]}"]')
+            assert "pinned" not in (cell.get_attribute("class") or "")
+            assert "old and pinned" not in cell.inner_text()
+        aged = page.locator(f'#logmap [data-log="{world["aged_log"]}"]')
+        assert "pinned" in (aged.get_attribute("class") or "")
+        assert "old and pinned" in aged.inner_text()
+        assert "4.0 d" in page.locator("#old-after").inner_text()
+        # The shade: live bytes over the log's own size (a 64 KiB log, not 1 GiB).
+        shaded = [c for c in logs["logs"] if c["usage"] is not None and c["liveBytes"]]
+        assert shaded
+        for c in shaded:
+            assert c["usage"] == min(1.0, c["liveBytes"] / c["sizeBytes"])
+            style = page.locator(f'#logmap [data-log="{c["logId"]}"]').get_attribute("style")
+            assert f"--usage: {c['usage']:.3f}" in (style or "")
+        assert max(c["usage"] for c in shaded) > 0.1  # would be < 0.07 against 1 GiB
+        # The checkpoint: when, and what a crash would replay; the position in the tooltip.
+        wal = summary["wal"]
+        checkpoint = page.locator("#wal-checkpoint")
+        assert wal["lastCheckpointMs"] is not None
+        assert " ago; " in checkpoint.inner_text()
+        assert checkpoint.get_attribute("title") == f"WAL position {wal['lastCheckpoint']}"
+        assert "a restart starts these graphs empty" in page.locator("#history-note").inner_text()
+        retention = summary["retention"]
+        assert retention["diskPressure"] == "none"
+        thresholds = page.locator("#retention-thresholds").inner_text()
+        assert "disk_max_used_space_ratio" in thresholds
+        assert "disk_space_clean_forcibly_ratio" in thresholds
+        assert "every 30 s" in thresholds
+        assert page.locator("#retention-pressure").inner_text() == "none"
+    # Compaction: "enabled" while not suspended (nothing compacts on this node now).
+    assert summary["gc"]["details"]["compactingLog"] is None
+    assert page.locator("#gc-suspension").inner_text() == "enabled"
+    suspend = {"suspendMajor": True, "suspendMinor": True}
+    _call(node, "PUT", "/api/v1/bookie/gc/suspend_compaction", suspend)
+    try:
+        _text_becomes(page, "#gc-suspension", "suspended")
+    finally:
+        resume = {"resumeMajor": True, "resumeMinor": True}
+        _call(node, "PUT", "/api/v1/bookie/gc/resume_compaction", resume)
+    _text_becomes(page, "#gc-suspension", "enabled")
+    page.context.close()
+
+
 def _tab_to(page: Page, selector: str, limit: int = 60) -> None:
     """Press Tab until ``selector`` has the focus, as a keyboard user would."""
     for _ in range(limit):

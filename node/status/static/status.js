@@ -194,7 +194,9 @@
     }
     renderState(s);
     renderDisks(s);
-    renderWal(s.wal);
+    renderWal(s.wal, s.nowMs);
+    $("#history-note").textContent = "Kept in the node's memory since it started " +
+      `(${time(s.startedMs)}): a restart starts these graphs empty.`;
     renderCharts(data.history);
     renderLogs(data.entrylogs);
     renderGc(s.gc);
@@ -241,7 +243,16 @@
       `read-only ${pct(w.readOnly)} (writable again below ${pct(w.writableAgain)}).`;
   }
 
-  function renderWal(wal) {
+  function renderWal(wal, nowMs) {
+    // The WAL position (journal file:offset) means nothing to an operator: when, and how
+    // much a start after a crash would replay; the position stays in the tooltip.
+    const checkpoint = $("#wal-checkpoint");
+    const since = wal.sinceCheckpointBytes ? `${bytes(wal.sinceCheckpointBytes)} written since ` +
+      "(replayed from the WAL after a crash)" : "nothing written since";
+    checkpoint.textContent = (wal.lastCheckpointMs === null ? "none since start" :
+      `${duration(Math.max(0, nowMs - wal.lastCheckpointMs) / 1000)} ago`) + `; ${since}`;
+    checkpoint.title = `WAL position ${wal.lastCheckpoint}`;
+    checkpoint.dataset.value = JSON.stringify(wal.lastCheckpointMs);
     badge($("#wal-health"), wal.healthy ? "healthy" : "unhealthy", wal.healthy ? "ok" : "bad");
     const problem = $("#wal-problem");
     problem.hidden = !wal.problem;
@@ -320,7 +331,11 @@
   }
 
   function renderLogs(map) {
+    // Every log listed below gets its number; only the old ones are flagged (outlined): a
+    // young sealed log holding live data is normal.
     const pinned = new Map(map.oldestPinned.map((p, i) => [p.logId, i + 1]));
+    const old = new Set(map.oldestPinned.filter((p) => p.old).map((p) => p.logId));
+    $("#old-after").textContent = duration(map.oldAfterSeconds);
     const cells = [...map.logs].sort((a, b) => b.ageSeconds - a.ageSeconds ||
       parseInt(a.logId, 16) - parseInt(b.logId, 16));
     const list = $("#logmap");
@@ -329,8 +344,9 @@
       const usage = log.usage === null ? null : Math.min(1, log.usage);
       const label = `log ${log.logId}: ${duration(log.ageSeconds)} old, ${bytes(log.sizeBytes)}, ` +
         (usage === null ? (log.sealed ? "usage unknown" : "being written") : `${pct(usage)} live`) +
-        (pinned.has(log.logId) ? `, pinned (#${pinned.get(log.logId)} below)` : "");
-      const cell = el("li", { class: "cell" + (pinned.has(log.logId) ? " pinned" : "") +
+        (pinned.has(log.logId) ? `, ${old.has(log.logId) ? "old and pinned" : "live data"} ` +
+          `(#${pinned.get(log.logId)} below)` : "");
+      const cell = el("li", { class: "cell" + (old.has(log.logId) ? " pinned" : "") +
         (log.sealed ? "" : " current"), title: label, "data-log": log.logId },
         el("span", { class: "sr-only", text: label }));
       if (usage !== null) cell.style.setProperty("--usage", usage.toFixed(3));
@@ -343,6 +359,9 @@
     pinnedList.replaceChildren();
     if (!map.oldestPinned.length) {
       pinnedList.append(el("li", { class: "empty", text: "No sealed log holds live data." }));
+    } else if (!old.size) {
+      pinnedList.append(el("li", { class: "empty", text: "None is old: every sealed log with " +
+        `live data is younger than ${duration(map.oldAfterSeconds)}.` }));
     }
     map.oldestPinned.forEach((log, i) => {
       const pins = el("ul", { class: "pins" });
@@ -358,22 +377,27 @@
       const more = log.liveLedgers > log.pins.length
         ? el("p", { class: "legend", text: `and ${log.liveLedgers - log.pins.length} smaller ledgers` })
         : null;
-      pinnedList.append(el("li", { "data-log": log.logId },
+      pinnedList.append(el("li", { "data-log": log.logId, "data-old": String(log.old) },
         el("p", { class: "head" }, el("span", { class: "rank", text: `#${i + 1}` }),
           el("strong", { text: ` log ${log.logId}` }),
           ` — ${duration(log.ageSeconds)} old, ${count(log.liveLedgers)} live ` +
-          (log.liveLedgers === 1 ? "ledger" : "ledgers")),
+          (log.liveLedgers === 1 ? "ledger" : "ledgers") + (log.old ? ": old and pinned" : "")),
         pins, more));
     });
   }
 
   function renderGc(gc) {
-    const suspended = [gc.majorSuspended ? "major" : null, gc.minorSuspended ? "minor" : null]
-      .filter(Boolean);
-    $("#gc-suspension").textContent = suspended.length ? `${suspended.join(" and ")} suspended` : "running";
+    const d = gc.details;
+    // "running" only while a compaction runs (the node says which log); otherwise whether
+    // the next GC run may compact.
+    let compaction = "enabled";
+    if (d.compactingLog !== null) compaction = `running (log ${d.compactingLog})`;
+    else if (gc.majorSuspended && gc.minorSuspended) compaction = "suspended";
+    else if (gc.majorSuspended) compaction = "major suspended, minor enabled";
+    else if (gc.minorSuspended) compaction = "minor suspended, major enabled";
+    $("#gc-suspension").textContent = compaction;
     $("#gc-force").textContent = gc.inForceGc ? "pending or running" : "none";
     const progress = $("#gc-progress");
-    const d = gc.details;
     progress.hidden = d.compactingLog === null;
     if (d.compactingLog !== null) {
       progress.textContent = `Compacting log ${d.compactingLog}: ${bytes(d.compactingBytesDone)} done, ` +
@@ -462,6 +486,18 @@
   }
 
   function renderLifecycle(s) {
+    const r = s.retention;
+    const modes = {
+      none: ["none", "ok"],
+      cleaning: [`cleaning: a data disk is past ${pct(r.cleanAbove)}`, "warn"],
+      forced: [`forced: a data disk is past ${pct(r.forcedAbove)}`, "bad"],
+    };
+    badge($("#retention-pressure"), ...modes[r.diskPressure]);
+    $("#retention-pressure").dataset.value = JSON.stringify(r.diskPressure);
+    $("#retention-thresholds").textContent = `Fullest data disk ${pct(r.diskUsage)}. Above ` +
+      `${pct(r.cleanAbove)} (disk_max_used_space_ratio) retention runs every ${duration(r.pressureRunSeconds)}; above ` +
+      `${pct(r.forcedAbove)} (disk_space_clean_forcibly_ratio) it deletes every acknowledged ` +
+      "closed ledger, whatever the stream's retention.";
     const error = $("#offload-error");
     error.hidden = !s.offload.lastError;
     error.textContent = s.offload.lastError ? "Last offload error: " + s.offload.lastError : "";

@@ -1,0 +1,117 @@
+"""A node that cannot start as asked (its data directory is another live node's, its port
+is taken) says so in one line and exits 2 before writing anything (issue 28, item 4); a
+node killed outright never blocks its own restart; the audit refuses a live node's data
+directory (item 6)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from tests.crash.nodeproc import NodeProcess, free_port
+from tests.hostdisk import run_node
+
+START_TIMEOUT_S = 60.0
+
+
+def _run_node(*args: str) -> subprocess.CompletedProcess[str]:
+    return run_node(*args, timeout_s=START_TIMEOUT_S)
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: its size and modification time."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _assert_one_line_refusal(done: subprocess.CompletedProcess[str], *words: str) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1, done.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def test_second_node_on_a_live_data_dir_is_refused_untouched(tmp_path: Path) -> None:
+    first = NodeProcess(tmp_path / "data")
+    first.start()
+    assert first.proc is not None
+    before = _tree(first.data_dir)
+
+    done = _run_node("serve", "--data-dir", str(first.data_dir), "--port", str(free_port()))
+
+    line = _assert_one_line_refusal(done, str(first.data_dir), f"pid {first.proc.pid}")
+    assert "--data-dir" in line and "stop" in line
+    after = _tree(first.data_dir)
+    assert not [name for name in after if "LOG.old" in name]
+    # The running node's own files may grow meanwhile (a checkpoint); the refused one
+    # created none and left the index as it was.
+    assert set(after) == set(before)
+    assert first.alive()
+    assert first.get_json("/api/v1/ledgers") is not None
+
+
+def test_port_in_use_is_refused_before_any_file_is_written(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        data_dir = tmp_path / "data"
+
+        done = _run_node("serve", "--data-dir", str(data_dir), "--port", str(port))
+
+    _assert_one_line_refusal(done, str(port), "NODE_HTTP_PORT")
+    assert not data_dir.exists()
+
+
+def test_a_killed_node_never_blocks_its_restart(tmp_path: Path) -> None:
+    node = NodeProcess(tmp_path / "data")
+    for _ in range(3):
+        node.start()
+        node.kill()  # SIGKILL: no cleanup of any kind, the lock file stays
+        assert (node.data_dir / "node.lock").exists()
+    node.start()
+    assert node.terminate() == 0
+
+
+def _append(node: NodeProcess, stream: str, payload: bytes) -> None:
+    request = urllib.request.Request(
+        f"{node.url}/api/v1/streams/{stream}/entries",
+        data=payload,
+        method="POST",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+
+
+def test_audit_refuses_a_live_data_dir(tmp_path: Path) -> None:
+    node = NodeProcess(tmp_path / "data")
+    node.start()
+    assert node.proc is not None
+    urllib.request.urlopen(
+        urllib.request.Request(f"{node.url}/api/v1/streams/s", method="PUT"), timeout=10
+    ).close()
+    for _ in range(10):
+        _append(node, "s", b"x" * 1000)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not (node.data_dir / "ledgers").is_dir():  # an audit would find data to read
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    out = tmp_path / "audit-out"
+
+    done = _run_node("audit", "--data-dir", str(node.data_dir), "--out", str(out))
+
+    line = _assert_one_line_refusal(done, f"pid {node.proc.pid}", "POST /api/v1/audit/snapshot")
+    assert "running" in line
+    assert not out.exists()
+    node.terminate()
+    assert os.path.exists(node.data_dir / "node.lock")
