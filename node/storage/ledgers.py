@@ -1338,6 +1338,11 @@ class LedgerStorage:
         """Make a ledger's offload record durable (the index, synchronously), then adopt
         it. Only a closed ledger gets one; None clears it (also of a deleted ledger, once
         its objects are gone, which lets GC purge the ledger)."""
+        if ledger_id in self._dirty:
+            # Its entries and LAC reach the index first: a record written now would carry a
+            # LAC ahead of the locations, which an audit snapshot reads as holes. Closed, the
+            # ledger cannot be dirtied again before the lock below.
+            await self.checkpoint()
         async with self._checkpoint_lock:  # a checkpoint must not write an older snapshot
             meta = self._ledgers.get(ledger_id)
             if meta is None or (info is not None and meta.state == LedgerState.DELETED):

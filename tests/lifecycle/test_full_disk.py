@@ -27,13 +27,14 @@ from typing import Any
 
 import pytest
 
-from node.http.frames import BATCH_CONTENT_TYPE, batch_entry_ids, decode_range, encode_batch
+from node.http.frames import BATCH_CONTENT_TYPE, batch_entry_ids, encode_batch
 from node.lifecycle.gc import GarbageCollector
 from node.storage.clock import SystemClock
 from node.storage.errors import LedgerNotFound
 from node.storage.index import Index, LedgerMeta
 from node.storage.ledgers import LedgerStorage
 from tests.conftest import make_settings
+from tests.crash.clients import read_ledger
 from tests.crash.nodeproc import NodeProcess
 from tests.lifecycle.gc_world import gc_settings, interleave
 from tests.lifecycle.gc_world import payload as gc_payload
@@ -207,10 +208,6 @@ def put_entry(node: NodeProcess, ledger: int, entry: int, payload: bytes) -> tup
 def append_batch(node: NodeProcess, ledger: int, payloads: list[bytes]) -> tuple[int, Any]:
     body = encode_batch(payloads)
     return call(node, "POST", f"/api/v1/ledgers/{ledger}/entries", body, BATCH_CONTENT_TYPE)
-
-
-def read_ledger(node: NodeProcess, ledger: int) -> dict[int, bytes]:
-    return dict(decode_range(node.get_bytes(f"/api/v1/ledgers/{ledger}/entries?from=0")))
 
 
 def check_reads(node: NodeProcess, acked: dict[int, dict[int, bytes]]) -> None:

@@ -25,7 +25,7 @@ from node.storage.errors import (
     WriteTokenMismatch,
 )
 from node.storage.faults import CrashPoints
-from node.storage.index import MAX_ID, LedgerState
+from node.storage.index import MAX_ID, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import record_crc
 from tests.conftest import make_settings
@@ -540,3 +540,20 @@ async def test_a_long_replay_flushes_as_it_goes_and_loses_or_doubles_nothing(
                 assert got == expected[lid]
         finally:
             await storage.close()
+
+
+async def test_an_offload_record_never_puts_a_lac_ahead_of_the_locations_in_the_index(
+    storage: LedgerStorage,
+) -> None:
+    """The record is written to the index at once; the ledger's entries were still in the
+    write cache, so the index said LAC 1 with no location for entries 0 and 1 (an audit
+    snapshot of the live node found them as holes)."""
+    meta, _ = await storage.create_ledger()
+    lid = meta.ledger_id
+    await storage.add_entry(lid, None, b"a")
+    await storage.add_entry(lid, None, b"bc")
+    await storage.close_ledger(lid)
+    await storage.record_offload(lid, OffloadInfo(OffloadState.IN_PROGRESS, "attempt"))
+    stored = storage.index.load_ledgers()[lid]
+    assert stored.lac == 1 and stored.offload is not None
+    assert list(storage.index.entry_ids(lid)) == [0, 1]
