@@ -4,10 +4,11 @@ obstore aborts an upload that fails, but a SIGKILL leaves it: on S3 its parts ar
 billed) out of sight of any listing of objects; the local store leaves its staging file
 (``<key>#<n>``), which its listings skip. obstore cannot list either, so:
 
-- S3: ListMultipartUploads and AbortMultipartUpload, signed here (AWS Signature V4) with the
-  offload credentials (settings, else ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
-  ``AWS_SESSION_TOKEN``). Without static credentials (an instance or IRSA role) the uploads
-  cannot be listed here: the bucket lifecycle rule (README) aborts them.
+- S3: ListMultipartUploads and AbortMultipartUpload over aiohttp, signed (AWS Signature V4)
+  by botocore with the offload credentials of the settings, else botocore's chain (the
+  ``AWS_*`` variables, shared files, an IRSA web identity, the instance's role), as the
+  store's own client finds its own. Without any, the uploads cannot be listed here: the
+  bucket lifecycle rule (README) aborts them.
 - local: the staging files under the store's directory.
 
 Keys are relative to the store's prefix, as the store's own listings give them.
@@ -16,9 +17,6 @@ Keys are relative to the store's prefix, as the store's own listings give them.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import hashlib
-import hmac
 import os
 import re
 import urllib.parse
@@ -28,10 +26,14 @@ from pathlib import Path
 from typing import Protocol
 
 import aiohttp
+import botocore.session
+import yarl
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from node.settings import Settings
 
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 STAGING = re.compile(r"^(?P<key>.+)#(?P<upload>\d+)$")  # obstore's local staging file names
 
 
@@ -77,15 +79,9 @@ class LocalUploads:
         await asyncio.to_thread(staging.unlink, missing_ok=True)
 
 
-@dataclass(slots=True, frozen=True)
-class Credentials:
-    key_id: str
-    secret: str
-    token: str | None
-
-
 class S3Uploads:
-    """ListMultipartUploads / AbortMultipartUpload of one bucket under one prefix."""
+    """ListMultipartUploads / AbortMultipartUpload of one bucket under one prefix. Made on a
+    worker thread: finding the credentials may ask the instance's metadata service."""
 
     def __init__(self, settings: Settings) -> None:
         env = os.environ
@@ -101,14 +97,14 @@ class S3Uploads:
             self._base = f"{parsed.scheme}://{parsed.netloc}{parsed.path}/{bucket}"
         self._prefix = f"{settings.offload_prefix}/" if settings.offload_prefix else ""
         secret = settings.offload_secret_access_key
-        key_id = settings.offload_access_key_id or env.get("AWS_ACCESS_KEY_ID")
-        secret_text = secret.get_secret_value() if secret else env.get("AWS_SECRET_ACCESS_KEY")
-        self.credentials = (
-            Credentials(key_id, secret_text, env.get("AWS_SESSION_TOKEN"))
-            if key_id and secret_text
-            else None
-        )
-        self.available = self.credentials is not None
+        self._credentials: Credentials | None
+        if settings.offload_access_key_id and secret is not None:
+            self._credentials = Credentials(
+                settings.offload_access_key_id, secret.get_secret_value()
+            )
+        else:
+            self._credentials = botocore.session.Session().get_credentials()
+        self.available = self._credentials is not None
 
     async def find(self, prefix: str) -> list[IncompleteUpload]:
         found: list[IncompleteUpload] = []
@@ -131,13 +127,14 @@ class S3Uploads:
         await self._request("DELETE", self._prefix + upload.key, {"uploadId": upload.upload_id})
 
     async def _request(self, method: str, key: str, query: dict[str, str]) -> bytes:
-        assert self.credentials is not None  # else not available: never called
-        url = f"{self._base}/{urllib.parse.quote(key, safe='/~')}" if key else self._base
-        headers = sign(method, url, query, self._region, self.credentials, dt.datetime.now(dt.UTC))
+        path = f"/{urllib.parse.quote(key, safe='/~')}" if key else ""
+        url = f"{self._base}{path}?{urllib.parse.urlencode(query, quote_via=urllib.parse.quote)}"
+        headers = await asyncio.to_thread(self.signed_headers, method, url)
         try:
             async with (
                 aiohttp.ClientSession() as session,
-                session.request(method, url, params=query, headers=headers) as reply,
+                # Sent as signed: aiohttp must not encode the query again.
+                session.request(method, yarl.URL(url, encoded=True), headers=headers) as reply,
             ):
                 body = await reply.read()
         except aiohttp.ClientConnectionError as e:
@@ -149,54 +146,11 @@ class S3Uploads:
             )
         return body
 
-
-def sign(
-    method: str,
-    url: str,
-    query: dict[str, str],
-    region: str,
-    credentials: Credentials,
-    now: dt.datetime,
-) -> dict[str, str]:
-    """The headers of an AWS Signature V4 request to S3 without a body."""
-    parts = urllib.parse.urlsplit(url)
-    amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-    day = amz_date[:8]
-    headers = {
-        "host": parts.netloc,
-        "x-amz-content-sha256": EMPTY_SHA256,
-        "x-amz-date": amz_date,
-    }
-    if credentials.token:
-        headers["x-amz-security-token"] = credentials.token
-    names = sorted(headers)
-    canonical_query = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
-    canonical = "\n".join(
-        [
-            method,
-            parts.path or "/",
-            canonical_query,
-            *(f"{name}:{headers[name]}" for name in names),
-            "",
-            ";".join(names),
-            EMPTY_SHA256,
-        ]
-    )
-    scope = f"{day}/{region}/s3/aws4_request"
-    to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
-    key = f"AWS4{credentials.secret}".encode()
-    for part in (day, region, "s3", "aws4_request"):
-        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-    headers["Authorization"] = (
-        f"AWS4-HMAC-SHA256 Credential={credentials.key_id}/{scope}, "
-        f"SignedHeaders={';'.join(names)}, Signature={signature}"
-    )
-    del headers["host"]  # the client sends it
-    return headers
-
-
-def _quote(text: str) -> str:
-    return urllib.parse.quote(text, safe="-_.~")
+    def signed_headers(self, method: str, url: str) -> dict[str, str]:
+        """Blocking (a role's credentials may be refreshed): the headers of the request,
+        signed with AWS Signature V4 by botocore."""
+        assert self._credentials is not None  # else not available: never called
+        request = AWSRequest(method=method, url=url)
+        frozen = self._credentials.get_frozen_credentials()
+        S3SigV4Auth(frozen, "s3", self._region).add_auth(request)
+        return dict(request.headers.items())

@@ -223,4 +223,5 @@ async def open_store(settings: Settings, stats: OffloadStats) -> ObjectStore:
     prefix = f"/{settings.offload_prefix}" if settings.offload_prefix else ""
     description = f"s3://{settings.offload_bucket}{prefix}"
     timeout_s = settings.offload_operation_timeout_s
-    return ObjectStore(s3, description, timeout_s, stats, S3Uploads(settings))
+    uploads = await asyncio.to_thread(S3Uploads, settings)
+    return ObjectStore(s3, description, timeout_s, stats, uploads)

@@ -4,39 +4,44 @@ the byte; uploads no attempt completed are listed by status and aborted on reque
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import boto3
-from botocore.auth import S3SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials as BotoCredentials
+import pytest
 
-from node.offload.multipart import Credentials, sign
+from node.offload.multipart import S3Uploads
+from tests.conftest import make_settings
 from tests.offload.conftest import KEY_ID, REGION, SECRET
 from tests.offload.test_offload import closed_ledger, new_client, objects, payloads, run
 
 
-def test_the_signature_is_botocores() -> None:
-    for method, url, query, token in [
-        ("GET", "http://127.0.0.1:9000/my-bucket", {"uploads": "", "prefix": "node-0/12/"}, None),
-        (
-            "DELETE",
-            "https://my-bucket.s3.eu-west-1.amazonaws.com/node-0/12/0a1b.data",
-            {"uploadId": "Xy+z/w=="},
-            "session-token",
-        ),
-    ]:
-        request = AWSRequest(method=method, url=f"{url}?{urllib.parse.urlencode(query)}")
-        S3SigV4Auth(BotoCredentials("AKID", "s3cr3t", token), "s3", "eu-west-1").add_auth(request)
-        when = dt.datetime.strptime(request.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
-        ours = sign(
-            method, url, query, "eu-west-1", Credentials("AKID", "s3cr3t", token),
-            when.replace(tzinfo=dt.UTC),
-        )  # fmt: skip
-        assert ours["Authorization"] == request.headers["Authorization"]
+def test_the_credentials_come_from_the_settings_else_from_awss_chain(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Static keys of the settings first; without them botocore's chain (here the AWS_*
+    variables; a web identity or the instance's role where there is one); with nothing, the
+    uploads cannot be listed (and no request is made)."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    base = {"offload_store": "s3", "offload_bucket": "b", "offload_region": REGION}
+    url = "http://127.0.0.1:9/b?uploads=&prefix=node-0%2F12%2F"
+
+    def key_id(uploads: S3Uploads) -> str:
+        authorization = uploads.signed_headers("GET", url)["Authorization"]
+        return authorization.split("Credential=")[1].split("/")[0]
+
+    assert not S3Uploads(make_settings(tmp_path / "d", **base)).available
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "FROM-THE-CHAIN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    assert key_id(S3Uploads(make_settings(tmp_path / "d", **base))) == "FROM-THE-CHAIN"
+    configured = make_settings(
+        tmp_path / "d", **base, offload_access_key_id=KEY_ID, offload_secret_access_key=SECRET
+    )
+    assert key_id(S3Uploads(configured)) == KEY_ID
 
 
 async def test_incomplete_uploads_are_listed_and_aborted_on_request(
