@@ -66,8 +66,8 @@ run: $(STAMP)
 ## Debian service the package enables is stopped: the tests never use it or port 9090),
 ## redis-server, the peer of `bench http --peer redis` (its Debian service is stopped too: the
 ## bench starts its own on a free loopback port), Debian's chromium (tests/status drives it
-## with Playwright: no browser download) and npm (installs axe-core for the status page's
-## accessibility test).
+## with Playwright: no browser download), npm (installs axe-core for the status page's
+## accessibility test) and, through image-tools, podman and what it needs (tests/deploy).
 tools: image-tools
 	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	@command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends npm)
