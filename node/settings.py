@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(512, gt=0)
     node_id: int = Field(0, ge=0)  # this node's id, written into the WAL header
     admin_token: SecretStr | None = None  # bearer token for PUT/POST/DELETE under /api/v1/
-    # Host names a client may use besides the node's own (README "Cross-site requests"):
+    # Host names a client may use besides the node's own (docs/api.md, "Cross-site requests"):
     # "name", ".domain" (it and its subdomains), "*" (any: DNS rebinding is let through).
     allowed_hosts: list[str] = []
     # Origins ("https://ui.example:8443") whose pages may change state (CORS); "*" any.
@@ -205,17 +205,17 @@ class Settings(BaseSettings):
     disk_space_clean_forcibly_ratio: float = Field(0.85, ge=0)  # RocketMQ: forced cleaning
 
     # --- streams and retention (Pulsar, RocketMQ) ------------------------------------------
-    managed_ledger_min_ledger_rollover_time_minutes: int = Field(10, ge=0)
-    managed_ledger_max_ledger_rollover_time_minutes: int = Field(240, ge=0)
-    managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)
-    managed_ledger_max_size_per_ledger_mbytes: int = Field(2048, gt=0)
+    managed_ledger_min_ledger_rollover_time_minutes: int = Field(10, ge=0)  # never roll sooner
+    managed_ledger_max_ledger_rollover_time_minutes: int = Field(240, ge=0)  # roll when older
+    managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)  # roll at this many entries
+    managed_ledger_max_size_per_ledger_mbytes: int = Field(2048, gt=0)  # roll at this size
     default_retention_time_in_minutes: int = Field(72 * 60, ge=-1)  # RocketMQ fileReservedTime
     default_retention_size_in_mb: int = Field(-1, ge=-1)  # -1 = unlimited
     delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
     delete_commit_log_files_interval: int = Field(100, ge=0, description=MS)  # ms between deletions
 
-    # --- audit (README "Audit") --------------------------------------------------------------
+    # --- audit (docs/operations.md "Audit") ----------------------------------------------
     # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target
     # of that request must lie under it: the HTTP API never writes anywhere else on the host.
     audit_snapshot_dir: Path | None = None
@@ -226,7 +226,7 @@ class Settings(BaseSettings):
     # alert would stay quiet until then)
     audit_result_clock_skew_ms: int = Field(5 * 60_000, ge=0)
 
-    # --- offload (Pulsar tiered storage, README "Offload") ---------------------------------
+    # --- offload (Pulsar tiered storage, docs/operations.md "Offload") ---------------
     offload_store: Literal["local", "s3"] = "local"  # a local directory, or any S3 service
     offload_local_dir: Path | None = None  # the local store's directory; None = data_dir/offload
     offload_bucket: str = ""  # S3 bucket (offload_store=s3)
