@@ -1,6 +1,6 @@
-"""The README's walkthroughs, run as written against a node on a free port, so that the
-README cannot drift from the code: each ``sh`` block of the sections below runs under
-``bash -euo pipefail`` (every curl in them fails on an HTTP error), in the README's order,
+"""The walkthroughs of the README and of docs/, run as written against a node on a free port,
+so that the docs cannot drift from the code: each ``sh`` block of the sections below runs under
+``bash -euo pipefail`` (every curl in them fails on an HTTP error), in the order below,
 against one fresh node, in a directory where ``data`` is that node's data directory (as
 after ``make run``), in a shell whose PATH lacks the venv but for the README's activation
 line, run first as a new shell would."""
@@ -20,13 +20,16 @@ from tests.crash.nodeproc import NodeProcess
 from tests.hostdisk import REPO
 
 README = REPO / "README.md"
-WALKTHROUGH_SECTIONS = (
-    "HTTP API",
-    "Streams",
-    "Offload (tiered storage)",
-    "Audit (Spark)",
-    "Admin API (BookKeeper's paths and shapes)",
-    "Command line",
+DOCS = REPO / "docs"
+# (file under the repository, its "## " section): every walkthrough, wherever it lives.
+WALKTHROUGHS = (
+    ("README.md", "Five minutes with a node"),
+    ("docs/api.md", "Ledgers"),
+    ("docs/api.md", "Streams"),
+    ("docs/operations.md", "Offload (tiered storage)"),
+    ("docs/operations.md", "Audit (Spark)"),
+    ("docs/api.md", "Admin API (BookKeeper's paths and shapes)"),
+    ("docs/operations.md", "Command line"),
 )
 README_ADDRESS = "localhost:8080"
 BLOCK_TIMEOUT_S = 180  # the audit's block starts local Spark
@@ -56,13 +59,22 @@ def shell_env() -> dict[str, str]:
 
 
 def walkthrough_blocks() -> list[tuple[str, str]]:
-    sections = _sections(README.read_text())
     blocks = []
-    for title in WALKTHROUGH_SECTIONS:
-        found = FENCED_SH.findall(sections[title])
-        assert found, f"README section {title!r} has no sh block"
+    for path, title in WALKTHROUGHS:
+        found = FENCED_SH.findall(_sections((REPO / path).read_text())[title])
+        assert found, f"{path} section {title!r} has no sh block"
         blocks += [(title, block) for block in found]
     return blocks
+
+
+def test_every_block_that_talks_to_a_node_is_walked() -> None:
+    """A walkthrough moved to another page or section must move in WALKTHROUGHS too."""
+    walked = {block for _, block in walkthrough_blocks()}
+    for path in [README, *sorted(DOCS.glob("*.md"))]:
+        for title, body in _sections(path.read_text()).items():
+            for block in FENCED_SH.findall(body):
+                if README_ADDRESS in block and "curl" in block:
+                    assert block in walked, f"{path.name}, {title!r}: a curl block not run"
 
 
 def test_every_curl_of_the_walkthrough_fails_on_an_http_error() -> None:
@@ -96,7 +108,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
                 check=False,
             )
             assert result.returncode == 0, (
-                f"README section {title!r}, block {i}, exit {result.returncode}:\n"
+                f"walkthrough section {title!r}, block {i}, exit {result.returncode}:\n"
                 f"{script}\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n"
                 f"{result.stderr[-3000:]}\n--- node\n{node.log()}"
             )
@@ -105,9 +117,13 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
         assert node.alive()
     finally:
         assert node.terminate() == 0
-    ledgers, streams, offload, audit, admin, inspect = (
-        outputs[title] for title in WALKTHROUGH_SECTIONS
+    quick, ledgers, streams, offload, audit, admin, inspect = (
+        outputs[title] for _, title in WALKTHROUGHS
     )
+    # The README's five minutes: a ledger written, read and closed; a stream read by a cursor.
+    assert "hello" in quick and '"state": "closed"' in quick, quick[-2000:]
+    assert re.search(r"f\s+i\s+r\s+s\s+t\s+e\s+v", quick), quick[-2000:]  # od -c of the frames
+    assert "state: writable" in quick, quick[-2000:]
     # The ledger block: entries at 0, 1 (payload.bin) and 2-3 (the batch), read back.
     assert '"entryId": 1' in ledgers and '"lastEntryId": 3' in ledgers
     assert "hello" in ledgers and '"state": "closed"' in ledgers
