@@ -10,7 +10,8 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksu
 # so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
 AIRFLOW_VENV  := .venv-airflow
 AIRFLOW_STAMP := $(AIRFLOW_VENV)/.installed-airflow-3.3.2
-# PySpark 4.2.0 and pandas<3: the spark provider's pyspark-client shares pyspark/ (STACK.md).
+# PySpark 4.2.0 and pandas<3: the spark provider's pyspark-client (newest 4.2.0) writes into
+# pyspark/ too, and a newer pyspark would mix its jars with 4.2.0's Python files unseen.
 AIRFLOW_PKGS  := apache-airflow==3.3.2 apache-airflow-providers-http \
 	apache-airflow-providers-apache-spark apache-airflow-providers-cncf-kubernetes \
 	'pyspark==4.2.0' 'pandas<3' 'kubernetes<37'

@@ -1,4 +1,4 @@
-"""Daily audit of every node's data with Spark (issue 14's job): each node writes a snapshot
+"""Daily audit of every node's data with Spark (node/audit/job.py): each node writes a snapshot
 consistent with one checkpoint (POST /api/v1/audit/snapshot, answering its URI), one
 spark-submit audits all the snapshots together, and the summary is posted back to every node
 (POST /api/v1/audit/result), which keeps it and exports it as metrics.

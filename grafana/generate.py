@@ -858,7 +858,7 @@ def prometheus_rule() -> str:
     }
     header = (
         "# Generated from grafana/alerts/storage-node.rules.yml by `python -m grafana.generate`:\n"
-        '# edit that file, not this one. Runbooks: README.md, "Alert runbooks".\n'
+        '# edit that file, not this one. Runbooks: docs/operations.md, "Alert runbooks".\n'
     )
     return header + str(yaml.safe_dump(rule, sort_keys=False, width=100))
 

@@ -21,7 +21,8 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 OFFLOAD_LEDGER_MIB = 128
 OFFLOAD_ENTRY_SIZE = 4096
 OFFLOAD_RANDOM_READS = 300
-# bench audit's: the issue asks for at least 1 GiB; 64 MiB per task is the job's default.
+# bench audit's: at least 1 GiB, so that a scan outweighs Spark's start; 64 MiB per task is the
+# job's default.
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
 DEFAULT_REPLAY_MIB = 256  # bench replay's journal
@@ -36,7 +37,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     settings = fit_to_disks(settings)
     settings = runtime.fit_connections(settings, runtime.raise_open_files_limit())
     # Both refusals come before the first write: the port's needs none, and the lock is
-    # the first file written (README "Data directory").
+    # the first file written (docs/internals.md, "Data directory").
     sockets = runtime.listen_sockets(settings.http_host, settings.http_port)
     try:
         lock = DataDirLock.acquire(settings.data_dir)
@@ -167,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from node.audit.job import add_arguments as audit_arguments  # argparse only, no pyspark
 
-    audit = sub.add_parser("audit", help="audit the data with Spark (README: Audit)")
+    audit = sub.add_parser("audit", help="audit the data with Spark (docs/operations.md: Audit)")
     audit_arguments(audit)
     audit.set_defaults(func=_cmd_audit)
     return parser

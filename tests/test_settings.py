@@ -88,7 +88,7 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
 def test_a_number_with_a_unit_is_refused_naming_the_unit(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str, unit: str
 ) -> None:
-    """Issue 28, item 8: ``NODE_FLUSH_INTERVAL=10s`` was refused without naming the unit."""
+    """``NODE_FLUSH_INTERVAL=10s`` was once refused without naming the unit."""
     monkeypatch.setenv(variable, value)
     with pytest.raises(SettingsError) as refused:
         load()

@@ -1,4 +1,4 @@
-"""Audit of a node's data with Spark (SPEC.md section 9, README "Audit").
+"""Audit of a node's data with Spark (docs/operations.md, "Audit").
 
 ``snapshot`` (pyarrow only) is what the live node uses; ``source``, ``checks`` and ``job``
 import pyspark and are imported only by ``python -m node audit`` and ``spark-submit``.

@@ -163,7 +163,7 @@ def _own_data_dir(args: argparse.Namespace) -> contextlib.AbstractContextManager
     except DataDirInUse as e:
         raise CannotRun(
             f"{e}, a running node: audit it through the node (POST /api/v1/audit/snapshot, "
-            'then --snapshot with the uri it answers; README "Audit"), or stop it first'
+            'then --snapshot with the uri it answers; docs/operations.md "Audit"), or stop it first'
         ) from None
 
 

@@ -7,7 +7,7 @@ Runs, each for ``--seconds`` after a warm-up:
 - reads: GET one entry per request, spread over a pre-filled ledger;
 - the engine in-process: the same single adds and batches without HTTP.
 
-Targets (issue 3): batch ingest over HTTP at least 50% of the in-process engine's entries/s
+Targets: batch ingest over HTTP at least 50% of the in-process engine's entries/s
 for the same batches; single adds at least 5,000/s per core of the server process (its CPU
 time is read from /proc, so the figure does not depend on how many cores the box has).
 """

@@ -79,7 +79,7 @@ S3_PREFIX = "node-bench"
 # Random reads keep out of the previous read's span and the next one's (which start a
 # prefetch) when the ledger has at least this many spans; fewer leave no choice.
 MIN_SPANS_APART = 3
-TARGET_RATIO = 0.5  # issue 13: sequential reads from the local store >= 50% of entry-log reads
+TARGET_RATIO = 0.5  # target: sequential reads from the local store >= 50% of entry-log reads
 
 ENTRY_LOG = "entry log (baseline)"
 LOCAL = "local store"

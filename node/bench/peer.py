@@ -45,7 +45,7 @@ from node.bench.server import (
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
 from node.runtime import run
 
-# (clients, entries per request) of each shape, as the comparison in issue 12 was made.
+# (clients, entries per request) of each shape: batches from a few clients, single adds from many.
 SHAPES = ((4, BATCH_ENTRIES), (8, BATCH_ENTRIES), (16, 1))
 DEFAULT_ROUNDS = 3
 REDIS_SERVER = "redis-server"

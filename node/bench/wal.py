@@ -34,7 +34,7 @@ p99 latency (an append, from the call to its durable acknowledgment; fio: comple
 of one I/O). MiB = 2^20 bytes. The record CRC is computed once per run: the engine computes
 it per entry before the WAL, so it is not part of the WAL's cost.
 
-Targets (issue 4): at least 80% of fio's bandwidth at 256 KiB and 80% of fio's IOPS at 4 KiB.
+Targets: at least 80% of fio's bandwidth at 256 KiB and 80% of fio's IOPS at 4 KiB.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The status page (issue 18): ``GET /status`` with its assets from the package, and the JSON
+"""The status page: ``GET /status`` with its assets from the package, and the JSON
 routes it polls, documented in /openapi.json like every other.
 
 The page is plain HTML, CSS and JavaScript in node/status/static/, served by the node itself

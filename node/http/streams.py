@@ -1,4 +1,4 @@
-"""Stream, cursor and retention routes (the streams issue's table).
+"""Stream, cursor and retention routes (docs/api.md, "Streams").
 
 Positions are written ``L:E``. A stream read returns frames
 ``ledger id u64 | entry id u64 | len u32 | payload``.

@@ -1,6 +1,6 @@
 """Retention of streams (Pulsar's trim rule, RocketMQ's scheduling).
 
-Which ledgers go (README "Streams"): among the closed ledgers before the slowest cursor's
+Which ledgers go (docs/api.md, "Streams"): among the closed ledgers before the slowest cursor's
 mark-delete position (all closed ledgers when the stream has no cursor), in ascending
 order, delete a ledger if it closed longer ago than the retention time, or if what remains
 after deleting it is still at least the retention size; stop at the first ledger that

@@ -8,7 +8,7 @@ billed) out of sight of any listing of objects; the local store leaves its stagi
   by botocore with the offload credentials of the settings, else botocore's chain (the
   ``AWS_*`` variables, shared files, an IRSA web identity, the instance's role), as the
   store's own client finds its own. Without any, the uploads cannot be listed here: the
-  bucket lifecycle rule (README) aborts them.
+  bucket lifecycle rule (docs/operations.md) aborts them.
 - local: the staging files under the store's directory.
 
 Keys are relative to the store's prefix, as the store's own listings give them.

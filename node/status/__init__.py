@@ -1,2 +1,2 @@
-"""The status page the node serves itself (issue 18): its own metrics history, the
+"""The status page the node serves itself: its own metrics history, the
 entry-log map with what pins old logs, and the page's static assets (``static/``)."""

@@ -1,7 +1,7 @@
 """The entry-log map of the status page: every entry log with its age, size and live usage,
 and for the oldest ones the ledgers that keep them alive and why.
 
-The seed incident was months-old logs nobody could see: GC deletes a log only when none of
+The failure it shows is months-old logs nobody could see: GC deletes a log only when none of
 its ledgers is live, and one open ledger, one cursor that never acknowledges, or a retention
 of "forever" keeps a whole 1 GiB log on disk. The map names that ledger and the reason, so an
 operator knows whom to ask (the stream's consumer, its retention policy, the client that

@@ -57,7 +57,7 @@ default), one more thread fdatasyncs, each flush covering every write that compl
 it began while the next writes go on; ``dsync``, the medium is opened with O_DSYNC, so each
 ``pwrite`` returns once its block is durable and each I/O thread completes its own blocks
 (fio's ``sync=dsync``, from threads: fewer IOPS, as every write waits for a flush of its
-own, but a lower latency at a moderate rate on some media; README has the figures).
+own, but a lower latency at a moderate rate on some media; docs/benchmarks.md has the figures).
 Acknowledgments (the append futures, one shared per block) complete strictly in offset
 order, whatever order the blocks become durable in: the acknowledged records are always a
 contiguous prefix. A record that does not fit before the physical end is

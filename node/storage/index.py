@@ -419,7 +419,7 @@ class Index:
         if not keys:
             return []
         found: list[int | None] = []
-        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
         iterator = self._locations.iter(read_options)
         run: Run | None = None
         for ledger_id, entry_id in keys:
@@ -431,7 +431,7 @@ class Index:
 
     def entry_ids(self, ledger_id: int, first: int = 0, last: int = MAX_ID) -> Iterator[int]:
         """Entry ids of a ledger present in the index, ascending, within [first, last]."""
-        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
         read_options.set_iterate_upper_bound(LOCATION_KEY.pack(ledger_id + 1, 0))
         iterator = self._locations.iter(read_options)
         # No run that starts before this reaches ``first``. (rocksdict's lower bound is
@@ -485,7 +485,7 @@ class Index:
         on one thread, the checkpoint's: nothing changes a run in between)."""
         runs: dict[bytes, list[int]] = {}  # key of each run met -> its locations
         changed: set[bytes] = set()
-        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
         iterator = self._locations.iter(read_options)
         run: Run | None = None
         locations: list[int] = []

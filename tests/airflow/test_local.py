@@ -1,10 +1,11 @@
 """`make airflow` as a user runs it, against a node run as `make run` runs it (settings as
 shipped, an admin token): the real scheduler, DAG processor, triggerer and API server on a free
 port with a temporary AIRFLOW_HOME (the Makefile's variables, overridden through MAKEFLAGS as
-on a command line). The README's Airflow block (`make airflow-cli ARGS=...`: unpause, trigger)
-runs as written; the runs of storage_node_compaction and storage_node_retention must succeed
-against the node, their task logs must be readable through the API as in the UI, only loopback
-may be listened on, and stopping make by its pid must leave no process behind."""
+on a command line). The Airflow block of docs/deploying.md (`make airflow-cli ARGS=...`:
+unpause, trigger) runs as written; the runs of storage_node_compaction and
+storage_node_retention must succeed against the node, their task logs must be readable
+through the API as in the UI, only loopback may be listened on, and stopping make by its pid
+must leave no process behind."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ FENCED_SH = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
 def readme_cli_block() -> str:
-    section = (REPO / "README.md").read_text().split("## Airflow: the fleet's lifecycle")[1]
+    page = (REPO / "docs" / "deploying.md").read_text()
+    section = page.split("## Airflow: the fleet's lifecycle")[1]
     blocks = [b for b in FENCED_SH.findall(section.split("\n## ")[0]) if "airflow-cli" in b]
     assert len(blocks) == 1, blocks
     return str(blocks[0])

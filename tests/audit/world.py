@@ -141,7 +141,7 @@ def _run_of(data_dir: Path, ledger_id: int, entry_id: int) -> tuple[bytes, int, 
     db = _open_index(data_dir)
     try:
         cf = db.get_column_family("locations")
-        read_options = ReadOptions()  # must outlive the iterator (see STACK.md)
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
         iterator = cf.iter(read_options)
         run = find_run(iterator, ledger_id, entry_id)
         del iterator, read_options, cf

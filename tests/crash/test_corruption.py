@@ -1,7 +1,7 @@
 """Corruption tests: flip bytes in the node's files and prove it notices (CRC32C), never
-serves the bad bytes, and behaves as SPEC.md section 7 says: a torn journal tail is cut,
-corruption before the tail stops the start naming file and offset, unless the operator
-explicitly allows skipping it."""
+serves the bad bytes, and behaves as docs/internals.md's durability rules say: a torn
+journal tail is cut, corruption before the tail stops the start naming file and offset,
+unless the operator explicitly allows skipping it."""
 
 from __future__ import annotations
 

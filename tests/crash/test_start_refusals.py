@@ -1,5 +1,5 @@
 """A node that cannot start as asked (its data directory is another live node's, its port
-is taken) says so in one line and exits 2 before writing anything (issue 28, item 4); a
+is taken) says so in one line and exits 2 before writing anything; a
 node killed outright never blocks its own restart; the audit refuses a live node's data
 directory (item 6)."""
 

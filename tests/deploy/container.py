@@ -244,7 +244,7 @@ def statefulset_parts(objects: tuple[Obj, ...]) -> tuple[Obj, Obj, Obj]:
 
 def playable_pod(objects: tuple[Obj, ...], image: str, env: dict[str, str], port: int) -> list[Obj]:
     """The first pod of ``objects``' StatefulSet with its ConfigMap and claims, as podman
-    4.3's `kube play` can play them. What it cannot, changed here (README "Deploying"):
+    4.3's `kube play` can play them. What it cannot, changed here (docs/deploying.md):
 
     - a StatefulSet: its first pod instead, named and labelled as the controller names it,
       with a claim per volume claim template (``<claim>-<pod>``);

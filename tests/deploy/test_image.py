@@ -40,7 +40,7 @@ from tools import image as image_build
 # The image as built here: pyarrow alone is ~170 MB; the local Debian base ~200 MB.
 IMAGE_SIZE_LIMIT = 600 * 10**6
 COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "make", "ld")
-DISK_GID = 6  # the group of block devices on the hosts the README names
+DISK_GID = 6  # the group of block devices on the hosts docs/deploying.md names
 SETTINGS_PATH = "/api/v1/config/server_config"
 LEDGER = 1
 ENTRIES = 300
@@ -93,7 +93,7 @@ def test_image_holds_the_locked_packages_and_no_compiler(image: str) -> None:
 @pytest.fixture
 def raw_wal(tmp_path: Path) -> Iterator[Path]:
     """A loop device of the WAL claim's size, ``root:disk`` ``0660`` as on the hosts the
-    README names (loop devices are made ``0600`` here)."""
+    docs/deploying.md names (loop devices are made ``0600`` here)."""
     statefulset, _, _ = statefulset_parts(render("base"))
     claims = {c["metadata"]["name"]: c for c in statefulset["spec"]["volumeClaimTemplates"]}
     size = quantity_bytes(claims["wal"]["spec"]["resources"]["requests"]["storage"])

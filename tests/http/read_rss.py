@@ -1,4 +1,4 @@
-"""Issue 27 item 2's figure: the node's RSS peak while four clients at once (two reading a
+"""The node's RSS peak while four clients at once (two reading a
 stream from its first entry, two reading cursors and acknowledging) each read 10,000 entries
 of 100 KiB (about 1 GiB), with the node as shipped, as a process of its own.
 

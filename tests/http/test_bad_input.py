@@ -81,7 +81,7 @@ async def test_malformed_http_gets_a_json_4xx(url: str, request_bytes: bytes) ->
         ("PUT", "/api/v1/ledgers/1/entries/0", b"x", "multipart/form-data", 415, "unsupported_media_type"),
         ("GET", "/api/v1/ledgers/1/lac?after=1&timeoutMs=-4", None, None, 400, "invalid_id"),
         ("DELETE", "/api/v1/bookie/state", None, None, 405, "method_not_allowed"),
-        # Issue 11's inconsistencies, one rule each.
+        # Rules that routes once applied differently, one rule each.
         # from > to is well formed (400 is for what breaks a schema of /openapi.json), but
         # refused for what it means: 422, as a minimum rollover time above the maximum.
         ("GET", "/api/v1/ledgers/1/entries?from=5&to=2", None, None, 422, "invalid_range"),

@@ -8,8 +8,8 @@ journal rotation and checkpoints fail with EMFILE) and must carry on all the sam
 way no add answers 500, adds on new connections succeed again soon after the flood, the
 node's state says what it is, and a restart finds every acknowledged entry.
 
-``python -m tests.http.test_descriptors DIR [max_connections]`` prints the figures of the
-README ("adds 10 s after the flood"), on whatever code is checked out.
+``python -m tests.http.test_descriptors DIR [max_connections]`` prints the figures of
+docs/api.md ("adds 10 s after the flood"), on whatever code is checked out.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ BEFORE_S = 1.0  # writers add alone first
 FLOOD_S = 6.0  # how long the long polls are held
 RESUME_BOUND_S = 5.0  # after the flood, an add on a new connection succeeds within this
 PROBE_S = 5.0  # the figures' probe: adds on new connections for this long
-REPORT_AFTER_S = 10.0  # ... starting this long after the flood (the issue's figure)
+REPORT_AFTER_S = 10.0  # ... starting this long after the flood ends
 
 
 @dataclass
@@ -320,7 +320,7 @@ def test_descriptors_that_run_out_stop_no_write_for_good(
 
 
 def report(data_dir: Path, max_connections: int | None) -> None:
-    """The figures of the README: answers to adds on new connections REPORT_AFTER_S after
+    """The figures of docs/api.md: answers to adds on new connections REPORT_AFTER_S after
     the flood, for PROBE_S, and what the writers got meanwhile."""
     extra = {} if max_connections is None else {"NODE_MAX_CONNECTIONS": str(max_connections)}
     nodes: list[NodeProcess] = []

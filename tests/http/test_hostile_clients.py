@@ -34,7 +34,7 @@ ADD_INTERVAL_S = 0.1  # an honest client adds one entry this often during the at
 ADD_DEADLINE_S = 1.0  # ... and each add answers within this
 SHORT_TIMEOUT_S = 1.5  # body, header and keep-alive timeouts of the tests' nodes
 CLOSE_SLACK_S = 5.0  # a connection is closed within its timeout plus this
-HEARTBEAT_BOUND_S = 0.1  # the issue's bound on /heartbeat during a huge batch
+HEARTBEAT_BOUND_S = 0.1  # bound on /heartbeat during a huge batch
 HUGE_BATCH_FRAMES = 1_000_000  # empty frames: 4 MB of body, a million entries
 RSS_SAMPLE_S = 0.05
 

@@ -1,4 +1,4 @@
-"""Every JSON reply ends with a newline (issue 28, item 8): the aiohttp routes, their errors,
+"""Every JSON reply ends with a newline: the aiohttp routes, their errors,
 the fast lane's adds and errors, and the errors made before a request reaches the app, from
 a real node process (the fast lane lives in its server)."""
 

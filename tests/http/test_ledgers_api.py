@@ -1,4 +1,4 @@
-"""The ledger routes (README "HTTP API") over the real HTTP server on loopback."""
+"""The ledger routes (docs/api.md, "Ledgers") over the real HTTP server on loopback."""
 
 from __future__ import annotations
 

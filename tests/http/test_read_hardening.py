@@ -1,4 +1,4 @@
-"""Issue 27's read items over the real HTTP server on loopback: stream, cursor and ledger
+"""Reads over the real HTTP server on loopback: stream, cursor and ledger
 range replies bounded in bytes under a node-wide read budget, tailing reads that span a
 retention trim, and DELETEs of streams that never existed costing no memory."""
 
@@ -42,7 +42,7 @@ MISSING_GROWTH_BOUND = 600_000  # bytes they may leave (~220 KB of caches; ~500 
 
 
 async def test_deleting_streams_that_never_existed_keeps_no_memory(client: Any) -> None:
-    """Issue 27 item 13: a DELETE of a missing stream took a per-name lock for good."""
+    """A DELETE of a missing stream took a per-name lock for good."""
 
     async def delete(n: int) -> None:
         name = f"{n:010d}".ljust(255, "x")  # the longest name allowed
@@ -82,7 +82,7 @@ async def _roll_and_trim(client: Any, ledger: int) -> None:
 
 
 async def test_a_tailing_cursor_read_spans_a_retention_trim(client: Any) -> None:
-    """Issue 27 item 10: the read waited at the end of a ledger that retention then
+    """The read once waited at the end of a ledger that retention then
     deleted; the append that woke it answered 422 (a retry returned the entry)."""
     await _stream(client, **TRIMMING)
     positions = [await _append(client) for _ in range(3)]  # the first ledger is full
@@ -100,7 +100,7 @@ async def test_a_tailing_cursor_read_spans_a_retention_trim(client: Any) -> None
 
 
 async def test_a_read_from_the_last_next_position_spans_a_retention_trim(client: Any) -> None:
-    """Issue 27 item 10: ``from`` set to the X-Next-Position of a read that ended in a ledger
+    """``from`` set to the X-Next-Position of a read that ended in a ledger
     retention deleted since, waiting or not."""
     await _stream(client, **TRIMMING)
     positions = [await _append(client) for _ in range(3)]
@@ -146,10 +146,10 @@ LARGE_RSS_CAP = 3_000 * MB  # past this (over the start) the node is killed: a f
 
 
 def test_large_concurrent_reads_are_cut_and_keep_memory_bounded(start_node: NodeFactory) -> None:
-    """Issue 27 item 2, with the defaults: four readers (two of a stream, two of cursors)
+    """With the defaults: four readers (two of a stream, two of cursors)
     each ask for 10,000 entries of 100 KiB. Each reply stops at max_read_reply_bytes with
     X-Truncated and X-Next-Position; following them, every reader gets every entry once,
-    and the node's RSS stays bounded (tests/http/read_rss.py, the README's figure, reads a
+    and the node's RSS stays bounded (tests/http/read_rss.py, the figure of docs/api.md, reads a
     1 GiB stream the same way). A ledger range read of the same data is cut the same way
     and names the entry to go on from."""
     node = start_node()

@@ -1,4 +1,4 @@
-"""The stream, cursor and retention routes of the streams issue over the real HTTP server on
+"""The stream, cursor and retention routes (docs/api.md) over the real HTTP server on
 loopback: shapes, status codes, positions across rollovers, backlog, long polls, retention
 runs, and bad input answered with 4xx JSON errors while the node keeps serving."""
 
@@ -36,7 +36,7 @@ POLICY_KEYS = {
     "offloadThresholdInSeconds",
     "offloadDeletionLagInMillis",
 }
-NODE_DEFAULTS = {  # the settings' defaults (README "Streams")
+NODE_DEFAULTS = {  # the settings' defaults (docs/api.md, "Streams")
     "minLedgerRolloverTimeMinutes": 10,
     "maxLedgerRolloverTimeMinutes": 240,
     "maxEntriesPerLedger": 50_000,
@@ -314,7 +314,7 @@ async def test_long_poll_ends_with_404_when_the_stream_is_deleted(client: Any) -
 async def test_an_empty_streams_cursor_names_no_ledger_and_errors_name_the_asked_entry(
     client: Any,
 ) -> None:
-    """Issue 28, item 8: "0:-1" named an unrelated ledger 0; a reset to L:999 said "entry
+    """Once, "0:-1" named an unrelated ledger 0; a reset to L:999 said "entry
     998 of ledger L does not exist yet"."""
     unrelated = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
     await _stream(client)
@@ -719,7 +719,7 @@ APPENDS_EACH = 3
 async def test_creates_racing_appends_answer_one_201_and_lose_no_acknowledged_entry(
     tmp_path: Path, aiohttp_client: Any
 ) -> None:
-    """Issue 10: PUTs of a new stream racing appends to it. Exactly one PUT creates it; every
+    """PUTs of a new stream racing appends to it. Exactly one PUT creates it; every
     append answered 201 lands on a ledger the stream names durably, so that it reads back
     after a restart (start() deletes ledgers no stream names)."""
     settings = make_settings(tmp_path / "data")

@@ -1,4 +1,4 @@
-"""Retention under disk pressure on a real small file system (issue 28, item 9): past
+"""Retention under disk pressure on a real small file system: past
 disk_space_clean_forcibly_ratio (0.85 as shipped) a retention run deletes acknowledged
 closed ledgers whatever the stream's retention; the status summary shows both thresholds
 and the mode the node is in, and the node's log says at WARNING what it deleted and why."""

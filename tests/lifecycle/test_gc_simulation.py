@@ -1,5 +1,5 @@
 """Thirty simulated days of GC on a simulated clock: real entry logs, a real index, real
-files, no sleeping (issue 5, SPEC section 7 and its seed-000 failure).
+files, no sleeping: deleted data must not outlive its retention by more than a bound.
 
 The workload: every simulated hour NEW_SHORT_PER_HOUR short-lived ledgers start (retention
 drawn from SHORT_RETENTION_H in whole hours, written during their first ACTIVE_H hours,

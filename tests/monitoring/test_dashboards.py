@@ -29,7 +29,7 @@ from tests.monitoring.prometheus import JOB, Prometheus
 
 ALERTS = generate.RULES_FILE
 ALERT_TESTS = ALERTS.with_name("storage-node.rules.test.yml")
-README = Path(__file__).resolve().parents[2] / "README.md"
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 METRIC = re.compile(r"\b(storage_node_[a-z0-9_]+|up)\b")
 # What Grafana puts in place of the variables; a short rate window, as scrapes come every 1 s.
 VARIABLES = {"$instance": ".*", "$__rate_interval": "10s"}
@@ -221,17 +221,17 @@ def test_every_alert_parses_names_exported_metrics_and_is_quiet_on_a_healthy_nod
         assert rule["health"] in ("ok", "unknown") and not rule.get("lastError"), (name, rule)
 
 
-def test_every_alert_has_a_runbook_section_in_the_readme() -> None:
+def test_every_alert_has_a_runbook_section_in_the_operations_page() -> None:
     headings = {
         re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-        for line in README.read_text().splitlines()
+        for line in RUNBOOKS.read_text().splitlines()
         if line.startswith("#")
     }
     for rule in _alerts():
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"], rule["alert"]
-        assert annotations["runbook"] == f"README.md#{rule['alert'].lower()}"
-        assert rule["alert"].lower() in headings, f"README has no section {rule['alert']}"
+        assert annotations["runbook"] == f"docs/operations.md#{rule['alert'].lower()}"
+        assert rule["alert"].lower() in headings, f"docs/operations.md has no {rule['alert']}"
 
 
 def test_promtool_checks_and_unit_tests_the_rules(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ async def test_the_read_only_runbook_frees_space_by_dropping_offloaded_local_cop
     disk: SmallDisk,  # first: unmounted after the node has stopped
     aiohttp_client: Any,
 ) -> None:
-    """README, StorageNodeReadOnly: offload frees space once the local copies go (the lag
+    """Runbook StorageNodeReadOnly: offload frees space once the local copies go (the lag
     lowered, a run, GC), and not before."""
     data = disk.root / "data"
     store = {"offload_store": "local"}

@@ -96,7 +96,7 @@ def test_the_slowest_cursor_behind_a_closed_stream_ledger_is_named() -> None:
     pin = why_pinned(first, context([first], orders(), cursors))
     assert (pin.reason, pin.stream, pin.cursor) == ("cursor_backlog", "orders", "slower")
     # Created on the empty stream (stored 0:-1): shown as none of the stream's first ledger,
-    # not as a ledger 0 that is not the stream's (issue 28, item 8).
+    # not as a ledger 0 that is not the stream's.
     assert "mark-delete at 1:-1" in pin.detail
     # A cursor at the ledger's last entry has acknowledged all of it.
     pin = why_pinned(first, context([first], orders(), [cursor("done", Position(1, 9))]))

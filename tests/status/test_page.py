@@ -330,7 +330,7 @@ def _text_becomes(page: Page, selector: str, text: str) -> None:
 def test_what_the_page_says_means_what_it_says(
     browser: Any, node: NodeProcess, world: dict[str, Any]
 ) -> None:
-    """Issue 28, item 7: compaction "running" only while one runs; each log shaded by its own
+    """Compaction "running" only while one runs; each log shaded by its own
     size; only logs past the pinned horizon outlined; the checkpoint as when and how much;
     the graphs' restart said; the disk-pressure thresholds of retention (item 9)."""
     deadline = time.monotonic() + 30

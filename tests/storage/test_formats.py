@@ -1,4 +1,5 @@
-"""Property tests of the on-disk and on-wire formats (SPEC section 5).
+"""Property tests of the on-disk and on-wire formats (each documented atop the module
+that encodes it).
 
 Each encoder is checked against its decoder over the whole domain of its fields, and each
 decoder against inputs it must refuse (wrong magic, wrong version, truncated frames).

@@ -51,7 +51,7 @@ from node.storage.wal import (
 
 ALIGN = 512
 PRE_ALLOC = 1 << 20
-RECORD_HEADER = struct.Struct(">IqqI")  # len | ledger id | entry id | crc32c (SPEC 5)
+RECORD_HEADER = struct.Struct(">IqqI")  # len | ledger id | entry id | crc32c (journal.py's layout)
 PADDING_HEADER = struct.Struct(">II")  # 0xFFFFFF00 | pad len
 MASK_BYTES = PADDING_HEADER.pack(PADDING_MASK, 0)[:4]
 METADATA_KINDS = [LEDGER_CREATED, FENCE, CLOSE, DELETE, EXPLICIT_LAC]
@@ -158,7 +158,7 @@ async def write_groups(
 
 
 def check_layout(s: Settings, placed: list[Placed], marks: list[LogMark]) -> None:
-    """Read the files with an independent parser of SPEC section 5: header, records, one
+    """Read the files with an independent parser of journal.py's layout: header, records, one
     padding record closing each unaligned group, zeros (preallocation) after the data."""
     last = marks[-1]
     newest = last.log_id + (1 if last.offset >= s.journal_max_size else 0)

@@ -3,7 +3,7 @@
 - Pulsar's rollover rule (`currentLedgerIsFull`): roll when ``(entries or size quota, or
   the max time) and age >= min time``; a ledger "full" within the minimum time keeps taking
   appends; an empty ledger never rolls by time.
-- The retention rule of SPEC.md section 8 over the closed ledgers before the slowest
+- The retention rule (Pulsar's, docs/api.md) over the closed ledgers before the slowest
   cursor's mark-delete, oldest first: delete a ledger if it closed longer ago than the
   retention time, or if what remains after deleting it is still at least the retention
   size; stop at the first ledger that satisfies retention. For time only, size only, both,
@@ -589,7 +589,7 @@ async def test_gc_reclaims_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
         assert found == [(Position(ids[6], 0), payload(48, 100))]
 
 
-# --- issue 10: concurrency and orphans ------------------------------------------------------
+# --- concurrency and orphans ----------------------------------------------------------------
 
 CONCURRENT_APPENDS = 200
 SMALL_LEDGER = 7
