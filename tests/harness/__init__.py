@@ -1,1 +1,1 @@
-"""What every test of the node shares: the node process, reaping, the fake clock, moto, free ports, scraping."""
+"""What the tests share: the node process, reaping, the fake clock, moto, ports, scraping."""
