@@ -97,6 +97,14 @@ class PinContext:
     cursors: Mapping[str, list[Cursor]]  # by stream
     now_ms: int
     offload_deletion_lag_ms: int  # plain ledgers' lag (streams have their own policy)
+    # Each stream's retention, worked out at its first ledger asked about (once, not per ledger)
+    views: dict[str, rules.RetentionView] = field(default_factory=dict)
+
+    def view(self, stream: Stream) -> rules.RetentionView:
+        if stream.name not in self.views:
+            cursors = self.cursors.get(stream.name, [])
+            self.views[stream.name] = rules.retention_view(stream, cursors, self.now_ms)
+        return self.views[stream.name]
 
 
 @dataclass(slots=True, frozen=True)
@@ -158,8 +166,7 @@ def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
         state = "open" if meta.state == LedgerState.OPEN else "fenced, not closed"
         return Pin(lid, size, "open_ledger", f"{state}: {what}", stream_name)
     if stream is not None:
-        cursors = ctx.cursors.get(stream.name, [])
-        kept = rules.why_kept(stream, lid, cursors, ctx.now_ms, meta.offload)
+        kept = rules.why_kept(ctx.view(stream), lid, meta.offload)
         if kept is not None:
             return Pin(lid, size, kept.reason, kept.detail, stream.name, kept.cursor)
     lag_ms = rules.offload_deletion_lag_ms(stream, ctx.offload_deletion_lag_ms)

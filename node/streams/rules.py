@@ -199,34 +199,54 @@ def local_copy_kept(offload: OffloadRecord | None, lag_ms: int) -> Kept | None:
 # --- why a ledger is kept ------------------------------------------------------------------
 
 
-def why_kept(
-    stream: Stream,
-    ledger_id: int,
-    cursors: Sequence[Cursor],
-    now_ms: int,
-    offload: OffloadRecord | None,
-) -> Kept | None:
-    """Why a closed ledger of ``stream`` is still there, the most actionable reason first:
+@dataclass(frozen=True, slots=True)
+class RetentionView:
+    """A stream as a retention run at ``now_ms`` would see it (``retention_view``): worked
+    out once per stream, then asked about each of its ledgers (``why_kept``)."""
+
+    stream: Stream
+    cursors: Sequence[Cursor]
+    now_ms: int
+    mark: Position | None  # retention_mark: what the run deletes up to
+    deletions: dict[int, Deletion]  # by ledger id: what the run deletes
+    ledgers: dict[int, LedgerInfo]  # by ledger id: every ledger the stream names
+    held_bytes: int  # the stream's bytes
+
+
+def retention_view(stream: Stream, cursors: Sequence[Cursor], now_ms: int) -> RetentionView:
+    mark = retention_mark(stream, [c.mark_delete for c in cursors], now_ms)
+    plan = plan_deletions(stream, mark, now_ms, forced=False)
+    return RetentionView(
+        stream,
+        cursors,
+        now_ms,
+        mark,
+        {d.ledger_id: d for d in plan},
+        {info.ledger_id: info for info in stream.ledgers},
+        sum(info.size_bytes for info in stream.ledgers),
+    )
+
+
+def why_kept(view: RetentionView, ledger_id: int, offload: OffloadRecord | None) -> Kept | None:
+    """Why a closed ledger of the stream is still there, the most actionable reason first:
     a cursor behind it (unless the message TTL moves that cursor past it at the next run),
     retention due to delete it at the next run, the offload deletion lag (of its local copy),
     or the retention policy keeping it. None: the stream does not name the ledger (its rules
     do not apply). Reads ``plan_deletions`` as a run now would, so the two cannot disagree."""
-    info = next((i for i in stream.ledgers if i.ledger_id == ledger_id), None)
+    stream, info = view.stream, view.ledgers.get(ledger_id)
     if info is None:
         return None
-    mark = retention_mark(stream, [c.mark_delete for c in cursors], now_ms)
-    plan = plan_deletions(stream, mark, now_ms, forced=False)
-    deletion = next((d for d in plan if d.ledger_id == ledger_id), None)
-    behind = [c for c in cursors if not acknowledged(info, c.mark_delete)]
+    deletion = view.deletions.get(ledger_id)
+    behind = [c for c in view.cursors if not acknowledged(info, c.mark_delete)]
     if behind:
         slowest = min(behind, key=lambda c: c.mark_delete)
         held = (
             f"cursor {slowest.name} has not acknowledged it (mark-delete at "
             f"{stream.shown_mark(slowest.mark_delete)})"
         )
-        if mark is None or not acknowledged(info, mark):
+        if view.mark is None or not acknowledged(info, view.mark):
             return Kept("cursor_backlog", held + _ttl_note(stream, info), slowest.name)
-        then = " and deletes it" if deletion else "; then " + _kept_detail(stream, info, now_ms)
+        then = " and deletes it" if deletion else "; then " + _kept_detail(view, info)
         return Kept(
             "message_ttl",
             f"{held}, but it closed more than the message TTL "
@@ -236,11 +256,11 @@ def why_kept(
             due=deletion is not None,
         )
     if deletion is not None:
-        return Kept("retention", "acknowledged; " + _due_detail(stream, deletion), due=True)
+        return Kept("retention", "acknowledged; " + _due_detail(view, deletion), due=True)
     lagging = local_copy_kept(offload, stream.policies.offloadDeletionLagInMillis)
     if lagging is not None:
         return lagging
-    return Kept("retention", "acknowledged; " + _kept_detail(stream, info, now_ms))
+    return Kept("retention", "acknowledged; " + _kept_detail(view, info))
 
 
 def _ttl_note(stream: Stream, info: LedgerInfo) -> str:
@@ -251,32 +271,28 @@ def _ttl_note(stream: Stream, info: LedgerInfo) -> str:
     return f"; the message TTL ({ttl_s} s) moves the cursor past it after {expires}"
 
 
-def _held_mib(stream: Stream) -> float:
-    return sum(i.size_bytes for i in stream.ledgers) / MiB
-
-
-def _due_detail(stream: Stream, deletion: Deletion) -> str:
-    policies = stream.policies
+def _due_detail(view: RetentionView, deletion: Deletion) -> str:
+    policies = view.stream.policies
     if deletion.reason == "time":
         why = f"retention time ({policies.retentionTimeInMinutes} min) passed"
     else:
         why = (
             f"past the retention size ({policies.retentionSizeInMB} MB; the stream holds "
-            f"{_held_mib(stream):.1f})"
+            f"{view.held_bytes / MiB:.1f})"
         )
     return why + ": the next retention run deletes it"
 
 
-def _kept_detail(stream: Stream, info: LedgerInfo, now_ms: int) -> str:
+def _kept_detail(view: RetentionView, info: LedgerInfo) -> str:
     """What of the retention policy keeps an acknowledged ledger retention does not delete."""
-    policies = stream.policies
+    stream, policies = view.stream, view.stream.policies
     time_limit, size_limit = policies.retentionTimeInMinutes, policies.retentionSizeInMB
     if info is stream.ledgers[-1]:
         return "the stream's newest ledger: retention never deletes it"
     if time_limit < 0 and size_limit < 0:
         return "the stream's retention keeps data forever (-1)"
     parts = []
-    if _time_passed(stream, info, now_ms):  # yet not deleted: an older ledger stops the run
+    if _time_passed(stream, info, view.now_ms):  # yet not deleted: an older ledger stops the run
         parts.append(
             f"retention time ({time_limit} min) passed, but an older ledger is kept "
             "(retention deletes only from the oldest)"
@@ -286,6 +302,6 @@ def _kept_detail(stream: Stream, info: LedgerInfo, now_ms: int) -> str:
         parts.append(f"retention time ({time_limit} min) not yet due: {_iso(due)}")
     if size_limit >= 0:
         parts.append(
-            f"retention size keeps {size_limit} MB (the stream holds {_held_mib(stream):.1f})"
+            f"retention size keeps {size_limit} MB (the stream holds {view.held_bytes / MiB:.1f})"
         )
     return "; ".join(parts)

@@ -91,8 +91,9 @@ def test_why_a_ledger_is_kept_agrees_with_what_retention_deletes(
     acknowledged = _ids(rules.plan_deletions(stream, raw, NOW_MS, forced=True))
     released = _ids(rules.plan_deletions(stream, after_ttl, NOW_MS, forced=True))
     offload = Offloaded(NOW_MS - MINUTE_MS) if offloaded else None
+    view = rules.retention_view(stream, cursors, NOW_MS)
     for info in stream.ledgers:
-        kept = rules.why_kept(stream, info.ledger_id, cursors, NOW_MS, offload)
+        kept = rules.why_kept(view, info.ledger_id, offload)
         assert kept is not None
         lid = info.ledger_id
         assert kept.due == (lid in deleted), kept
@@ -104,7 +105,13 @@ def test_why_a_ledger_is_kept_agrees_with_what_retention_deletes(
             assert lid in acknowledged or info is stream.ledgers[-1], kept
         else:
             assert kept.reason == "offload_deletion_lag" and offloaded and not kept.due
-    assert rules.why_kept(stream, stream.ledgers[-1].ledger_id + 1, cursors, NOW_MS, None) is None
+    assert rules.why_kept(view, stream.ledgers[-1].ledger_id + 1, None) is None
+
+
+def kept_now(
+    stream: Stream, ledger_id: int, cursors: list[Cursor], offload: Offloaded | None
+) -> rules.Kept | None:
+    return rules.why_kept(rules.retention_view(stream, cursors, NOW_MS), ledger_id, offload)
 
 
 def orders(ttl_s: int, retention_minutes: int = 60) -> Stream:
@@ -126,23 +133,23 @@ def test_the_message_ttl_is_named_where_it_releases_a_ledger_a_cursor_holds() ->
     lagging = [Cursor("orders", "lagging", Position(1, 3), NOW_MS - 4 * HOUR_MS)]
     # TTL 150 min: the first ledger (closed 3 h ago) expired, the second (2 h) not yet.
     stream = orders(ttl_s=150 * 60)
-    first = rules.why_kept(stream, 1, lagging, NOW_MS, None)
+    first = kept_now(stream, 1, lagging, None)
     assert first is not None and (first.reason, first.cursor, first.due) == (
         "message_ttl",
         "lagging",
         True,
     )
     assert "message TTL (9000 s)" in first.detail and first.detail.endswith("deletes it")
-    second = rules.why_kept(stream, 2, lagging, NOW_MS, None)
+    second = kept_now(stream, 2, lagging, None)
     assert second is not None and (second.reason, second.cursor) == ("cursor_backlog", "lagging")
     assert "moves the cursor past it after 2027-01-15 08:30 UTC" in second.detail
     # Retention 4 h: released by the TTL, yet kept by the retention time after the run.
-    kept = rules.why_kept(orders(ttl_s=150 * 60, retention_minutes=240), 1, lagging, NOW_MS, None)
+    kept = kept_now(orders(ttl_s=150 * 60, retention_minutes=240), 1, lagging, None)
     assert kept is not None and kept.reason == "message_ttl" and not kept.due
     assert "then retention time (240 min) not yet due" in kept.detail
     # Without a TTL the cursor holds both.
     for lid in (1, 2):
-        held = rules.why_kept(orders(ttl_s=0), lid, lagging, NOW_MS, None)
+        held = kept_now(orders(ttl_s=0), lid, lagging, None)
         assert held is not None and held.reason == "cursor_backlog" and "TTL" not in held.detail
 
 
@@ -150,7 +157,7 @@ def test_an_offloaded_stream_ledger_keeps_its_local_copy_for_its_streams_lag() -
     stream = orders(ttl_s=0, retention_minutes=-1)
     stream.policies.offloadDeletionLagInMillis = HOUR_MS
     offload = Offloaded(NOW_MS - 10 * MINUTE_MS)
-    kept = rules.why_kept(stream, 1, [], NOW_MS, offload)
+    kept = kept_now(stream, 1, [], offload)
     assert kept is not None and kept.reason == "offload_deletion_lag"
     assert "(2027-01-15 08:50 UTC)" in kept.detail  # offloaded 10 min ago + 1 h
     lag = rules.offload_deletion_lag_ms(stream, plain_lag_ms=5)
