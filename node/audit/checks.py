@@ -31,8 +31,8 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from node.audit import offloadcheck
-from node.lifecycle.retention import plan_deletions
 from node.streams.model import MINUTE_MS, Position, Stream
+from node.streams.rules import plan_deletions
 
 VIOLATION_SCHEMA = (
     "node string, ledger_id long, entry_id long, log_id long, offset long, what string"

@@ -29,8 +29,10 @@ from typing_extensions import TypedDict
 
 from node.audit import CHECKS
 from node.http.errors import ApiError
+from node.status.entrylogs import PinReason
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerState, OffloadState
-from node.streams.model import ID_DIGITS, NAME, POSITION, Policies
+from node.streams.model import ID_DIGITS, NAME, POSITION
+from node.streams.policies import POLICIES
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 POSITION_PATTERN = f"^{POSITION.pattern}$"
@@ -62,8 +64,9 @@ def _integral(value: Any) -> Any:
     return value
 
 
-def _policy(name: str, description: str) -> Any:
-    return Field(ge=Policies.LIMITS[name], le=Policies.MAXIMA[name], description=description)
+def _policy(name: str) -> Any:
+    rule = POLICIES[name]
+    return Field(ge=rule.low, le=rule.high, description=rule.description)
 
 
 # After the bounds in an Annotated: placed before them, it would hide them from the schema.
@@ -87,46 +90,19 @@ class CreateLedger(TypedDict, total=False):
 
 @with_config(REQUEST)
 class StreamPolicies(TypedDict, total=False):
-    """Pulsar's names; an absent key takes the node's default (its setting)."""
+    """Pulsar's names (``node.streams.policies``, which gives their bounds and descriptions);
+    an absent key takes the node's default (its setting)."""
 
-    minLedgerRolloverTimeMinutes: Annotated[
-        int, _policy("minLedgerRolloverTimeMinutes", "No rollover before this age"), INTEGRAL
-    ]
-    maxLedgerRolloverTimeMinutes: Annotated[
-        int, _policy("maxLedgerRolloverTimeMinutes", "Roll over at this age"), INTEGRAL
-    ]
-    maxEntriesPerLedger: Annotated[
-        int, _policy("maxEntriesPerLedger", "Roll over at this many"), INTEGRAL
-    ]
-    maxSizePerLedgerMbytes: Annotated[
-        int, _policy("maxSizePerLedgerMbytes", "Roll over at this size"), INTEGRAL
-    ]
-    retentionTimeInMinutes: Annotated[
-        int,
-        _policy("retentionTimeInMinutes", "Keep acknowledged data this long; -1 = forever"),
-        INTEGRAL,
-    ]
-    retentionSizeInMB: Annotated[
-        int, _policy("retentionSizeInMB", "Keep at least this much; -1 = no limit"), INTEGRAL
-    ]
-    messageTtlInSeconds: Annotated[
-        int, _policy("messageTtlInSeconds", "Cursors skip data older than this; 0 = none"), INTEGRAL
-    ]
-    offloadThresholdInBytes: Annotated[
-        int,
-        _policy("offloadThresholdInBytes", "Keep the newest N bytes local; -1 = off"),
-        INTEGRAL,
-    ]
-    offloadThresholdInSeconds: Annotated[
-        int,
-        _policy("offloadThresholdInSeconds", "Offload ledgers closed longer ago; -1 = off"),
-        INTEGRAL,
-    ]
-    offloadDeletionLagInMillis: Annotated[
-        int,
-        _policy("offloadDeletionLagInMillis", "Then the local copy goes"),
-        INTEGRAL,
-    ]
+    minLedgerRolloverTimeMinutes: Annotated[int, _policy("minLedgerRolloverTimeMinutes"), INTEGRAL]
+    maxLedgerRolloverTimeMinutes: Annotated[int, _policy("maxLedgerRolloverTimeMinutes"), INTEGRAL]
+    maxEntriesPerLedger: Annotated[int, _policy("maxEntriesPerLedger"), INTEGRAL]
+    maxSizePerLedgerMbytes: Annotated[int, _policy("maxSizePerLedgerMbytes"), INTEGRAL]
+    retentionTimeInMinutes: Annotated[int, _policy("retentionTimeInMinutes"), INTEGRAL]
+    retentionSizeInMB: Annotated[int, _policy("retentionSizeInMB"), INTEGRAL]
+    messageTtlInSeconds: Annotated[int, _policy("messageTtlInSeconds"), INTEGRAL]
+    offloadThresholdInBytes: Annotated[int, _policy("offloadThresholdInBytes"), INTEGRAL]
+    offloadThresholdInSeconds: Annotated[int, _policy("offloadThresholdInSeconds"), INTEGRAL]
+    offloadDeletionLagInMillis: Annotated[int, _policy("offloadDeletionLagInMillis"), INTEGRAL]
 
 
 @with_config(REQUEST)
@@ -397,6 +373,8 @@ class Lac(Reply):
 
 
 class PolicyValues(Reply):
+    """Every policy of ``node.streams.policies`` (a test holds the two lists equal)."""
+
     minLedgerRolloverTimeMinutes: int
     maxLedgerRolloverTimeMinutes: int
     maxEntriesPerLedger: int
@@ -738,12 +716,6 @@ class StatusHistory(Reply):
     samples: Annotated[list[StatusSample], Field(description="Oldest first")]
 
 
-PinReasonName = Literal[
-    "open_ledger", "cursor_backlog", "retention", "offload_deletion_lag", "not_deleted",
-    "awaiting_gc",
-]  # fmt: skip
-
-
 class StatusLogCell(Reply):
     logId: LogId
     sizeBytes: Count
@@ -759,7 +731,7 @@ class StatusLogCell(Reply):
 class StatusPin(Reply):
     ledgerId: Id
     bytes: Annotated[Count, Field(description="The ledger's bytes in this log")]
-    reason: PinReasonName
+    reason: PinReason
     detail: str
     stream: str | None
     cursor: str | None

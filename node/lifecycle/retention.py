@@ -1,12 +1,5 @@
-"""Retention of streams (Pulsar's trim rule, RocketMQ's scheduling).
-
-Which ledgers go (docs/api.md, "Streams"): among the closed ledgers before the slowest cursor's
-mark-delete position (all closed ledgers when the stream has no cursor), in ascending
-order, delete a ledger if it closed longer ago than the retention time, or if what remains
-after deleting it is still at least the retention size; stop at the first ledger that
-satisfies retention. Backlog is never deleted, the ledger taking appends never, and only
-a prefix of the stream ever. When a data disk is past ``disk_space_clean_forcibly_ratio``
-the retention time and size are ignored for acknowledged data (still never for backlog).
+"""Retention of streams (Pulsar's trim rule, RocketMQ's scheduling): the runs, their
+triggers and their logs. Which ledgers go is ``node.streams.rules`` (``plan_deletions``).
 
 When: ``POST /api/v1/retention/run`` (with a dry run), every day at the hours of
 ``delete_when`` when ``retention_scheduler_enabled`` (turn it off when Airflow drives
@@ -32,8 +25,9 @@ from typing import Literal
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
+from node.streams import rules
 from node.streams.manager import StreamManager
-from node.streams.model import MB, MINUTE_MS, Position, Stream
+from node.streams.rules import Deletion
 
 log = logging.getLogger(__name__)
 
@@ -78,58 +72,12 @@ def _named(plan: list[Deletion]) -> str:
 
 
 @dataclass(slots=True)
-class Deletion:
-    stream: str
-    ledger_id: int
-    reason: str  # "time", "size" or "disk"
-    size_bytes: int
-
-    def to_json(self) -> dict[str, object]:
-        return {"ledgerId": self.ledger_id, "reason": self.reason, "bytes": self.size_bytes}
-
-
-@dataclass(slots=True)
 class RetentionStats:
     runs: int = 0
     deleted: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
     deleted_bytes: dict[tuple[str, str], int] = field(default_factory=dict)  # (stream, reason)
     expired_cursor_moves: int = 0
     last_run_ms: int = 0  # wall clock of the last run's end; 0: none since start
-
-
-def plan_deletions(
-    stream: Stream, slowest: Position | None, now_ms: int, forced: bool
-) -> list[Deletion]:
-    """The rule itself, on a stream's record alone (the node's retention and the audit's
-    check of it apply the same one): the closed ledgers before ``slowest`` (the slowest
-    cursor's mark-delete, None without cursors) that retention deletes at ``now_ms``."""
-    policies = stream.policies
-    closed = stream.ledgers[:-1]  # never the ledger taking appends
-    if slowest is not None:
-        closed = [
-            info
-            for info in closed
-            if info.ledger_id < slowest.ledger_id
-            or (info.ledger_id == slowest.ledger_id and slowest.entry_id >= info.entries - 1)
-        ]
-    total = sum(info.size_bytes for info in stream.ledgers)
-    deleting = 0
-    plan = []
-    for info in closed:  # a prefix of the stream: ledger ids ascend
-        deleting += info.size_bytes
-        if forced:
-            plan.append(Deletion(stream.name, info.ledger_id, "disk", info.size_bytes))
-            continue
-        size_limit = policies.retentionSizeInMB
-        time_limit = policies.retentionTimeInMinutes
-        expired = time_limit >= 0 and now_ms - info.closed_ms > time_limit * MINUTE_MS
-        over = size_limit >= 0 and total - deleting >= size_limit * MB
-        if not (expired or over):
-            break
-        plan.append(
-            Deletion(stream.name, info.ledger_id, "time" if expired else "size", info.size_bytes)
-        )
-    return plan
 
 
 class Retention:
@@ -145,13 +93,13 @@ class Retention:
         self._last_scheduled_hour: int | None = None
         self._pressure: Pressure = "none"  # as the scheduler last saw it (logged on change)
 
-    def plan(self, name: str, forced: bool, ttl_mark: Position | None = None) -> list[Deletion]:
-        """``ttl_mark``: where the message TTL would move every cursor (for a dry run, which
-        moves none)."""
-        slowest = self._streams.slowest_mark(name)
-        if slowest is not None and ttl_mark is not None:
-            slowest = max(slowest, ttl_mark)
-        return plan_deletions(self._streams.stream(name), slowest, self._clock.now_ms(), forced)
+    def plan(self, name: str, forced: bool, now_ms: int | None = None) -> list[Deletion]:
+        """What a run at ``now_ms`` (default: now) deletes of the stream, the message TTL
+        applied as the run applies it (a dry run moves no cursor but plans as if it had)."""
+        now = self._clock.now_ms() if now_ms is None else now_ms
+        stream = self._streams.stream(name)
+        marks = (c.mark_delete for c in self._streams.cursors(name))
+        return rules.plan_deletions(stream, rules.retention_mark(stream, marks, now), now, forced)
 
     async def run(
         self, dry_run: bool = False, forced: bool | None = None
@@ -164,17 +112,14 @@ class Retention:
                 forced = pressure == "forced"
             self.stats.runs += 0 if dry_run else 1
             await self.roll_idle()  # a dry run too: a rollover is no deletion
-            now = self._clock.now_ms()
             done: dict[str, list[Deletion]] = {}
             for stream in self._streams.streams():
-                ttl = stream.policies.messageTtlInSeconds
-                ttl_mark = None
-                if ttl > 0 and dry_run:
-                    ttl_mark = self._streams.expiry_mark(stream.name, now - ttl * 1000)
-                elif ttl > 0:
-                    moved = await self._streams.expire(stream.name, now - ttl * 1000)
+                now = self._clock.now_ms()
+                expired = rules.ttl_mark(stream, now)
+                if expired is not None and not dry_run:
+                    moved = await self._streams.expire(stream.name, expired)
                     self.stats.expired_cursor_moves += len(moved)
-                plan = self.plan(stream.name, forced, ttl_mark)
+                plan = self.plan(stream.name, forced, now)
                 if not plan:
                     continue
                 done[stream.name] = plan

@@ -18,6 +18,7 @@ orphaned. Objects that no record names are reported by status and deleted only o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ from node.storage.clock import Clock
 from node.storage.errors import InvalidArgument, LedgerNotFound, StorageError
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadState
 from node.storage.ledgers import LedgerStorage
-from node.streams.manager import StreamManager
+from node.streams import rules
+from node.streams.manager import StreamManager, StreamNotFound
 from node.streams.model import Stream
 
 log = logging.getLogger(__name__)
@@ -240,43 +242,26 @@ class Offload:
 
     def select(self, stream: Stream) -> list[int]:
         """Ledgers of ``stream`` its policies send to the object store, oldest first
-        (offloaded ones included)."""
-        by_bytes = stream.policies.offloadThresholdInBytes
-        by_age = stream.policies.offloadThresholdInSeconds
-        if by_bytes < 0 and by_age < 0:
-            return []
-        now = self._clock.now_ms()
-        summed = 0
-        chosen = []
-        for info in reversed(stream.ledgers):
-            summed += info.size_bytes
-            if not info.closed_ms:
-                continue  # the ledger taking appends
-            over = by_bytes >= 0 and summed > by_bytes
-            old = by_age >= 0 and now - info.closed_ms >= by_age * MS_PER_S
-            if over or old:
-                chosen.append(info.ledger_id)
-        return sorted(chosen)
+        (offloaded ones included): ``rules.offload_candidates`` now."""
+        return rules.offload_candidates(stream, self._clock.now_ms())
 
     def _deletion_lag_ms(self, meta: LedgerMeta) -> int:
-        owner = meta.properties.get(STREAM_PROPERTY)
-        if owner is not None:
-            try:
-                return self._streams.stream(owner).policies.offloadDeletionLagInMillis
-            except StorageError:
-                pass
-        return self._settings.managed_ledger_offload_deletion_lag_ms
+        owner_name = meta.properties.get(STREAM_PROPERTY)
+        owner = None
+        if owner_name is not None:
+            with contextlib.suppress(StreamNotFound):
+                owner = self._streams.stream(owner_name)
+        plain_lag_ms = self._settings.managed_ledger_offload_deletion_lag_ms
+        return rules.offload_deletion_lag_ms(owner, plain_lag_ms)
 
     def _local_copies_due(self) -> list[LedgerMeta]:
         now = self._clock.now_ms()
-        return [
-            meta
-            for meta in self._storage.ledgers()
-            if meta.offload is not None
-            and meta.offload.offloaded
-            and not meta.offload.local_deleted
-            and now - meta.offload.offloaded_ms >= self._deletion_lag_ms(meta)
-        ]
+        due = []
+        for meta in self._storage.ledgers():
+            at = rules.local_copy_due_ms(meta.offload, self._deletion_lag_ms(meta))
+            if at is not None and now >= at:
+                due.append(meta)
+        return due
 
     async def _delete_local_copies(self) -> list[int]:
         dropped = []

@@ -19,25 +19,18 @@ import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 from node.storage.entrylog import SUFFIX, known_ledgers_map, log_path
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
-from node.streams.model import MB, MINUTE_MS, Cursor, Position, Stream
+from node.streams import rules
+from node.streams.model import MINUTE_MS, Cursor, Stream
 
 MS_PER_S = 1000
 NS_PER_MS = 1_000_000
 
-PinReason = Literal[
-    "open_ledger",
-    "cursor_backlog",
-    "retention",
-    "offload_deletion_lag",
-    "not_deleted",
-    "awaiting_gc",
-]
+PinReason = Literal["open_ledger", rules.KeptReason, "not_deleted", "awaiting_gc"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -104,6 +97,14 @@ class PinContext:
     cursors: Mapping[str, list[Cursor]]  # by stream
     now_ms: int
     offload_deletion_lag_ms: int  # plain ledgers' lag (streams have their own policy)
+    # Each stream's retention, worked out at its first ledger asked about (once, not per ledger)
+    views: dict[str, rules.RetentionView] = field(default_factory=dict)
+
+    def view(self, stream: Stream) -> rules.RetentionView:
+        if stream.name not in self.views:
+            cursors = self.cursors.get(stream.name, [])
+            self.views[stream.name] = rules.retention_view(stream, cursors, self.now_ms)
+        return self.views[stream.name]
 
 
 @dataclass(slots=True, frozen=True)
@@ -144,21 +145,11 @@ class EntryLogMap:
     oldest_pinned: list[PinnedLog]
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / MS_PER_S, UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _last_entry(stream: Stream, ledger_id: int) -> int | None:
-    for info in stream.ledgers:
-        if info.ledger_id == ledger_id:
-            return info.entries - 1
-    return None
-
-
 def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
     """Why a live ledger is still live, the most actionable reason first: an open ledger
-    (someone still writes, or never closed it), a cursor behind it, the retention policy,
-    the offload deletion lag, or nobody deleted it (a plain ledger)."""
+    (someone still writes, or never closed it), then for a ledger its stream names what the
+    stream rules say (``rules.why_kept``: a cursor, the message TTL, retention, the offload
+    deletion lag), else the offload deletion lag or nobody deleted it (a plain ledger)."""
     lid, size = meta.ledger_id, meta.payload_bytes
     stream_name = meta.properties.get(STREAM_PROPERTY)
     stream = ctx.streams.get(stream_name) if stream_name is not None else None
@@ -175,62 +166,20 @@ def why_pinned(meta: LedgerMeta, ctx: PinContext) -> Pin:
         state = "open" if meta.state == LedgerState.OPEN else "fenced, not closed"
         return Pin(lid, size, "open_ledger", f"{state}: {what}", stream_name)
     if stream is not None:
-        last = _last_entry(stream, lid)
-        behind = [
-            c
-            for c in ctx.cursors.get(stream.name, [])
-            if last is not None and last >= 0 and c.mark_delete < Position(lid, last)
-        ]
-        if behind:
-            slowest = min(behind, key=lambda c: c.mark_delete)
-            return Pin(
-                lid,
-                size,
-                "cursor_backlog",
-                f"cursor {slowest.name} has not acknowledged it (mark-delete at "
-                f"{stream.shown_mark(slowest.mark_delete)})",
-                stream.name,
-                slowest.name,
-            )
-        offload = meta.offload
-        if offload is not None and offload.offloaded and not offload.local_deleted:
-            due = offload.offloaded_ms + stream.policies.offloadDeletionLagInMillis
-            return Pin(
-                lid,
-                size,
-                "offload_deletion_lag",
-                f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
-                stream.name,
-            )
-        return Pin(lid, size, "retention", _retention_detail(stream, meta, ctx.now_ms), stream.name)
-    offload = meta.offload
-    if offload is not None and offload.offloaded and not offload.local_deleted:
-        due = offload.offloaded_ms + ctx.offload_deletion_lag_ms
-        return Pin(
-            lid,
-            size,
-            "offload_deletion_lag",
-            f"offloaded; the local copy goes after the deletion lag ({_iso(due)})",
-        )
-    return Pin(lid, size, "not_deleted", "a closed plain ledger: kept until a client deletes it")
-
-
-def _retention_detail(stream: Stream, meta: LedgerMeta, now_ms: int) -> str:
-    policies = stream.policies
-    time_limit, size_limit = policies.retentionTimeInMinutes, policies.retentionSizeInMB
-    if time_limit < 0 and size_limit < 0:
-        return "acknowledged; the stream's retention keeps data forever (-1)"
-    parts = []
-    if time_limit >= 0:
-        due = meta.closed_ms + time_limit * MINUTE_MS
-        if due > now_ms:
-            parts.append(f"retention time ({time_limit} min) not yet due: {_iso(due)}")
-        else:
-            parts.append(f"retention time ({time_limit} min) passed: goes at the next run")
-    if size_limit >= 0:
-        held = sum(info.size_bytes for info in stream.ledgers)
-        parts.append(f"retention size keeps {size_limit} MB (the stream holds {held / MB:.1f})")
-    return "acknowledged; " + "; ".join(parts)
+        kept = rules.why_kept(ctx.view(stream), lid, meta.offload)
+        if kept is not None:
+            return Pin(lid, size, kept.reason, kept.detail, stream.name, kept.cursor)
+    lag_ms = rules.offload_deletion_lag_ms(stream, ctx.offload_deletion_lag_ms)
+    lagging = rules.local_copy_kept(meta.offload, lag_ms)
+    if lagging is not None:
+        return Pin(lid, size, lagging.reason, lagging.detail, stream_name)
+    return Pin(
+        lid,
+        size,
+        "not_deleted",
+        "a closed plain ledger: kept until a client deletes it",
+        stream_name,
+    )
 
 
 def pinned_after_s(default_retention_minutes: int, major_compaction_interval_s: int) -> float:

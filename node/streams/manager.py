@@ -50,7 +50,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
-from node.settings import Settings
+from node.settings import MiB, Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
@@ -58,14 +58,11 @@ from node.storage.ledgers import LedgerStorage
 from node.streams.model import (
     CURSOR_PREFIX,
     DOOMED_PREFIX,
-    MB,
     MINUTE_MS,
     NAME,
     STREAM_PREFIX,
     Cursor,
     LedgerInfo,
-    Policies,
-    PolicyConflict,
     Position,
     PositionOutOfRange,
     Stream,
@@ -74,6 +71,7 @@ from node.streams.model import (
     doomed_key,
     encode_doomed,
 )
+from node.streams.policies import Policies, PolicyConflict, default_policies
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +177,7 @@ class StreamManager:
             key=lambda meta: meta.ledger_id,
         )
         for meta in unnamed:
-            await self._unnamed(meta)
+            await self._recover_unnamed_ledger(meta)
         for stream in self._streams.values():
             for info in stream.ledgers[:-1]:
                 await self._close_ledger(info)
@@ -194,7 +192,7 @@ class StreamManager:
         if ledger_ids:
             await self._storage.write_records({doomed_key(i): None for i in ledger_ids})
 
-    async def _unnamed(self, meta: LedgerMeta) -> None:
+    async def _recover_unnamed_ledger(self, meta: LedgerMeta) -> None:
         """A ledger of a stream that no stream record names (see the module's docstring)."""
         owner = meta.properties[STREAM_PROPERTY]
         if meta.entries == 0 and meta.last_entry_id == -1:
@@ -272,26 +270,12 @@ class StreamManager:
 
     # --- streams -------------------------------------------------------------------------
 
-    def default_policies(self) -> Policies:
-        s = self._settings
-        return Policies(
-            minLedgerRolloverTimeMinutes=s.managed_ledger_min_ledger_rollover_time_minutes,
-            maxLedgerRolloverTimeMinutes=s.managed_ledger_max_ledger_rollover_time_minutes,
-            maxEntriesPerLedger=s.managed_ledger_max_entries_per_ledger,
-            maxSizePerLedgerMbytes=s.managed_ledger_max_size_per_ledger_mbytes,
-            retentionTimeInMinutes=s.default_retention_time_in_minutes,
-            retentionSizeInMB=s.default_retention_size_in_mb,
-            offloadThresholdInBytes=s.managed_ledger_offload_threshold_in_bytes,
-            offloadThresholdInSeconds=s.managed_ledger_offload_threshold_in_seconds,
-            offloadDeletionLagInMillis=s.managed_ledger_offload_deletion_lag_ms,
-        )
-
     async def put_stream(self, name: str, given: dict[str, object]) -> tuple[Stream, bool]:
         """Create a stream, or update its policies (absent keys take the node's defaults)."""
         if not NAME.fullmatch(name):
             raise InvalidName(f"a stream name is 1-255 of [A-Za-z0-9._-], not {name[:60]!r}")
         try:
-            policies = Policies.from_json(given, self.default_policies())
+            policies = Policies.from_json(given, default_policies(self._settings))
         except PolicyConflict as e:
             raise ConflictingPolicies(str(e)) from None
         except ValueError as e:
@@ -398,7 +382,7 @@ class StreamManager:
         """Room for the append in the ledger taking appends, reserved (no await: nothing
         else reserves between the check and the reservation); None: it must roll first."""
         current = stream.ledgers[-1] if stream.ledgers else None
-        if current is None or not self._takes(stream, current, count, size):
+        if current is None or not self._has_room(stream, current, count, size):
             return None
         return self._reserve(current, count, size)
 
@@ -426,7 +410,7 @@ class StreamManager:
         never.cancel()
         self._settle(info, count, size, never)
 
-    def _takes(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
+    def _has_room(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
         """Whether the ledger takes an append of ``count`` entries and ``size`` bytes, with
         the appends in flight on it: Pulsar's currentLedgerIsFull, checked before the add."""
         if info.closed_ms:
@@ -443,12 +427,12 @@ class StreamManager:
             return False
         return (
             entries + count <= p.maxEntriesPerLedger
-            and info.size_bytes + flight.size_bytes + size <= p.maxSizePerLedgerMbytes * MB
+            and info.size_bytes + flight.size_bytes + size <= p.maxSizePerLedgerMbytes * MiB
         )
 
     def _full(self, stream: Stream, info: LedgerInfo) -> bool:
         """Pulsar's currentLedgerIsFull: no room for one more entry of at least a byte."""
-        return not self._takes(stream, info, 1, 1)
+        return not self._has_room(stream, info, 1, 1)
 
     async def _open_next(self, stream: Stream) -> tuple[LedgerInfo, LedgerInfo | None]:
         """Create the stream's next ledger and write the record naming it; only then does
@@ -670,7 +654,7 @@ class StreamManager:
             elif start == "latest":
                 mark = self.last_position(stream)
             else:
-                position = _parse(start)
+                position = parse_position(start)
                 if not stream.ledgers:
                     raise InvalidPosition(
                         f"stream {name} has no entries yet, so {start} is not one of them: "
@@ -766,10 +750,6 @@ class StreamManager:
             size += ledger_bytes * after // total if total else 0
         return Backlog(entries, size)
 
-    def slowest_mark(self, name: str) -> Position | None:
-        marks = [c.mark_delete for c in self._cursors.get(name, {}).values()]
-        return min(marks) if marks else None
-
     # --- trimming (retention) ------------------------------------------------------------
 
     async def trim(self, name: str, ledger_ids: Iterable[int], pace_s: float) -> list[int]:
@@ -807,19 +787,9 @@ class StreamManager:
         await self._storage.write_records({doomed_key(info.ledger_id): None for info in removed})
         return [info.ledger_id for info in removed]
 
-    def expiry_mark(self, name: str, before_ms: int) -> Position | None:
-        """Where a message TTL moves cursors: the last entry of the last closed ledger that
-        closed before ``before_ms`` (None: none did)."""
-        stream = self.stream(name)
-        expired = [i for i in stream.ledgers[:-1] if i.closed_ms and i.closed_ms < before_ms]
-        return Position(expired[-1].ledger_id, expired[-1].entries - 1) if expired else None
-
-    async def expire(self, name: str, before_ms: int) -> list[str]:
-        """Message TTL at ledger granularity: cursors move past closed ledgers that closed
-        before ``before_ms`` (entries carry no time of their own). Returns moved cursors."""
-        end = self.expiry_mark(name, before_ms)
-        if end is None:
-            return []
+    async def expire(self, name: str, end: Position) -> list[str]:
+        """Message TTL: move every cursor of the stream forward to ``end``
+        (``rules.ttl_mark``); a cursor already past it stays. Returns the moved cursors."""
         moved = []
         for cursor in list(self._cursors.get(name, {}).values()):
             with contextlib.suppress(CursorNotFound):  # deleted meanwhile
@@ -828,14 +798,11 @@ class StreamManager:
         return moved
 
 
-def _parse(text: str) -> Position:
+def parse_position(text: str) -> Position:
+    """``L:E`` as a position; MalformedPosition or InvalidPosition (out of range) otherwise."""
     try:
         return Position.parse(text)
     except PositionOutOfRange as e:
         raise InvalidPosition(str(e)) from None
     except ValueError as e:
         raise MalformedPosition(str(e)) from None
-
-
-def parse_position(text: str) -> Position:
-    return _parse(text)

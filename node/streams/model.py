@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from node.streams.policies import INT64_MAX, Policies
 
 FORMAT_VERSION = 1
 STREAM_PREFIX = b"stream/"
@@ -35,20 +37,11 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 # most 19 of them (2^63 has 19), in canonical form: "00:1" is not another name of "0:1".
 ID_DIGITS = "(0|[1-9][0-9]{0,18})"
 POSITION = re.compile(rf"{ID_DIGITS}:(-1|{ID_DIGITS})")
-MB = 1024 * 1024
 MINUTE_MS = 60_000
-# Policy values are Java ints in Pulsar (retentionSizeInMB a long): clients and tools that
-# read them back in another language hold them in those types.
-INT32_MAX = (1 << 31) - 1
-INT64_MAX = (1 << 63) - 1
 
 
 class PositionOutOfRange(ValueError):
     """Well formed, but past 2^63 - 1: no stream holds such a position."""
-
-
-class PolicyConflict(ValueError):
-    """Each value is allowed, but together they are not (a rule between two policies)."""
 
 
 class Position(NamedTuple):
@@ -68,73 +61,6 @@ class Position(NamedTuple):
         if position.ledger_id > INT64_MAX or position.entry_id > INT64_MAX:
             raise PositionOutOfRange(f"position {text[:40]!r} is out of range")
         return position
-
-
-@dataclass(slots=True)
-class Policies:
-    """Pulsar's names and meanings; -1 = unlimited, TTL 0 = none."""
-
-    minLedgerRolloverTimeMinutes: int = 10
-    maxLedgerRolloverTimeMinutes: int = 240
-    maxEntriesPerLedger: int = 50_000
-    maxSizePerLedgerMbytes: int = 2048
-    retentionTimeInMinutes: int = 72 * 60
-    retentionSizeInMB: int = -1
-    messageTtlInSeconds: int = 0
-    offloadThresholdInBytes: int = -1  # keep the newest N bytes local; -1 = off
-    offloadThresholdInSeconds: int = -1  # offload ledgers closed longer ago; -1 = off
-    offloadDeletionLagInMillis: int = 4 * 3600 * 1000  # then the local copy goes
-
-    LIMITS = {  # name -> smallest allowed value
-        "minLedgerRolloverTimeMinutes": 0,
-        "maxLedgerRolloverTimeMinutes": 0,
-        "maxEntriesPerLedger": 1,
-        "maxSizePerLedgerMbytes": 1,
-        "retentionTimeInMinutes": -1,
-        "retentionSizeInMB": -1,
-        "messageTtlInSeconds": 0,
-        "offloadThresholdInBytes": -1,
-        "offloadThresholdInSeconds": -1,
-        "offloadDeletionLagInMillis": 0,
-    }
-    MAXIMA = {  # name -> largest allowed value: Pulsar's type, and a byte count in an int64
-        "minLedgerRolloverTimeMinutes": INT32_MAX,
-        "maxLedgerRolloverTimeMinutes": INT32_MAX,
-        "maxEntriesPerLedger": INT32_MAX,
-        "maxSizePerLedgerMbytes": INT32_MAX,
-        "retentionTimeInMinutes": INT32_MAX,
-        "retentionSizeInMB": INT64_MAX // MB,
-        "messageTtlInSeconds": INT32_MAX,
-        "offloadThresholdInBytes": INT64_MAX,  # Pulsar: long
-        "offloadThresholdInSeconds": INT64_MAX // 1000,  # as milliseconds, still an int64
-        "offloadDeletionLagInMillis": INT64_MAX,
-    }
-
-    @classmethod
-    def from_json(cls, given: dict[str, Any], defaults: Policies) -> Policies:
-        """``given`` over ``defaults``; ValueError naming the bad key, PolicyConflict when the
-        values are each allowed but not together."""
-        unknown = set(given) - set(cls.LIMITS)
-        if unknown:
-            raise ValueError(
-                f"unknown policy {sorted(unknown)[0]!r}; known: {', '.join(cls.LIMITS)}"
-            )
-        values = defaults.to_json()
-        for key, value in given.items():
-            low, high = cls.LIMITS[key], cls.MAXIMA[key]
-            if type(value) is not int or not low <= value <= high:
-                raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
-            values[key] = value
-        policies = cls(**values)
-        if policies.minLedgerRolloverTimeMinutes > policies.maxLedgerRolloverTimeMinutes:
-            raise PolicyConflict(
-                f"minLedgerRolloverTimeMinutes ({policies.minLedgerRolloverTimeMinutes}) exceeds "
-                f"maxLedgerRolloverTimeMinutes ({policies.maxLedgerRolloverTimeMinutes})"
-            )
-        return policies
-
-    def to_json(self) -> dict[str, int]:
-        return {key: getattr(self, key) for key in self.LIMITS}
 
 
 @dataclass(slots=True)

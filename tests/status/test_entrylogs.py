@@ -183,3 +183,10 @@ def test_the_scan_reads_sealed_maps_once_and_takes_age_from_mtime(tmp_path: Path
     log_path(tmp_path, 1).unlink()  # GC deleted it: gone from the map and the cache
     assert [f.log_id for f in scan_logs(tmp_path, {1}, cache)] == [2]
     assert cache.maps == {}
+
+
+def test_a_stream_ledger_its_stream_does_not_name_is_kept_as_a_plain_ledger() -> None:
+    # An orphan (README "Streams"): retention never deletes it; the operator reads and deletes it.
+    orphan = ledger(9, stream="orders")
+    pin = why_pinned(orphan, context([orphan], orders(), [cursor("c", Position(0, -1))]))
+    assert (pin.reason, pin.stream) == ("not_deleted", "orders")

@@ -71,21 +71,27 @@ async def test_the_json_routes_answer_their_models_and_the_history_fills(
     )
 
 
-async def test_the_map_names_the_cursor_whose_backlog_holds_an_old_log(
-    tmp_path: Path, aiohttp_client: Any
-) -> None:
-    client = await _client(tmp_path, aiohttp_client)
-    policies = {"minLedgerRolloverTimeMinutes": 0, "maxEntriesPerLedger": 10}
+async def _lagging_stream(client: Any, wait_s: float, **policies: int) -> models.StatusEntryLogs:
+    """Stream "s" (a ledger per 10 entries) with a cursor "lagging" that acknowledges none of
+    its 40 entries; the entry-log map ``wait_s`` later."""
+    policies = {"minLedgerRolloverTimeMinutes": 0, "maxEntriesPerLedger": 10, **policies}
     assert (await client.put("/api/v1/streams/s", json=policies)).status == 201
     r = await client.put("/api/v1/streams/s/cursors/lagging", json={"start": "earliest"})
     assert r.status == 201
     for _ in range(40):
         r = await client.post("/api/v1/streams/s/entries", data=b"y" * 3000, headers=OCTET)
         assert r.status == 201
-    await asyncio.sleep(0.3)  # checkpoints: the entries reach sealed logs
-    found = models.StatusEntryLogs.model_validate(
+    await asyncio.sleep(wait_s)
+    return models.StatusEntryLogs.model_validate(
         await (await client.get("/api/v1/status/entrylogs")).json()
     )
+
+
+async def test_the_map_names_the_cursor_whose_backlog_holds_an_old_log(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    client = await _client(tmp_path, aiohttp_client)
+    found = await _lagging_stream(client, 0.3)  # checkpoints: the entries reach sealed logs
     assert len([c for c in found.logs if c.sealed]) >= 1
     oldest = found.oldestPinned[0]
     reasons = {(p.reason, p.stream, p.cursor) for p in oldest.pins}
@@ -93,3 +99,30 @@ async def test_the_map_names_the_cursor_whose_backlog_holds_an_old_log(
     summary = await (await client.get("/api/v1/status/summary")).json()
     (cursor,) = summary["streams"][0]["cursors"]
     assert cursor["name"] == "lagging" and cursor["backlogEntries"] == 40
+
+
+async def test_the_map_names_the_message_ttl_that_releases_what_a_cursor_holds(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A cursor that never acknowledges holds its ledgers, but the stream's message TTL moves
+    it past them at the next retention run: the page names the TTL (and the cursor), and says
+    the run deletes them, as the run's dry run does."""
+    client = await _client(tmp_path, aiohttp_client)
+    # 1.5 s: the closed ledgers are past the TTL, and their entries in sealed logs
+    found = await _lagging_stream(client, 1.5, messageTtlInSeconds=1, retentionTimeInMinutes=0)
+    pins = [p for log in found.oldestPinned for p in log.pins]
+    released = {
+        p.ledgerId
+        for p in pins
+        if (p.reason, p.stream, p.cursor) == ("message_ttl", "s", "lagging")
+    }
+    assert released, pins
+    assert all(
+        "the next retention run moves the cursor past it and deletes it" in p.detail
+        for p in pins
+        if p.ledgerId in released
+    )
+    dry = await (await client.post("/api/v1/retention/run?dryRun=true")).json()
+    assert released <= {d["ledgerId"] for d in dry["streams"]["s"]}
+    done = await (await client.post("/api/v1/retention/run")).json()
+    assert released <= {d["ledgerId"] for d in done["streams"]["s"]}

@@ -28,17 +28,19 @@ from typing import Any
 import pytest
 
 from node.lifecycle.gc import GarbageCollector
-from node.lifecycle.retention import Deletion, Retention
+from node.lifecycle.retention import Retention
+from node.settings import MiB
 from node.storage import entrylog
 from node.storage.errors import EntryTooLarge, LedgerNotFound
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
-from node.streams.model import MB, MINUTE_MS, Position
+from node.streams.model import MINUTE_MS, Position
+from node.streams.rules import Deletion
 from tests.conftest import make_settings
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
-MAX_ENTRY = 3 * MB
+MAX_ENTRY = 3 * MiB
 # Rollover by entry count only (no minimum age, a maximum age never reached in a test).
 ROLLING = {"minLedgerRolloverTimeMinutes": 0, "maxLedgerRolloverTimeMinutes": 1_000_000}
 
@@ -222,14 +224,14 @@ async def test_rollover_at_max_entries(w: World) -> None:
 
 async def test_rollover_at_max_size(w: World) -> None:
     await w.streams.put_stream("s", {**ROLLING, "maxSizePerLedgerMbytes": 1})
-    quarter = MB // 4
+    quarter = MiB // 4
     sizes = [quarter, quarter, quarter, quarter - 1, 1, 10]
     positions = [await append(w, "s", i, size) for i, size in enumerate(sizes)]
     l1, l2 = ledger_ids(w, "s")
     # 1 MiB - 1 byte is not full: the 1-byte entry still goes in; at 1 MiB it rolls.
     assert positions == [Position(l1, e) for e in range(5)] + [Position(l2, 0)]
     first = w.streams.stream("s").ledgers[0]
-    assert (first.entries, first.size_bytes) == (5, MB)
+    assert (first.entries, first.size_bytes) == (5, MiB)
     assert w.storage.ledger(l1).state == LedgerState.CLOSED
 
 
@@ -257,9 +259,9 @@ async def test_no_rollover_before_the_minimum_time(w: World) -> None:
     await w.streams.put_stream("s", policies)
     # Full by entries, by size (1.5 MiB > 1 MiB) and by the max time, yet younger than the
     # minimum time: the ledger keeps taking appends (Pulsar: it may exceed its limits).
-    positions = [await append(w, "s", i, MB // 4) for i in range(5)]
+    positions = [await append(w, "s", i, MiB // 4) for i in range(5)]
     w.clock.advance(10, ms=-1)
-    positions.append(await append(w, "s", 5, MB // 4))
+    positions.append(await append(w, "s", 5, MiB // 4))
     (lid,) = ledger_ids(w, "s")
     assert positions == [Position(lid, e) for e in range(6)]
     w.clock.advance(ms=1)  # age == min time: full, and old enough
@@ -381,7 +383,9 @@ async def test_retention_by_time_only(w: World) -> None:
 
 
 async def test_retention_by_size_only(w: World) -> None:
-    ids = await build(w, "s", [MB, 3 * MB, MB, MB], retentionTimeInMinutes=-1, retentionSizeInMB=2)
+    ids = await build(
+        w, "s", [MiB, 3 * MiB, MiB, MiB], retentionTimeInMinutes=-1, retentionSizeInMB=2
+    )
     w.clock.advance(100_000)  # time plays no part
     # Total 6 MiB + 100 B. Deleting the first leaves 5 MiB + 100 B, the second 2 MiB + 100 B
     # (still >= 2 MiB): both go; the third would leave 1 MiB + 100 B: it stays, and the
@@ -389,14 +393,14 @@ async def test_retention_by_size_only(w: World) -> None:
     assert await run(w) == {"s": [(ids[0], "size"), (ids[1], "size")]}
     await check_stream(w, "s", ids[2:], ids[:2])
     remaining = sum(info.size_bytes for info in w.streams.stream("s").ledgers)
-    assert remaining >= 2 * MB
-    assert remaining - w.streams.stream("s").ledgers[0].size_bytes < 2 * MB
+    assert remaining >= 2 * MiB
+    assert remaining - w.streams.stream("s").ledgers[0].size_bytes < 2 * MiB
     assert await run(w) == {}
 
 
 async def test_retention_by_time_or_size(w: World) -> None:
     policies = {"retentionTimeInMinutes": 60, "retentionSizeInMB": 4}
-    ids = await build(w, "s", [MB] * 4, gap_minutes=10, **policies)
+    ids = await build(w, "s", [MiB] * 4, gap_minutes=10, **policies)
     w.clock.ms = START_MS + 85 * MINUTE_MS  # closed 75, 65, 55 and 45 minutes ago
     # Retention size 4 MiB of 4 MiB + 100 B: by size nothing could go, yet the two ledgers
     # past the retention time go; the third satisfies both limits and stops the scan.
@@ -501,7 +505,9 @@ async def test_a_slow_cursor_pins_data_until_reset_acknowledged_or_deleted(w: Wo
 
 
 async def test_never_from_the_middle(w: World) -> None:
-    ids = await build(w, "s", [MB, 5 * MB, MB, MB], retentionTimeInMinutes=-1, retentionSizeInMB=3)
+    ids = await build(
+        w, "s", [MiB, 5 * MiB, MiB, MiB], retentionTimeInMinutes=-1, retentionSizeInMB=3
+    )
     # Deleting the first leaves 7 MiB + 100 B; deleting the second too would leave 2 MiB +
     # 100 B < 3 MiB: the scan stops there, though the third alone could go (6 MiB remain).
     assert await run(w) == {"s": [(ids[0], "size")]}
@@ -517,7 +523,7 @@ async def test_never_from_the_middle(w: World) -> None:
 
 async def test_a_dry_run_deletes_nothing_and_reports_the_same_plan(w: World) -> None:
     policies = {"retentionTimeInMinutes": 25, "retentionSizeInMB": 2, "messageTtlInSeconds": 600}
-    ids = await build(w, "s", [MB // 2] * 6, gap_minutes=5, **policies)
+    ids = await build(w, "s", [MiB // 2] * 6, gap_minutes=5, **policies)
     await w.streams.create_cursor("s", "c", "earliest")
     await w.streams.acknowledge("s", "c", Position(ids[0], 1))
     plain = await build(w, "plain", [300] * 3, retentionTimeInMinutes=0)

@@ -26,6 +26,7 @@
   const PIN_REASONS = {
     open_ledger: "open ledger",
     cursor_backlog: "cursor backlog",
+    message_ttl: "message TTL",
     retention: "retention",
     offload_deletion_lag: "offload deletion lag",
     not_deleted: "not deleted",
