@@ -29,6 +29,7 @@ from pathlib import Path
 from node.audit import kept
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings
+from node.storage.clock import Clock
 from node.storage.fsutil import fsync_dir, is_no_space
 from node.storage.ledgers import DISK, LedgerStorage
 
@@ -108,10 +109,12 @@ class DiskMonitor:
         self,
         storage: LedgerStorage,
         gc: GarbageCollector,
+        clock: Clock,
         measure: Callable[[Path], float] = usage,
     ) -> None:
         self._storage = storage
         self._gc = gc
+        self._clock = clock
         self._settings = storage.settings
         self._measure = measure
         self.reserve = EmergencyReserve(self._settings)
@@ -179,4 +182,4 @@ class DiskMonitor:
                 await self.check()
             except OSError:
                 log.exception("disk check failed")
-            await asyncio.sleep(interval)
+            await self._clock.sleep(interval)

@@ -31,7 +31,6 @@ outputs no larger than it; deleting empty logs always runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -215,8 +214,7 @@ class GarbageCollector:
             timeout = next_run - self._clock.monotonic()
             if self._storage.retired_logs:
                 timeout = min(timeout, reap_every_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wanted.wait(), max(timeout, 0.0))
+            await self._clock.wait(self._wanted, max(timeout, 0.0))
             if self._stopping:
                 return
             if not self._wanted.is_set() and self._clock.monotonic() < next_run:

@@ -227,7 +227,7 @@ class Retention:
         """RocketMQ's triggers: the hours of ``delete_when``, and a disk past the cleaning
         watermark (checked every tick, so a filling disk is cleaned within seconds)."""
         while True:
-            await asyncio.sleep(SCHEDULER_TICK_S)
+            await self._clock.sleep(SCHEDULER_TICK_S)
             try:
                 await self.roll_idle()
                 hour = time.localtime(self._clock.now_ms() / 1000).tm_hour

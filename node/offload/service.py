@@ -293,7 +293,7 @@ class Offload:
     async def run_forever(self) -> None:
         """The in-node scheduler (``offload_scheduler_enabled``)."""
         while True:
-            await asyncio.sleep(self._settings.offload_scheduler_interval_s)
+            await self._clock.sleep(self._settings.offload_scheduler_interval_s)
             try:
                 await self.run()
             except Exception:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -1114,8 +1113,7 @@ class LedgerStorage:
     async def _checkpoint_loop(self) -> None:
         interval = self.settings.flush_interval / 1000
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._checkpoint_wanted.wait(), interval)
+            await self._clock.wait(self._checkpoint_wanted, interval)
             self._checkpoint_wanted.clear()
             if not self._running:
                 return  # close() runs the last checkpoint itself

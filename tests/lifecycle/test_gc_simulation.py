@@ -48,7 +48,6 @@ import asyncio
 import bisect
 import itertools
 import random
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from node.lifecycle.gc import GarbageCollector
 from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
+from tests.harness.clock import EPOCH_MS, FakeClock
 from tests.hostdisk import HOST_DISK_NEUTRAL
 from tests.lifecycle.gc_world import check_survivors, dangling_entries, gc_settings, interleave
 
@@ -66,7 +66,6 @@ DAY_S = HOURS_PER_DAY * HOUR_S
 MS_PER_S = 1000
 MB = 1_000_000
 SIM_DAYS = 30
-EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00Z: the simulated wall clock starts here
 SEED = 2  # reproducible; without the compaction lag bound this seed pins a record 616 h
 
 LOG_SIZE = 256 * KiB  # small, so that logs roll every couple of simulated hours
@@ -90,30 +89,6 @@ PAYLOAD_BYTE_MOD = 251
 SPACE_FACTOR = 1.3
 WARMUP_DAYS = 3  # the longest short retention (2 d) and one major interval
 LONG_SHARE_MAX = 0.1  # the argument above needs long-lived data to be a small share
-
-
-class SimulatedClock:
-    """A ``Clock`` whose time moves only when the test advances it, or when GC's throttle
-    sleeps (from GC's worker thread, hence the lock)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seconds = 0.0
-
-    def now_ms(self) -> int:
-        return EPOCH_MS + int(self.monotonic() * MS_PER_S)
-
-    def monotonic(self) -> float:
-        with self._lock:
-            return self._seconds
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds += max(0.0, seconds)
-
-    def advance_to(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds = max(self._seconds, seconds)
 
 
 def payload(ledger_id: int, entry_id: int) -> bytes:
@@ -163,7 +138,7 @@ class SpaceCheck:
 
 
 class Workload:
-    def __init__(self, storage: LedgerStorage, clock: SimulatedClock) -> None:
+    def __init__(self, storage: LedgerStorage, clock: FakeClock) -> None:
         self.storage = storage
         self.clock = clock
         self.rng = random.Random(SEED)
@@ -347,11 +322,11 @@ def _print_summary(
 async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
     tmp_path: Path,
 ) -> None:
-    clock = SimulatedClock()
+    clock = FakeClock()
     settings = sim_settings(tmp_path / "data")
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
-    gc = GarbageCollector(storage, clock, sleep=clock.sleep)
+    gc = GarbageCollector(storage, clock, sleep=clock.sleep_in_thread)
     workload = Workload(storage, clock)
     gc_wait_s = settings.gc_wait_time / MS_PER_S
     # R + M + 2 G; F is added at each check, as measured so far.
@@ -418,13 +393,13 @@ async def test_dead_data_above_the_major_threshold_goes_after_a_major_interval(
     """The compaction lag bound on its own: logs about 90% live (above the major threshold
     of 0.8) are left alone until the dead data in them has been dead for a major interval,
     then compacted whatever their usage."""
-    clock = SimulatedClock()
+    clock = FakeClock()
     # As in sim_settings: the journal must not wait for its group to age on a still clock.
     settings = gc_settings(tmp_path / "d", journal_flush_when_queue_empty=True)
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
     try:
-        gc = GarbageCollector(storage, clock, sleep=clock.sleep)
+        gc = GarbageCollector(storage, clock, sleep=clock.sleep_in_thread)
         ids = await interleave(storage, ledgers=10, rounds=12)
         doomed, survivors = ids[0], ids[1:]
         holding = await asyncio.to_thread(_logs_holding, settings.ledgers_dir, doomed)
