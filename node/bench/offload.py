@@ -60,7 +60,7 @@ from node.bench.common import (
     scratch_dir,
 )
 from node.offload.format import LedgerIndex, index_key
-from node.offload.service import Offload
+from node.offload.service import OffloadService
 from node.runtime import run, tune
 from node.settings import MiB, Settings, load
 from node.storage.clock import SystemClock
@@ -197,7 +197,7 @@ def _random_ids(index: LedgerIndex, last: int, reads: int) -> list[int]:
 
 
 async def _random_reads(
-    storage: LedgerStorage, offload: Offload, index: LedgerIndex, reads: int, entry_size: int
+    storage: LedgerStorage, offload: OffloadService, index: LedgerIndex, reads: int, entry_size: int
 ) -> RandomReads:
     """Single-entry reads, one at a time, on a reader that has forgotten what the
     sequential pass left in its cache (a read of entry 0 first fetches the index again;
@@ -230,7 +230,7 @@ async def _medium(
     try:
         streams = StreamManager(storage, SystemClock())
         await streams.start()
-        offload = Offload(storage, streams, SystemClock())
+        offload = OffloadService(storage, streams, SystemClock())
         await offload.start()
         entry_log = await _read_all(storage, ledger_id, entry_size)
 

@@ -217,7 +217,7 @@ def _gc(app: web.Application) -> models.StatusGc:
         failures=stats.failures,
         lastSuccessMs=stats.last_success_ms,
         lastRunSeconds=stats.last_run_seconds,
-        intervalSeconds=settings.gc_wait_time / MS_PER_S,
+        intervalSeconds=settings.gc_wait_time_ms / MS_PER_S,
         deletedLedgers=stats.deleted_ledgers,
         reclaimedBytes=stats.reclaimed_by_deletion_bytes + stats.reclaimed_by_compaction_bytes,
         knownLogs=gc.known_logs(),
@@ -424,7 +424,7 @@ async def entry_logs(request: web.Request) -> web.Response:
         offload_deletion_lag_ms=settings.managed_ledger_offload_deletion_lag_ms,
     )
     old_after_s = pinned_after_s(
-        settings.default_retention_time_in_minutes, settings.major_compaction_interval
+        settings.default_retention_time_in_minutes, settings.major_compaction_interval_s
     )
     built = build_map(logs, ctx, old_after_s, PINNED_LOGS_SHOWN, PINS_PER_LOG)
     reply = models.StatusEntryLogs(

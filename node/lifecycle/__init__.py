@@ -8,7 +8,7 @@ import asyncio
 from node.lifecycle.disks import DiskMonitor, usage
 from node.lifecycle.gc import GarbageCollector
 from node.lifecycle.retention import Retention
-from node.offload.service import Offload
+from node.offload.service import OffloadService
 from node.storage.clock import Clock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
@@ -22,7 +22,7 @@ class BackgroundWork:
         self.retention = Retention(
             streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values())
         )
-        self.offload = Offload(storage, streams, clock)
+        self.offload = OffloadService(storage, streams, clock)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def before_storage_start(self) -> None:

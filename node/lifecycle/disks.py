@@ -1,5 +1,5 @@
 """Disk watermarks (BookKeeper's LedgerDirsMonitor, RocketMQ's disk ratios), checked every
-``disk_check_interval`` for each data dir:
+``disk_check_interval_ms`` for each data dir:
 
 - above ``gc_disk_usage_threshold`` (0.85): garbage collection runs at once;
 - above ``disk_usage_warn_threshold`` (0.90): a warning, and the metric says so;
@@ -176,7 +176,7 @@ class DiskMonitor:
             self.reserve.make()
 
     async def run_forever(self) -> None:
-        interval = self._settings.disk_check_interval / 1000
+        interval = self._settings.disk_check_interval_ms / 1000
         while True:
             try:
                 await self.check()

@@ -11,7 +11,7 @@ the retention time and size are ignored for acknowledged data (still never for b
 When: ``POST /api/v1/retention/run`` (with a dry run), every day at the hours of
 ``delete_when`` when ``retention_scheduler_enabled`` (turn it off when Airflow drives
 retention), and at every scheduler tick (30 s) while a data disk is past
-``disk_max_used_space_ratio``. Deletions are paced by ``delete_commit_log_files_interval``.
+``disk_max_used_space_ratio``. Deletions are paced by ``delete_commit_log_files_interval_ms``.
 Deleted ledgers' space comes back with GC.
 
 A run under disk pressure that deletes logs it at WARNING, naming the ledgers, the disk's
@@ -180,7 +180,7 @@ class Retention:
                 done[stream.name] = plan
                 if dry_run:
                     continue
-                pace = self._settings.delete_commit_log_files_interval / 1000
+                pace = self._settings.delete_commit_log_files_interval_ms / 1000
                 await self._streams.trim(stream.name, [d.ledger_id for d in plan], pace)
                 for deletion in plan:
                     key = (stream.name, deletion.reason)

@@ -78,11 +78,11 @@ async def test_minor_and_major_compaction_thresholds(
     # Every log holds a slice of each of the 10 ledgers: deleting 5 leaves logs 50% live.
     await _delete(storage, ids[:5])
     clock = _fake_clock(storage)
-    clock.advance(settings.minor_compaction_interval + 1)
+    clock.advance(settings.minor_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "minor" and report.result.compacted == []  # 0.5 > 0.2
     before = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
-    clock.advance(settings.major_compaction_interval + 1)
+    clock.advance(settings.major_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "major" and report.result.compacted  # 0.5 < 0.8
     after = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
@@ -93,7 +93,7 @@ async def test_minor_and_major_compaction_thresholds(
     # Delete 4 of the 5 left: a fifth of each compacted log stays live, and a log smaller
     # than the target size counts as emptier still, so minor compaction (< 0.2) takes them.
     await _delete(storage, ids[5:9])
-    clock.advance(settings.minor_compaction_interval + 1)
+    clock.advance(settings.minor_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "minor" and report.result.compacted
     await check_survivors(storage, ids[9:])
@@ -195,7 +195,7 @@ def _sealed_size_and_live_bytes(storage: LedgerStorage) -> tuple[int, int]:
 
 async def test_the_compaction_lag_bound_survives_a_restart(tmp_path: Path) -> None:
     settings = gc_settings(tmp_path / "d", **ON_FAKE_CLOCK)
-    lag_s = settings.major_compaction_interval
+    lag_s = settings.major_compaction_interval_s
     storage = LedgerStorage(settings, clock=FakeClock())
     await storage.start()
     try:
@@ -260,7 +260,7 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
             assert log_id not in storage.retired_logs
         else:
             assert await asyncio.to_thread(storage.reap_retired_logs) == []  # not yet 120 s
-            forcibly_s = storage.settings.destroy_maped_file_interval_forcibly / 1000
+            forcibly_s = storage.settings.destroy_mapped_file_interval_forcibly_ms / 1000
             _fake_clock(storage).advance(forcibly_s)
             assert await asyncio.to_thread(storage.reap_retired_logs) == [log_id]
             assert not await asyncio.to_thread(path.exists)
@@ -270,11 +270,13 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
 async def test_a_log_held_past_the_forced_interval_goes_without_waiting_for_a_run(
     tmp_path: Path,
 ) -> None:
-    """The forced delete comes ``destroy_maped_file_interval_forcibly`` after the retirement
+    """The forced delete comes ``destroy_mapped_file_interval_forcibly_ms`` after the retirement
     (here 400 ms), not at the next GC run (an hour here; 10 minutes by default)."""
     forcibly_ms = 400
     settings = gc_settings(
-        tmp_path / "d", destroy_maped_file_interval_forcibly=forcibly_ms, gc_wait_time=3_600_000
+        tmp_path / "d",
+        destroy_mapped_file_interval_forcibly_ms=forcibly_ms,
+        gc_wait_time_ms=3_600_000,
     )
     storage = LedgerStorage(settings)
     await storage.start()

@@ -6,7 +6,7 @@ drawn from SHORT_RETENTION_H in whole hours, written during their first ACTIVE_H
 deleted when the retention passes), and LONG_LIVED long-lived ledgers are written on and
 never deleted, so every entry log mixes data that dies within two days with a little that
 never does. Each hour: deletions, new ledgers, one batch per active ledger (concurrently),
-a checkpoint. GC runs ``gc_wait_time`` after the previous run ended, as ``run_forever``
+a checkpoint. GC runs ``gc_wait_time_ms`` after the previous run ended, as ``run_forever``
 does, so minor compaction runs every hour and major every day by the settings. Compaction
 is throttled by bytes; the throttle's sleep advances the simulated clock, so throttling
 costs simulated time and no wall time.
@@ -15,7 +15,7 @@ costs simulated time and no wall time.
 log and looking each record up in the workload's record of when it was written: no record
 of a short-lived ledger is on disk more than ``R + M + F + 2 G`` after it was written, with
 R the longest short retention, M the major interval, F the longest time one entry log took
-to fill (measured), G ``gc_wait_time``. Why:
+to fill (measured), G ``gc_wait_time_ms``. Why:
 
 - A record written at ``w`` goes into a log filled during ``[t0, t0 + F]``, ``t0 <= w``.
   Every short-lived ledger with data there was created by ``t0 + F`` and is deleted by
@@ -72,7 +72,7 @@ LOG_SIZE = 256 * KiB  # small, so that logs roll every couple of simulated hours
 MAX_ENTRY = 16 * KiB  # at most half a log (a settings rule)
 WRITE_CACHE = 8 * MiB
 JOURNAL_PREALLOC = 1 * MiB
-NEVER_MS = 10**12  # flush_interval: the test drives every checkpoint itself
+NEVER_MS = 10**12  # flush_interval_ms: the test drives every checkpoint itself
 GC_WAIT_MS = HOUR_S * MS_PER_S
 COMPACTION_BYTES_PER_S = 1_000_000  # read + written, in simulated seconds
 
@@ -269,8 +269,8 @@ def sim_settings(data_dir: Path, **overrides: Any) -> Settings:
         # What is under test is entry logs and GC, not the journal's durability: no
         # fdatasync per group keeps the wall time down when the disk is busy.
         "journal_sync_data": False,
-        "flush_interval": NEVER_MS,
-        "gc_wait_time": GC_WAIT_MS,
+        "flush_interval_ms": NEVER_MS,
+        "gc_wait_time_ms": GC_WAIT_MS,
         "is_throttle_by_bytes": True,
         "compaction_rate_by_bytes": COMPACTION_BYTES_PER_S,
     }
@@ -328,9 +328,9 @@ async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
     await storage.start()
     gc = GarbageCollector(storage, clock, sleep=clock.sleep_in_thread)
     workload = Workload(storage, clock)
-    gc_wait_s = settings.gc_wait_time / MS_PER_S
+    gc_wait_s = settings.gc_wait_time_ms / MS_PER_S
     # R + M + 2 G; F is added at each check, as measured so far.
-    fixed_bound_s = float(SHORT_RETENTION_H[1] * HOUR_S + settings.major_compaction_interval)
+    fixed_bound_s = float(SHORT_RETENTION_H[1] * HOUR_S + settings.major_compaction_interval_s)
     fixed_bound_s += 2 * gc_wait_s
     ages: list[AgeCheck] = []
     spaces: list[SpaceCheck] = []  # after each major
@@ -410,11 +410,11 @@ async def test_dead_data_above_the_major_threshold_goes_after_a_major_interval(
         assert report.compaction is None and report.deleted_logs == []
         assert max(gc.usages()) < 1.0 and min(gc.usages()) > settings.major_compaction_threshold
 
-        clock.advance_to(clock.monotonic() + settings.minor_compaction_interval)
+        clock.advance_to(clock.monotonic() + settings.minor_compaction_interval_s)
         report = await gc.run()
         assert report.compaction == "minor" and report.result.compacted == []
 
-        clock.advance_to(settings.major_compaction_interval)  # a major interval after the death
+        clock.advance_to(settings.major_compaction_interval_s)  # a major interval after the death
         report = await gc.run()
         assert report.compaction == "major"
         assert sorted(report.result.compacted) == sorted(set(holding) & sealed)

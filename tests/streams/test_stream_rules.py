@@ -63,8 +63,8 @@ async def open_world(data_dir: Path, **overrides: Any) -> AsyncIterator[World]:
         data_dir,
         **{
             "journal_flush_when_queue_empty": True,
-            "delete_commit_log_files_interval": 0,  # no pacing: nothing sleeps
-            "flush_interval": 3_600_000,  # checkpoints when the test asks
+            "delete_commit_log_files_interval_ms": 0,  # no pacing: nothing sleeps
+            "flush_interval_ms": 3_600_000,  # checkpoints when the test asks
             "max_entry_size": MAX_ENTRY,
             # The disk probe is the world's own: the node's default watermarks apply.
             "disk_max_used_space_ratio": 0.75,
