@@ -225,12 +225,13 @@ async def _random_reads(
 async def _medium(
     name: str, settings: Settings, ledger_id: int, entry_size: int, random_reads: int
 ) -> Medium:
-    storage = LedgerStorage(settings)
+    clock = SystemClock()
+    storage = LedgerStorage(settings, clock)
     await storage.start()
     try:
-        streams = StreamManager(storage, SystemClock())
+        streams = StreamManager(storage, clock)
         await streams.start()
-        offload = OffloadService(storage, streams, SystemClock())
+        offload = OffloadService(storage, streams, clock)
         await offload.start()
         entry_log = await _read_all(storage, ledger_id, entry_size)
 

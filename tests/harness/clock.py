@@ -123,9 +123,10 @@ class FakeClock:
         REAL_WAIT_S): the earliest deadline."""
         return await self._sleeping(count) / NS_PER_S
 
-    async def tick(self) -> None:
-        """One period of the earliest sleeper: once a task sleeps, time jumps to its deadline."""
-        deadline_ns = await self._sleeping(1)
+    async def tick(self, sleepers: int = 1) -> None:
+        """One period of the earliest sleeper: once ``sleepers`` tasks sleep on this clock
+        (every loop the test drives is idle again), time jumps to the earliest deadline."""
+        deadline_ns = await self._sleeping(sleepers)
         with self._lock:
             self._ns = max(self._ns, deadline_ns)
         self._wake_due()

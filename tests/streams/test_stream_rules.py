@@ -19,6 +19,8 @@ the test moves (nothing sleeps).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -224,7 +226,7 @@ async def test_rollover_at_max_time(w: World) -> None:
     first = await append(w, "s", 0)
     w.clock.advance(60 * MINUTE_S - 0.001)
     assert (await append(w, "s", 1)) == Position(first.ledger_id, 1)  # 1 ms short of max
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     second = await append(w, "s", 2)  # the ledger is 60 min old: it rolled
     assert second.ledger_id != first.ledger_id and second.entry_id == 0
     old, new = w.streams.stream("s").ledgers
@@ -247,7 +249,7 @@ async def test_no_rollover_before_the_minimum_time(w: World) -> None:
     positions.append(await append(w, "s", 5, MB // 4))
     (lid,) = ledger_ids(w, "s")
     assert positions == [Position(lid, e) for e in range(6)]
-    w.clock.advance(1 / 1000)  # age == min time: full, and old enough
+    w.clock.advance(0.001)  # age == min time: full, and old enough
     rolled = await append(w, "s", 6)
     assert rolled.ledger_id != lid and rolled.entry_id == 0
     assert w.streams.stream("s").ledgers[0].entries == 6
@@ -284,7 +286,7 @@ async def test_an_idle_full_ledger_rolls_without_an_append(w: World) -> None:
     w.clock.advance(60 * MINUTE_S - 0.001)
     assert await run(w) == {}
     assert ledger_ids(w, "s") == [last.ledger_id]  # not full yet: it takes appends
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w) == {}  # rolled over just now: closed 0 ms ago
     first, fresh = w.streams.stream("s").ledgers
     assert (first.ledger_id, first.closed_ms, fresh.entries) == (
@@ -293,7 +295,7 @@ async def test_an_idle_full_ledger_rolls_without_an_append(w: World) -> None:
         0,
     )
     assert w.storage.ledger(last.ledger_id).state == LedgerState.CLOSED
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(last.ledger_id, "time")]}
     w.clock.advance(10_000 * MINUTE_S)  # the new ledger is empty: it never rolls by time
     assert await run(w) == {}
@@ -363,7 +365,7 @@ async def test_retention_by_time_only(w: World) -> None:
     # Older than the retention time means strictly longer ago (Pulsar's `>`).
     assert await run(w) == {"s": [(ids[0], "time"), (ids[1], "time")]}
     await check_stream(w, "s", ids[2:], ids[:2])
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(ids[2], "time")]}
     w.clock.advance(10_000 * MINUTE_S)
     assert await run(w) == {"s": [(ids[3], "time")]}  # never the ledger taking appends
@@ -463,7 +465,7 @@ async def test_backlog_is_never_deleted(w: World) -> None:
 async def test_without_cursors_every_closed_ledger_is_a_candidate(w: World) -> None:
     ids = await build(w, "s", [300] * 3, retentionTimeInMinutes=0)
     assert await run(w) == {}  # closed this very millisecond: not longer ago than 0 min
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(lid, "time") for lid in ids[:3]]}
     await check_stream(w, "s", ids[3:], ids[:3])
 
@@ -474,7 +476,7 @@ async def test_a_slow_cursor_pins_data_until_reset_acknowledged_or_deleted(w: Wo
         await w.streams.create_cursor("s", name, "earliest")
     await w.streams.acknowledge("s", "fast", Position(ids[5], 0))
     await w.streams.acknowledge("s", "stale", Position(ids[3], 2))
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w) == {}  # the slowest cursor has read nothing
     await w.streams.reset("s", "slow", Position(ids[1], 0))  # skips the first ledger
     assert await run(w) == {"s": [(ids[0], "time")]}
@@ -502,7 +504,7 @@ async def test_never_from_the_middle(w: World) -> None:
     assert await w.streams.trim("s", [ids[1], ids[3], ids[4]], 0) == [ids[1]]
     assert await w.streams.trim("s", ids, 0) == [ids[2], ids[3]]
     await check_stream(w, "s", ids[4:], ids[:4])
-    w.clock.advance(1 / 1000)
+    w.clock.advance(0.001)
     assert await run(w, forced=True) == {}
 
 
@@ -538,6 +540,48 @@ async def test_a_dry_run_deletes_nothing_and_reports_the_same_plan(w: World) -> 
     await check_stream(w, "plain", plain[3:], plain[:3])
 
 
+# --- retention's scheduler ------------------------------------------------------------------
+
+
+def _local_hour(clock: FakeClock, at_s: float) -> int:
+    """The hour of the day at ``at_s`` on the clock, as the scheduler reads it (local time)."""
+    return time.localtime((clock.now_ms() + (at_s - clock.monotonic()) * 1000) / 1000).tm_hour
+
+
+async def test_the_scheduler_runs_retention_once_in_the_delete_when_hour(w: World) -> None:
+    """Retention's scheduler loop on the node's clock, driven tick by tick (every 30 s,
+    default settings: delete_when 04) from ten minutes before that hour to ten minutes into
+    it, with no real waiting: ledgers past their retention are not touched before the hour,
+    go at its first tick, and the hour's later ticks run nothing more."""
+    ids = await build(w, "s", [100] * 3, gap_minutes=1, retentionTimeInMinutes=60)
+    due_hour = int(w.storage.settings.delete_when)
+    due_s = next(  # the first minute of the next delete_when hour (local time, as it runs)
+        m * MINUTE_S
+        for m in range(1, 2 * 24 * 60)
+        if _local_hour(w.clock, m * MINUTE_S) == due_hour
+        and _local_hour(w.clock, (m - 1) * MINUTE_S) != due_hour
+    )
+    w.clock.advance_to(due_s - 10 * MINUTE_S)  # the ledgers are long past their hour now
+    loop = asyncio.create_task(w.retention.run_forever())
+    try:
+        # The loops asleep on the clock: the retention scheduler and the storage's checkpoint.
+        sleepers = 2
+        while w.clock.monotonic() < due_s:
+            assert ledger_ids(w, "s") == ids and w.retention.stats.runs == 0
+            await w.clock.tick(sleepers)
+        await w.clock.sleeping(sleepers)  # the due hour's first tick is done
+        assert w.retention.stats.runs == 1
+        assert ledger_ids(w, "s") == ids[3:]
+        while w.clock.monotonic() < due_s + 10 * MINUTE_S:
+            await w.clock.tick(sleepers)
+        await w.clock.sleeping(sleepers)
+        assert w.retention.stats.runs == 1
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+
 # --- GC reclaims what retention deleted -----------------------------------------------------
 
 
@@ -560,7 +604,7 @@ async def test_gc_reclaims_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
             for log_id in sealed
         }
         assert set().union(*maps.values()) >= set(ids[:6])
-        w.clock.advance(1 / 1000)
+        w.clock.advance(0.001)
         assert await run(w) == {"s": [(lid, "time") for lid in ids[:6]]}
         deleted = set(ids[:6])
         dead_logs = {log_id for log_id, held in maps.items() if held <= deleted}
