@@ -34,6 +34,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     settings = load(args.config, data_dir=args.data_dir, http_host=args.host, http_port=args.port)
     logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
+    for deprecation in settings.deprecations:
+        logging.getLogger("node.settings").warning("%s", deprecation)
     settings = fit_to_disks(settings)
     settings = runtime.fit_connections(settings, runtime.raise_open_files_limit())
     # Both refusals come before the first write: the port's needs none, and the lock is

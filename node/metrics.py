@@ -160,7 +160,7 @@ class EngineSnapshot:
     retention: RetentionStats = field(default_factory=RetentionStats)
     wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
     offload: OffloadStats = field(default_factory=OffloadStats)
-    offload_totals: dict[str, float] = field(default_factory=dict)  # of Offload.summary()
+    offload_totals: dict[str, float] = field(default_factory=dict)  # of OffloadService.summary()
     offload_cache_bytes: int = 0
     oldest_log_live_ledgers: int = 0
     oldest_log_pinning: list[tuple[int, int]] = field(default_factory=list)  # (ledger, bytes)
@@ -932,13 +932,13 @@ def _settings_metrics(settings: Settings) -> Iterator[Metric]:
         ),
         (
             "gc_interval_seconds",
-            settings.gc_wait_time / MS_PER_S,
-            "gc_wait_time: the period of GC runs.",
+            settings.gc_wait_time_ms / MS_PER_S,
+            "gc_wait_time_ms: the period of GC runs.",
         ),
         (
             "major_compaction_interval_seconds",
-            float(settings.major_compaction_interval),
-            "major_compaction_interval (0: major compaction off).",
+            float(settings.major_compaction_interval_s),
+            "major_compaction_interval_s (0: major compaction off).",
         ),
         (
             "default_retention_seconds",

@@ -3,8 +3,9 @@
 Names follow the keys of the systems operators already know (BookKeeper first, then
 RocketMQ, AutoMQ and Pulsar) in snake case; the environment variable is ``NODE_`` plus the
 name in upper case (``logSizeLimit`` -> ``log_size_limit`` -> ``NODE_LOG_SIZE_LIMIT``).
-Sizes are bytes. Durations keep BookKeeper's unit, written in the name where BookKeeper
-writes it (``_ms``, ``_msec``) and in the comment otherwise.
+Sizes are bytes. A duration says its unit in its name: ``_ms`` or ``_s`` (the defaults of
+stream policies keep Pulsar's ``_minutes`` and ``_in_seconds``, as the policies name them).
+Settings renamed to say so are still read under their old names (RENAMED), with a warning.
 
 Precedence: explicit arguments (the CLI's ``--data-dir`` ...) > environment > config file
 (TOML or JSON, the same names) > defaults.
@@ -16,11 +17,18 @@ import difflib
 import json
 import os
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -34,22 +42,35 @@ SECTOR = 512  # the smallest unit a disk writes atomically
 WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
 
 
-# The unit of a number, for the message refusing one that is not ("10s"): a duration whose
-# name does not say its unit (BookKeeper's names) has it as its field's description; the
-# others say it with a suffix.
-MS, S = "milliseconds", "seconds"
+# The unit of a number, for the message refusing one that is not ("10s"): its name's suffix.
 UNIT_SUFFIXES = (
-    ("_ms", MS),
-    ("_msec", MS),
-    ("_millis", MS),
-    ("_s", S),
-    ("_seconds", S),
+    ("_ms", "milliseconds"),
+    ("_s", "seconds"),
+    ("_seconds", "seconds"),
     ("_minutes", "minutes"),
     ("_mb", "MiB"),
     ("_mbytes", "MiB"),
     ("_bytes", "bytes"),
 )
 NUMBER_ERRORS = frozenset({"int_parsing", "float_parsing", "int_from_float", "int_type"})
+
+# Old name -> new name: the unit joined the names of these (and a typo went), but
+# configurations and NODE_* variables written for the old names (BookKeeper's, RocketMQ's)
+# still work; each old name in use is logged once at start (Settings.deprecations). The
+# value is the same number in the same unit. An old name counts as its new one in the same
+# place (the environment's beats the config file's); both names in one place are refused.
+RENAMED = {
+    "journal_max_group_wait_msec": "journal_max_group_wait_ms",
+    "flush_interval": "flush_interval_ms",
+    "gc_wait_time": "gc_wait_time_ms",
+    "minor_compaction_interval": "minor_compaction_interval_s",
+    "major_compaction_interval": "major_compaction_interval_s",
+    "major_compaction_max_time_millis": "major_compaction_max_time_ms",
+    "minor_compaction_max_time_millis": "minor_compaction_max_time_ms",
+    "destroy_maped_file_interval_forcibly": "destroy_mapped_file_interval_forcibly_ms",
+    "disk_check_interval": "disk_check_interval_ms",
+    "delete_commit_log_files_interval": "delete_commit_log_files_interval_ms",
+}
 
 ENV_PREFIX = "NODE_"
 # Variables of Node.js (nodejs.org/api/cli.html) share the prefix; a tool started from npm or
@@ -155,7 +176,7 @@ class Settings(BaseSettings):
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     # group commit: max age of a group; eager (below): the writer's longest wait after a write
-    journal_max_group_wait_msec: float = Field(2.0, ge=0)
+    journal_max_group_wait_ms: float = Field(2.0, ge=0)
     journal_buffered_writes_threshold: int = Field(512 * KiB, gt=0)  # group commit: max bytes
     journal_flush_when_queue_empty: bool = True  # write whenever the writer is idle (no group wait)
     journal_alignment_size: int = Field(512, gt=0)  # group writes are padded to this boundary
@@ -167,7 +188,7 @@ class Settings(BaseSettings):
 
     # --- entry logs and caches (BookKeeper DbLedgerStorage) -------------------------------
     log_size_limit: int = Field(1 * GiB, gt=0)  # roll an entry log past this size
-    flush_interval: int = Field(10_000, gt=0, description=MS)  # checkpoint period, ms
+    flush_interval_ms: int = Field(10_000, gt=0)  # checkpoint period
     db_storage_write_cache_max_size: int = Field(64 * MiB, gt=0)  # both halves of the cache
     db_storage_read_ahead_cache_max_size: int = Field(64 * MiB, gt=0)  # read cache bytes
     db_storage_read_cache_segments: int = Field(8, ge=2)  # ring segments of the read cache
@@ -177,24 +198,25 @@ class Settings(BaseSettings):
     open_file_limit: int = Field(256, gt=0)  # entry log read handles kept open
 
     # --- garbage collection and compaction (BookKeeper) -----------------------------------
-    gc_wait_time: int = Field(600_000, gt=0, description=MS)  # GC period, ms
+    gc_wait_time_ms: int = Field(600_000, gt=0)  # GC period
     minor_compaction_threshold: float = Field(0.2, ge=0)  # minor compacts logs below this usage
-    minor_compaction_interval: int = Field(3600, ge=0, description=S)  # between minor compactions
+    minor_compaction_interval_s: int = Field(3600, ge=0)  # between minor compactions
     major_compaction_threshold: float = Field(0.8, ge=0)  # major compacts logs below this usage
-    major_compaction_interval: int = Field(86_400, ge=0, description=S)  # between major compactions
+    major_compaction_interval_s: int = Field(86_400, ge=0)  # between major compactions
     # sealed logs above this x their live bytes: compact the emptiest at once; 0 = off
     compaction_space_amplification_limit: float = Field(1.25, ge=0)
-    major_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
-    minor_compaction_max_time_millis: int = Field(-1, ge=-1)  # bound of one run; -1 = none
+    major_compaction_max_time_ms: int = Field(-1, ge=-1)  # bound of one run; -1 = none
+    minor_compaction_max_time_ms: int = Field(-1, ge=-1)  # bound of one run; -1 = none
     compaction_rate_by_entries: int = Field(1000, gt=0)  # throttle, entries/s
     compaction_rate_by_bytes: int = Field(1_000_000, gt=0)  # throttle, bytes/s (read + written)
     is_throttle_by_bytes: bool = False  # throttle by bytes instead of entries
     # GC's reads, bytes/s: logs a crash left without a ledgers map; compaction by entries
     gc_read_rate_by_bytes: int = Field(32 * MiB, gt=0)
-    destroy_maped_file_interval_forcibly: int = Field(120_000, ge=0, description=MS)  # RocketMQ, ms
+    # RocketMQ: a retired log still held by a read is deleted anyway this long after
+    destroy_mapped_file_interval_forcibly_ms: int = Field(120_000, ge=0)
 
     # --- disks (BookKeeper LedgerDirsMonitor, RocketMQ) ------------------------------------
-    disk_check_interval: int = Field(10_000, gt=0, description=MS)  # ms between disk usage checks
+    disk_check_interval_ms: int = Field(10_000, gt=0)  # between disk usage checks
     gc_disk_usage_threshold: float = Field(0.85, ge=0)  # above: GC runs at once
     disk_usage_warn_threshold: float = Field(0.90, ge=0)  # above: warning and metric
     disk_usage_threshold: float = Field(0.95, ge=0)  # above: read-only
@@ -213,7 +235,7 @@ class Settings(BaseSettings):
     default_retention_size_in_mb: int = Field(-1, ge=-1)  # -1 = unlimited
     delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
-    delete_commit_log_files_interval: int = Field(100, ge=0, description=MS)  # ms between deletions
+    delete_commit_log_files_interval_ms: int = Field(100, ge=0)  # RocketMQ: between deletions
 
     # --- audit (docs/operations.md "Audit") ----------------------------------------------
     # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target
@@ -258,6 +280,15 @@ class Settings(BaseSettings):
     # --- tests only ---------------------------------------------------------------------
     crash_points: frozenset[str] = frozenset()  # named points where the node SIGKILLs itself
 
+    # Not a setting: what load() found under old names (RENAMED), for serve to log once
+    # logging is set up (the settings say how to log).
+    _deprecations: tuple[str, ...] = PrivateAttr(default=())
+
+    @property
+    def deprecations(self) -> tuple[str, ...]:
+        """A warning for each old setting name (RENAMED) that load() was given."""
+        return self._deprecations
+
     @model_validator(mode="after")
     def _check_relations(self) -> Settings:
         for name in (
@@ -278,13 +309,13 @@ class Settings(BaseSettings):
                 f"({self.minor_compaction_threshold} > {self.major_compaction_threshold})"
             )
         if (
-            self.minor_compaction_interval > 0
-            and self.major_compaction_interval > 0
-            and self.minor_compaction_interval >= self.major_compaction_interval
+            self.minor_compaction_interval_s > 0
+            and self.major_compaction_interval_s > 0
+            and self.minor_compaction_interval_s >= self.major_compaction_interval_s
         ):
             raise ValueError(
-                "minor_compaction_interval must be below major_compaction_interval "
-                f"({self.minor_compaction_interval} >= {self.major_compaction_interval})"
+                "minor_compaction_interval_s must be below major_compaction_interval_s "
+                f"({self.minor_compaction_interval_s} >= {self.major_compaction_interval_s})"
             )
         if 0 < self.compaction_space_amplification_limit <= 1:
             raise ValueError(
@@ -383,11 +414,23 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
 
     Raises SettingsError with a message that names each offending setting.
     """
+    notes: list[str] = []
+    given_as: dict[str, str] = {}  # new name -> the old name it was set by
     file_values = _read_config_file(config_file) if config_file else {}
-    explicit = {k: v for k, v in overrides.items() if v is not None}
+    file_values = _renamed(file_values, str, f"in config file {config_file}", notes, given_as)
+    explicit = {k: v for k, v in overrides.items() if v is not None}  # code: new names only
     _refuse_unknown(file_values, f"in config file {config_file}")
     _refuse_unknown(explicit, "given")
     _refuse_unknown_env(os.environ)
+    env = _env_by_name(os.environ)
+    # What old variables set (pydantic-settings reads the others, under the new names).
+    old_env = {
+        name: value
+        for name, value in _renamed(env, _variable, "", notes, given_as).items()
+        if name not in env
+    }
+    for name in [*explicit, *env]:  # set under its new name where that wins: not "given as"
+        given_as.pop(name, None)
 
     class _FromFile(Settings):
         @classmethod
@@ -399,15 +442,64 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings, _DictSource(settings_cls, file_values))
+            return (
+                init_settings,
+                env_settings,
+                _DictSource(settings_cls, old_env),
+                _DictSource(settings_cls, file_values),
+            )
 
     try:
         built = _FromFile(**explicit)
     except ValidationError as e:
-        raise SettingsError(_describe(e)) from None
+        raise SettingsError(_describe(e, given_as)) from None
     # Which settings were given (not defaulted) is kept: sizing.fit_to_disks fits only
     # the defaults to the disks.
-    return Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+    settings = Settings.model_construct(_fields_set=built.model_fields_set, **built.model_dump())
+    settings._deprecations = tuple(notes)
+    return settings
+
+
+def _variable(name: str) -> str:
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def _env_by_name(environ: Mapping[str, str]) -> dict[str, str]:
+    """The NODE_* variables by setting name (read case-insensitively, as pydantic-settings
+    reads them)."""
+    return {
+        variable.upper().removeprefix(ENV_PREFIX).lower(): value
+        for variable, value in environ.items()
+        if variable.upper().startswith(ENV_PREFIX)
+    }
+
+
+def _renamed(
+    values: Mapping[str, Any],
+    label: Callable[[str], str],
+    where: str,
+    notes: list[str],
+    given_as: dict[str, str],
+) -> dict[str, Any]:
+    """``values`` with each old name (RENAMED) replaced by its new one; a note for each,
+    naming both as ``label`` writes them; both names set is refused."""
+    renamed = {name: value for name, value in values.items() if name not in RENAMED}
+    place = f" {where}" if where else ""
+    for old, new in RENAMED.items():
+        if old not in values:
+            continue
+        if new in values:
+            raise SettingsError(
+                f"{label(old)} and {label(new)} are both set{place}: {label(old)} is the old "
+                f"name of {label(new)}; keep only {label(new)}"
+            )
+        renamed[new] = values[old]
+        given_as[new] = label(old)
+        notes.append(
+            f"{label(old)}{place} is deprecated: it is now {label(new)} (the same value, "
+            "in the same unit); rename it"
+        )
+    return renamed
 
 
 def _closest(name: str) -> str:
@@ -429,7 +521,7 @@ def _refuse_unknown_env(environ: Mapping[str, str]) -> None:
         if not upper.startswith(ENV_PREFIX) or upper in FOREIGN_ENV:
             continue
         name = upper.removeprefix(ENV_PREFIX).lower()
-        if name not in Settings.model_fields:
+        if name not in Settings.model_fields and name not in RENAMED:
             close = difflib.get_close_matches(name, Settings.model_fields, n=1)
             hint = f"; did you mean {ENV_PREFIX}{close[0].upper()}?" if close else ""
             raise SettingsError(f"unknown setting in the environment: {variable}{hint}")
@@ -448,13 +540,10 @@ class _DictSource(PydanticBaseSettingsSource):
 
 
 def _unit(name: str) -> str | None:
-    field = Settings.model_fields.get(name)
-    if field is not None and field.description:
-        return field.description
     return next((unit for suffix, unit in UNIT_SUFFIXES if name.endswith(suffix)), None)
 
 
-def _describe(error: ValidationError) -> str:
+def _describe(error: ValidationError, given_as: Mapping[str, str]) -> str:
     lines = []
     for item in error.errors():
         message = item["msg"].removeprefix("Value error, ")
@@ -469,7 +558,8 @@ def _describe(error: ValidationError) -> str:
                     if unit
                     else f"{item['input']!r} is not {number} ({message})"
                 )
-            message = f"invalid setting {name} (NODE_{name.upper()}): {message}"
+            as_old = f", given as {given_as[name]}" if name in given_as else ""
+            message = f"invalid setting {name} ({_variable(name)}{as_old}): {message}"
         else:
             message = f"invalid settings: {message}"
         lines.append(message)

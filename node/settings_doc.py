@@ -4,9 +4,8 @@ tests/test_settings_doc.py).
 
 The descriptions are the comments of node/settings.py, read from its source: a comment on
 the field's line, after the comment lines right above it. They stay comments (not
-``Field(description=...)``) because a field's description is the unit that the refusal of
-``NODE_FLUSH_INTERVAL=10s`` names, and because the file keeps one comment per knob, as the
-team's guide asks. The areas are the file's ``# --- area ---`` lines.
+``Field(description=...)``) because the file keeps one comment per knob, where the next
+engineer reads it. The areas are the file's ``# --- area ---`` lines.
 
 It lives in ``node`` rather than ``tools/`` (standard library only, run before the venv
 exists) because it needs ``node.settings`` and pydantic; it is a module rather than a ``serve``-
@@ -30,7 +29,7 @@ from pydantic import SecretStr
 from pydantic_core import PydanticUndefined
 
 from node import settings as settings_module
-from node.settings import ENV_PREFIX, GiB, KiB, MiB, Settings, _unit
+from node.settings import ENV_PREFIX, RENAMED, GiB, KiB, MiB, Settings, _unit
 from node.sizing import SHARES
 
 OUT = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
@@ -65,7 +64,7 @@ Every setting has a default (BookKeeper's where one exists), an environment vari
 `--host`, `--port`) > environment > config file > defaults. Invalid settings (a minor
 compaction threshold above the major one, a threshold above 1.0, a negative size, an unknown
 name, `10s` for a number of milliseconds) refuse to start with exit code 2 and a message
-naming the setting, and for a number its unit (`NODE_FLUSH_INTERVAL`: '10s' is not an
+naming the setting, and for a number its unit (`NODE_FLUSH_INTERVAL_MS`: '10s' is not an
 integer: the unit is milliseconds ...). An unknown name is refused wherever it is written, a
 `NODE_*` variable as much as a key of the config file, and the message names the closest
 real setting (`NODE_HTTP_PROT`: did you mean `NODE_HTTP_PORT`?); only Node.js's own variables
@@ -208,6 +207,16 @@ def render() -> str:
             f"{_cell(row.unit)} | {_cell(row.description)} |\n"
             for row in area_rows
         )
+    parts.append(
+        "\n## Renamed settings\n\nThese old names (BookKeeper's and RocketMQ's, without a unit)"
+        " still set the new one, in the environment and in a config file, with a warning"
+        " logged at start; setting both names is refused.\n\n"
+        "| Old variable | New variable |\n|---|---|\n"
+    )
+    parts.extend(
+        f"| `{ENV_PREFIX}{old.upper()}` | `{ENV_PREFIX}{new.upper()}` |\n"
+        for old, new in sorted(RENAMED.items())
+    )
     return "".join(parts)
 
 

@@ -35,7 +35,7 @@ def _settings(data: Path, device: Path) -> Settings:
         wal_path=device,
         wal_capacity=RING,
         max_entry_size=32 * KiB,
-        flush_interval=3_600_000,
+        flush_interval_ms=3_600_000,
     )
 
 

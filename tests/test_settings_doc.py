@@ -32,7 +32,7 @@ def test_every_setting_is_documented_with_its_variable_and_a_description() -> No
 def test_units_and_defaults_are_rendered_for_people() -> None:
     rows = {row.name: row for rows in settings_doc.rows().values() for row in rows}
     assert (rows["max_entry_size"].default, rows["max_entry_size"].unit) == ("5 MiB", "bytes")
-    assert rows["flush_interval"].unit == "milliseconds"
+    assert rows["flush_interval_ms"].unit == "milliseconds"
     assert rows["keepalive_timeout_s"].unit == "seconds"
     assert rows["wal_kind"].unit == "one of `journal`, `blockdev`"
     assert rows["data_dir"].default == "`./data`"

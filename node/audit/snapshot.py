@@ -160,7 +160,7 @@ class Snapshot:
 def check_settings(settings: Settings) -> dict[str, Any]:
     """The node's settings the checks depend on (retention, compaction, log size)."""
     return {
-        "majorCompactionIntervalS": settings.major_compaction_interval,
+        "majorCompactionIntervalS": settings.major_compaction_interval_s,
         "logSizeLimit": settings.log_size_limit,
         "defaultRetentionTimeInMinutes": settings.default_retention_time_in_minutes,
     }
@@ -170,7 +170,7 @@ def default_check_settings() -> dict[str, Any]:
     """The defaults, for a stopped node whose settings the audit is not told."""
     fields = Settings.model_fields
     return {
-        "majorCompactionIntervalS": fields["major_compaction_interval"].default,
+        "majorCompactionIntervalS": fields["major_compaction_interval_s"].default,
         "logSizeLimit": fields["log_size_limit"].default,
         "defaultRetentionTimeInMinutes": fields["default_retention_time_in_minutes"].default,
     }

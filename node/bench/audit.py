@@ -110,7 +110,7 @@ def _settings(data_dir: Path) -> Settings:
     return load(
         data_dir=data_dir,
         db_storage_write_cache_max_size=4 * BATCH_BYTES,  # a batch fits in one half
-        gc_wait_time=3_600_000,  # no GC while the data set is built
+        gc_wait_time_ms=3_600_000,  # no GC while the data set is built
     )
 
 

@@ -60,7 +60,7 @@ from node.bench.common import (
     scratch_dir,
 )
 from node.offload.format import LedgerIndex, index_key
-from node.offload.service import Offload
+from node.offload.service import OffloadService
 from node.runtime import run, tune
 from node.settings import MiB, Settings, load
 from node.storage.clock import SystemClock
@@ -197,7 +197,7 @@ def _random_ids(index: LedgerIndex, last: int, reads: int) -> list[int]:
 
 
 async def _random_reads(
-    storage: LedgerStorage, offload: Offload, index: LedgerIndex, reads: int, entry_size: int
+    storage: LedgerStorage, offload: OffloadService, index: LedgerIndex, reads: int, entry_size: int
 ) -> RandomReads:
     """Single-entry reads, one at a time, on a reader that has forgotten what the
     sequential pass left in its cache (a read of entry 0 first fetches the index again;
@@ -225,12 +225,13 @@ async def _random_reads(
 async def _medium(
     name: str, settings: Settings, ledger_id: int, entry_size: int, random_reads: int
 ) -> Medium:
-    storage = LedgerStorage(settings)
+    clock = SystemClock()
+    storage = LedgerStorage(settings, clock)
     await storage.start()
     try:
-        streams = StreamManager(storage, SystemClock())
+        streams = StreamManager(storage, clock)
         await streams.start()
-        offload = Offload(storage, streams, SystemClock())
+        offload = OffloadService(storage, streams, clock)
         await offload.start()
         entry_log = await _read_all(storage, ledger_id, entry_size)
 

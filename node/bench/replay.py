@@ -37,7 +37,7 @@ from node.storage.clock import SystemClock
 from node.storage.faults import CrashPoints
 from node.storage.journal import Journal, list_journals
 from node.storage.ledgers import LedgerStorage
-from node.storage.wal import WalBatch
+from node.storage.wal import EntryRun
 
 LEDGERS = 16
 READ_CHUNK = 1 * MiB  # the baseline's read and CRC unit
@@ -50,7 +50,7 @@ def _writer_settings(data_dir: Path, mib: int) -> Settings:
     # A write cache that holds it all, so that no checkpoint moves the mark.
     cache = max(64 * MiB, 4 * mib * MiB)
     return load(
-        data_dir=data_dir, flush_interval=HELD_OFF_MS, db_storage_write_cache_max_size=cache
+        data_dir=data_dir, flush_interval_ms=HELD_OFF_MS, db_storage_write_cache_max_size=cache
     )
 
 
@@ -97,7 +97,7 @@ def _scan(settings: Settings) -> tuple[float, int]:
     journal = Journal(settings, SystemClock(), CrashPoints(frozenset()))
     started = time.perf_counter()
     replayed = journal.replay(journal.last_mark())
-    records = sum(len(r.payloads) if isinstance(r, WalBatch) else 1 for r, _crc in replayed)
+    records = sum(len(r.payloads) if isinstance(r, EntryRun) else 1 for r, _crc in replayed)
     return time.perf_counter() - started, records
 
 

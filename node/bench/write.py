@@ -485,8 +485,8 @@ def main(args: argparse.Namespace) -> int:
                     + f", {seconds:g} s per run after {warmup:g} s warm-up",
                     "",
                     machine_line(scratch),
-                    f"- engine settings: journal_max_group_wait_msec="
-                    f"{defaults.journal_max_group_wait_msec:g}, "
+                    f"- engine settings: journal_max_group_wait_ms="
+                    f"{defaults.journal_max_group_wait_ms:g}, "
                     f"journal_buffered_writes_threshold="
                     f"{defaults.journal_buffered_writes_threshold // KiB} KiB, "
                     f"journal_flush_when_queue_empty={defaults.journal_flush_when_queue_empty}, "

@@ -40,7 +40,7 @@ from node.http.state import (
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
-from node.storage.clock import SystemClock
+from node.storage.clock import Clock, SystemClock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
 
@@ -49,8 +49,13 @@ log = logging.getLogger(__name__)
 MAX_HEADER_FIELD_SIZE = 16 * 1024  # longer header lines are refused (431/400, as JSON)
 
 
-def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.Application:
-    """The application; it starts and closes its own storage unless one is given."""
+def build_app(
+    settings: Settings, storage: LedgerStorage | None = None, clock: Clock | None = None
+) -> web.Application:
+    """The application; it starts and closes its own storage unless one is given. Its
+    parts all read and wait for time on ``clock`` (the system's unless one is given; a
+    given storage keeps the clock it was built with)."""
+    clock = clock or SystemClock()
     app = web.Application(
         client_max_size=settings.max_request_size,
         # Bodies are read after authentication: an unauthorized one is never buffered.
@@ -76,9 +81,9 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     metrics.read_reply_bytes.set_function(lambda: read_budget.in_use)  # read at each scrape
     app[METRICS] = metrics
     app[LIFECYCLE] = Lifecycle()
-    app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
-    app[STREAMS] = StreamManager(app[STORAGE], SystemClock())
-    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS])
+    app[STORAGE] = storage or LedgerStorage(settings, clock=clock, probe=metrics)
+    app[STREAMS] = StreamManager(app[STORAGE], clock)
+    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
     app[AUDIT] = AuditState()
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     app.on_shutdown.append(_begin_shutdown)
@@ -88,7 +93,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app.add_routes(offload.routes)
     app.add_routes(audit.routes)
     app.add_routes(openapi.routes)
-    status.install(app)
+    status.install(app, clock)
     crosssite.install(app)
     return app
 

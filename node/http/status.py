@@ -30,7 +30,7 @@ from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now
 from node.settings import Settings
 from node.status.entrylogs import MapCache, PinContext, build_map, pinned_after_s, scan_logs
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
-from node.storage.clock import Clock, SystemClock
+from node.storage.clock import Clock
 from node.storage.ledgers import DISK
 
 routes = web.RouteTableDef()
@@ -59,19 +59,18 @@ class StatusState:
     """The page's own state: the metrics history and what the map and assets cache."""
 
     history: History
+    clock: Clock
     sampler: HistorySampler | None = None
     maps: MapCache = field(default_factory=MapCache)
     assets: dict[str, bytes] = field(default_factory=dict)
-    clock: Clock = field(default_factory=SystemClock)
 
 
 STATUS = web.AppKey("status", StatusState)
 
 
-def install(app: web.Application, clock: Clock | None = None) -> None:
+def install(app: web.Application, clock: Clock) -> None:
     """Routes, state and the history sampler (started and stopped with the application)."""
     settings = app[SETTINGS]
-    clock = clock or SystemClock()
     history = History(settings.status_history_interval_s, settings.status_history_window_s, clock)
     app[STATUS] = StatusState(history=history, clock=clock)
     app.add_routes(routes)
@@ -80,7 +79,7 @@ def install(app: web.Application, clock: Clock | None = None) -> None:
 
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     state = app[STATUS]
-    state.sampler = HistorySampler(state.history, lambda: _reading(app))
+    state.sampler = HistorySampler(state.history, lambda: _reading(app), state.clock)
     state.sampler.start()
     yield
     await state.sampler.stop()
@@ -218,7 +217,7 @@ def _gc(app: web.Application) -> models.StatusGc:
         failures=stats.failures,
         lastSuccessMs=stats.last_success_ms,
         lastRunSeconds=stats.last_run_seconds,
-        intervalSeconds=settings.gc_wait_time / MS_PER_S,
+        intervalSeconds=settings.gc_wait_time_ms / MS_PER_S,
         deletedLedgers=stats.deleted_ledgers,
         reclaimedBytes=stats.reclaimed_by_deletion_bytes + stats.reclaimed_by_compaction_bytes,
         knownLogs=gc.known_logs(),
@@ -425,7 +424,7 @@ async def entry_logs(request: web.Request) -> web.Response:
         offload_deletion_lag_ms=settings.managed_ledger_offload_deletion_lag_ms,
     )
     old_after_s = pinned_after_s(
-        settings.default_retention_time_in_minutes, settings.major_compaction_interval
+        settings.default_retention_time_in_minutes, settings.major_compaction_interval_s
     )
     built = build_map(logs, ctx, old_after_s, PINNED_LOGS_SHOWN, PINS_PER_LOG)
     reply = models.StatusEntryLogs(

@@ -1,5 +1,5 @@
 """Disk watermarks (BookKeeper's LedgerDirsMonitor, RocketMQ's disk ratios), checked every
-``disk_check_interval`` for each data dir:
+``disk_check_interval_ms`` for each data dir:
 
 - above ``gc_disk_usage_threshold`` (0.85): garbage collection runs at once;
 - above ``disk_usage_warn_threshold`` (0.90): a warning, and the metric says so;
@@ -29,6 +29,7 @@ from pathlib import Path
 from node.audit import kept
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings
+from node.storage.clock import Clock
 from node.storage.fsutil import fsync_dir, is_no_space
 from node.storage.ledgers import DISK, LedgerStorage
 
@@ -108,10 +109,12 @@ class DiskMonitor:
         self,
         storage: LedgerStorage,
         gc: GarbageCollector,
+        clock: Clock,
         measure: Callable[[Path], float] = usage,
     ) -> None:
         self._storage = storage
         self._gc = gc
+        self._clock = clock
         self._settings = storage.settings
         self._measure = measure
         self.reserve = EmergencyReserve(self._settings)
@@ -173,10 +176,10 @@ class DiskMonitor:
             self.reserve.make()
 
     async def run_forever(self) -> None:
-        interval = self._settings.disk_check_interval / 1000
+        interval = self._settings.disk_check_interval_ms / 1000
         while True:
             try:
                 await self.check()
             except OSError:
                 log.exception("disk check failed")
-            await asyncio.sleep(interval)
+            await self._clock.sleep(interval)

@@ -31,7 +31,6 @@ outputs no larger than it; deleting empty logs always runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import math
@@ -203,20 +202,19 @@ class GarbageCollector:
         self.status.minor_suspended &= not minor
 
     async def run_forever(self) -> None:
-        """A run every ``gc_wait_time`` and whenever one is requested. In between, while a
+        """A run every ``gc_wait_time_ms`` and whenever one is requested. In between, while a
         retired log is still held by a read, it is deleted once held for
-        ``destroy_maped_file_interval_forcibly`` (at most a quarter of that late), not at the
-        next run, up to ``gc_wait_time`` later."""
+        ``destroy_mapped_file_interval_forcibly_ms`` (at most a quarter of that late), not at the
+        next run, up to ``gc_wait_time_ms`` later."""
         s = self._settings
-        wait_s = s.gc_wait_time / 1000
-        reap_every_s = max(s.destroy_maped_file_interval_forcibly / 1000 / 4, REAP_POLL_MIN_S)
+        wait_s = s.gc_wait_time_ms / 1000
+        reap_every_s = max(s.destroy_mapped_file_interval_forcibly_ms / 1000 / 4, REAP_POLL_MIN_S)
         next_run = self._clock.monotonic() + wait_s
         while True:
             timeout = next_run - self._clock.monotonic()
             if self._storage.retired_logs:
                 timeout = min(timeout, reap_every_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wanted.wait(), max(timeout, 0.0))
+            await self._clock.wait(self._wanted, max(timeout, 0.0))
             if self._stopping:
                 return
             if not self._wanted.is_set() and self._clock.monotonic() < next_run:
@@ -322,8 +320,8 @@ class GarbageCollector:
     ) -> None:
         s = self._settings
         max_ms = (
-            s.minor_compaction_max_time_millis if kind == "minor"
-            else s.major_compaction_max_time_millis
+            s.minor_compaction_max_time_ms if kind == "minor"
+            else s.major_compaction_max_time_ms
         )  # fmt: skip
         candidates = self._candidates(kind)
         if not candidates:
@@ -450,12 +448,12 @@ class GarbageCollector:
         force_major, force_minor = force or (False, False)
         pressure = self._short_of_space
         major_due = (
-            s.major_compaction_interval > 0
-            and now - self._last_major >= s.major_compaction_interval
+            s.major_compaction_interval_s > 0
+            and now - self._last_major >= s.major_compaction_interval_s
         )
         minor_due = (
-            s.minor_compaction_interval > 0
-            and now - self._last_minor >= s.minor_compaction_interval
+            s.minor_compaction_interval_s > 0
+            and now - self._last_minor >= s.minor_compaction_interval_s
         )
         if force_major or ((major_due or pressure) and not st.major_suspended):
             return "major"
@@ -494,7 +492,7 @@ class GarbageCollector:
         is_live = self._storage.is_live_ledger
         short = self._short_of_space
         free = self._free_bytes(s.ledgers_dir) if short else 0
-        lag_ms = s.major_compaction_interval * 1000  # 0: major and the bound are off
+        lag_ms = s.major_compaction_interval_s * 1000  # 0: major and the bound are off
         now_ms = self._clock.now_ms()
         ranked = []
         for log_id, meta in self._metas.items():

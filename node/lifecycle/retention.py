@@ -4,7 +4,7 @@ triggers and their logs. Which ledgers go is ``node.streams.rules`` (``plan_dele
 When: ``POST /api/v1/retention/run`` (with a dry run), every day at the hours of
 ``delete_when`` when ``retention_scheduler_enabled`` (turn it off when Airflow drives
 retention), and at every scheduler tick (30 s) while a data disk is past
-``disk_max_used_space_ratio``. Deletions are paced by ``delete_commit_log_files_interval``.
+``disk_max_used_space_ratio``. Deletions are paced by ``delete_commit_log_files_interval_ms``.
 Deleted ledgers' space comes back with GC.
 
 A run under disk pressure that deletes logs it at WARNING, naming the ledgers, the disk's
@@ -125,7 +125,7 @@ class Retention:
                 done[stream.name] = plan
                 if dry_run:
                     continue
-                pace = self._settings.delete_commit_log_files_interval / 1000
+                pace = self._settings.delete_commit_log_files_interval_ms / 1000
                 await self._streams.trim(stream.name, [d.ledger_id for d in plan], pace)
                 for deletion in plan:
                     key = (stream.name, deletion.reason)
@@ -172,7 +172,7 @@ class Retention:
         """RocketMQ's triggers: the hours of ``delete_when``, and a disk past the cleaning
         watermark (checked every tick, so a filling disk is cleaned within seconds)."""
         while True:
-            await asyncio.sleep(SCHEDULER_TICK_S)
+            await self._clock.sleep(SCHEDULER_TICK_S)
             try:
                 await self.roll_idle()
                 hour = time.localtime(self._clock.now_ms() / 1000).tm_hour

@@ -76,7 +76,10 @@ class Uploaded:
     data_bytes: int
 
 
-class Offloader:
+class LedgerOffloader:
+    """Offloads one ledger, as this module's docstring says (Pulsar's LedgerOffloader); what
+    to offload and when is the OffloadService's."""
+
     def __init__(
         self,
         storage: LedgerStorage,

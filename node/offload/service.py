@@ -27,7 +27,7 @@ from typing import Any
 from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
 from node.offload.format import AUDIT_PREFIX, parse_key
 from node.offload.multipart import IncompleteUpload
-from node.offload.offloader import Ineligible, Offloader, ineligible_reason
+from node.offload.offloader import Ineligible, LedgerOffloader, ineligible_reason
 from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
 from node.offload.store import ObjectStore, open_store
@@ -63,7 +63,10 @@ class RunResult:
         }
 
 
-class Offload:
+class OffloadService:
+    """The node's tiered storage (this module's docstring): which ledgers go and when, each
+    handed to the LedgerOffloader; the deletion lag, objects of deleted ledgers, status."""
+
     def __init__(self, storage: LedgerStorage, streams: StreamManager, clock: Clock) -> None:
         self._storage = storage
         self._streams = streams
@@ -73,14 +76,14 @@ class Offload:
         self._lock = asyncio.Lock()  # one run (or removal of unknown objects) at a time
         self._store: ObjectStore | None = None
         self._reader: OffloadReader | None = None
-        self._offloader: Offloader | None = None
+        self._offloader: LedgerOffloader | None = None
         self.last_run_ms: int | None = None
         self.last_error: str | None = None
 
     async def start(self) -> None:
         self._store = await open_store(self._settings, self.stats)
         self._reader = OffloadReader(self._store, self._settings, self._clock, self.stats)
-        self._offloader = Offloader(
+        self._offloader = LedgerOffloader(
             self._storage, self._store, self._settings, self._clock, self.stats
         )
         self._storage.set_cold_reader(self._reader)
@@ -97,7 +100,7 @@ class Offload:
         return self._store
 
     @property
-    def offloader(self) -> Offloader:
+    def offloader(self) -> LedgerOffloader:
         if self._offloader is None:
             raise InvalidArgument("offload is not started")
         return self._offloader
@@ -278,7 +281,7 @@ class Offload:
     async def run_forever(self) -> None:
         """The in-node scheduler (``offload_scheduler_enabled``)."""
         while True:
-            await asyncio.sleep(self._settings.offload_scheduler_interval_s)
+            await self._clock.sleep(self._settings.offload_scheduler_interval_s)
             try:
                 await self.run()
             except Exception:

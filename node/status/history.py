@@ -164,9 +164,10 @@ class HistorySampler:
     """Reads the node every interval on the event loop (the figures belong to the loop; a
     reading is a few dict and list copies, nothing blocking) and feeds the history."""
 
-    def __init__(self, history: History, read: Callable[[], Reading]) -> None:
+    def __init__(self, history: History, read: Callable[[], Reading], clock: Clock) -> None:
         self.history = history
         self._read = read
+        self._clock = clock
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -175,7 +176,7 @@ class HistorySampler:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.history.interval_s)
+            await self._clock.sleep(self.history.interval_s)
             try:
                 self.history.record(self._read())
             except Exception:  # a bad reading must not end the history for good

@@ -26,9 +26,10 @@ batch of adds, so that replay checks one CRC and hands the storage one run. Entr
     ..  ..  the entries' payloads, back to back
 
 The record's CRC covers all of it; the entries' own CRCs are not checked again at replay.
-Replay hands on single records of one ledger at consecutive ids as runs too (``WalBatch``,
-at most ``REPLAY_RUN_ENTRIES``, within one file): the storage then works per run, not per
-entry, whichever way the entries were added.
+Replay hands a batch record on whole (a ``BatchRecord``) and gathers single records of one
+ledger at consecutive ids into runs (``EntryRun``, at most ``REPLAY_RUN_ENTRIES``, within one
+file; a BatchRecord is an EntryRun too): the storage then works per run, not per entry,
+whichever way the entries were added.
 
 Group start record (opens every group write, always at a 512-byte boundary): a record with
 ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
@@ -49,7 +50,7 @@ whenever it is idle and something is queued, and what arrives while a write is i
 forms the next group, as PostgreSQL's WAL writer and Redis's ``appendfsync always`` do: a
 lone add waits for one fsync, never for a timer, and groups grow with the load by
 themselves. With that setting false, an idle writer waits until the group taking appends is
-``journal_max_group_wait_msec`` old (BookKeeper's default). A group is also sealed when it
+``journal_max_group_wait_ms`` old (BookKeeper's default). A group is also sealed when it
 reaches ``journal_buffered_writes_threshold`` bytes (so the disk writes it while the next
 one fills) or when a checkpoint asks for a sync point. A batch goes into one group whole.
 Each write is one ``pwrite`` on a dedicated thread and one fdatasync; only then do the
@@ -107,9 +108,10 @@ from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import (
     BATCH,
     REPLAY_RUN_ENTRIES,
+    BatchRecord,
+    EntryRun,
     LogMark,
     Replayed,
-    WalBatch,
     WalRecord,
     failure_of,
     record_crc,
@@ -209,7 +211,7 @@ def _encode_batch_record(
     )
 
 
-def decode_batch(buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch | str:
+def decode_batch(buf: Buffer, start: int, end: int, ledger_id: int) -> BatchRecord | str:
     """The batch record payload ``buf[start:end]`` (its CRC checked), or what is wrong with
     it: a record that passed its CRC was written so, which is a bug, never a torn write."""
     if end - start < BATCH_HEAD.size:
@@ -225,10 +227,10 @@ def decode_batch(buf: Buffer, start: int, end: int, ledger_id: int) -> WalBatch 
         at += length
     if at != end:
         return f"batch record's entries end at {at}, the record at {end}"
-    return WalBatch(ledger_id, first_entry_id, list(items[1::2]), payloads)
+    return BatchRecord(ledger_id, first_entry_id, list(items[1::2]), payloads)
 
 
-def _batch(path: Path, pos: int, mm: mmap.mmap, end: int, ledger_id: int) -> WalBatch:
+def _batch(path: Path, pos: int, mm: mmap.mmap, end: int, ledger_id: int) -> BatchRecord:
     """The batch record at ``pos`` (its CRC checked), or CorruptRecord."""
     batch = decode_batch(mm, pos + RECORD_HEADER.size, end, ledger_id)
     if isinstance(batch, str):
@@ -431,7 +433,7 @@ class Journal:
 
     def recover(self, mark: LogMark) -> Iterator[WalRecord]:
         for record, _crc in self.replay(mark):
-            if isinstance(record, WalBatch):
+            if isinstance(record, EntryRun):
                 yield from record.records()
             else:
                 yield record
@@ -506,7 +508,7 @@ class Journal:
                                 if entry_id == GROUP_START_ENTRY_ID:
                                     continue  # a run goes on across group writes
                                 if run_payloads:  # anything else ends the run first
-                                    run = WalBatch(run_ledger, run_first, run_crcs, run_payloads)
+                                    run = EntryRun(run_ledger, run_first, run_crcs, run_payloads)
                                     yield run, None
                                     run_next, run_crcs, run_payloads = None, [], []
                                 if entry_id == BATCH:
@@ -535,7 +537,7 @@ class Journal:
                     # Its checks are the fast path's: only padding gets this far valid.
                     assert record is None, f"a valid record at {pos} missed the fast path"
                 if run_payloads:
-                    yield WalBatch(run_ledger, run_first, run_crcs, run_payloads), None
+                    yield EntryRun(run_ledger, run_first, run_crcs, run_payloads), None
             if cut is not None:
                 os.ftruncate(f.fileno(), cut)
                 os.fsync(f.fileno())
@@ -698,7 +700,7 @@ class Journal:
         loop = asyncio.get_running_loop()
         kick = self._kick
         assert kick is not None
-        max_wait = self._settings.journal_max_group_wait_msec / 1000
+        max_wait = self._settings.journal_max_group_wait_ms / 1000
         eager = self._settings.journal_flush_when_queue_empty
         while True:
             current = self._taking()
@@ -780,7 +782,7 @@ class Journal:
         """The groups to write next, waited for (lock held): after a small write of
         ``written`` (under half the group threshold), as many records as it carried, for at
         most as long as its fdatasync took; with none queued at all, the first record, for
-        up to journal_max_group_wait_msec. At once when a group is sealed (full, or a
+        up to journal_max_group_wait_ms. At once when a group is sealed (full, or a
         checkpoint's ``sync_point``). Empty when none came, or once closing.
 
         The adds just acknowledged come back with their successors (clients with one add
@@ -793,7 +795,7 @@ class Journal:
         rather than back on the loop matters too: the loop, busy with the adds just
         acknowledged, would start the next write only after all of them, a full window of
         adds then moving in lock-step with the disk."""
-        first_record_s = self._settings.journal_max_group_wait_msec / 1000
+        first_record_s = self._settings.journal_max_group_wait_ms / 1000
         small = sum(group.size for group in written) < self._group_threshold // 2
         peers_s = min(first_record_s, self._last_sync_s) if small else 0.0
         records = sum(group.records for group in written)

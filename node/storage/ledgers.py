@@ -4,7 +4,7 @@ Add: validate -> write cache -> WAL append -> await the group fsync -> advance t
 The cache put and the WAL append happen in one synchronous step on the event loop, so a
 checkpoint's swap (also synchronous) never splits them.
 
-Checkpoint (every ``flush_interval`` and when the write cache is half full):
+Checkpoint (every ``flush_interval_ms`` and when the write cache is half full):
 swap the cache and seal the WAL group (one step) -> wait for that group's fsync -> on the
 flush thread: write the frozen cache sorted by (ledger, entry) to the entry log, fsync it,
 write locations and changed ledger metadata in one RocksDB batch, persist ``lastMark`` and
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -73,9 +72,9 @@ from node.storage.wal import (
     EXPLICIT_LAC,
     FENCE,
     LEDGER_CREATED,
+    EntryRun,
     LogMark,
     Wal,
-    WalBatch,
     WalRecord,
     record_crc,
 )
@@ -240,7 +239,7 @@ class LedgerStorage:
         flush_as_we_go = True
         with ThreadPoolExecutor(1, thread_name_prefix="replay-flush") as flusher:
             for record, crc in self._wal.replay(mark):
-                if isinstance(record, WalBatch):
+                if isinstance(record, EntryRun):
                     self._replay_batch(record)
                 else:
                     self.stats.replayed_records += 1
@@ -266,7 +265,7 @@ class LedgerStorage:
             return False
         return meta.offload is None or not meta.offload.local_deleted
 
-    def _replay_batch(self, batch: WalBatch) -> None:
+    def _replay_batch(self, batch: EntryRun) -> None:
         """A batch record or a run: put back as one batch when its entries are fresh (at the
         ids after the ledger's last one), else record by record."""
         self.stats.replayed_records += len(batch.payloads)
@@ -1112,10 +1111,9 @@ class LedgerStorage:
         self._checkpoint_wanted.set()
 
     async def _checkpoint_loop(self) -> None:
-        interval = self.settings.flush_interval / 1000
+        interval = self.settings.flush_interval_ms / 1000
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._checkpoint_wanted.wait(), interval)
+            await self._clock.wait(self._checkpoint_wanted, interval)
             self._checkpoint_wanted.clear()
             if not self._running:
                 return  # close() runs the last checkpoint itself
@@ -1315,7 +1313,7 @@ class LedgerStorage:
         return self._reader.retire(log_id)
 
     def reap_retired_logs(self) -> list[int]:
-        return self._reader.reap(self.settings.destroy_maped_file_interval_forcibly / 1000)
+        return self._reader.reap(self.settings.destroy_mapped_file_interval_forcibly_ms / 1000)
 
     @property
     def retired_logs(self) -> list[int]:

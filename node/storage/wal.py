@@ -27,7 +27,7 @@ CLOSE = -0x3000  # payload: i64 last entry id
 DELETE = -0x5000  # payload: empty
 EXPLICIT_LAC = -0x8000  # payload: i64 last add confirmed
 # Entries at consecutive ids of one ledger in one record (the journal's format; replay hands
-# them on as a WalBatch, never as a record of this kind).
+# them on as a BatchRecord, never as a WalRecord of this kind).
 BATCH = -0x9000
 
 
@@ -44,9 +44,10 @@ class WalRecord(NamedTuple):
     payload: bytes
 
 
-class WalBatch(NamedTuple):
-    """Entries at consecutive ids of one ledger that the WAL journaled as one record, each
-    with its ``record_crc``."""
+class EntryRun(NamedTuple):
+    """Entries at consecutive ids of one ledger, each with its ``record_crc``, as replay hands
+    them on to be put back as one batch: a batch record's (BatchRecord), or single records
+    that replay gathered (``replay_runs``)."""
 
     ledger_id: int
     first_entry_id: int
@@ -58,11 +59,17 @@ class WalBatch(NamedTuple):
             yield WalRecord(self.ledger_id, self.first_entry_id + n, payload)
 
 
+class BatchRecord(EntryRun):
+    """A batch record of the journal (entry id BATCH), decoded: an add's entries, journaled
+    as one record."""
+
+    __slots__ = ()
+
+
 # What replay yields: a record with its ``record_crc`` when the WAL checked that very value
-# (the journal), else None (replay computes it); or a batch (the journal: a batch record, or
-# a run of single records of one ledger at consecutive ids), crc None.
-Replayed = tuple[WalRecord | WalBatch, int | None]
-# The longest run of single records replay puts back as one batch: the storage checks its
+# (the journal), else None (replay computes it); or a run of entries, crc None.
+Replayed = tuple[WalRecord | EntryRun, int | None]
+# The longest run of single records replay gathers into one EntryRun: the storage checks its
 # write cache's size (to flush as it goes) between them.
 REPLAY_RUN_ENTRIES = 1024
 
@@ -71,7 +78,7 @@ def replay_runs(records: Iterable[WalRecord]) -> Iterator[Replayed]:
     """``Wal.replay`` from records one by one (the block WAL, whose records carry no
     record_crc: computed here): entries of one ledger at consecutive ids as runs, metadata
     records as they are. The file journal gathers its runs the same way inside its scan."""
-    run: WalBatch | None = None
+    run: EntryRun | None = None
     for record in records:
         ledger_id, entry_id, payload = record
         if (
@@ -87,7 +94,7 @@ def replay_runs(records: Iterable[WalRecord]) -> Iterator[Replayed]:
             yield run, None
             run = None
         if entry_id >= 0:
-            run = WalBatch(
+            run = EntryRun(
                 ledger_id, entry_id, [record_crc(ledger_id, entry_id, payload)], [payload]
             )
         else:

@@ -781,7 +781,7 @@ class StreamManager:
                 cursor.mark_delete = first
         for n, info in enumerate(removed):
             if n and pace_s > 0:
-                await asyncio.sleep(pace_s)
+                await self._clock.sleep(pace_s)
             with contextlib.suppress(LedgerNotFound):
                 await self._storage.delete_ledger(info.ledger_id)
         await self._storage.write_records({doomed_key(info.ledger_id): None for info in removed})

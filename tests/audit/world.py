@@ -14,7 +14,7 @@ from typing import Any, cast
 from rocksdict import AccessType, Options, Rdict, ReadOptions
 
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
-from node.offload.service import Offload
+from node.offload.service import OffloadService
 from node.storage import entrylog
 from node.storage.clock import SystemClock
 from node.storage.index import (
@@ -61,8 +61,8 @@ def settings_for(data_dir: Path) -> Any:
         data_dir,
         log_size_limit=LOG_SIZE,
         max_entry_size=16 * 1024,
-        flush_interval=3_600_000,
-        gc_wait_time=3_600_000,
+        flush_interval_ms=3_600_000,
+        gc_wait_time_ms=3_600_000,
         retention_scheduler_enabled=False,
         managed_ledger_offload_max_block_size_in_bytes=16 * 1024,
     )
@@ -76,7 +76,7 @@ async def _build(data_dir: Path) -> World:
     await storage.start()
     streams = StreamManager(storage, clock)
     await streams.start()
-    offload = Offload(storage, streams, clock)
+    offload = OffloadService(storage, streams, clock)
     await offload.start()
     try:
         world.pin = (await storage.create_ledger())[0].ledger_id

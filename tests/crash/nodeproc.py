@@ -22,7 +22,7 @@ READY_TIMEOUT_S = 30.0
 # Settings that make checkpoints, journal rotations and entry log rolls frequent, so that
 # a random kill often lands inside one of them.
 CHURN_SETTINGS = {
-    "NODE_FLUSH_INTERVAL": "100",
+    "NODE_FLUSH_INTERVAL_MS": "100",
     "NODE_JOURNAL_MAX_SIZE": str(256 * 1024),
     "NODE_JOURNAL_PRE_ALLOC_SIZE": str(128 * 1024),
     "NODE_LOG_SIZE_LIMIT": str(1024 * 1024),

@@ -17,7 +17,7 @@ from node.http.frames import decode_range
 from node.storage import entrylog, journal
 from tests.crash.nodeproc import NodeProcess
 
-NO_CHECKPOINT = {"NODE_FLUSH_INTERVAL": "3600000"}  # keep everything in the journal
+NO_CHECKPOINT = {"NODE_FLUSH_INTERVAL_MS": "3600000"}  # keep everything in the journal
 ENTRIES = 40
 
 

@@ -93,7 +93,7 @@ async def test_list_disk_file_and_last_log_mark(client: Any) -> None:
 
 async def test_server_config_lists_every_setting(client: Any) -> None:
     config = await (await client.get("/api/v1/config/server_config")).json()
-    assert config["http_host"] == "127.0.0.1" and config["journal_max_group_wait_msec"] == 2
+    assert config["http_host"] == "127.0.0.1" and config["journal_max_group_wait_ms"] == 2
     assert config["log_size_limit"] == 1 << 30 and config["admin_token"] is None
 
 
@@ -148,7 +148,7 @@ async def test_forced_gc_right_after_deletes_reclaims_their_logs(
     settings = make_settings(
         tmp_path / "data", log_size_limit=SMALL_LOG, max_entry_size=SMALL_LOG // 4
     )
-    assert settings.flush_interval == Settings.model_fields["flush_interval"].default
+    assert settings.flush_interval_ms == Settings.model_fields["flush_interval_ms"].default
     client = await aiohttp_client(build_app(settings))
     storage = client.server.app[STORAGE]
     payload = bytes(SMALL_LOG // 8)

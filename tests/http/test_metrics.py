@@ -185,9 +185,9 @@ async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
     )
     assert (
         _value(samples, "storage_node_major_compaction_interval_seconds")
-        == settings.major_compaction_interval
+        == settings.major_compaction_interval_s
     )
-    assert _value(samples, "storage_node_gc_interval_seconds") == settings.gc_wait_time / 1000
+    assert _value(samples, "storage_node_gc_interval_seconds") == settings.gc_wait_time_ms / 1000
     assert (
         _value(samples, "storage_node_default_retention_seconds")
         == settings.default_retention_time_in_minutes * 60
@@ -322,7 +322,7 @@ async def test_raw_device_wal_metrics_move(
     from node.http.state import STORAGE
 
     settings = _ring_settings(
-        tmp_path, wal_device, flush_interval=3_600_000, db_storage_max_throttle_time_ms=300
+        tmp_path, wal_device, flush_interval_ms=3_600_000, db_storage_max_throttle_time_ms=300
     )
     client = await aiohttp_client(build_app(settings))
     try:

@@ -25,8 +25,8 @@ def gc_settings(data_dir: Path, **overrides: Any) -> Settings:
         "max_entry_size": 16 * 1024,
         "journal_pre_alloc_size": 1 << 20,
         "db_storage_write_cache_max_size": 8 << 20,
-        "flush_interval": 3_600_000,
-        "gc_wait_time": 3_600_000,
+        "flush_interval_ms": 3_600_000,
+        "gc_wait_time_ms": 3_600_000,
         "compaction_rate_by_entries": 1_000_000,  # unthrottled unless a test says otherwise
         # Off, so that tests of the intervals and thresholds see only those; the space
         # trigger has tests of its own.

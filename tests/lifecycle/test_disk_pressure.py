@@ -23,7 +23,7 @@ PRESSURED = 0.90  # between the forced-cleaning ratio (0.85) and the read-only o
 # not turn the node read-only); the two retention ratios under test stay as shipped.
 ENV = {
     **COMMON,
-    "NODE_FLUSH_INTERVAL": "100",
+    "NODE_FLUSH_INTERVAL_MS": "100",
     "NODE_GC_DISK_USAGE_THRESHOLD": "1.0",
     "NODE_DISK_USAGE_WARN_THRESHOLD": "1.0",
     "NODE_DISK_USAGE_THRESHOLD": "1.0",

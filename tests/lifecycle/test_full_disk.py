@@ -55,17 +55,17 @@ COMMON = {
     "NODE_LOG_SIZE_LIMIT": str(2 * MiB),
     "NODE_DB_STORAGE_READ_AHEAD_CACHE_MAX_SIZE": str(4 * MiB),
     "NODE_JOURNAL_MAX_BACKUPS": "0",
-    "NODE_DISK_CHECK_INTERVAL": "100",
-    "NODE_GC_WAIT_TIME": "1000",
-    "NODE_MINOR_COMPACTION_INTERVAL": "1",
-    "NODE_MAJOR_COMPACTION_INTERVAL": "2",
+    "NODE_DISK_CHECK_INTERVAL_MS": "100",
+    "NODE_GC_WAIT_TIME_MS": "1000",
+    "NODE_MINOR_COMPACTION_INTERVAL_S": "1",
+    "NODE_MAJOR_COMPACTION_INTERVAL_S": "2",
     "NODE_COMPACTION_RATE_BY_ENTRIES": "100000",
     "NODE_DISK_EMERGENCY_RESERVE_BYTES": "0",  # its own test turns it on
 }
 # The monitor acts well before the file system is out of blocks.
 WATERMARKS = {
     **COMMON,
-    "NODE_FLUSH_INTERVAL": "200",
+    "NODE_FLUSH_INTERVAL_MS": "200",
     "NODE_JOURNAL_PRE_ALLOC_SIZE": str(MiB),
     "NODE_JOURNAL_MAX_SIZE": str(4 * MiB),
     "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(4 * MiB),
@@ -327,7 +327,7 @@ def test_journal_enospc_fails_the_add_and_keeps_everything_acknowledged(
         {
             **ENOSPC_ONLY,
             # No checkpoint runs during the test: the journal meets the full disk first.
-            "NODE_FLUSH_INTERVAL": "600000",
+            "NODE_FLUSH_INTERVAL_MS": "600000",
             "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(32 * MiB),
             "NODE_JOURNAL_PRE_ALLOC_SIZE": str(JOURNAL_STEP),
             "NODE_JOURNAL_MAX_SIZE": str(16 * MiB),
@@ -385,7 +385,7 @@ def test_checkpoint_enospc_turns_read_only_and_retries(disk: SmallDisk) -> None:
     node = disk.node(
         {
             **ENOSPC_ONLY,
-            "NODE_FLUSH_INTERVAL": "200",
+            "NODE_FLUSH_INTERVAL_MS": "200",
             "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(16 * MiB),
             # Preallocated once: the journal takes every add of the test without growing,
             # so only the checkpoint (entry log, index) meets the full disk.
@@ -440,7 +440,7 @@ def test_a_replay_that_finds_the_disk_full_starts_read_only_with_everything(
     checkpoints, turns writable, and a crash after that loses nothing either."""
     env = {
         **ENOSPC_ONLY,
-        "NODE_FLUSH_INTERVAL": "3600000",  # nothing leaves the journal before the crash
+        "NODE_FLUSH_INTERVAL_MS": "3600000",  # nothing leaves the journal before the crash
         "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(8 * MiB),  # replay flushes every 1 MiB
         "NODE_JOURNAL_PRE_ALLOC_SIZE": str(8 * MiB),
         "NODE_JOURNAL_MAX_SIZE": str(16 * MiB),
@@ -488,7 +488,7 @@ def test_the_emergency_reserve_lets_gc_free_a_disk_someone_else_filled(disk: Sma
         {
             **ENOSPC_ONLY,
             "NODE_DISK_EMERGENCY_RESERVE_BYTES": str(RESERVE),
-            "NODE_FLUSH_INTERVAL": "200",
+            "NODE_FLUSH_INTERVAL_MS": "200",
             "NODE_DB_STORAGE_WRITE_CACHE_MAX_SIZE": str(4 * MiB),
             "NODE_JOURNAL_PRE_ALLOC_SIZE": str(MiB),
             "NODE_JOURNAL_MAX_SIZE": str(4 * MiB),
@@ -586,7 +586,7 @@ DEFAULTS_LEDGERS = 8
 DEFAULTS_DELETED = 6  # ledgers 1-6 go; 7 and 8 keep their entries
 DEFAULTS_ENTRY = 64 * KiB
 DEFAULTS_AFTER = 16  # entries per survivor once writable again
-# The monitor checks every disk_check_interval (10 s by default): a few of its rounds.
+# The monitor checks every disk_check_interval_ms (10 s by default): a few of its rounds.
 DEFAULTS_WAIT_S = 120.0
 
 
@@ -654,7 +654,7 @@ async def test_a_purge_racing_a_failed_checkpoint_loses_nothing(disk: SmallDisk)
     settings = make_settings(
         disk.root / "data",
         journal_pre_alloc_size=8 * MiB,  # the journal takes every add without growing
-        flush_interval=600_000,  # only the test's checkpoints run
+        flush_interval_ms=600_000,  # only the test's checkpoints run
     )
     storage = LedgerStorage(settings)
     await storage.start()

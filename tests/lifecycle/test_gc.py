@@ -17,6 +17,7 @@ from node.storage import entrylog
 from node.storage.clock import SystemClock
 from node.storage.compaction import Throttle
 from node.storage.ledgers import LedgerStorage
+from tests.harness.clock import ON_FAKE_CLOCK, FakeClock
 from tests.lifecycle.gc_world import (
     check_survivors,
     cut_ledgers_map,
@@ -28,23 +29,16 @@ from tests.lifecycle.gc_world import (
 )
 
 
-class SteppedClock(SystemClock):
-    """Real time, which the test moves forward by hand (both clocks, by ``offset`` s)."""
-
-    def __init__(self, offset: float = 0.0) -> None:
-        self.offset = offset
-
-    def now_ms(self) -> int:
-        return super().now_ms() + int(self.offset * 1000)
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
+def _fake_clock(storage: LedgerStorage) -> FakeClock:
+    clock = storage._clock
+    assert isinstance(clock, FakeClock)
+    return clock
 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[tuple[LedgerStorage, GarbageCollector]]:
-    clock = SteppedClock()
-    storage = LedgerStorage(gc_settings(tmp_path / "d"), clock=clock)
+    clock = FakeClock()
+    storage = LedgerStorage(gc_settings(tmp_path / "d", **ON_FAKE_CLOCK), clock=clock)
     await storage.start()
     yield storage, GarbageCollector(storage, clock)
     await storage.close()
@@ -83,13 +77,12 @@ async def test_minor_and_major_compaction_thresholds(
     ids = await interleave(storage, ledgers=10, rounds=12)
     # Every log holds a slice of each of the 10 ledgers: deleting 5 leaves logs 50% live.
     await _delete(storage, ids[:5])
-    clock = storage._clock
-    assert isinstance(clock, SteppedClock)
-    clock.offset += settings.minor_compaction_interval + 1
+    clock = _fake_clock(storage)
+    clock.advance(settings.minor_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "minor" and report.result.compacted == []  # 0.5 > 0.2
     before = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
-    clock.offset += settings.major_compaction_interval + 1
+    clock.advance(settings.major_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "major" and report.result.compacted  # 0.5 < 0.8
     after = await asyncio.to_thread(log_bytes, settings.ledgers_dir)
@@ -100,7 +93,7 @@ async def test_minor_and_major_compaction_thresholds(
     # Delete 4 of the 5 left: a fifth of each compacted log stays live, and a log smaller
     # than the target size counts as emptier still, so minor compaction (< 0.2) takes them.
     await _delete(storage, ids[5:9])
-    clock.offset += settings.minor_compaction_interval + 1
+    clock.advance(settings.minor_compaction_interval_s + 1)
     report = await gc.run()
     assert report.compaction == "minor" and report.result.compacted
     await check_survivors(storage, ids[9:])
@@ -129,7 +122,7 @@ async def test_above_the_gc_watermark_compaction_runs_whatever_the_interval(
     await storage.start()
     try:
         gc = GarbageCollector(storage, SystemClock())
-        await _compact_above_the_gc_watermark(storage, gc, DiskMonitor(storage, gc))
+        await _compact_above_the_gc_watermark(storage, gc, DiskMonitor(storage, gc, SystemClock()))
     finally:
         await storage.close()
 
@@ -163,8 +156,10 @@ async def test_space_trigger_compacts_the_emptiest_logs_until_under_the_limit(
     tmp_path: Path,
 ) -> None:
     limit = 1.5
-    settings = gc_settings(tmp_path / "d", compaction_space_amplification_limit=limit)
-    storage = LedgerStorage(settings, clock=SteppedClock())
+    settings = gc_settings(
+        tmp_path / "d", compaction_space_amplification_limit=limit, **ON_FAKE_CLOCK
+    )
+    storage = LedgerStorage(settings, clock=FakeClock())
     await storage.start()
     try:
         gc = GarbageCollector(storage, storage._clock)
@@ -199,9 +194,9 @@ def _sealed_size_and_live_bytes(storage: LedgerStorage) -> tuple[int, int]:
 
 
 async def test_the_compaction_lag_bound_survives_a_restart(tmp_path: Path) -> None:
-    settings = gc_settings(tmp_path / "d")
-    lag_s = settings.major_compaction_interval
-    storage = LedgerStorage(settings, clock=SteppedClock())
+    settings = gc_settings(tmp_path / "d", **ON_FAKE_CLOCK)
+    lag_s = settings.major_compaction_interval_s
+    storage = LedgerStorage(settings, clock=FakeClock())
     await storage.start()
     try:
         gc = GarbageCollector(storage, storage._clock)
@@ -211,7 +206,7 @@ async def test_the_compaction_lag_bound_survives_a_restart(tmp_path: Path) -> No
     finally:
         await storage.close()
     # Just short of the bound: the wait is not restarted by the restart, nor over yet.
-    clock = SteppedClock(offset=lag_s - 60)
+    clock = FakeClock(start_s=lag_s - 60)
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
     try:
@@ -219,7 +214,7 @@ async def test_the_compaction_lag_bound_survives_a_restart(tmp_path: Path) -> No
         gc.request(force_minor=True)
         report = await gc.run()
         assert report.compaction == "minor" and report.result.compacted == []
-        clock.offset += 61
+        clock.advance(61)
         gc.request(force_minor=True)
         report = await gc.run()
         assert report.compaction == "minor" and report.result.compacted  # by the lag bound
@@ -233,7 +228,7 @@ async def test_forced_gc_and_suspension(world: tuple[LedgerStorage, GarbageColle
     ids = await interleave(storage, ledgers=4, rounds=6)
     await _delete(storage, ids[:3])
     gc.suspend(major=True, minor=True)
-    storage._clock.offset += 10**6  # type: ignore[attr-defined]
+    _fake_clock(storage).advance(10**6)
     assert (await gc.run()).compaction is None  # suspended, and nothing forced
     gc.request(force_major=True)  # a forced compaction overrides suspension (BookKeeper)
     assert gc.in_force_gc
@@ -265,8 +260,8 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
             assert log_id not in storage.retired_logs
         else:
             assert await asyncio.to_thread(storage.reap_retired_logs) == []  # not yet 120 s
-            forcibly_s = storage.settings.destroy_maped_file_interval_forcibly / 1000
-            storage._clock.offset += forcibly_s  # type: ignore[attr-defined]
+            forcibly_s = storage.settings.destroy_mapped_file_interval_forcibly_ms / 1000
+            _fake_clock(storage).advance(forcibly_s)
             assert await asyncio.to_thread(storage.reap_retired_logs) == [log_id]
             assert not await asyncio.to_thread(path.exists)
             await asyncio.to_thread(hold.__exit__, None, None, None)  # a late release is fine
@@ -275,11 +270,13 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
 async def test_a_log_held_past_the_forced_interval_goes_without_waiting_for_a_run(
     tmp_path: Path,
 ) -> None:
-    """The forced delete comes ``destroy_maped_file_interval_forcibly`` after the retirement
+    """The forced delete comes ``destroy_mapped_file_interval_forcibly_ms`` after the retirement
     (here 400 ms), not at the next GC run (an hour here; 10 minutes by default)."""
     forcibly_ms = 400
     settings = gc_settings(
-        tmp_path / "d", destroy_maped_file_interval_forcibly=forcibly_ms, gc_wait_time=3_600_000
+        tmp_path / "d",
+        destroy_mapped_file_interval_forcibly_ms=forcibly_ms,
+        gc_wait_time_ms=3_600_000,
     )
     storage = LedgerStorage(settings)
     await storage.start()
@@ -612,8 +609,8 @@ def _log_files(ledgers_dir: Path) -> dict[int, tuple[int, int]]:
 
 
 async def test_major_compaction_never_rewrites_logs_without_dead_data(tmp_path: Path) -> None:
-    clock = SteppedClock()
-    storage = LedgerStorage(gc_settings(tmp_path / "d"), clock=clock)
+    clock = FakeClock()
+    storage = LedgerStorage(gc_settings(tmp_path / "d", **ON_FAKE_CLOCK), clock=clock)
     await storage.start()
     try:
         # Three sealed logs far below the target size (usage under the major threshold),
@@ -654,8 +651,10 @@ async def test_major_compaction_never_rewrites_logs_without_dead_data(tmp_path: 
 
 async def test_tiny_live_logs_do_not_fire_the_space_trigger(tmp_path: Path) -> None:
     limit = 1.25
-    settings = gc_settings(tmp_path / "d", compaction_space_amplification_limit=limit)
-    storage = LedgerStorage(settings, clock=SteppedClock())
+    settings = gc_settings(
+        tmp_path / "d", compaction_space_amplification_limit=limit, **ON_FAKE_CLOCK
+    )
+    storage = LedgerStorage(settings, clock=FakeClock())
     await storage.start()
     try:
         for _ in range(3):  # logs of a node restarted often: headers weigh as much as data

@@ -6,7 +6,7 @@ drawn from SHORT_RETENTION_H in whole hours, written during their first ACTIVE_H
 deleted when the retention passes), and LONG_LIVED long-lived ledgers are written on and
 never deleted, so every entry log mixes data that dies within two days with a little that
 never does. Each hour: deletions, new ledgers, one batch per active ledger (concurrently),
-a checkpoint. GC runs ``gc_wait_time`` after the previous run ended, as ``run_forever``
+a checkpoint. GC runs ``gc_wait_time_ms`` after the previous run ended, as ``run_forever``
 does, so minor compaction runs every hour and major every day by the settings. Compaction
 is throttled by bytes; the throttle's sleep advances the simulated clock, so throttling
 costs simulated time and no wall time.
@@ -15,7 +15,7 @@ costs simulated time and no wall time.
 log and looking each record up in the workload's record of when it was written: no record
 of a short-lived ledger is on disk more than ``R + M + F + 2 G`` after it was written, with
 R the longest short retention, M the major interval, F the longest time one entry log took
-to fill (measured), G ``gc_wait_time``. Why:
+to fill (measured), G ``gc_wait_time_ms``. Why:
 
 - A record written at ``w`` goes into a log filled during ``[t0, t0 + F]``, ``t0 <= w``.
   Every short-lived ledger with data there was created by ``t0 + F`` and is deleted by
@@ -48,7 +48,6 @@ import asyncio
 import bisect
 import itertools
 import random
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,7 @@ from node.lifecycle.gc import GarbageCollector
 from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
+from tests.harness.clock import EPOCH_MS, FakeClock
 from tests.hostdisk import HOST_DISK_NEUTRAL
 from tests.lifecycle.gc_world import check_survivors, dangling_entries, gc_settings, interleave
 
@@ -66,14 +66,13 @@ DAY_S = HOURS_PER_DAY * HOUR_S
 MS_PER_S = 1000
 MB = 1_000_000
 SIM_DAYS = 30
-EPOCH_MS = 1_704_067_200_000  # 2024-01-01T00:00Z: the simulated wall clock starts here
 SEED = 2  # reproducible; without the compaction lag bound this seed pins a record 616 h
 
 LOG_SIZE = 256 * KiB  # small, so that logs roll every couple of simulated hours
 MAX_ENTRY = 16 * KiB  # at most half a log (a settings rule)
 WRITE_CACHE = 8 * MiB
 JOURNAL_PREALLOC = 1 * MiB
-NEVER_MS = 10**12  # flush_interval: the test drives every checkpoint itself
+NEVER_MS = 10**12  # flush_interval_ms: the test drives every checkpoint itself
 GC_WAIT_MS = HOUR_S * MS_PER_S
 COMPACTION_BYTES_PER_S = 1_000_000  # read + written, in simulated seconds
 
@@ -90,30 +89,6 @@ PAYLOAD_BYTE_MOD = 251
 SPACE_FACTOR = 1.3
 WARMUP_DAYS = 3  # the longest short retention (2 d) and one major interval
 LONG_SHARE_MAX = 0.1  # the argument above needs long-lived data to be a small share
-
-
-class SimulatedClock:
-    """A ``Clock`` whose time moves only when the test advances it, or when GC's throttle
-    sleeps (from GC's worker thread, hence the lock)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seconds = 0.0
-
-    def now_ms(self) -> int:
-        return EPOCH_MS + int(self.monotonic() * MS_PER_S)
-
-    def monotonic(self) -> float:
-        with self._lock:
-            return self._seconds
-
-    def sleep(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds += max(0.0, seconds)
-
-    def advance_to(self, seconds: float) -> None:
-        with self._lock:
-            self._seconds = max(self._seconds, seconds)
 
 
 def payload(ledger_id: int, entry_id: int) -> bytes:
@@ -163,7 +138,7 @@ class SpaceCheck:
 
 
 class Workload:
-    def __init__(self, storage: LedgerStorage, clock: SimulatedClock) -> None:
+    def __init__(self, storage: LedgerStorage, clock: FakeClock) -> None:
         self.storage = storage
         self.clock = clock
         self.rng = random.Random(SEED)
@@ -294,8 +269,8 @@ def sim_settings(data_dir: Path, **overrides: Any) -> Settings:
         # What is under test is entry logs and GC, not the journal's durability: no
         # fdatasync per group keeps the wall time down when the disk is busy.
         "journal_sync_data": False,
-        "flush_interval": NEVER_MS,
-        "gc_wait_time": GC_WAIT_MS,
+        "flush_interval_ms": NEVER_MS,
+        "gc_wait_time_ms": GC_WAIT_MS,
         "is_throttle_by_bytes": True,
         "compaction_rate_by_bytes": COMPACTION_BYTES_PER_S,
     }
@@ -347,15 +322,15 @@ def _print_summary(
 async def test_thirty_simulated_days_bound_the_age_of_data_and_the_space(
     tmp_path: Path,
 ) -> None:
-    clock = SimulatedClock()
+    clock = FakeClock()
     settings = sim_settings(tmp_path / "data")
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
-    gc = GarbageCollector(storage, clock, sleep=clock.sleep)
+    gc = GarbageCollector(storage, clock, sleep=clock.sleep_in_thread)
     workload = Workload(storage, clock)
-    gc_wait_s = settings.gc_wait_time / MS_PER_S
+    gc_wait_s = settings.gc_wait_time_ms / MS_PER_S
     # R + M + 2 G; F is added at each check, as measured so far.
-    fixed_bound_s = float(SHORT_RETENTION_H[1] * HOUR_S + settings.major_compaction_interval)
+    fixed_bound_s = float(SHORT_RETENTION_H[1] * HOUR_S + settings.major_compaction_interval_s)
     fixed_bound_s += 2 * gc_wait_s
     ages: list[AgeCheck] = []
     spaces: list[SpaceCheck] = []  # after each major
@@ -418,13 +393,13 @@ async def test_dead_data_above_the_major_threshold_goes_after_a_major_interval(
     """The compaction lag bound on its own: logs about 90% live (above the major threshold
     of 0.8) are left alone until the dead data in them has been dead for a major interval,
     then compacted whatever their usage."""
-    clock = SimulatedClock()
+    clock = FakeClock()
     # As in sim_settings: the journal must not wait for its group to age on a still clock.
     settings = gc_settings(tmp_path / "d", journal_flush_when_queue_empty=True)
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
     try:
-        gc = GarbageCollector(storage, clock, sleep=clock.sleep)
+        gc = GarbageCollector(storage, clock, sleep=clock.sleep_in_thread)
         ids = await interleave(storage, ledgers=10, rounds=12)
         doomed, survivors = ids[0], ids[1:]
         holding = await asyncio.to_thread(_logs_holding, settings.ledgers_dir, doomed)
@@ -435,11 +410,11 @@ async def test_dead_data_above_the_major_threshold_goes_after_a_major_interval(
         assert report.compaction is None and report.deleted_logs == []
         assert max(gc.usages()) < 1.0 and min(gc.usages()) > settings.major_compaction_threshold
 
-        clock.advance_to(clock.monotonic() + settings.minor_compaction_interval)
+        clock.advance_to(clock.monotonic() + settings.minor_compaction_interval_s)
         report = await gc.run()
         assert report.compaction == "minor" and report.result.compacted == []
 
-        clock.advance_to(settings.major_compaction_interval)  # a major interval after the death
+        clock.advance_to(settings.major_compaction_interval_s)  # a major interval after the death
         report = await gc.run()
         assert report.compaction == "major"
         assert sorted(report.result.compacted) == sorted(set(holding) & sealed)

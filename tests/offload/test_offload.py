@@ -22,7 +22,7 @@ from node.http.app import build_app
 from node.http.frames import encode_batch
 from node.http.state import STORAGE, WORK
 from node.offload.format import LedgerIndex, data_key, index_key
-from node.offload.service import Offload
+from node.offload.service import OffloadService
 from node.offload.store import ObjectStore
 from tests.offload.conftest import offload_settings
 
@@ -44,7 +44,7 @@ async def new_client(
     return await aiohttp_client(build_app(settings))
 
 
-def offload_of(client: TestClient[Any, Any]) -> Offload:
+def offload_of(client: TestClient[Any, Any]) -> OffloadService:
     return client.app[WORK].offload  # type: ignore[no-any-return]
 
 

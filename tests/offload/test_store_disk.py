@@ -90,7 +90,7 @@ async def test_the_read_only_runbook_frees_space_by_dropping_offloaded_local_cop
     lowered, a run, GC), and not before."""
     data = disk.root / "data"
     store = {"offload_store": "local"}
-    small = {**WATERMARKS, "log_size_limit": 2 * MiB, "disk_check_interval": 100}
+    small = {**WATERMARKS, "log_size_limit": 2 * MiB, "disk_check_interval_ms": 100}
     client = await new_client(aiohttp_client, data, store, **small)  # the default 4 h lag
     lid = await closed_ledger(client, [os.urandom(63 * 1024) for _ in range(128)])
     assert (await run(client, {"ledgers": [lid]}))["offloaded"] == [lid]

@@ -33,7 +33,7 @@ NODE_ENV = {
     "NODE_ADMIN_TOKEN": TOKEN,
     "NODE_LOG_SIZE_LIMIT": str(64 * 1024),  # many small logs: a map worth the name
     "NODE_MAX_ENTRY_SIZE": str(16 * 1024),
-    "NODE_FLUSH_INTERVAL": "100",  # entries reach entry logs at once
+    "NODE_FLUSH_INTERVAL_MS": "100",  # entries reach entry logs at once
     "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
     # Retention must run only when a test asks (the daily hour could fall inside the run).
     "NODE_RETENTION_SCHEDULER_ENABLED": "false",
@@ -255,7 +255,7 @@ def test_its_numbers_equal_the_json_apis(
     watched = _open(browser, node)
     page = watched.page
     with world["workload"].pause():
-        # The last add's checkpoint (flush_interval 100 ms), and two idle history intervals
+        # The last add's checkpoint (flush_interval_ms 100 ms), and two idle history intervals
         # (0.5 s): the newest samples, on the page and in the route, are then both at rest.
         time.sleep(1.2)
         paused_ms = time.time() * 1000
@@ -341,7 +341,7 @@ def test_what_the_page_says_means_what_it_says(
         time.sleep(0.2)
     page = _open(browser, node).page
     with world["workload"].pause():
-        time.sleep(0.5)  # the last add's checkpoint (flush_interval 100 ms)
+        time.sleep(0.5)  # the last add's checkpoint (flush_interval_ms 100 ms)
         _updated_after(page, time.time() * 1000)
         logs = node.get_json("/api/v1/status/entrylogs")
         summary = node.get_json("/api/v1/status/summary")

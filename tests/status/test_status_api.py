@@ -20,7 +20,7 @@ async def _client(tmp_path: Path, aiohttp_client: Any) -> Any:
         tmp_path / "d",
         log_size_limit=64 * 1024,
         max_entry_size=16 * 1024,
-        flush_interval=50,
+        flush_interval_ms=50,
         status_history_interval_s=0.05,
     )
     return await aiohttp_client(build_app(settings))

@@ -810,7 +810,7 @@ async def test_ledger_storage_on_a_small_ring(loop_medium: Path, tmp_path: Path)
     hour), and appends now and then find it full and wait; every entry reads back, across a
     restart too."""
     ring = blockwal.minimum_capacity(wal_settings(tmp_path, loop_medium)) + 2 * BLOCK_ALIGNMENT
-    settings = wal_settings(tmp_path / "data", loop_medium, ring, flush_interval=3_600_000)
+    settings = wal_settings(tmp_path / "data", loop_medium, ring, flush_interval_ms=3_600_000)
     storage = LedgerStorage(settings)
     await storage.start()
     rng = random.Random(12)

@@ -19,7 +19,7 @@ from node.http import frames
 from node.settings import SettingsError, load
 from node.storage import entrylog, journal
 from node.storage.index import LedgerMeta, LedgerState
-from node.storage.wal import WalBatch, record_crc
+from node.storage.wal import BatchRecord, record_crc
 
 U32 = st.integers(0, (1 << 32) - 1)
 U64 = st.integers(0, (1 << 64) - 1)
@@ -92,7 +92,7 @@ def test_journal_batch_records_round_trip(
         if record.entry_id == journal.BATCH:
             assert len(record.payload) <= limit
             batch = journal.decode_batch(data, pos + 24, end, ledger_id)
-            assert isinstance(batch, WalBatch) and len(batch.payloads) > 1
+            assert isinstance(batch, BatchRecord) and len(batch.payloads) > 1
             got += [
                 (r.ledger_id, r.entry_id, c, r.payload)
                 for r, c in zip(batch.records(), batch.crcs, strict=True)

@@ -43,8 +43,8 @@ from node.storage.wal import (
     FENCE,
     LEDGER_CREATED,
     REPLAY_RUN_ENTRIES,
+    EntryRun,
     LogMark,
-    WalBatch,
     WalRecord,
     record_crc,
 )
@@ -335,7 +335,7 @@ def test_close_writes_queued_appends() -> None:
 
 
 def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
-    """After a write, the writer thread waits (journal_max_group_wait_msec) for the next
+    """After a write, the writer thread waits (journal_max_group_wait_ms) for the next
     records instead of handing back to the loop: a record appended then is written and
     synced while the loop is still busy (here: blocked), which is how the disk and the
     loop overlap under a full window of adds. And close() wakes a waiting writer at once,
@@ -359,7 +359,7 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         # A long wait, so that the writer still waits when the second record comes.
-        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         first, second = asyncio.run(run(s))
         assert first < second
         assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
@@ -389,7 +389,7 @@ def test_a_cancelled_writer_fails_what_is_pending_and_keeps_what_is_acknowledged
 
     with tempfile.TemporaryDirectory() as tmp:
         # A long wait, so that the writer thread still waits when the task is cancelled.
-        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         asyncio.run(run(s))
         assert recover_all(s) == [WalRecord(1, 0, b"first")]
 
@@ -438,7 +438,7 @@ def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
         return marks, alone
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_group_wait_msec=60_000)
+        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         marks, alone = asyncio.run(run(s))
         assert marks[0] == marks[1] == marks[2] < alone  # one group's mark
         assert recover_all(s) == [WalRecord(1, n, b"x") for n in range(11)]
@@ -691,7 +691,7 @@ def test_batches_come_back_whole_with_their_crcs(
 ) -> None:
     """Batches (split into records of at most max_entry_size bytes) and single records,
     across rotations: recover gives every entry in order; replay gives each batch record
-    as one WalBatch, entries of single records as runs (WalBatch too), metadata records one
+    as one BatchRecord, entries of single records as runs (EntryRun), metadata records one
     by one, every CRC the entry's own record_crc."""
     with tempfile.TemporaryDirectory() as tmp:
         s = make_settings(Path(tmp), journal_max_size=max_size, max_entry_size=limit)
@@ -700,9 +700,9 @@ def test_batches_come_back_whole_with_their_crcs(
         expected = [r for appended in appends for r in _entries(appended)]
         assert recover_all(s) == expected
         replayed: list[WalRecord] = []
-        spans = set()  # (first index in expected, count) of each WalBatch
+        spans = set()  # (first index in expected, count) of each EntryRun
         for record, crc in new_journal(s).replay(START):
-            if isinstance(record, WalBatch):
+            if isinstance(record, EntryRun):
                 assert 0 < len(record.payloads) <= REPLAY_RUN_ENTRIES
                 spans.add((len(replayed), len(record.payloads)))
                 entries, crcs = list(record.records()), record.crcs
@@ -713,7 +713,7 @@ def test_batches_come_back_whole_with_their_crcs(
                 assert entry_crc == record_crc(*entry)
             replayed += entries
         assert replayed == expected
-        if limit == 1 << 20:  # every batch of two or more fits in one record: one WalBatch
+        if limit == 1 << 20:  # every batch of two or more fits in one record: one BatchRecord
             at = 0
             for kind, value in appends:
                 count = len(_entries((kind, value)))
@@ -746,7 +746,7 @@ def test_replay_gathers_single_records_of_a_ledger_at_consecutive_ids_into_runs(
     ]
     asyncio.run(_write_appends(s, groups))
     replayed = [
-        (r.ledger_id, r.first_entry_id, len(r.payloads)) if isinstance(r, WalBatch) else r
+        (r.ledger_id, r.first_entry_id, len(r.payloads)) if isinstance(r, EntryRun) else r
         for r, _crc in new_journal(s).replay(START)
     ]
     assert replayed == [

@@ -168,7 +168,7 @@ async def test_fence_close_and_delete_ask_for_the_write_token(storage: LedgerSto
 
 
 async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "d", flush_interval=3_600_000)
+    settings = make_settings(tmp_path / "d", flush_interval_ms=3_600_000)
     storage = LedgerStorage(settings)
     await storage.start()
     meta, _ = await storage.create_ledger()
@@ -188,7 +188,7 @@ async def test_deleted_ledger_stays_deleted_after_crash_replay(tmp_path: Path) -
 
 
 async def test_appends_past_the_last_entry_id_leave_nothing_behind(tmp_path: Path) -> None:
-    settings = make_settings(tmp_path / "d", flush_interval=3_600_000)
+    settings = make_settings(tmp_path / "d", flush_interval_ms=3_600_000)
     storage = LedgerStorage(settings)
     await storage.start()
     meta, _ = await storage.create_ledger()
@@ -283,7 +283,7 @@ async def test_read_ahead_fills_the_read_cache(storage: LedgerStorage) -> None:
 
 async def test_half_full_write_cache_triggers_a_checkpoint(tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path / "d", db_storage_write_cache_max_size=2 << 20, flush_interval=3_600_000
+        tmp_path / "d", db_storage_write_cache_max_size=2 << 20, flush_interval_ms=3_600_000
     )
     storage = LedgerStorage(settings)
     await storage.start()
@@ -324,7 +324,7 @@ async def test_full_cache_during_a_slow_flush_throttles_then_refuses(tmp_path: P
         tmp_path / "d",
         db_storage_write_cache_max_size=2 << 20,
         db_storage_max_throttle_time_ms=200,
-        flush_interval=3_600_000,
+        flush_interval_ms=3_600_000,
     )
     storage = LedgerStorage(settings)
     await storage.start()
@@ -481,7 +481,7 @@ async def test_a_long_replay_flushes_as_it_goes_and_loses_or_doubles_nothing(
     exactly: the same bytes, counts, LAC and states, after the replay and after a graceful
     restart that reads them from the entry logs and the index."""
     data = tmp_path / "d"
-    writer = LedgerStorage(make_settings(data, flush_interval=3_600_000))
+    writer = LedgerStorage(make_settings(data, flush_interval_ms=3_600_000))
     await writer.start()
     ledgers = [(await writer.create_ledger())[0].ledger_id for _ in range(3)]
     expected: dict[int, dict[int, bytes]] = {lid: {} for lid in ledgers}

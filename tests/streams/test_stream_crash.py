@@ -428,7 +428,7 @@ def _check_retained(node: NodeProcess, stream: RetainedStream, finished: bool) -
 def test_sigkill_during_a_retention_run(tmp_path: Path) -> None:
     rng = random.Random(4242)
     data = tmp_path / "data"
-    env = {"NODE_DELETE_COMMIT_LOG_FILES_INTERVAL": "25"}  # ~34 deletions: about 0.85 s
+    env = {"NODE_DELETE_COMMIT_LOG_FILES_INTERVAL_MS": "25"}  # ~34 deletions: about 0.85 s
     streams: list[RetainedStream] = []
     interrupted = 0
     for trial in range(RETENTION_TRIALS):

@@ -12,13 +12,15 @@
   pins data until it is reset, acknowledged or deleted; a dry run reports the same plan.
 - GC reclaims the entry logs of the ledgers retention deleted.
 
-StreamManager, Retention and GarbageCollector are driven directly; time is a SimClock that
+StreamManager, Retention and GarbageCollector are driven directly; time is the fake clock that
 the test moves (nothing sleeps).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -38,33 +40,18 @@ from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
 from node.streams.model import MINUTE_MS, Position
 from node.streams.rules import Deletion
 from tests.conftest import make_settings
+from tests.harness.clock import EPOCH_MS, FakeClock
 
-START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+START_MS = EPOCH_MS  # 2026-01-01T00:00:00Z: the fake clock's time 0
+MINUTE_S = MINUTE_MS / 1000
 MAX_ENTRY = 3 * MiB
 # Rollover by entry count only (no minimum age, a maximum age never reached in a test).
 ROLLING = {"minLedgerRolloverTimeMinutes": 0, "maxLedgerRolloverTimeMinutes": 1_000_000}
 
 
-class SimClock:
-    """Simulated time: both clocks move only when the test advances them. (The journal
-    commits as soon as its queue runs empty, so no group commit waits on this clock.)"""
-
-    def __init__(self) -> None:
-        self.ms = START_MS
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    def monotonic(self) -> float:
-        return self.ms / 1000
-
-    def advance(self, minutes: float = 0, ms: int = 0) -> None:
-        self.ms += int(minutes * MINUTE_MS) + ms
-
-
 @dataclass
 class World:
-    clock: SimClock
+    clock: FakeClock
     storage: LedgerStorage
     streams: StreamManager
     retention: Retention = field(init=False)
@@ -80,8 +67,8 @@ async def open_world(data_dir: Path, **overrides: Any) -> AsyncIterator[World]:
         data_dir,
         **{
             "journal_flush_when_queue_empty": True,
-            "delete_commit_log_files_interval": 0,  # no pacing: nothing sleeps
-            "flush_interval": 3_600_000,  # checkpoints when the test asks
+            "delete_commit_log_files_interval_ms": 0,  # no pacing: nothing sleeps
+            "flush_interval_ms": 3_600_000,  # checkpoints when the test asks
             "max_entry_size": MAX_ENTRY,
             # The disk probe is the world's own: the node's default watermarks apply.
             "disk_max_used_space_ratio": 0.75,
@@ -89,7 +76,7 @@ async def open_world(data_dir: Path, **overrides: Any) -> AsyncIterator[World]:
             **overrides,
         },
     )
-    clock = SimClock()
+    clock = FakeClock()
     storage = LedgerStorage(settings, clock=clock)
     await storage.start()
     try:
@@ -135,12 +122,12 @@ async def build(
     n = 0
     for k, total in enumerate(ledger_bytes):
         if k:
-            w.clock.advance(gap_minutes)
+            w.clock.advance(gap_minutes * MINUTE_S)
         for i in range(entries):
             size = total // entries + (total % entries if i == entries - 1 else 0)
             await append(w, name, n, size)
             n += 1
-    w.clock.advance(gap_minutes)
+    w.clock.advance(gap_minutes * MINUTE_S)
     await append(w, name, n)
     ids = ledger_ids(w, name)
     assert len(ids) == len(ledger_bytes) + 1
@@ -239,9 +226,9 @@ async def test_rollover_at_max_time(w: World) -> None:
     policies = {"minLedgerRolloverTimeMinutes": 10, "maxLedgerRolloverTimeMinutes": 60}
     await w.streams.put_stream("s", policies)
     first = await append(w, "s", 0)
-    w.clock.advance(60, ms=-1)
+    w.clock.advance(60 * MINUTE_S - 0.001)
     assert (await append(w, "s", 1)) == Position(first.ledger_id, 1)  # 1 ms short of max
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     second = await append(w, "s", 2)  # the ledger is 60 min old: it rolled
     assert second.ledger_id != first.ledger_id and second.entry_id == 0
     old, new = w.streams.stream("s").ledgers
@@ -260,11 +247,11 @@ async def test_no_rollover_before_the_minimum_time(w: World) -> None:
     # Full by entries, by size (1.5 MiB > 1 MiB) and by the max time, yet younger than the
     # minimum time: the ledger keeps taking appends (Pulsar: it may exceed its limits).
     positions = [await append(w, "s", i, MiB // 4) for i in range(5)]
-    w.clock.advance(10, ms=-1)
+    w.clock.advance(10 * MINUTE_S - 0.001)
     positions.append(await append(w, "s", 5, MiB // 4))
     (lid,) = ledger_ids(w, "s")
     assert positions == [Position(lid, e) for e in range(6)]
-    w.clock.advance(ms=1)  # age == min time: full, and old enough
+    w.clock.advance(0.001)  # age == min time: full, and old enough
     rolled = await append(w, "s", 6)
     assert rolled.ledger_id != lid and rolled.entry_id == 0
     assert w.streams.stream("s").ledgers[0].entries == 6
@@ -277,7 +264,9 @@ async def test_an_empty_ledger_never_rolls_by_time(w: World) -> None:
         await append(w, "s", 0, MAX_ENTRY + 1)
     (lid,) = ledger_ids(w, "s")
     assert w.streams.stream("s").ledgers[0].entries == 0
-    w.clock.advance(24 * 60)  # far past the max time: an empty ledger is not full by time
+    w.clock.advance(
+        24 * 60 * MINUTE_S
+    )  # far past the max time: an empty ledger is not full by time
     assert (await append(w, "s", 1)) == Position(lid, 0)
     # With an entry in it, the same ledger is past its max time: the next append rolls.
     rolled = await append(w, "s", 2)
@@ -296,17 +285,21 @@ async def test_an_idle_full_ledger_rolls_without_an_append(w: World) -> None:
     last = [await append(w, "s", i) for i in range(3)][-1]
     await w.streams.create_cursor("s", "c", "earliest")
     await w.streams.acknowledge("s", "c", last)
-    w.clock.advance(60, ms=-1)
+    w.clock.advance(60 * MINUTE_S - 0.001)
     assert await run(w) == {}
     assert ledger_ids(w, "s") == [last.ledger_id]  # not full yet: it takes appends
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w) == {}  # rolled over just now: closed 0 ms ago
     first, fresh = w.streams.stream("s").ledgers
-    assert (first.ledger_id, first.closed_ms, fresh.entries) == (last.ledger_id, w.clock.ms, 0)
+    assert (first.ledger_id, first.closed_ms, fresh.entries) == (
+        last.ledger_id,
+        w.clock.now_ms(),
+        0,
+    )
     assert w.storage.ledger(last.ledger_id).state == LedgerState.CLOSED
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(last.ledger_id, "time")]}
-    w.clock.advance(10_000)  # the new ledger is empty: it never rolls by time
+    w.clock.advance(10_000 * MINUTE_S)  # the new ledger is empty: it never rolls by time
     assert await run(w) == {}
     assert ledger_ids(w, "s") == [fresh.ledger_id]
     assert await next_unread(w, "s", "c") is None
@@ -370,13 +363,13 @@ async def test_retention_by_time_only(w: World) -> None:
     )
     closed = [info.closed_ms for info in w.streams.stream("s").ledgers]
     assert closed == [START_MS + k * 10 * MINUTE_MS for k in (1, 2, 3, 4)] + [0]
-    w.clock.ms = START_MS + 90 * MINUTE_MS  # closed 80, 70, 60 and 50 minutes ago
+    w.clock.advance_to(90 * MINUTE_S)  # closed 80, 70, 60 and 50 minutes ago
     # Older than the retention time means strictly longer ago (Pulsar's `>`).
     assert await run(w) == {"s": [(ids[0], "time"), (ids[1], "time")]}
     await check_stream(w, "s", ids[2:], ids[:2])
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(ids[2], "time")]}
-    w.clock.advance(10_000)
+    w.clock.advance(10_000 * MINUTE_S)
     assert await run(w) == {"s": [(ids[3], "time")]}  # never the ledger taking appends
     assert await run(w) == {}
     await check_stream(w, "s", ids[4:], ids[:4])
@@ -386,7 +379,7 @@ async def test_retention_by_size_only(w: World) -> None:
     ids = await build(
         w, "s", [MiB, 3 * MiB, MiB, MiB], retentionTimeInMinutes=-1, retentionSizeInMB=2
     )
-    w.clock.advance(100_000)  # time plays no part
+    w.clock.advance(100_000 * MINUTE_S)  # time plays no part
     # Total 6 MiB + 100 B. Deleting the first leaves 5 MiB + 100 B, the second 2 MiB + 100 B
     # (still >= 2 MiB): both go; the third would leave 1 MiB + 100 B: it stays, and the
     # scan stops there.
@@ -401,7 +394,7 @@ async def test_retention_by_size_only(w: World) -> None:
 async def test_retention_by_time_or_size(w: World) -> None:
     policies = {"retentionTimeInMinutes": 60, "retentionSizeInMB": 4}
     ids = await build(w, "s", [MiB] * 4, gap_minutes=10, **policies)
-    w.clock.ms = START_MS + 85 * MINUTE_MS  # closed 75, 65, 55 and 45 minutes ago
+    w.clock.advance_to(85 * MINUTE_S)  # closed 75, 65, 55 and 45 minutes ago
     # Retention size 4 MiB of 4 MiB + 100 B: by size nothing could go, yet the two ledgers
     # past the retention time go; the third satisfies both limits and stops the scan.
     assert plan_of(w.retention.plan("s", forced=False)) == [(ids[0], "time"), (ids[1], "time")]
@@ -422,14 +415,14 @@ async def test_message_ttl_moves_cursors_past_expired_ledgers(w: World) -> None:
     await w.streams.create_cursor("s", "slow", "earliest")
     ahead, _ = await w.streams.create_cursor("s", "ahead", f"{ids[2]}:1")
     assert w.streams.backlog("s", w.streams.cursor("s", "slow").mark_delete).entries == 10
-    w.clock.ms = START_MS + 21 * MINUTE_MS  # closed 16, 11 and 6 minutes ago
+    w.clock.advance_to(21 * MINUTE_S)  # closed 16, 11 and 6 minutes ago
     assert await run(w) == {"s": [(ids[0], "time"), (ids[1], "time")]}
     await check_stream(w, "s", ids[2:], ids[:2])
     assert await next_unread(w, "s", "slow") == Position(ids[2], 0)
     assert w.streams.backlog("s", w.streams.cursor("s", "slow").mark_delete).entries == 4
     assert ahead.mark_delete == Position(ids[2], 0)  # a cursor ahead never moves back
     assert w.retention.stats.expired_cursor_moves == 1
-    w.clock.advance(5)  # the third closed 11 minutes ago
+    w.clock.advance(5 * MINUTE_S)  # the third closed 11 minutes ago
     assert await run(w) == {"s": [(ids[2], "time")]}
     assert await next_unread(w, "s", "slow") == Position(ids[3], 0)
     assert await next_unread(w, "s", "ahead") == Position(ids[3], 0)
@@ -439,7 +432,7 @@ async def test_disk_pressure_ignores_time_and_size_for_acknowledged_data(w: Worl
     ids = await build(w, "s", [300] * 4)  # the node's defaults: 72 h, unlimited size
     await w.streams.create_cursor("s", "c", "earliest")
     await w.streams.acknowledge("s", "c", Position(ids[1], 1))  # the last entry of the second
-    w.clock.advance(60)
+    w.clock.advance(60 * MINUTE_S)
     assert await run(w) == {}
     w.disk_usage = 0.80  # past the cleaning watermark, below the forced one: rules hold
     assert await run(w) == {}
@@ -454,7 +447,7 @@ async def test_disk_pressure_ignores_time_and_size_for_acknowledged_data(w: Worl
 async def test_backlog_is_never_deleted(w: World) -> None:
     ids = await build(w, "s", [300] * 4, entries=3, retentionTimeInMinutes=0)
     await w.streams.create_cursor("s", "c", "earliest")
-    w.clock.advance(100_000)
+    w.clock.advance(100_000 * MINUTE_S)
     assert await run(w) == {}
     assert await run(w, forced=True) == {}
     await w.streams.acknowledge("s", "c", Position(ids[1], 1))  # inside the second ledger
@@ -476,7 +469,7 @@ async def test_backlog_is_never_deleted(w: World) -> None:
 async def test_without_cursors_every_closed_ledger_is_a_candidate(w: World) -> None:
     ids = await build(w, "s", [300] * 3, retentionTimeInMinutes=0)
     assert await run(w) == {}  # closed this very millisecond: not longer ago than 0 min
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w) == {"s": [(lid, "time") for lid in ids[:3]]}
     await check_stream(w, "s", ids[3:], ids[:3])
 
@@ -487,7 +480,7 @@ async def test_a_slow_cursor_pins_data_until_reset_acknowledged_or_deleted(w: Wo
         await w.streams.create_cursor("s", name, "earliest")
     await w.streams.acknowledge("s", "fast", Position(ids[5], 0))
     await w.streams.acknowledge("s", "stale", Position(ids[3], 2))
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w) == {}  # the slowest cursor has read nothing
     await w.streams.reset("s", "slow", Position(ids[1], 0))  # skips the first ledger
     assert await run(w) == {"s": [(ids[0], "time")]}
@@ -517,7 +510,7 @@ async def test_never_from_the_middle(w: World) -> None:
     assert await w.streams.trim("s", [ids[1], ids[3], ids[4]], 0) == [ids[1]]
     assert await w.streams.trim("s", ids, 0) == [ids[2], ids[3]]
     await check_stream(w, "s", ids[4:], ids[:4])
-    w.clock.advance(ms=1)
+    w.clock.advance(0.001)
     assert await run(w, forced=True) == {}
 
 
@@ -527,7 +520,7 @@ async def test_a_dry_run_deletes_nothing_and_reports_the_same_plan(w: World) -> 
     await w.streams.create_cursor("s", "c", "earliest")
     await w.streams.acknowledge("s", "c", Position(ids[0], 1))
     plain = await build(w, "plain", [300] * 3, retentionTimeInMinutes=0)
-    w.clock.ms = START_MS + 32 * MINUTE_MS
+    w.clock.advance_to(32 * MINUTE_S)
     # "s": the six ledgers closed at 5, 10, ..., 30 min; the TTL (10 min) moves the cursor
     # past the first four (closed before 22 min). The first closed 27 min ago: past the
     # retention time. Deleting the second leaves 2 MiB + 100 B >= 2 MiB; the third would
@@ -553,6 +546,48 @@ async def test_a_dry_run_deletes_nothing_and_reports_the_same_plan(w: World) -> 
     await check_stream(w, "plain", plain[3:], plain[:3])
 
 
+# --- retention's scheduler ------------------------------------------------------------------
+
+
+def _local_hour(clock: FakeClock, at_s: float) -> int:
+    """The hour of the day at ``at_s`` on the clock, as the scheduler reads it (local time)."""
+    return time.localtime((clock.now_ms() + (at_s - clock.monotonic()) * 1000) / 1000).tm_hour
+
+
+async def test_the_scheduler_runs_retention_once_in_the_delete_when_hour(w: World) -> None:
+    """Retention's scheduler loop on the node's clock, driven tick by tick (every 30 s,
+    default settings: delete_when 04) from ten minutes before that hour to ten minutes into
+    it, with no real waiting: ledgers past their retention are not touched before the hour,
+    go at its first tick, and the hour's later ticks run nothing more."""
+    ids = await build(w, "s", [100] * 3, gap_minutes=1, retentionTimeInMinutes=60)
+    due_hour = int(w.storage.settings.delete_when)
+    due_s = next(  # the first minute of the next delete_when hour (local time, as it runs)
+        m * MINUTE_S
+        for m in range(1, 2 * 24 * 60)
+        if _local_hour(w.clock, m * MINUTE_S) == due_hour
+        and _local_hour(w.clock, (m - 1) * MINUTE_S) != due_hour
+    )
+    w.clock.advance_to(due_s - 10 * MINUTE_S)  # the ledgers are long past their hour now
+    loop = asyncio.create_task(w.retention.run_forever())
+    try:
+        # The loops asleep on the clock: the retention scheduler and the storage's checkpoint.
+        sleepers = 2
+        while w.clock.monotonic() < due_s:
+            assert ledger_ids(w, "s") == ids and w.retention.stats.runs == 0
+            await w.clock.tick(sleepers)
+        await w.clock.sleeping(sleepers)  # the due hour's first tick is done
+        assert w.retention.stats.runs == 1
+        assert ledger_ids(w, "s") == ids[3:]
+        while w.clock.monotonic() < due_s + 10 * MINUTE_S:
+            await w.clock.tick(sleepers)
+        await w.clock.sleeping(sleepers)
+        assert w.retention.stats.runs == 1
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+
 # --- GC reclaims what retention deleted -----------------------------------------------------
 
 
@@ -575,7 +610,7 @@ async def test_gc_reclaims_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
             for log_id in sealed
         }
         assert set().union(*maps.values()) >= set(ids[:6])
-        w.clock.advance(ms=1)
+        w.clock.advance(0.001)
         assert await run(w) == {"s": [(lid, "time") for lid in ids[:6]]}
         deleted = set(ids[:6])
         dead_logs = {log_id for log_id, held in maps.items() if held <= deleted}
