@@ -34,7 +34,9 @@ Group start record (opens every group write, always at a 512-byte boundary): a r
 ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
 tagged with the offset it sits at, proves that a later write reached the disk: that is how
 replay tells corruption (a bad record with a later write after it) from a torn tail (a
-crash in the middle of the last write, whose sectors may land in any order).
+crash in the middle of the last write, whose sectors may land in any order). Records are
+read by ``RecordScan`` and that decision is ``judge_invalid``'s: replay and ``python -m node
+inspect journal`` both go through them.
 
 Padding record (closes every group write at a 512-byte boundary)::
 
@@ -90,6 +92,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import crc32c
 
@@ -134,6 +137,8 @@ LAST_MARK = struct.Struct(">QQ")
 LAST_MARK_FILE = "lastMark"
 METADATA_SLACK = 64 * 1024  # metadata records (ledger properties) may exceed max_entry_size
 SUFFIX = ".txn"
+
+Buffer = bytes | mmap.mmap
 
 
 def encode_header() -> bytes:
@@ -242,60 +247,148 @@ def encode_group_start(offset: int) -> bytes:
     return encode_record(0, GROUP_START_ENTRY_ID, crc, payload)
 
 
-Buffer = bytes | mmap.mmap
+# --- the record parser -------------------------------------------------------------------
+#
+# Replay, ``inspect`` and the search for a later write all read records through RecordScan,
+# and decide torn tail versus corruption through judge_invalid: one reading of the format.
+
+# The entry id RecordScan gives a padding record (which has no ids in the file).
+PADDING_ENTRY_ID = -PADDING_MASK
+
+# (offset, end, ledger id, entry id, crc, payload) of a valid record
+ScannedRecord = tuple[int, int, int, int, int, bytes]
 
 
-def read_record(
-    buf: Buffer, pos: int, size: int, max_length: int
-) -> tuple[WalRecord | None, int, int] | str | None:
-    """The record at ``pos`` (None for a padding record), where the next one starts and
-    the record's CRC (checked; replay keeps it for the write cache); None at the end of data
-    (zeros or the end of the file); a reason for an invalid record. Replay and ``inspect``
-    both read journals through this."""
-    if pos + PADDING_HEADER.size > size:
-        return None if not any(buf[pos:size]) else "truncated record header"
-    mask, pad = PADDING_HEADER.unpack_from(buf, pos)
-    if mask == PADDING_MASK:
-        end = pos + PADDING_HEADER.size + pad
-        return (None, end, 0) if end <= size else "padding past the end of file"
-    if pos + RECORD_HEADER.size > size:
-        return None if not any(buf[pos:size]) else "truncated record header"
-    length, ledger_id, entry_id, crc = decode_record(buf, pos)
-    if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
-        return None  # preallocated zeros: end of data
-    end = pos + RECORD_HEADER.size + length
-    if length > max_length or end > size:
-        return f"record length {length} is not plausible"
-    payload = bytes(buf[pos + RECORD_HEADER.size : end])
-    if record_crc(ledger_id, entry_id, payload) != crc:
+class RecordScan:
+    """The records of a journal from ``start``. Iterating yields each valid record as a
+    ``ScannedRecord``: a padding record with entry id PADDING_ENTRY_ID, a batch record with
+    an empty payload (``decode_batch`` reads it from the buffer: no copy of a whole batch).
+    It stops at the end of data (zeros, or the end of the file) or at the first invalid
+    record; ``end`` is then where the valid data ends, and ``invalid`` what is wrong
+    there (None at the end of data). ``view``, a memoryview of ``buf``, lets a batch's CRC
+    be checked without a copy; for an mmap the caller owns it (an mmap cannot close while
+    a view of it lives)."""
+
+    __slots__ = ("_buf", "_max_length", "_size", "_view", "end", "invalid")
+
+    def __init__(
+        self,
+        buf: Buffer,
+        start: int,
+        size: int,
+        max_length: int,
+        view: memoryview | None = None,
+    ) -> None:
+        self._buf = buf
+        self._view = view
+        self._size = size
+        self._max_length = max_length
+        self.end = start
+        self.invalid: str | None = None
+
+    def __iter__(self) -> Iterator[ScannedRecord]:
+        buf, view, size, max_length = self._buf, self._view, self._size, self._max_length
+        unpack, head, crc_of = RECORD_HEADER.unpack_from, RECORD_HEADER.size, crc32c.crc32c
+        ids_at, ids_end = IDS.start, IDS.stop
+        pos = self.end
+        while True:
+            # The common case first, inline (replay runs at the speed of this loop): a
+            # whole record whose CRC matches. Anything else (padding, the end of data,
+            # which fails the CRC, or damage) is looked at after it.
+            body = pos + head
+            if body <= size:
+                length, ledger_id, entry_id, crc = unpack(buf, pos)
+                end = body + length
+                if length <= max_length and end <= size:
+                    ids_crc = crc_of(buf[pos + ids_at : pos + ids_end])
+                    if entry_id == BATCH:
+                        payload = b""
+                        valid = (
+                            crc_of(buf[body:end] if view is None else view[body:end], ids_crc)
+                            == crc
+                        )
+                    else:
+                        payload = buf[body:end]
+                        valid = crc_of(payload, ids_crc) == crc
+                    if valid:
+                        yield pos, end, ledger_id, entry_id, crc, payload
+                        pos = end
+                        continue
+            if pos + PADDING_HEADER.size <= size:
+                mask, pad = PADDING_HEADER.unpack_from(buf, pos)
+                if mask == PADDING_MASK:
+                    end = pos + PADDING_HEADER.size + pad
+                    if end > size:
+                        self.end, self.invalid = pos, "padding past the end of file"
+                        return
+                    yield pos, end, 0, PADDING_ENTRY_ID, 0, b""
+                    pos = end
+                    continue
+            self.end, self.invalid = pos, self._why_not_a_record(pos)
+            return
+
+    def _why_not_a_record(self, pos: int) -> str | None:
+        """What is wrong with the bytes at ``pos``, which are not a valid record (None:
+        they are the end of data)."""
+        buf, size = self._buf, self._size
+        if pos + RECORD_HEADER.size > size:
+            return None if not any(buf[pos:size]) else "truncated record header"
+        length, ledger_id, entry_id, crc = decode_record(buf, pos)
+        if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
+            return None  # preallocated zeros
+        if length > self._max_length or pos + RECORD_HEADER.size + length > size:
+            return f"record length {length} is not plausible"
         return "CRC32C mismatch"
-    return WalRecord(ledger_id, entry_id, payload), end, crc
 
 
-def is_group_start(record: WalRecord, pos: int) -> bool:
-    """A group start record that sits where it says it was written."""
-    return (
-        record.entry_id == GROUP_START_ENTRY_ID
-        and len(record.payload) == GROUP_START.size
-        and GROUP_START.unpack(record.payload)[0] == pos
-    )
+def record_at(buf: Buffer, pos: int, size: int, max_length: int) -> ScannedRecord | None:
+    """The valid record at ``pos``, if there is one."""
+    return next(iter(RecordScan(buf, pos, size, max_length)), None)
 
 
 def find_later_write(
     buf: Buffer, pos: int, size: int, alignment: int, max_length: int
 ) -> int | None:
-    """The offset of the first group write after ``pos`` that reached the disk, if any."""
+    """The offset of the first group write after ``pos`` that reached the disk, if any: a
+    group start record that sits where it says it was written."""
     candidate = (pos // alignment + 1) * alignment
     while candidate + RECORD_HEADER.size <= size:
-        found = read_record(buf, candidate, size, max_length)
+        found = record_at(buf, candidate, size, max_length)
         if (
-            isinstance(found, tuple)
-            and found[0] is not None
-            and is_group_start(found[0], candidate)
+            found is not None
+            and found[3] == GROUP_START_ENTRY_ID
+            and len(found[5]) == GROUP_START.size
+            and GROUP_START.unpack(found[5])[0] == candidate
         ):
             return candidate
         candidate += alignment
     return None
+
+
+class Invalid(NamedTuple):
+    """An invalid record and what it means: ``torn`` (no later write, in the newest
+    journal: the last write was cut by a crash, its sectors landing in any order, and
+    nothing of it was acknowledged) or, if not, corruption."""
+
+    offset: int
+    reason: str
+    later: int | None  # the first group write after it that reached the disk
+    torn: bool
+
+
+def judge_invalid(
+    buf: Buffer,
+    offset: int,
+    reason: str,
+    size: int,
+    newest: bool,
+    alignment: int,
+    max_length: int,
+) -> Invalid:
+    """Torn tail or corruption, for the invalid record at ``offset`` (replay and
+    ``inspect`` both decide through this)."""
+    later = find_later_write(buf, offset, size, alignment, max_length)
+    return Invalid(offset, reason, later, later is None and newest)
 
 
 def max_record_length(settings: Settings) -> int:
@@ -452,7 +545,6 @@ class Journal:
     def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[Replayed]:
         path = journal_path(self._dir, journal_id)
         max_length = max_record_length(self._settings)
-        unpack, head, crc_of = RECORD_HEADER.unpack_from, RECORD_HEADER.size, crc32c.crc32c
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER_SIZE:
@@ -470,7 +562,6 @@ class Journal:
                     if last and not any(mm[:HEADER_SIZE]):
                         return  # header never reached the disk: nothing was acknowledged
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
-                pos = start
                 # Single records of one ledger at consecutive ids (what single adds
                 # journal) are gathered into runs, yielded as batches: replay's work is
                 # then per run, as for a batch record, not per entry.
@@ -478,62 +569,37 @@ class Journal:
                 run_next: int | None = None  # the entry id that extends the run, if any
                 run_crcs: list[int] = []
                 run_payloads: list[bytes] = []
+                scan = RecordScan(mm, start, size, max_length, view)
                 while True:
-                    # The common case inline (replay runs at the speed of this loop): a
-                    # whole record whose CRC matches. Anything else (padding, the end of
-                    # data, which fails the CRC, or damage) goes through read_record.
-                    if pos + head <= size:
-                        length, ledger_id, entry_id, crc = unpack(mm, pos)
-                        end = pos + head + length
-                        if length <= max_length and end <= size:
-                            ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
-                            if entry_id == BATCH:
-                                valid = crc_of(view[pos + head : end], ids_crc) == crc
-                            else:
-                                payload = mm[pos + head : end]
-                                valid = crc_of(payload, ids_crc) == crc
-                            if valid:
-                                at, pos = pos, end
-                                if (  # (an entry id: never a batch record's)
-                                    entry_id == run_next
-                                    and ledger_id == run_ledger
-                                    and len(run_payloads) < REPLAY_RUN_ENTRIES
-                                ):
-                                    run_payloads.append(payload)
-                                    run_crcs.append(crc)
-                                    run_next = entry_id + 1
-                                    continue
-                                if entry_id == GROUP_START_ENTRY_ID:
-                                    continue  # a run goes on across group writes
-                                if run_payloads:  # anything else ends the run first
-                                    run = WalBatch(run_ledger, run_first, run_crcs, run_payloads)
-                                    yield run, None
-                                    run_next, run_crcs, run_payloads = None, [], []
-                                if entry_id == BATCH:
-                                    yield _batch(path, at, mm, end, ledger_id), None
-                                elif entry_id >= 0:
-                                    run_ledger, run_first = ledger_id, entry_id
-                                    run_next, run_crcs, run_payloads = (
-                                        entry_id + 1,
-                                        [crc],
-                                        [payload],
-                                    )
-                                else:
-                                    yield WalRecord(ledger_id, entry_id, payload), crc
-                                continue
-                    found = read_record(mm, pos, size, max_length)
-                    if found is None:
+                    for at, end, ledger_id, entry_id, crc, payload in scan:
+                        if (  # (an entry id: never a batch record's, nor padding's)
+                            entry_id == run_next
+                            and ledger_id == run_ledger
+                            and len(run_payloads) < REPLAY_RUN_ENTRIES
+                        ):
+                            run_payloads.append(payload)
+                            run_crcs.append(crc)
+                            run_next = entry_id + 1
+                            continue
+                        if entry_id in (GROUP_START_ENTRY_ID, PADDING_ENTRY_ID):
+                            continue  # a run goes on across group writes
+                        if run_payloads:  # anything else ends the run first
+                            yield WalBatch(run_ledger, run_first, run_crcs, run_payloads), None
+                            run_next, run_crcs, run_payloads = None, [], []
+                        if entry_id == BATCH:
+                            yield _batch(path, at, mm, end, ledger_id), None
+                        elif entry_id >= 0:
+                            run_ledger, run_first = ledger_id, entry_id
+                            run_next, run_crcs, run_payloads = entry_id + 1, [crc], [payload]
+                        else:
+                            yield WalRecord(ledger_id, entry_id, payload), crc
+                    if scan.invalid is None:
                         break
-                    if isinstance(found, str):
-                        later = self._on_invalid(path, mm, pos, size, found, last)
-                        if later is None:
-                            cut = pos
-                            break
-                        pos = later
-                        continue
-                    record, pos, _crc = found
-                    # Its checks are the fast path's: only padding gets this far valid.
-                    assert record is None, f"a valid record at {pos} missed the fast path"
+                    later = self._on_invalid(path, mm, scan.end, size, scan.invalid, last)
+                    if later is None:
+                        cut = scan.end
+                        break
+                    scan = RecordScan(mm, later, size, max_length, view)
                 if run_payloads:
                     yield WalBatch(run_ledger, run_first, run_crcs, run_payloads), None
             if cut is not None:
@@ -545,12 +611,19 @@ class Journal:
     ) -> int | None:
         """Where replay goes on after an invalid record at ``pos``: None for a torn tail,
         to be cut off; else the next write (only if skipping corruption is allowed)."""
-        later = find_later_write(
-            mm, pos, size, self._settings.journal_alignment_size, max_record_length(self._settings)
+        invalid = judge_invalid(
+            mm,
+            pos,
+            reason,
+            size,
+            newest=last,
+            alignment=self._settings.journal_alignment_size,
+            max_length=max_record_length(self._settings),
         )
-        if later is None and last:
+        if invalid.torn:
             log.warning("cutting torn journal tail %s at %d (%s)", path, pos, reason)
             return None
+        later = invalid.later
         if not self._settings.skip_replay_journal_invalid_record:
             where = "with a later write after it" if later else "in a journal that is not the last"
             raise CorruptRecord(
