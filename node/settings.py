@@ -95,6 +95,14 @@ def _origin(value: str) -> str:
     return origin
 
 
+def _fault(value: str) -> str:
+    """A fault entry the node understands (node.storage.faults), or refuse to start."""
+    from node.storage.faults import parse  # (storage imports settings: not at the top)
+
+    parse(value)
+    return value
+
+
 class SettingsError(ValueError):
     """Settings that the node refuses to start with; the message names the setting."""
 
@@ -257,6 +265,7 @@ class Settings(BaseSettings):
 
     # --- tests only ---------------------------------------------------------------------
     crash_points: frozenset[str] = frozenset()  # named points where the node SIGKILLs itself
+    faults: list[Annotated[str, AfterValidator(_fault)]] = []  # injected I/O faults (faults.py)
 
     @model_validator(mode="after")
     def _check_relations(self) -> Settings:

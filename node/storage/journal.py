@@ -99,7 +99,7 @@ import crc32c
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults, Pwrite
 from node.storage.fsutil import (
     fsync_dir,
     is_no_space,
@@ -431,9 +431,9 @@ def read_last_mark(ledgers_dir: Path) -> LogMark:
     return LogMark(*LAST_MARK.unpack(data))
 
 
-def _pwrite_some(fd: int, data: memoryview, offset: int) -> int:
+def _pwrite_some(fd: int, data: memoryview, offset: int, pwrite: Pwrite = os.pwrite) -> int:
     """Bytes one pwrite wrote; an error rather than a loop that never ends."""
-    done = os.pwrite(fd, data, offset)
+    done = pwrite(fd, data, offset)
     if done == 0:
         raise OSError(errno.EIO, f"pwrite of {len(data)} bytes at {offset} wrote nothing")
     return done
@@ -477,7 +477,7 @@ class Journal:
         self,
         settings: Settings,
         clock: Clock,
-        crash: CrashPoints,
+        faults: Faults,
         probe: StorageProbe | None = None,
         on_no_space: Callable[[str], None] | None = None,
     ) -> None:
@@ -485,7 +485,9 @@ class Journal:
         self._probe: StorageProbe = probe or NullProbe()
         self._on_no_space = on_no_space  # called on the loop when a write finds no space
         self._clock = clock
-        self._crash = crash
+        self._faults = faults
+        self._pwrite = faults.pwrite("journal.write")
+        self._fdatasync = faults.sync("journal.fsync")
         self._dir = settings.journal_dir
         self._fd = -1
         self._file_id = 0
@@ -949,7 +951,7 @@ class Journal:
         self._pwrite_all(data)
         wrote = time.perf_counter()
         if self._settings.journal_sync_data:
-            os.fdatasync(self._fd)
+            self._fdatasync(self._fd)
             self._last_sync_s = time.perf_counter() - wrote
         self._probe.journal_write(records, len(data), wrote - began, time.perf_counter() - wrote)
         self._position = end
@@ -963,30 +965,34 @@ class Journal:
     def _pwrite_all(self, data: bytes) -> None:
         """Write ``data`` at the write position, or fail leaving none of it in the file.
 
-        The fallocate before makes a failure half-way unlikely, not impossible (a file
-        system that emulates fallocate, a quota): then the part that landed is zeroed and
-        synced before the groups fail. Left there, it would hold the failed write's group
-        start record, tagged with this very offset, and its records: replay after a crash
-        would return entries whose adds were refused, and once a shorter write lands here
-        its padding ends before them, where a record of the failed write may sit whole,
-        right after the valid data. Zeros are "end of data" to replay. Overwriting blocks
-        just written needs no new space; if it fails anyway, or the sync does, the journal
-        fails for good (the caller's fatal path), as for any failed fdatasync."""
+        A write that fails half-way (the fallocate before makes it unlikely for want of
+        space, not impossible: a file system that emulates fallocate, a quota; or a disk
+        error after a short write) has the part that landed zeroed and synced before the
+        groups fail. Left there, it would hold the failed write's group start record,
+        tagged with this very offset, and its records: replay (after a crash, or the
+        restart that a fatal error needs) would return entries whose adds were refused,
+        the first records of a refused batch among them, and once a shorter write lands
+        here its padding ends before them, where a record of the failed write may sit
+        whole, right after the valid data. Zeros are "end of data" to replay. Overwriting
+        blocks just written needs no new space; if it fails anyway, or the sync does, the
+        journal fails for good (the caller's fatal path), as for any failed fdatasync."""
         view = memoryview(data)
         written = 0
         try:
             while written < len(data):
-                written += _pwrite_some(self._fd, view[written:], self._position + written)
+                written += _pwrite_some(
+                    self._fd, view[written:], self._position + written, self._pwrite
+                )
         except OSError as e:
-            if not is_no_space(e):
-                raise
             if written:
                 zeros = memoryview(bytes(written))
                 cleared = 0
                 while cleared < written:
                     cleared += _pwrite_some(self._fd, zeros[cleared:], self._position + cleared)
                 os.fdatasync(self._fd)
-            raise self._no_space(e) from e
+            if is_no_space(e):
+                raise self._no_space(e) from e
+            raise
 
     def _no_space(self, error: OSError) -> DiskFull:
         self._drop_backups()
@@ -994,7 +1000,7 @@ class Journal:
         return DiskFull(f"no space left for the journal at {path}: {error.strerror or error}")
 
     def _rotate(self) -> None:
-        self._crash.hit("journal.rotate.before")
+        self._faults.hit("journal.rotate.before")
         old_fd = self._fd
         os.ftruncate(old_fd, self._position)  # give back the preallocated tail
         os.fsync(old_fd)
@@ -1021,12 +1027,13 @@ class Journal:
         if self._rotation_deferred:
             log.info("started journal %x, after a deferred rotation", self._file_id)
             self._rotation_deferred = False
-        self._crash.hit("journal.rotate.after")
+        self._faults.hit("journal.rotate.after")
 
     def checkpoint_complete(self, mark: LogMark) -> None:
         """Persist ``mark`` as lastMark, then delete journals wholly before it beyond
         ``journal_max_backups`` (BookKeeper keeps the newest ones for forensics)."""
         self._settings.ledgers_dir.mkdir(parents=True, exist_ok=True)
+        self._faults.hit("checkpoint.mark")
         write_file_atomically(self._settings.ledgers_dir / LAST_MARK_FILE, LAST_MARK.pack(*mark))
         older = [i for i in list_journals(self._dir) if i < mark.log_id]
         for journal_id in older[: max(0, len(older) - self._settings.journal_max_backups)]:

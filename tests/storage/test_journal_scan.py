@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from node.settings import Settings, load
 from node.storage.clock import SystemClock
 from node.storage.errors import CorruptRecord, JournalFailed
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.journal import (
     GROUP_START,
     GROUP_START_ENTRY_ID,
@@ -95,7 +95,7 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
 
 
 def new_journal(s: Settings) -> Journal:
-    return Journal(s, SystemClock(), CrashPoints(frozenset()))
+    return Journal(s, SystemClock(), Faults())
 
 
 START = LogMark(0, 0)
