@@ -25,9 +25,11 @@ from typing import Any
 import pytest
 
 from node.http.frames import encode_batch
+from node.settings import KiB, MiB
 from node.storage.entrylog import list_logs, log_path
 from tests.crash.clients import BATCH, OCTET, http_status, read_ledger
 from tests.crash.nodeproc import CHURN_SETTINGS, DEFAULT_SETTINGS, NodeProcess
+from tests.loopdev import loop_device
 
 ENTRY = 4096
 ACKED_FIRST = 5  # adds acknowledged before the fault is let loose
@@ -36,6 +38,8 @@ ACKED_FIRST = 5  # adds acknowledged before the fault is let loose
 BIG_BATCH = 3000
 FSYNC_DELAY_S = 2.0
 WAIT_S = 30.0
+RING = 720 * KiB  # the raw-device WAL's, as in test_crash_blockdev.py
+RING_DEVICE = 4 * MiB
 
 
 def _request(
@@ -315,3 +319,42 @@ def test_a_checkpoint_that_failed_once_is_retried_and_the_log_stays_clean(
     node = _restart(node, churn=True)
     assert _assert_holds(node, ledger_id, acked) == acked
     _inspect_logs(node.data_dir)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        f"blockwal.write=eio,after={ACKED_FIRST}",
+        f"blockwal.write=short,after={ACKED_FIRST}",
+        f"blockwal.fsync=eio,after={ACKED_FIRST}",
+    ],
+)
+def test_a_failed_ring_write_or_fsync_refuses_the_add_and_loses_nothing(
+    tmp_path: Path, fault: str
+) -> None:
+    """The raw-device WAL (a ring on a loop device) whose block write or fdatasync fails:
+    the same answers as the file journal's."""
+    with loop_device(tmp_path / "wal.img", RING_DEVICE) as device:
+        ring = {
+            **CHURN_SETTINGS,
+            "NODE_WAL_KIND": "blockdev",
+            "NODE_WAL_PATH": str(device),
+            "NODE_WAL_CAPACITY": str(RING),
+            "NODE_FAULTS": json.dumps([fault]),
+        }
+        node = NodeProcess(tmp_path / "data", env=ring)
+        node.start()
+        ledger_id = _create_ledger(node)
+        acked, status, body = _add_until_refused(node, ledger_id)
+        assert len(acked) >= ACKED_FIRST - 1
+        _assert_failed_wal(node, ledger_id, status, body)
+        _assert_holds(node, ledger_id, acked)
+
+        node.terminate()
+        del ring["NODE_FAULTS"]
+        node = NodeProcess(node.data_dir, env=ring)
+        node.start()
+        found = _assert_holds(node, ledger_id, acked)
+        assert all(found[e] == _payload(e) for e in found)  # a refused add whole, if at all
+        status, body = _add(node, ledger_id, b"after the restart")
+        assert status == 201, body
