@@ -21,13 +21,14 @@ sites (the plain ``os`` function is handed out once) and one set lookup at a ste
   passes again (default: every call from the first fired on). Counts are per component
   that owns the point.
 
-I/O points (``IO_POINTS``): ``journal.write`` and ``journal.fsync`` (the file journal's
-group write and its fdatasync), ``blockwal.write`` and ``blockwal.fsync`` (the raw-device
-WAL's block writes and its sync thread's fdatasync), ``entrylog.write`` and
-``entrylog.fsync`` (a checkpoint's records into the entry log and its flush),
-``checkpoint.mark`` (the write of lastMark that ends a checkpoint). Step points (``hit``)
-take ``eio``, ``delay`` and ``crash`` too: the crash points, such as
-``checkpoint.after_entrylog_fsync`` or ``journal.rotate.before``.
+The points (a fault elsewhere is refused at start, as a name that would never fire):
+
+- I/O points (``IO_POINTS``), every action: ``journal.write`` and ``journal.fsync`` (the
+  file journal's group write and its fdatasync), ``blockwal.write`` and ``blockwal.fsync``
+  (the raw-device WAL's block writes and its sync thread's fdatasync), ``entrylog.write``
+  and ``entrylog.fsync`` (a checkpoint's records into the entry log, and its flush).
+- Step points (``STEP_POINTS``, through ``hit``), ``eio``, ``delay`` and ``crash``: the
+  crash points, and ``checkpoint.mark`` (just before lastMark is written).
 """
 
 from __future__ import annotations
@@ -52,7 +53,28 @@ IO_POINTS = frozenset(
         "blockwal.fsync",
         "entrylog.write",
         "entrylog.fsync",
+    }
+)
+STEP_POINTS = frozenset(
+    {
+        "checkpoint.before_entrylog",
+        "checkpoint.after_entrylog_fsync",
+        "checkpoint.after_index",
         "checkpoint.mark",
+        "checkpoint.after_mark",
+        "journal.rotate.before",
+        "journal.rotate.after",
+        "blockwal.trim.before_header",
+        "blockwal.trim.after_header",
+        "compaction.after_copy",
+        "compaction.after_seal",
+        "compaction.after_marker",
+        "compaction.after_rename",
+        "compaction.after_index",
+        "compaction.after_retire",
+        "offload.after_attempt_recorded",
+        "offload.mid_upload",
+        "offload.after_upload",
     }
 )
 Action = Literal["eio", "short", "short:crash", "delay", "crash"]
@@ -101,6 +123,8 @@ def parse(entry: str) -> Fault:
         raise ValueError(
             f"fault {entry!r}: action {action!r} is not eio, short, short:crash, delay:S or crash"
         )
+    if point not in IO_POINTS | STEP_POINTS:
+        raise ValueError(f"fault {entry!r}: no point {point!r} (see node/storage/faults.py)")
     if fault.action in WRITE_ONLY and not point.endswith(".write"):
         raise ValueError(f"fault {entry!r}: a short write only happens at a .write point")
     for option in options:

@@ -73,8 +73,9 @@ the next write tries again at the same offset; ``on_no_space`` lets the storage 
 read-only at once. Neither is a rotation that cannot create the next file for want of
 space or of a descriptor (EMFILE, ENFILE, ENOMEM): the current file takes the next writes
 and the rotation is retried after each. A failed fdatasync stays fatal (after one, the state
-of the page cache is unknown: PostgreSQL's fsyncgate), and so does any other failed write:
-``failure`` says why, and the storage reports the node as not writable.
+of the page cache is unknown: PostgreSQL's fsyncgate), and so does any other failed write
+(which, like one that found no space, first zeroes what it had written): ``failure`` says
+why, and the storage reports the node as not writable.
 """
 
 from __future__ import annotations

@@ -6,12 +6,16 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+import node
 from node.settings import SettingsError, load
-from node.storage.faults import Faults, parse
+from node.storage.faults import STEP_POINTS, Faults, parse
+
+HIT = re.compile(r'(?:\.hit|_crash_if)\((?:ledgers, )?"([a-z_.]+)"\)')  # a step point in the code
 
 
 def test_nothing_armed_hands_out_the_plain_calls() -> None:
@@ -29,6 +33,8 @@ def test_nothing_armed_hands_out_the_plain_calls() -> None:
     "entry",
     [
         "journal.write",  # no action
+        "journal.wirte=eio",  # no such point: it would never fire
+        "checkpoint.mark=short",  # a step: no bytes to cut
         "=eio",  # no point
         "journal.write=enospc",  # unknown action
         "journal.fsync=delay",  # delay without seconds
@@ -47,6 +53,14 @@ def test_a_fault_the_node_does_not_understand_refuses_the_start(
     monkeypatch.setenv("NODE_FAULTS", json.dumps([entry]))
     with pytest.raises(SettingsError, match="faults"):
         load()
+
+
+def test_every_step_point_is_known() -> None:
+    """Each name the code hits is a point the faults setting accepts."""
+    named = set()
+    for path in Path(node.__file__).parent.rglob("*.py"):
+        named.update(HIT.findall(path.read_text()))
+    assert named == STEP_POINTS
 
 
 def test_a_fault_entry_with_its_options() -> None:
