@@ -19,7 +19,8 @@ sites (the plain ``os`` function is handed out once) and one set lookup at a ste
 
   ``after=N`` lets the first N calls through; ``times=N`` fires N times, then the point
   passes again (default: every call from the first fired on). Counts are per component
-  that owns the point.
+  that owns the point. A delay blocks the thread of the call: the I/O points and the
+  checkpoint's steps run on worker threads, offload's steps on the event loop.
 
 The points (a fault elsewhere is refused at start, as a name that would never fire):
 
@@ -146,7 +147,9 @@ def _kill() -> None:
 class Faults:
     """The armed points of one component (``from_settings``), or none (``Faults()``)."""
 
-    def __init__(self, crash_points: frozenset[str] = frozenset(), faults: Iterable[str] = ()):
+    def __init__(
+        self, crash_points: frozenset[str] = frozenset(), faults: Iterable[str] = ()
+    ) -> None:
         self._crash = crash_points
         self._faults = {fault.point: fault for fault in map(parse, faults)}
         self._armed = crash_points | self._faults.keys()
