@@ -304,14 +304,10 @@ class RecordScan:
                     ids_crc = crc_of(buf[pos + ids_at : pos + ids_end])
                     if entry_id == BATCH:
                         payload = b""
-                        valid = (
-                            crc_of(buf[body:end] if view is None else view[body:end], ids_crc)
-                            == crc
-                        )
+                        checked = buf[body:end] if view is None else view[body:end]
                     else:
-                        payload = buf[body:end]
-                        valid = crc_of(payload, ids_crc) == crc
-                    if valid:
+                        payload = checked = buf[body:end]
+                    if crc_of(checked, ids_crc) == crc:
                         yield pos, end, ledger_id, entry_id, crc, payload
                         pos = end
                         continue
