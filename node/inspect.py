@@ -61,8 +61,8 @@ from node.storage.wal import (
     EXPLICIT_LAC,
     FENCE,
     LEDGER_CREATED,
+    BatchRecord,
     LogMark,
-    WalRecord,
     record_crc,
 )
 
@@ -152,23 +152,30 @@ class _LedgerFigures:
     kinds: Counter[str] = field(default_factory=Counter)  # metadata records by kind
 
 
-def _journal_record_line(pos: int, end: int, record: WalRecord | None) -> str:
-    if record is None:
+def _journal_record_line(mm: mmap.mmap, found: journal.ScannedRecord) -> str:
+    pos, end, ledger_id, entry_id = found[:4]
+    length = end - pos - journal.RECORD_HEADER.size
+    if entry_id == journal.PADDING_ENTRY_ID:
         return f"offset {pos} padding len {end - pos - journal.PADDING_HEADER.size}"
-    if record.entry_id >= 0:
-        what = f"entry {record.entry_id}"
-    elif record.entry_id == BATCH:
-        batch = journal.decode_batch(record.payload, 0, len(record.payload), record.ledger_id)
+    if entry_id >= 0:
+        what = f"entry {entry_id}"
+    elif entry_id == BATCH:
+        batch = _decode_batch(mm, found)
         if isinstance(batch, str):
             what = f"batch INVALID: {batch};"
         else:
             last = batch.first_entry_id + len(batch.payloads) - 1
             what = f"batch of {len(batch.payloads)} entries {batch.first_entry_id}..{last}"
-    elif record.entry_id == journal.GROUP_START_ENTRY_ID:
+    elif entry_id == journal.GROUP_START_ENTRY_ID:
         what = "group start"
     else:
-        what = _kind_name(record.entry_id)
-    return f"offset {pos} ledger {record.ledger_id} {what} len {len(record.payload)} crc ok"
+        what = _kind_name(entry_id)
+    return f"offset {pos} ledger {ledger_id} {what} len {length} crc ok"
+
+
+def _decode_batch(mm: mmap.mmap, found: journal.ScannedRecord) -> BatchRecord | str:
+    pos, end, ledger_id = found[:3]
+    return journal.decode_batch(mm, pos + journal.RECORD_HEADER.size, end, ledger_id)
 
 
 def _last_mark(report: _Report, path: Path) -> LogMark | None:
@@ -216,54 +223,54 @@ def _scan_journal(
     kinds: Counter[str] = Counter()
     ledgers: dict[int, _LedgerFigures] = {}
     invalid: tuple[int, str] | None = None
-    pos = journal.HEADER_SIZE
     # No node settings here: any record that fits in the file is checked by its CRC.
     max_length = size
     if records:
         report.line("records:")
-    with _progress(size, size > PROGRESS_MIN_BYTES) as bar:
-        bar.update(pos)
-        while True:
-            found = journal.read_record(mm, pos, size, max_length)
-            if found is None:
-                break
-            if isinstance(found, str):
-                if records:
-                    report.line(f"  offset {pos} INVALID: {found}")
-                invalid = (pos, found)
-                break
-            record, end, _crc = found
+    with _progress(size, size > PROGRESS_MIN_BYTES) as bar, memoryview(mm) as view:
+        bar.update(journal.HEADER_SIZE)
+        scan = journal.RecordScan(mm, journal.HEADER_SIZE, size, max_length, view)
+        for found in scan:
+            at, end, ledger_id, entry_id, _crc, payload = found
             if records:
-                report.line(f"  {_journal_record_line(pos, end, record)}")
-            bar.update(end - pos)
-            at, pos = pos, end
-            if record is None:
+                report.line(f"  {_journal_record_line(mm, found)}")
+            bar.update(end - at)
+            if entry_id == journal.PADDING_ENTRY_ID:
                 padding_records += 1
                 continue
-            if record.entry_id == journal.GROUP_START_ENTRY_ID:
+            if entry_id == journal.GROUP_START_ENTRY_ID:
                 group_writes += 1
                 continue
-            figures = ledgers.setdefault(record.ledger_id, _LedgerFigures())
-            if record.entry_id == BATCH:
-                payload = record.payload
-                batch = journal.decode_batch(payload, 0, len(payload), record.ledger_id)
+            figures = ledgers.setdefault(ledger_id, _LedgerFigures())
+            if entry_id == BATCH:
+                batch = _decode_batch(mm, found)
                 if isinstance(batch, str):
                     invalid = (at, batch)
                     break
                 batch_records += 1
                 entries = batch.payloads
-            elif record.entry_id >= 0:
-                entries = [record.payload]
+            elif entry_id >= 0:
+                entries = [payload]
             else:
-                kinds[_kind_name(record.entry_id)] += 1
-                figures.kinds[_kind_name(record.entry_id)] += 1
+                kinds[_kind_name(entry_id)] += 1
+                figures.kinds[_kind_name(entry_id)] += 1
                 continue
             entry_bytes = sum(map(len, entries))
             data_records += len(entries)
             payload_bytes += entry_bytes
             figures.entries += len(entries)
             figures.payload_bytes += entry_bytes
-        later = journal.find_later_write(mm, pos, size, JOURNAL_ALIGNMENT, max_length)
+        if invalid is None and scan.invalid is not None:
+            if records:
+                report.line(f"  offset {scan.end} INVALID: {scan.invalid}")
+            invalid = (scan.end, scan.invalid)
+        if invalid is None:  # replay stops at the end of data: is anything written after it?
+            verdict = None
+            later = journal.find_later_write(mm, scan.end, size, JOURNAL_ALIGNMENT, max_length)
+        else:
+            verdict = journal.judge_invalid(
+                mm, *invalid, size, _is_newest_journal(path), JOURNAL_ALIGNMENT, max_length
+            )
         bar.update(size - bar.n)
 
     report.line("summary:")
@@ -286,7 +293,8 @@ def _scan_journal(
         )
     report.line(f"  payload bytes: {payload_bytes}")
 
-    if invalid is None:
+    if verdict is None:
+        pos = scan.end
         report.line(f"  end of data: offset {pos}")
         if later is not None:
             report.line(
@@ -295,15 +303,17 @@ def _scan_journal(
             )
             report.fail(f"valid records after the end of data at offset {pos} (at {later})")
         return
-    offset, reason = invalid
+    offset, reason = verdict.offset, verdict.reason
     report.line(f"  end of valid data: offset {offset}")
     report.line(f"invalid record at offset {offset}: {reason}")
     journal_id = _journal_id(path)
     checkpointed = mark is not None and journal_id is not None and (journal_id, offset) < mark
-    if later is not None:
-        report.line(f"a group write at offset {later} after it: corruption, not a torn tail")
+    if verdict.later is not None:
+        report.line(
+            f"a group write at offset {verdict.later} after it: corruption, not a torn tail"
+        )
         what = f"corrupt journal record at offset {offset} ({reason}), valid data after it"
-    elif _is_newest_journal(path):
+    elif verdict.torn:
         report.line("no group write after it: a torn tail")
         what = f"torn tail at offset {offset} ({reason})"
     else:
@@ -314,12 +324,12 @@ def _scan_journal(
             "it lies before lastMark: replay starts after it (its data, if it was an entry, "
             "is in the entry logs since that checkpoint)"
         )
-    elif later is not None:
+    elif verdict.later is not None:
         report.line(
             "replay refuses to start unless skip_replay_journal_invalid_record=true, "
             "which skips to the valid record and loses what lies between"
         )
-    elif _is_newest_journal(path):
+    elif verdict.torn:
         report.line("replay cuts this newest journal here (nothing after it was acknowledged)")
     else:
         report.line("replay refuses to start (a torn tail is only expected in the newest journal)")

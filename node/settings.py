@@ -116,6 +116,14 @@ def _origin(value: str) -> str:
     return origin
 
 
+def _fault(value: str) -> str:
+    """A fault entry the node understands (node.storage.faults), or refuse to start."""
+    from node.storage.faults import parse  # (storage imports settings: not at the top)
+
+    parse(value)
+    return value
+
+
 class SettingsError(ValueError):
     """Settings that the node refuses to start with; the message names the setting."""
 
@@ -279,6 +287,9 @@ class Settings(BaseSettings):
 
     # --- tests only ---------------------------------------------------------------------
     crash_points: frozenset[str] = frozenset()  # named points where the node SIGKILLs itself
+    # Injected faults at named points, each `<point>=eio|short|short:crash|delay:S|crash`
+    # with optional `,after=N` and `,times=N` (docs/internals.md, "Fault injection").
+    faults: list[Annotated[str, AfterValidator(_fault)]] = []
 
     # Not a setting: what load() found under old names (RENAMED), for serve to log once
     # logging is set up (the settings say how to log).

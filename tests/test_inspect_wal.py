@@ -16,7 +16,7 @@ from node.settings import KiB, MiB, Settings
 from node.storage import blockwal
 from node.storage.blockwal import BLOCK_ALIGNMENT, HEADER_AREA, HEADER_SLOT_SIZE, BlockWal
 from node.storage.clock import SystemClock
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark, record_crc
 from tests.conftest import make_settings
@@ -114,7 +114,7 @@ async def test_inspect_wal_fails_on_damage_after_a_graceful_shutdown(
     device: Path, tmp_path: Path, damage: str
 ) -> None:
     settings = _settings(tmp_path / "data", device)
-    wal = BlockWal(settings, SystemClock(), CrashPoints(frozenset()))
+    wal = BlockWal(settings, SystemClock(), Faults())
     await asyncio.to_thread(wal.last_mark)
     await wal.start()
     marks = []

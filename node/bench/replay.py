@@ -34,7 +34,7 @@ from node.bench.server import BATCH_ENTRIES, ENTRY_SIZE
 from node.runtime import run, tune
 from node.settings import MiB, Settings, load
 from node.storage.clock import SystemClock
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.journal import Journal, list_journals
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import EntryRun
@@ -94,7 +94,7 @@ async def _start(data_dir: Path) -> tuple[float, int]:
 
 
 def _scan(settings: Settings) -> tuple[float, int]:
-    journal = Journal(settings, SystemClock(), CrashPoints(frozenset()))
+    journal = Journal(settings, SystemClock(), Faults())
     started = time.perf_counter()
     replayed = journal.replay(journal.last_mark())
     records = sum(len(r.payloads) if isinstance(r, EntryRun) else 1 for r, _crc in replayed)

@@ -73,7 +73,7 @@ from node.settings import KiB, MiB, Settings, load
 from node.storage.blockwal import BLOCK_ALIGNMENT, HEADER_AREA, RECORD_OVERHEAD, BlockWal
 from node.storage.clock import SystemClock
 from node.storage.directio import aligned_buffer, create_file, open_raw, write_exactly
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.wal import record_crc
 
 RING_CAPACITY = 256 * MiB  # large enough that trims, not the ring's size, pace the writes
@@ -154,7 +154,7 @@ async def _wal_run(
     """Appends of ``size``-byte payloads for ``warmup`` + ``seconds``: closed loop with
     ``writers`` appenders, or open loop at ``rate`` appends/s. Trims on the ring's request."""
     wanted = asyncio.Event()
-    wal = BlockWal(settings, SystemClock(), CrashPoints(frozenset()), request_checkpoint=wanted.set)
+    wal = BlockWal(settings, SystemClock(), Faults(), request_checkpoint=wanted.set)
     mark = await asyncio.to_thread(wal.last_mark)
     await asyncio.to_thread(lambda: sum(1 for _ in wal.recover(mark)))
     await wal.start()

@@ -32,7 +32,7 @@ from node.offload.store import ObjectStore
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerNotFound
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.index import LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 
@@ -93,7 +93,7 @@ class LedgerOffloader:
         self._settings = settings
         self._clock = clock
         self._stats = stats
-        self._crash = CrashPoints(settings.crash_points)
+        self._crash = Faults.from_settings(settings)
 
     async def remove_attempt(self, ledger_id: int, attempt: str) -> None:
         """Delete an attempt's objects (both; missing ones are fine) and abort its upload

@@ -135,7 +135,7 @@ from node.storage.errors import (
     JournalFailed,
     WalDeviceError,
 )
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.journal import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
 from node.storage.wal import LogMark, Replayed, WalRecord, failure_of, replay_runs
@@ -593,7 +593,7 @@ class BlockWal:
         self,
         settings: Settings,
         clock: Clock,
-        crash: CrashPoints,
+        faults: Faults,
         probe: StorageProbe | None = None,
         request_checkpoint: Callable[[], None] | None = None,
         rng: random.Random | None = None,
@@ -603,7 +603,9 @@ class BlockWal:
         self._settings = settings
         self._path = Path(settings.wal_path)
         self._clock = clock
-        self._crash = crash
+        self._faults = faults
+        self._pwrite = faults.pwrite("blockwal.write", BLOCK_ALIGNMENT)
+        self._sync = faults.sync("blockwal.fsync")
         self._probe: StorageProbe = probe or NullProbe()
         self._request_checkpoint = request_checkpoint or _no_checkpoint_requests
         self._rng = rng or random.Random()
@@ -1248,7 +1250,7 @@ class BlockWal:
                 assert block.buffer is not None
                 began = clock()
                 with memoryview(block.buffer) as whole, whole[: block.size] as data:
-                    write_exactly(raw, data, HEADER_AREA + block.start % area)
+                    write_exactly(raw, data, HEADER_AREA + block.start % area, self._pwrite)
                 block.write_seconds = clock() - began
             except BaseException as e:
                 block.error = e
@@ -1289,7 +1291,7 @@ class BlockWal:
             if any(b.error is None for b in batch):
                 began = clock()
                 try:
-                    os.fdatasync(raw.fd)
+                    self._sync(raw.fd)
                 except OSError as e:
                     for b in batch:
                         b.error = b.error or e
@@ -1408,9 +1410,9 @@ class BlockWal:
         """Blocking (the checkpoint thread): trim to ``mark``, write the header; then the
         space is reusable."""
         self.trim(mark.offset)
-        self._crash.hit("blockwal.trim.before_header")
+        self._faults.hit("blockwal.trim.before_header")
         header = self._write_header(Shutdown.UNGRACEFUL)
-        self._crash.hit("blockwal.trim.after_header")
+        self._faults.hit("blockwal.trim.after_header")
         loop = self._loop
         if loop is None:
             self._flushed_trim = header.trim

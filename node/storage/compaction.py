@@ -37,7 +37,7 @@ from pathlib import Path
 from node.settings import Settings
 from node.storage import entrylog
 from node.storage.errors import CorruptRecord
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.fsutil import fsync_dir, write_file_atomically
 from node.storage.index import Index
 
@@ -153,7 +153,7 @@ class Compactor:
         reader: entrylog.EntryLogReader,
         allocator: entrylog.LogIdAllocator,
         serialize: Callable[[Callable[[], int]], int],
-        crash: CrashPoints,
+        crash: Faults,
     ) -> None:
         self._dir = settings.ledgers_dir
         self._limit = settings.log_size_limit

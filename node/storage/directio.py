@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.storage.faults import Pwrite
 from node.storage.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -150,10 +151,12 @@ def read_exactly(raw: RawFile, buffer: mmap.mmap, length: int, position: int) ->
     return view
 
 
-def write_exactly(raw: RawFile, data: memoryview, position: int) -> None:
+def write_exactly(
+    raw: RawFile, data: memoryview, position: int, pwrite: Pwrite = os.pwrite
+) -> None:
     """One ``pwrite`` of ``data`` at ``position``; a short write (which O_DIRECT on a healthy
     device does not do) is an error rather than retried, so a block is one I/O."""
-    written = os.pwrite(raw.fd, data, position)
+    written = pwrite(raw.fd, data, position)
     if written != len(data):
         raise DeviceError(
             errno.EIO, f"{raw.path}: short write of {written} of {len(data)} bytes at {position}"

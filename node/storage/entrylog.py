@@ -57,6 +57,7 @@ from pathlib import Path
 
 from node.settings import Settings
 from node.storage.errors import CorruptRecord
+from node.storage.faults import Faults, Pwrite, Pwritev
 from node.storage.fsutil import fsync_dir, write_file_atomically
 from node.storage.wal import record_crc
 
@@ -379,26 +380,32 @@ def create_log(path: Path) -> int:
     return fd
 
 
-def write_fully(fd: int, data: bytes, offset: int) -> None:
+def write_fully(fd: int, data: bytes, offset: int, pwrite: Pwrite = os.pwrite) -> None:
     """pwrite all of ``data``: a full disk shows as a short write, then as ENOSPC."""
     view = memoryview(data)
     while view:
-        written = os.pwrite(fd, view, offset)
+        written = pwrite(fd, view, offset)
         if written == 0:
             raise OSError(errno.EIO, f"pwrite of {len(view)} bytes at {offset} wrote nothing")
         view, offset = view[written:], offset + written
 
 
-def write_parts(fd: int, parts: list[bytes], offset: int) -> None:
+def write_parts(
+    fd: int,
+    parts: list[bytes],
+    offset: int,
+    pwritev: Pwritev = os.pwritev,
+    pwrite: Pwrite = os.pwrite,
+) -> None:
     """``write_fully`` of the parts joined, without joining them: pwritev, ``IOV_MAX``
     parts at a time (a checkpoint's headers and payloads go to the kernel as they are,
     instead of through one more copy of the whole chunk)."""
     for start in range(0, len(parts), IOV_MAX):
         batch = parts[start : start + IOV_MAX]
         size = sum(map(len, batch))
-        written = os.pwritev(fd, batch, offset)
+        written = pwritev(fd, batch, offset)
         if written < size:  # a full disk shows first as a short write
-            write_fully(fd, b"".join(batch)[written:], offset + written)
+            write_fully(fd, b"".join(batch)[written:], offset + written, pwrite)
         offset += size
 
 
@@ -422,10 +429,17 @@ class EntryLogWriter:
     """Appends sorted batches to the current log and rolls it at ``log_size_limit``.
     Used by one thread at a time (the checkpoint, serialized by the ledger storage)."""
 
-    def __init__(self, settings: Settings, allocator: LogIdAllocator) -> None:
+    def __init__(
+        self, settings: Settings, allocator: LogIdAllocator, faults: Faults | None = None
+    ) -> None:
         self._dir = settings.ledgers_dir
         self._limit = settings.log_size_limit
         self._allocator = allocator
+        faults = faults or Faults.from_settings(settings)
+        self._pwritev = faults.pwritev("entrylog.write")
+        self._pwrite = faults.pwrite("entrylog.write")
+        self._fdatasync = faults.sync("entrylog.fsync")
+        self._fsync = faults.sync("entrylog.fsync", os.fsync)
         self._current: _OpenLog | None = None
         self._rotated: list[_OpenLog] = []
 
@@ -520,11 +534,10 @@ class EntryLogWriter:
         self._current = self._new_log()
         return self._current
 
-    @staticmethod
-    def _write(log: _OpenLog, parts: list[bytes], start: int) -> None:
+    def _write(self, log: _OpenLog, parts: list[bytes], start: int) -> None:
         if not parts:
             return
-        write_parts(log.fd, parts, start)
+        write_parts(log.fd, parts, start, self._pwritev, self._pwrite)
 
     def _roll(self) -> _OpenLog:
         """Close the current log with its ledgers map and start the next one."""
@@ -548,13 +561,13 @@ class EntryLogWriter:
         """fsync the current and rotated logs; return the ids of logs now closed for good."""
         current = self._current
         if current is not None:
-            os.fdatasync(current.fd)
+            self._fdatasync(current.fd)
             current.flushed = current.position
             current.flushed_sizes = dict(current.ledger_sizes)
         closed = []
         while self._rotated:  # one at a time: a failure keeps the rest for the next flush
             log = self._rotated[0]
-            os.fsync(log.fd)
+            self._fsync(log.fd)
             os.close(log.fd)
             self._rotated.pop(0)
             closed.append(log.log_id)

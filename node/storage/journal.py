@@ -35,7 +35,9 @@ Group start record (opens every group write, always at a 512-byte boundary): a r
 ledger id 0, entry id -0x100 and as payload its own file offset (u64). Only a valid one,
 tagged with the offset it sits at, proves that a later write reached the disk: that is how
 replay tells corruption (a bad record with a later write after it) from a torn tail (a
-crash in the middle of the last write, whose sectors may land in any order).
+crash in the middle of the last write, whose sectors may land in any order). Records are
+read by ``RecordScan`` and that decision is ``judge_invalid``'s: replay and ``python -m node
+inspect journal`` both go through them.
 
 Padding record (closes every group write at a 512-byte boundary)::
 
@@ -72,8 +74,9 @@ the next write tries again at the same offset; ``on_no_space`` lets the storage 
 read-only at once. Neither is a rotation that cannot create the next file for want of
 space or of a descriptor (EMFILE, ENFILE, ENOMEM): the current file takes the next writes
 and the rotation is retried after each. A failed fdatasync stays fatal (after one, the state
-of the page cache is unknown: PostgreSQL's fsyncgate), and so does any other failed write:
-``failure`` says why, and the storage reports the node as not writable.
+of the page cache is unknown: PostgreSQL's fsyncgate), and so does any other failed write
+(which, like one that found no space, first zeroes what it had written): ``failure`` says
+why, and the storage reports the node as not writable.
 """
 
 from __future__ import annotations
@@ -91,13 +94,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import crc32c
 
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults, Pwrite
 from node.storage.fsutil import (
     fsync_dir,
     is_no_space,
@@ -136,6 +140,8 @@ LAST_MARK = struct.Struct(">QQ")
 LAST_MARK_FILE = "lastMark"
 METADATA_SLACK = 64 * 1024  # metadata records (ledger properties) may exceed max_entry_size
 SUFFIX = ".txn"
+
+Buffer = bytes | mmap.mmap
 
 
 def encode_header() -> bytes:
@@ -244,60 +250,144 @@ def encode_group_start(offset: int) -> bytes:
     return encode_record(0, GROUP_START_ENTRY_ID, crc, payload)
 
 
-Buffer = bytes | mmap.mmap
+# --- the record parser -------------------------------------------------------------------
+#
+# Replay, ``inspect`` and the search for a later write all read records through RecordScan,
+# and decide torn tail versus corruption through judge_invalid: one reading of the format.
+
+# The entry id RecordScan gives a padding record (which has no ids in the file).
+PADDING_ENTRY_ID = -PADDING_MASK
+
+# (offset, end, ledger id, entry id, crc, payload) of a valid record
+ScannedRecord = tuple[int, int, int, int, int, bytes]
 
 
-def read_record(
-    buf: Buffer, pos: int, size: int, max_length: int
-) -> tuple[WalRecord | None, int, int] | str | None:
-    """The record at ``pos`` (None for a padding record), where the next one starts and
-    the record's CRC (checked; replay keeps it for the write cache); None at the end of data
-    (zeros or the end of the file); a reason for an invalid record. Replay and ``inspect``
-    both read journals through this."""
-    if pos + PADDING_HEADER.size > size:
-        return None if not any(buf[pos:size]) else "truncated record header"
-    mask, pad = PADDING_HEADER.unpack_from(buf, pos)
-    if mask == PADDING_MASK:
-        end = pos + PADDING_HEADER.size + pad
-        return (None, end, 0) if end <= size else "padding past the end of file"
-    if pos + RECORD_HEADER.size > size:
-        return None if not any(buf[pos:size]) else "truncated record header"
-    length, ledger_id, entry_id, crc = decode_record(buf, pos)
-    if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
-        return None  # preallocated zeros: end of data
-    end = pos + RECORD_HEADER.size + length
-    if length > max_length or end > size:
-        return f"record length {length} is not plausible"
-    payload = bytes(buf[pos + RECORD_HEADER.size : end])
-    if record_crc(ledger_id, entry_id, payload) != crc:
+class RecordScan:
+    """The records of a journal from ``start``. Iterating yields each valid record as a
+    ``ScannedRecord``: a padding record with entry id PADDING_ENTRY_ID, a batch record with
+    an empty payload (``decode_batch`` reads it from the buffer: no copy of a whole batch).
+    It stops at the end of data (zeros, or the end of the file) or at the first invalid
+    record; ``end`` is then where the valid data ends, and ``invalid`` what is wrong
+    there (None at the end of data). ``view``, a memoryview of ``buf``, lets a batch's CRC
+    be checked without a copy; for an mmap the caller owns it (an mmap cannot close while
+    a view of it lives)."""
+
+    __slots__ = ("_buf", "_max_length", "_size", "_view", "end", "invalid")
+
+    def __init__(
+        self,
+        buf: Buffer,
+        start: int,
+        size: int,
+        max_length: int,
+        view: memoryview | None = None,
+    ) -> None:
+        self._buf = buf
+        self._view = view
+        self._size = size
+        self._max_length = max_length
+        self.end = start
+        self.invalid: str | None = None
+
+    def __iter__(self) -> Iterator[ScannedRecord]:
+        buf, view, size, max_length = self._buf, self._view, self._size, self._max_length
+        unpack, head, crc_of = RECORD_HEADER.unpack_from, RECORD_HEADER.size, crc32c.crc32c
+        ids_at, ids_end = IDS.start, IDS.stop
+        pos = self.end
+        while True:
+            # The common case first, inline (replay runs at the speed of this loop): a
+            # whole record whose CRC matches. Anything else (padding, the end of data,
+            # which fails the CRC, or damage) is looked at after it.
+            body = pos + head
+            if body <= size:
+                length, ledger_id, entry_id, crc = unpack(buf, pos)
+                end = body + length
+                if length <= max_length and end <= size:
+                    ids_crc = crc_of(buf[pos + ids_at : pos + ids_end])
+                    if entry_id == BATCH:
+                        payload = b""
+                        checked = buf[body:end] if view is None else view[body:end]
+                    else:
+                        payload = checked = buf[body:end]
+                    if crc_of(checked, ids_crc) == crc:
+                        yield pos, end, ledger_id, entry_id, crc, payload
+                        pos = end
+                        continue
+            if pos + PADDING_HEADER.size <= size:
+                mask, pad = PADDING_HEADER.unpack_from(buf, pos)
+                if mask == PADDING_MASK:
+                    end = pos + PADDING_HEADER.size + pad
+                    if end > size:
+                        self.end, self.invalid = pos, "padding past the end of file"
+                        return
+                    yield pos, end, 0, PADDING_ENTRY_ID, 0, b""
+                    pos = end
+                    continue
+            self.end, self.invalid = pos, self._why_not_a_record(pos)
+            return
+
+    def _why_not_a_record(self, pos: int) -> str | None:
+        """What is wrong with the bytes at ``pos``, which are not a valid record (None:
+        they are the end of data)."""
+        buf, size = self._buf, self._size
+        if pos + RECORD_HEADER.size > size:
+            return None if not any(buf[pos:size]) else "truncated record header"
+        length, ledger_id, entry_id, crc = decode_record(buf, pos)
+        if length == 0 and ledger_id == 0 and entry_id == 0 and crc == 0:
+            return None  # preallocated zeros
+        if length > self._max_length or pos + RECORD_HEADER.size + length > size:
+            return f"record length {length} is not plausible"
         return "CRC32C mismatch"
-    return WalRecord(ledger_id, entry_id, payload), end, crc
 
 
-def is_group_start(record: WalRecord, pos: int) -> bool:
-    """A group start record that sits where it says it was written."""
-    return (
-        record.entry_id == GROUP_START_ENTRY_ID
-        and len(record.payload) == GROUP_START.size
-        and GROUP_START.unpack(record.payload)[0] == pos
-    )
+def record_at(buf: Buffer, pos: int, size: int, max_length: int) -> ScannedRecord | None:
+    """The valid record at ``pos``, if there is one."""
+    return next(iter(RecordScan(buf, pos, size, max_length)), None)
 
 
 def find_later_write(
     buf: Buffer, pos: int, size: int, alignment: int, max_length: int
 ) -> int | None:
-    """The offset of the first group write after ``pos`` that reached the disk, if any."""
+    """The offset of the first group write after ``pos`` that reached the disk, if any: a
+    group start record that sits where it says it was written."""
     candidate = (pos // alignment + 1) * alignment
     while candidate + RECORD_HEADER.size <= size:
-        found = read_record(buf, candidate, size, max_length)
+        found = record_at(buf, candidate, size, max_length)
         if (
-            isinstance(found, tuple)
-            and found[0] is not None
-            and is_group_start(found[0], candidate)
+            found is not None
+            and found[3] == GROUP_START_ENTRY_ID
+            and len(found[5]) == GROUP_START.size
+            and GROUP_START.unpack(found[5])[0] == candidate
         ):
             return candidate
         candidate += alignment
     return None
+
+
+class Invalid(NamedTuple):
+    """An invalid record and what it means: ``torn`` (no later write, in the newest
+    journal: the last write was cut by a crash, its sectors landing in any order, and
+    nothing of it was acknowledged) or, if not, corruption."""
+
+    offset: int
+    reason: str
+    later: int | None  # the first group write after it that reached the disk
+    torn: bool
+
+
+def judge_invalid(
+    buf: Buffer,
+    offset: int,
+    reason: str,
+    size: int,
+    newest: bool,
+    alignment: int,
+    max_length: int,
+) -> Invalid:
+    """Torn tail or corruption, for the invalid record at ``offset`` (replay and
+    ``inspect`` both decide through this)."""
+    later = find_later_write(buf, offset, size, alignment, max_length)
+    return Invalid(offset, reason, later, later is None and newest)
 
 
 def max_record_length(settings: Settings) -> int:
@@ -340,9 +430,9 @@ def read_last_mark(ledgers_dir: Path) -> LogMark:
     return LogMark(*LAST_MARK.unpack(data))
 
 
-def _pwrite_some(fd: int, data: memoryview, offset: int) -> int:
+def _pwrite_some(fd: int, data: memoryview, offset: int, pwrite: Pwrite = os.pwrite) -> int:
     """Bytes one pwrite wrote; an error rather than a loop that never ends."""
-    done = os.pwrite(fd, data, offset)
+    done = pwrite(fd, data, offset)
     if done == 0:
         raise OSError(errno.EIO, f"pwrite of {len(data)} bytes at {offset} wrote nothing")
     return done
@@ -386,7 +476,7 @@ class Journal:
         self,
         settings: Settings,
         clock: Clock,
-        crash: CrashPoints,
+        faults: Faults,
         probe: StorageProbe | None = None,
         on_no_space: Callable[[str], None] | None = None,
     ) -> None:
@@ -394,7 +484,9 @@ class Journal:
         self._probe: StorageProbe = probe or NullProbe()
         self._on_no_space = on_no_space  # called on the loop when a write finds no space
         self._clock = clock
-        self._crash = crash
+        self._faults = faults
+        self._pwrite = faults.pwrite("journal.write")
+        self._fdatasync = faults.sync("journal.fsync")
         self._dir = settings.journal_dir
         self._fd = -1
         self._file_id = 0
@@ -454,7 +546,6 @@ class Journal:
     def _scan_file(self, journal_id: int, start: int, last: bool) -> Iterator[Replayed]:
         path = journal_path(self._dir, journal_id)
         max_length = max_record_length(self._settings)
-        unpack, head, crc_of = RECORD_HEADER.unpack_from, RECORD_HEADER.size, crc32c.crc32c
         with open(path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER_SIZE:
@@ -472,7 +563,6 @@ class Journal:
                     if last and not any(mm[:HEADER_SIZE]):
                         return  # header never reached the disk: nothing was acknowledged
                     raise CorruptRecord(str(path), 0, f"bad journal header: {e}") from None
-                pos = start
                 # Single records of one ledger at consecutive ids (what single adds
                 # journal) are gathered into runs, yielded as batches: replay's work is
                 # then per run, as for a batch record, not per entry.
@@ -480,62 +570,37 @@ class Journal:
                 run_next: int | None = None  # the entry id that extends the run, if any
                 run_crcs: list[int] = []
                 run_payloads: list[bytes] = []
+                scan = RecordScan(mm, start, size, max_length, view)
                 while True:
-                    # The common case inline (replay runs at the speed of this loop): a
-                    # whole record whose CRC matches. Anything else (padding, the end of
-                    # data, which fails the CRC, or damage) goes through read_record.
-                    if pos + head <= size:
-                        length, ledger_id, entry_id, crc = unpack(mm, pos)
-                        end = pos + head + length
-                        if length <= max_length and end <= size:
-                            ids_crc = crc_of(mm[pos + IDS.start : pos + IDS.stop])
-                            if entry_id == BATCH:
-                                valid = crc_of(view[pos + head : end], ids_crc) == crc
-                            else:
-                                payload = mm[pos + head : end]
-                                valid = crc_of(payload, ids_crc) == crc
-                            if valid:
-                                at, pos = pos, end
-                                if (  # (an entry id: never a batch record's)
-                                    entry_id == run_next
-                                    and ledger_id == run_ledger
-                                    and len(run_payloads) < REPLAY_RUN_ENTRIES
-                                ):
-                                    run_payloads.append(payload)
-                                    run_crcs.append(crc)
-                                    run_next = entry_id + 1
-                                    continue
-                                if entry_id == GROUP_START_ENTRY_ID:
-                                    continue  # a run goes on across group writes
-                                if run_payloads:  # anything else ends the run first
-                                    run = EntryRun(run_ledger, run_first, run_crcs, run_payloads)
-                                    yield run, None
-                                    run_next, run_crcs, run_payloads = None, [], []
-                                if entry_id == BATCH:
-                                    yield _batch(path, at, mm, end, ledger_id), None
-                                elif entry_id >= 0:
-                                    run_ledger, run_first = ledger_id, entry_id
-                                    run_next, run_crcs, run_payloads = (
-                                        entry_id + 1,
-                                        [crc],
-                                        [payload],
-                                    )
-                                else:
-                                    yield WalRecord(ledger_id, entry_id, payload), crc
-                                continue
-                    found = read_record(mm, pos, size, max_length)
-                    if found is None:
+                    for at, end, ledger_id, entry_id, crc, payload in scan:
+                        if (  # (an entry id: never a batch record's, nor padding's)
+                            entry_id == run_next
+                            and ledger_id == run_ledger
+                            and len(run_payloads) < REPLAY_RUN_ENTRIES
+                        ):
+                            run_payloads.append(payload)
+                            run_crcs.append(crc)
+                            run_next = entry_id + 1
+                            continue
+                        if entry_id in (GROUP_START_ENTRY_ID, PADDING_ENTRY_ID):
+                            continue  # a run goes on across group writes
+                        if run_payloads:  # anything else ends the run first
+                            yield EntryRun(run_ledger, run_first, run_crcs, run_payloads), None
+                            run_next, run_crcs, run_payloads = None, [], []
+                        if entry_id == BATCH:
+                            yield _batch(path, at, mm, end, ledger_id), None
+                        elif entry_id >= 0:
+                            run_ledger, run_first = ledger_id, entry_id
+                            run_next, run_crcs, run_payloads = entry_id + 1, [crc], [payload]
+                        else:
+                            yield WalRecord(ledger_id, entry_id, payload), crc
+                    if scan.invalid is None:
                         break
-                    if isinstance(found, str):
-                        later = self._on_invalid(path, mm, pos, size, found, last)
-                        if later is None:
-                            cut = pos
-                            break
-                        pos = later
-                        continue
-                    record, pos, _crc = found
-                    # Its checks are the fast path's: only padding gets this far valid.
-                    assert record is None, f"a valid record at {pos} missed the fast path"
+                    later = self._on_invalid(path, mm, scan.end, size, scan.invalid, last)
+                    if later is None:
+                        cut = scan.end
+                        break
+                    scan = RecordScan(mm, later, size, max_length, view)
                 if run_payloads:
                     yield EntryRun(run_ledger, run_first, run_crcs, run_payloads), None
             if cut is not None:
@@ -547,12 +612,19 @@ class Journal:
     ) -> int | None:
         """Where replay goes on after an invalid record at ``pos``: None for a torn tail,
         to be cut off; else the next write (only if skipping corruption is allowed)."""
-        later = find_later_write(
-            mm, pos, size, self._settings.journal_alignment_size, max_record_length(self._settings)
+        invalid = judge_invalid(
+            mm,
+            pos,
+            reason,
+            size,
+            newest=last,
+            alignment=self._settings.journal_alignment_size,
+            max_length=max_record_length(self._settings),
         )
-        if later is None and last:
+        if invalid.torn:
             log.warning("cutting torn journal tail %s at %d (%s)", path, pos, reason)
             return None
+        later = invalid.later
         if not self._settings.skip_replay_journal_invalid_record:
             where = "with a later write after it" if later else "in a journal that is not the last"
             raise CorruptRecord(
@@ -878,7 +950,7 @@ class Journal:
         self._pwrite_all(data)
         wrote = time.perf_counter()
         if self._settings.journal_sync_data:
-            os.fdatasync(self._fd)
+            self._fdatasync(self._fd)
             self._last_sync_s = time.perf_counter() - wrote
         self._probe.journal_write(records, len(data), wrote - began, time.perf_counter() - wrote)
         self._position = end
@@ -892,30 +964,34 @@ class Journal:
     def _pwrite_all(self, data: bytes) -> None:
         """Write ``data`` at the write position, or fail leaving none of it in the file.
 
-        The fallocate before makes a failure half-way unlikely, not impossible (a file
-        system that emulates fallocate, a quota): then the part that landed is zeroed and
-        synced before the groups fail. Left there, it would hold the failed write's group
-        start record, tagged with this very offset, and its records: replay after a crash
-        would return entries whose adds were refused, and once a shorter write lands here
-        its padding ends before them, where a record of the failed write may sit whole,
-        right after the valid data. Zeros are "end of data" to replay. Overwriting blocks
-        just written needs no new space; if it fails anyway, or the sync does, the journal
-        fails for good (the caller's fatal path), as for any failed fdatasync."""
+        A write that fails half-way (the fallocate before makes it unlikely for want of
+        space, not impossible: a file system that emulates fallocate, a quota; or a disk
+        error after a short write) has the part that landed zeroed and synced before the
+        groups fail. Left there, it would hold the failed write's group start record,
+        tagged with this very offset, and its records: replay (after a crash, or the
+        restart that a fatal error needs) would return entries whose adds were refused,
+        the first records of a refused batch among them, and once a shorter write lands
+        here its padding ends before them, where a record of the failed write may sit
+        whole, right after the valid data. Zeros are "end of data" to replay. Overwriting
+        blocks just written needs no new space; if it fails anyway, or the sync does, the
+        journal fails for good (the caller's fatal path), as for any failed fdatasync."""
         view = memoryview(data)
         written = 0
         try:
             while written < len(data):
-                written += _pwrite_some(self._fd, view[written:], self._position + written)
+                written += _pwrite_some(
+                    self._fd, view[written:], self._position + written, self._pwrite
+                )
         except OSError as e:
-            if not is_no_space(e):
-                raise
             if written:
                 zeros = memoryview(bytes(written))
                 cleared = 0
                 while cleared < written:
                     cleared += _pwrite_some(self._fd, zeros[cleared:], self._position + cleared)
                 os.fdatasync(self._fd)
-            raise self._no_space(e) from e
+            if is_no_space(e):
+                raise self._no_space(e) from e
+            raise
 
     def _no_space(self, error: OSError) -> DiskFull:
         self._drop_backups()
@@ -923,7 +999,7 @@ class Journal:
         return DiskFull(f"no space left for the journal at {path}: {error.strerror or error}")
 
     def _rotate(self) -> None:
-        self._crash.hit("journal.rotate.before")
+        self._faults.hit("journal.rotate.before")
         old_fd = self._fd
         os.ftruncate(old_fd, self._position)  # give back the preallocated tail
         os.fsync(old_fd)
@@ -950,12 +1026,13 @@ class Journal:
         if self._rotation_deferred:
             log.info("started journal %x, after a deferred rotation", self._file_id)
             self._rotation_deferred = False
-        self._crash.hit("journal.rotate.after")
+        self._faults.hit("journal.rotate.after")
 
     def checkpoint_complete(self, mark: LogMark) -> None:
         """Persist ``mark`` as lastMark, then delete journals wholly before it beyond
         ``journal_max_backups`` (BookKeeper keeps the newest ones for forensics)."""
         self._settings.ledgers_dir.mkdir(parents=True, exist_ok=True)
+        self._faults.hit("checkpoint.mark")
         write_file_atomically(self._settings.ledgers_dir / LAST_MARK_FILE, LAST_MARK.pack(*mark))
         older = [i for i in list_journals(self._dir) if i < mark.log_id]
         for journal_id in older[: max(0, len(older) - self._settings.journal_max_backups)]:

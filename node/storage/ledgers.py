@@ -61,7 +61,7 @@ from node.storage.errors import (
     StorageClosed,
     WriteTokenMismatch,
 )
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.fsutil import is_no_space
 from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.storage.journal import Journal
@@ -152,7 +152,7 @@ class LedgerStorage:
     ) -> None:
         self.settings = settings
         self._clock = clock or SystemClock()
-        self._crash = CrashPoints(settings.crash_points)
+        self._crash = Faults.from_settings(settings)
         self._probe: StorageProbe = probe or NullProbe()
         self._wal: Wal = wal or self._open_wal()
         self._index: Index | None = None

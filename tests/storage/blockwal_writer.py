@@ -25,7 +25,7 @@ from node.settings import Settings, load
 from node.storage.blockwal import BlockWal
 from node.storage.clock import SystemClock
 from node.storage.errors import Backpressure
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.wal import record_crc
 
 WRITERS = 8  # appends in flight at once
@@ -61,7 +61,7 @@ async def main(path: Path, capacity: int, trial: int, data_dir: Path, sync_mode:
     wal = BlockWal(
         settings_for(path, capacity, data_dir, sync_mode),
         SystemClock(),
-        CrashPoints(frozenset()),
+        Faults(),
         request_checkpoint=wanted.set,
     )
     mark = await asyncio.to_thread(wal.last_mark)

@@ -42,7 +42,7 @@ from node.storage.blockwal import (
 )
 from node.storage.clock import SystemClock
 from node.storage.errors import Backpressure, CorruptRecord, WalDeviceError
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark, WalRecord, record_crc
 from tests.conftest import make_settings
@@ -92,7 +92,7 @@ def wal_settings(data: Path, medium: Path, capacity: int = RING, **overrides: An
 async def open_wal(settings: Settings, **kwargs: Any) -> tuple[BlockWal, list[WalRecord]]:
     """A WAL recovered as the engine recovers it (its records), not yet started; the caller
     closes it (an open one keeps its loop device from detaching)."""
-    wal = BlockWal(settings, SystemClock(), CrashPoints(frozenset()), **kwargs)
+    wal = BlockWal(settings, SystemClock(), Faults(), **kwargs)
     try:
         mark = await asyncio.to_thread(wal.last_mark)
         records = await asyncio.to_thread(lambda: list(wal.recover(mark)))
@@ -737,14 +737,12 @@ async def test_capacity_mismatch_is_refused_with_what_to_do(medium: Path, tmp_pa
 
 def test_too_small_device_or_file_is_refused(tmp_path: Path) -> None:
     with loop_device(tmp_path / "small.img", RING // 2) as device:
-        wal = BlockWal(
-            wal_settings(tmp_path / "data", device), SystemClock(), CrashPoints(frozenset())
-        )
+        wal = BlockWal(wal_settings(tmp_path / "data", device), SystemClock(), Faults())
         with pytest.raises(WalDeviceError, match="device holds 524288 bytes, less than"):
             wal.last_mark()
     short = tmp_path / "short.ring"
     short.write_bytes(bytes(RING // 2))
-    wal = BlockWal(wal_settings(tmp_path / "data", short), SystemClock(), CrashPoints(frozenset()))
+    wal = BlockWal(wal_settings(tmp_path / "data", short), SystemClock(), Faults())
     with pytest.raises(WalDeviceError, match="file holds 524288 bytes"):
         wal.last_mark()
 
@@ -752,7 +750,7 @@ def test_too_small_device_or_file_is_refused(tmp_path: Path) -> None:
 def test_capacity_too_small_for_the_largest_entry_is_refused(tmp_path: Path) -> None:
     settings = wal_settings(tmp_path / "data", tmp_path / "w.ring", max_entry_size=1 * MiB)
     with pytest.raises(WalDeviceError, match="max_entry_size"):
-        BlockWal(settings, SystemClock(), CrashPoints(frozenset()))
+        BlockWal(settings, SystemClock(), Faults())
 
 
 def test_capacity_off_the_block_size_is_refused_by_the_settings(tmp_path: Path) -> None:
@@ -913,7 +911,7 @@ def test_sigkill_of_a_writer_at_random_moments_loses_nothing_acknowledged(
                 durable_trim = max(durable_trim, int(values[0]))
                 totals["trims"] += 1
 
-        wal = BlockWal(settings, SystemClock(), CrashPoints(frozenset()))
+        wal = BlockWal(settings, SystemClock(), Faults())
         mark = wal.last_mark()
         recovered = list(wal.recover(mark))
         asyncio.run(wal.close())

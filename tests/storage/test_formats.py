@@ -83,14 +83,11 @@ def test_journal_batch_records_round_trip(
     data = b"".join(parts)
     assert len(data) == size
     got: list[tuple[int, int, int, bytes]] = []
-    pos = 0
-    while pos < len(data):
-        found = journal.read_record(data, pos, len(data), len(data))
-        assert isinstance(found, tuple) and found[0] is not None, found
-        record, end, crc = found
-        assert record.ledger_id == ledger_id
-        if record.entry_id == journal.BATCH:
-            assert len(record.payload) <= limit
+    scan = journal.RecordScan(data, 0, len(data), len(data))
+    for pos, end, lid, eid, crc, payload in scan:
+        assert lid == ledger_id
+        if eid == journal.BATCH:
+            assert end - pos - 24 <= limit
             batch = journal.decode_batch(data, pos + 24, end, ledger_id)
             assert isinstance(batch, BatchRecord) and len(batch.payloads) > 1
             got += [
@@ -98,8 +95,8 @@ def test_journal_batch_records_round_trip(
                 for r, c in zip(batch.records(), batch.crcs, strict=True)
             ]
         else:
-            got.append((record.ledger_id, record.entry_id, crc, record.payload))
-        pos = end
+            got.append((lid, eid, crc, payload))
+    assert (scan.end, scan.invalid) == (len(data), None)
     expected = [
         (ledger_id, first + n, c, p) for n, (c, p) in enumerate(zip(crcs, payloads, strict=True))
     ]

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from node.settings import Settings, load
 from node.storage.clock import SystemClock
 from node.storage.errors import CorruptRecord, JournalFailed
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.journal import (
     GROUP_START,
     GROUP_START_ENTRY_ID,
@@ -95,7 +95,7 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
 
 
 def new_journal(s: Settings) -> Journal:
-    return Journal(s, SystemClock(), CrashPoints(frozenset()))
+    return Journal(s, SystemClock(), Faults())
 
 
 START = LogMark(0, 0)
@@ -397,25 +397,17 @@ def test_a_cancelled_writer_fails_what_is_pending_and_keeps_what_is_acknowledged
 SLOW_SYNC_S = 0.5  # the slowed fdatasync: waiting for it too would take twice as long
 
 
-def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried() -> None:
     """Group commit for clients that each keep one add outstanding: after a write of three
     records, the next write waits for three (at most as long as the last fdatasync took)
     rather than start with the first one back and leave the other two waiting behind it.
     A record that stays alone is still written once that wait is over, and a checkpoint's
     sync point does not wait at all. A slow disk (each fdatasync 0.5 s longer) makes the
     wait long enough to see."""
-    real_fdatasync = os.fdatasync
-
-    def slow_fdatasync(fd: int) -> None:
-        time.sleep(SLOW_SYNC_S)  # on the writer thread, not the loop
-        real_fdatasync(fd)
-
-    monkeypatch.setattr("node.storage.journal.os.fdatasync", slow_fdatasync)
+    slow_fdatasync = Faults(faults=[f"journal.fsync=delay:{SLOW_SYNC_S}"])  # (writer thread)
 
     async def run(s: Settings) -> tuple[list[LogMark], LogMark]:
-        j = new_journal(s)
+        j = Journal(s, SystemClock(), slow_fdatasync)
         await j.start()
         try:
             await asyncio.gather(*(append(j, (1, n, b"x")) for n in range(3)))

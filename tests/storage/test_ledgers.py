@@ -24,7 +24,7 @@ from node.storage.errors import (
     LedgerNotFound,
     WriteTokenMismatch,
 )
-from node.storage.faults import CrashPoints
+from node.storage.faults import Faults
 from node.storage.index import MAX_ID, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import record_crc
@@ -508,7 +508,7 @@ async def test_a_long_replay_flushes_as_it_goes_and_loses_or_doubles_nothing(
 
     # Journal every entry of one ledger a second time, in a journal of its own after the
     # first: replay meets them when their first copies are flushed or being flushed.
-    again = journal.Journal(make_settings(data), SystemClock(), CrashPoints(frozenset()))
+    again = journal.Journal(make_settings(data), SystemClock(), Faults())
     await again.start()
     for entry_id, payload in sorted(expected[ledgers[1]].items()):
         crc = record_crc(ledgers[1], entry_id, payload)
