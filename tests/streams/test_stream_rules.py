@@ -35,7 +35,7 @@ from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
 from node.streams.model import MB, MINUTE_MS, Position
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MAX_ENTRY = 3 * MB
