@@ -1,7 +1,9 @@
-"""Shared fixtures: real files, real RocksDB, the real HTTP server on loopback."""
+"""Shared fixtures: real files, real RocksDB, the real HTTP server on loopback, moto's S3
+server. What they are built from lives in tests/harness/."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,24 +14,11 @@ from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from blockbuster import blockbuster_ctx
 
 from node.http.app import NodeRunner, build_app
-from node.settings import Settings, load
+from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
-from tests.hostdisk import HOST_DISK_NEUTRAL
-
-
-def make_settings(data_dir: Path, **overrides: Any) -> Settings:
-    """Settings for tests: small enough to exercise rolls and swaps quickly."""
-    base: dict[str, Any] = {
-        **HOST_DISK_NEUTRAL,
-        "data_dir": data_dir,
-        "journal_pre_alloc_size": 1 << 20,
-        "db_storage_write_cache_max_size": 16 << 20,
-        "db_storage_read_ahead_cache_max_size": 4 << 20,
-        "max_entry_size": 1 << 20,
-        "max_request_size": 8 << 20,
-    }
-    base.update(overrides)
-    return load(**base)
+from tests.harness.moto import MotoServer, aws_variables
+from tests.harness.node import reap_nodes  # noqa: F401 (an autouse fixture, for every test)
+from tests.harness.settings import make_settings
 
 
 @pytest.fixture
@@ -68,6 +57,20 @@ def aiohttp_client(aiohttp_client: Any) -> Any:
 @pytest.fixture
 async def client(settings: Settings, aiohttp_client: Any) -> TestClient[Any, Any]:
     return await aiohttp_client(build_app(settings))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """One moto S3 server for the session (offload and DAG tests); each test makes its own
+    bucket."""
+    for name in aws_variables():
+        del os.environ[name]
+    server = MotoServer()
+    server.start()
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from tests.hostdisk import REPO
+from tests.harness.hostdisk import REPO
 
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```.*?^```$", re.MULTILINE | re.DOTALL)

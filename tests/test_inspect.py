@@ -18,6 +18,7 @@ from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog, journal
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark
+from tests.harness.files import flip_byte
 from tests.lifecycle.gc_world import cut_ledgers_map
 
 LOG_SIZE_LIMIT = 64 * KiB  # small: several entry logs, each sealed with its ledgers map
@@ -127,14 +128,6 @@ def _one(pattern: str, text: str) -> int:
     match = re.search(pattern, text, re.MULTILINE)
     assert match, f"{pattern!r} not in:\n{text}"
     return int(match.group(1))
-
-
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)[0]
-        f.seek(offset)
-        f.write(bytes([byte ^ 0xFF]))
 
 
 def _journal_data_records(path: Path) -> list[tuple[int, int, int, int]]:
@@ -344,7 +337,7 @@ def test_entrylog_without_a_map_and_the_map_gc_kept(copy: Data) -> None:
 def test_entrylog_flipped_payload_byte(copy: Data) -> None:
     path = copy.logs[1]
     victim = list(entrylog.scan(path))[3]
-    _flip(path, victim.offset + entrylog.RECORD_OVERHEAD + len(victim.payload) // 2)
+    flip_byte(path, victim.offset + entrylog.RECORD_OVERHEAD + len(victim.payload) // 2, mask=0xFF)
 
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_FAILED, result.stdout
@@ -390,7 +383,7 @@ def test_journal_corruption_with_valid_records_after(copy: Data) -> None:
     path = copy.journal_file
     records = [r for r in _journal_data_records(path) if r[2] >= 0 and r[3] > 0]
     offset, _lid, _eid, length = records[len(records) // 2]
-    _flip(path, offset + journal.RECORD_HEADER.size + length // 2)
+    flip_byte(path, offset + journal.RECORD_HEADER.size + length // 2, mask=0xFF)
 
     result = inspect("journal", path)
     out = result.stdout
@@ -405,7 +398,7 @@ def test_journal_corruption_with_valid_records_after(copy: Data) -> None:
 def test_journal_torn_tail(copy: Data) -> None:
     path = copy.journal_file
     offset, _lid, _eid, length = _journal_data_records(path)[-1]
-    _flip(path, offset + journal.RECORD_HEADER.size + length - 1)
+    flip_byte(path, offset + journal.RECORD_HEADER.size + length - 1, mask=0xFF)
 
     result = inspect("journal", path)
     assert result.returncode == EXIT_FAILED, result.stdout

@@ -19,8 +19,8 @@ from node.storage.clock import SystemClock
 from node.storage.faults import Faults
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark, record_crc
-from tests.conftest import make_settings
-from tests.loopdev import loop_device, restore, snapshot
+from tests.harness.loopdev import loop_device, restore, snapshot
+from tests.harness.settings import make_settings
 
 REPO = Path(__file__).resolve().parent.parent
 RING = 1 * MiB

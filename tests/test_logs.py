@@ -6,7 +6,7 @@ import json
 import urllib.request
 from pathlib import Path
 
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
 
 
 def test_json_log_lines_carry_the_request_id(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.nodeproc import NodeProcess
-from tests.hostdisk import REPO
+from tests.harness.hostdisk import REPO
+from tests.harness.node import NodeProcess
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"

@@ -11,7 +11,7 @@ import pytest
 
 from node import settings_doc
 from node.settings import Settings
-from tests.hostdisk import REPO
+from tests.harness.hostdisk import REPO
 
 STALE = f"docs/configuration.md is stale: run `{settings_doc.COMMAND}` and commit the result"
 

@@ -7,15 +7,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.crash.nodeproc import NodeProcess
-from tests.offload.conftest import moto_endpoint  # noqa: F401 (a fixture, shared)
 
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_VENV = Path(os.environ.get("AIRFLOW_VENV", REPO / ".venv-airflow"))
@@ -76,11 +72,3 @@ def airflow(tmp_path_factory: pytest.TempPathFactory) -> Airflow:
     instance = Airflow(tmp_path_factory.mktemp("airflow-home"))
     instance.run("migrate")
     return instance
-
-
-@pytest.fixture(autouse=True)
-def reap_nodes() -> Iterator[None]:
-    """No node process outlives its test, whatever the test's outcome."""
-    yield
-    while NodeProcess.started:
-        NodeProcess.started.pop().kill()

@@ -24,8 +24,9 @@ from typing import Any
 import pytest
 
 from tests.airflow.test_runs import TOKEN, call, rolling_stream
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess, free_port
-from tests.hostdisk import REPO
+from tests.harness.hostdisk import REPO
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.ports import free_port
 from tools.airflow_local import descendants, process_table
 
 READY_TIMEOUT_S = 240.0  # a loaded 2-core machine: the DB migration and four Airflow imports

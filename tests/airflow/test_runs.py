@@ -12,12 +12,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import boto3
-
 from tests.airflow.conftest import REPO, Airflow
-from tests.crash.nodeproc import NodeProcess
-from tests.hostdisk import as_env
-from tests.offload.conftest import KEY_ID, REGION, SECRET, new_bucket, s3_settings
+from tests.harness.hostdisk import as_env
+from tests.harness.moto import new_bucket, s3_client, s3_settings
+from tests.harness.node import NodeProcess
 
 TOKEN = "airflow-test-token"
 CONNECTION = {"conn_type": "http", "host": "127.0.0.1", "password": TOKEN}
@@ -169,13 +167,7 @@ def test_offload_on_two_nodes(airflow: Airflow, tmp_path: Path, moto_endpoint: s
         assert result["offloaded"] == closed and result["failed"] == [], result
         for lid in closed:
             assert call(node, "GET", f"/api/v1/ledgers/{lid}")["offload"]["state"] == "offloaded"
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name=REGION,
-        aws_access_key_id=KEY_ID,
-        aws_secret_access_key=SECRET,
-    )
+    s3 = s3_client(moto_endpoint)
     for i, node in enumerate(nodes):
         listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"node-{i}/").get("Contents", [])
         keys = {o["Key"] for o in listed}

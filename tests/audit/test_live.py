@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from node.audit import CHECKS, job, kept, snapshot
 from node.http.app import build_app
 from node.http.audit import OFFLOAD_SNAPSHOTS
 from node.http.state import STORAGE
 from tests.audit import world as w
+from tests.harness.metrics import scrape
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -44,16 +44,6 @@ async def _fill(client: Any, ledgers: list[int], rounds: int) -> None:
 def _audit(uri: str, out: Path, spark: Any, node_url: str) -> int:
     args = ["--snapshot", uri, "--out", str(out), "--split-bytes", str(SPLIT_BYTES)]
     return job.run(job.build_parser().parse_args([*args, "--post-to", node_url]), spark)
-
-
-async def _scrape(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    r = await client.get("/metrics")
-    text = await r.text()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 async def test_live_snapshot_audits_clean_and_the_result_survives_a_restart(
@@ -104,7 +94,7 @@ async def test_live_snapshot_audits_clean_and_the_result_survives_a_restart(
     assert r.status == 200, await r.text()
     stored = await r.json()
     assert stored["summary"] == summary
-    metrics = await _scrape(client)
+    metrics = await scrape(client)
     stamp = metrics[("storage_node_audit_last_run_timestamp_seconds", ())]
     assert stamp == summary["finishedMs"] / 1000
     for check in CHECKS:
@@ -114,7 +104,7 @@ async def test_live_snapshot_audits_clean_and_the_result_survives_a_restart(
     client = await aiohttp_client(build_app(settings))
     r = await client.get("/api/v1/audit/result")
     assert r.status == 200 and await r.json() == stored
-    metrics = await _scrape(client)
+    metrics = await scrape(client)
     assert metrics[("storage_node_audit_last_run_timestamp_seconds", ())] == stamp
 
 

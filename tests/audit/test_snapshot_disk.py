@@ -15,7 +15,7 @@ import pytest
 
 from node.audit import kept
 from node.settings import Settings
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
 from tests.lifecycle.test_full_disk import (
     ENOSPC_ONLY,
     WATERMARKS,

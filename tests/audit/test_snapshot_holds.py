@@ -15,7 +15,8 @@ from node.http.app import build_app
 from node.http.state import STORAGE, WORK
 from node.storage import entrylog
 from tests.audit import world as w
-from tests.audit.test_live import SPLIT_BYTES, _fill, _scrape
+from tests.audit.test_live import SPLIT_BYTES, _fill
+from tests.harness.metrics import scrape
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,7 +70,7 @@ async def test_gc_between_snapshot_and_scan_leaves_the_audit_clean(
         kept.kept_bytes, settings.audit_snapshots_dir, settings.ledgers_dir
     )
     assert taken >= held > 0
-    metrics = await _scrape(client)
+    metrics = await scrape(client)
     assert metrics[("storage_node_audit_snapshot_bytes", ())] == taken
 
 

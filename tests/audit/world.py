@@ -29,7 +29,7 @@ from node.storage.index import (
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
 from node.streams.model import STREAM_PREFIX, Position, Stream
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 LOG_SIZE = 64 * 1024
 ENTRY_SIZE = 1000

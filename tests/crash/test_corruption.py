@@ -15,7 +15,8 @@ import pytest
 
 from node.http.frames import decode_range
 from node.storage import entrylog, journal
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.files import flip_byte
+from tests.harness.node import NodeProcess
 
 NO_CHECKPOINT = {"NODE_FLUSH_INTERVAL_MS": "3600000"}  # keep everything in the journal
 ENTRIES = 40
@@ -68,16 +69,6 @@ def _journal_records(path: Path) -> list[tuple[int, int, int]]:
     return records
 
 
-def _flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x5A]))
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def _crashed_node_with_journal(tmp_path: Path) -> tuple[Path, Path]:
     """A data dir whose entries are only in the journal (SIGKILL before any checkpoint),
     each entry in its own group write; returns (data dir, last journal file)."""
@@ -95,7 +86,7 @@ def _crashed_node_with_journal(tmp_path: Path) -> tuple[Path, Path]:
 def test_flipped_journal_record_stops_the_start_naming_file_and_offset(tmp_path: Path) -> None:
     data, txn = _crashed_node_with_journal(tmp_path)
     offset, ledger, entry = next(r for r in _journal_records(txn) if r[2] == 3)
-    _flip(txn, offset + journal.RECORD_HEADER.size + 10)  # inside the payload
+    flip_byte(txn, offset + journal.RECORD_HEADER.size + 10)  # inside the payload
 
     node = NodeProcess(data, env=NO_CHECKPOINT)
     with pytest.raises(AssertionError, match="node exited"):
@@ -171,7 +162,7 @@ def test_flipped_entry_log_record_is_detected_and_never_served(tmp_path: Path) -
             if record.ledger_id == 9 and record.entry_id == 17:
                 victim = (entrylog.log_path(ledgers_dir, log_id), record.offset)
     assert victim is not None
-    _flip(victim[0], victim[1] + entrylog.RECORD_OVERHEAD + 50)
+    flip_byte(victim[0], victim[1] + entrylog.RECORD_OVERHEAD + 50)
 
     node = NodeProcess(data)
     node.start()

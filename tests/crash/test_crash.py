@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 from node.http.frames import batch_entry_ids, encode_batch
-from tests.crash.clients import BATCH, OCTET, REPLY_LOST, read_ledger
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.clients import BATCH, OCTET, REPLY_LOST, read_ledger
+from tests.harness.node import NodeProcess
 
 RANDOM_TRIALS = 20
 WRITERS = 6

@@ -16,7 +16,7 @@ import pytest
 
 from node.settings import KiB, MiB
 from tests.crash.test_crash import crash_at, random_kills
-from tests.loopdev import loop_device
+from tests.harness.loopdev import loop_device
 
 RING = 720 * KiB
 DEVICE = 4 * MiB  # larger than the ring: the WAL uses it only up to its capacity

@@ -27,9 +27,9 @@ import pytest
 from node.http.frames import encode_batch
 from node.settings import KiB, MiB
 from node.storage.entrylog import list_logs, log_path
-from tests.crash.clients import BATCH, OCTET, http_status, read_ledger
-from tests.crash.nodeproc import CHURN_SETTINGS, DEFAULT_SETTINGS, NodeProcess
-from tests.loopdev import loop_device
+from tests.harness.clients import BATCH, OCTET, http_status, read_ledger
+from tests.harness.loopdev import loop_device
+from tests.harness.node import CHURN_SETTINGS, DEFAULT_SETTINGS, NodeProcess
 
 ENTRY = 4096
 ACKED_FIRST = 5  # adds acknowledged before the fault is let loose

@@ -1,5 +1,5 @@
 """A FoundationDB-style crash test: a mixed workload, a nemesis, a checker; the node is a real
-process (tests/crash/nodeproc.py) killed with SIGKILL.
+process (tests/harness/node.py) killed with SIGKILL.
 
 Workload, several concurrent clients against one node: adds to ledgers (single adds at a
 chosen id, appends, batches), fence, close and delete of ledgers and creation of new ones,
@@ -42,8 +42,8 @@ import pytest
 from node.http.frames import batch_entry_ids, batch_positions, decode_range, encode_batch
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
-from tests.crash.clients import BATCH, OCTET, REPLY_LOST, http_status, read_ledger, read_stream
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.clients import BATCH, OCTET, REPLY_LOST, http_status, read_ledger, read_stream
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 KILL_ROUNDS = 5
 ROUND_S = (1.0, 2.5)  # how long the workload runs before the kill

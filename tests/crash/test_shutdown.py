@@ -11,8 +11,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.crash.nodeproc import NodeProcess
 from tests.crash.test_crash import WRITERS, Acknowledged, _check, _writer
+from tests.harness.node import NodeProcess
 
 LONG_POLL_MS = 50_000
 

@@ -12,8 +12,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.crash.nodeproc import NodeProcess, free_port
-from tests.hostdisk import run_node
+from tests.harness.hostdisk import run_node
+from tests.harness.node import NodeProcess
+from tests.harness.ports import free_port
 
 START_TIMEOUT_S = 60.0
 

@@ -17,7 +17,7 @@ import pytest
 
 from node.settings import Settings
 from tests.deploy.render import Obj, container, only, quantity_bytes
-from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
+from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 
 LOSETUP_TIMEOUT_S = 30.0
 POD_INDEX = "0"  # the first pod of the StatefulSet

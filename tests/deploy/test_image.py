@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.nodeproc import free_port
 from tests.deploy.container import (
     PODMAN_TIMEOUT_S,
     Running,
@@ -34,7 +33,8 @@ from tests.deploy.container import (
 from tests.deploy.lockfile import LOCK, dev_only_names, read_lock
 from tests.deploy.pod import ADMIN_TOKEN, container_env, sparse_loop_device
 from tests.deploy.render import Obj, quantity_bytes, render
-from tests.hostdisk import HOST_DISK_NEUTRAL, as_env
+from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
+from tests.harness.ports import free_port
 from tools import image as image_build
 
 # The image as built here: pyarrow alone is ~170 MB; the local Debian base ~200 MB.
@@ -241,7 +241,7 @@ def test_kube_play_of_the_local_overlay(image: str, tmp_path: Path) -> None:
     port = free_port()
     docs = playable_pod(objects, image, env, port)
     pod = docs[-1]
-    # Settings the manifests leave at their defaults only (tests/hostdisk.py).
+    # Settings the manifests leave at their defaults only (tests/harness/hostdisk.py).
     extra = {k: v for k, v in as_env(HOST_DISK_NEUTRAL).items() if k not in env}
     pod["spec"]["containers"][0]["env"] += [{"name": k, "value": v} for k, v in extra.items()]
     ready = cont["startupProbe"]["httpGet"]["path"]

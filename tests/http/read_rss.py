@@ -28,7 +28,7 @@ from pathlib import Path
 
 from node.http.frames import encode_batch
 from node.settings import KiB
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 MB = 1_000_000
 STREAM_FRAME_HEADER = 20  # ledger id u64 | entry id u64 | len u32

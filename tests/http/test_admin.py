@@ -11,7 +11,7 @@ from node.http.app import build_app
 from node.http.state import LIFECYCLE, STORAGE, WORK
 from node.settings import Settings
 from node.storage import entrylog
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 JSON = {"Content-Type": "application/json"}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 TOKEN = "s3cr3t-admin"
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from node.http import openapi
 from node.http.app import NodeRunner, build_app
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from node.http.app import build_app
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 from tests.http.test_descriptors import samples
 
 HEARTBEAT = b"GET /heartbeat HTTP/1.1\r\nHost: localhost\r\n\r\n"

@@ -18,7 +18,7 @@ import pytest
 from node.http.crosssite import ENTRY_ROUTES, Guard
 from node.http.openapi import document
 from node.settings import Settings
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 EVIL = "https://evil.example"
 TEXT = "text/plain;charset=UTF-8"  # what fetch() sends with a string body

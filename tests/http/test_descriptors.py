@@ -30,7 +30,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from node.settings import Settings
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 SYSTEMD_OPEN_FILES = (1024, 1024)  # DefaultLimitNOFILE's soft limit, as soft and hard
 FLOOD = 1224  # long polls, 200 past the limit (as the hostile pass found it)

@@ -20,7 +20,7 @@ from node.http.app import build_app
 from node.http.fastlane import LEDGER_ROUTE, STREAM_ROUTE, parse_add
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
 from node.http.state import BUDGET, METRICS
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 Client = TestClient[Any, Any]
 TOKEN = "s3cret-token"

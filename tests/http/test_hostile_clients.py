@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.frames import BATCH_LENGTH, encode_batch
 from node.settings import MiB, Settings
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 MB = 1_000_000
 STALLED_CONNECTIONS = 40  # the attack as found: 40 x (declare 60 MiB, send 16 MiB, stop)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 OCTET = {"Content-Type": "application/octet-stream"}
 JSON_HEADERS = {"Content-Type": "application/json"}

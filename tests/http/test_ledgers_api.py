@@ -14,7 +14,7 @@ import pytest
 from node.http.app import build_app
 from node.http.frames import decode_range, encode_batch
 from node.storage.index import MAX_ID
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}

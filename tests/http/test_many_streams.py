@@ -16,7 +16,7 @@ from node.http import models
 from node.http.app import build_app
 from node.http.frames import encode_batch
 from node.settings import Settings
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 BATCH = {"Content-Type": "application/x-entry-batch"}
 MANY = 10_000  # where unbounded series made 11.4 MB of /metrics and a 2.2 MB summary before

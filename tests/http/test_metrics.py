@@ -9,29 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.app import build_app
 from node.http.frames import encode_batch
 from node.http.state import STORAGE
 from node.settings import KiB, MiB, Settings
 from node.storage.blockwal import HEADER_AREA
-from tests.conftest import make_settings
-from tests.loopdev import loop_device
+from tests.harness.loopdev import loop_device
+from tests.harness.metrics import scrape
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
-
-
-async def _scrape(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    r = await client.get("/metrics")
-    assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    samples = {}
-    for family in text_string_to_metric_families(await r.text()):
-        assert family.name.startswith("storage_node_")
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
 
 
 def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
@@ -39,7 +28,7 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 async def test_metrics_move_by_the_right_amounts(client: Any) -> None:
-    before = await _scrape(client)
+    before = await scrape(client)
     lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
     for i in range(7):
         r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=bytes(100 + i), headers=OCTET)
@@ -51,7 +40,7 @@ async def test_metrics_move_by_the_right_amounts(client: Any) -> None:
     for i in range(3):
         assert (await client.get(f"/api/v1/ledgers/{lid}/entries/{i}")).status == 200
     assert (await client.get(f"/api/v1/ledgers/{lid}/entries/99")).status == 404
-    after = await _scrape(client)
+    after = await scrape(client)
 
     def delta(name: str, **labels: str) -> float:
         return _value(after, name, **labels) - _value(before, name, **labels)
@@ -100,7 +89,7 @@ async def test_checkpoint_and_entry_log_metrics(client: Any) -> None:
     lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
     await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x" * 1000, headers=OCTET)
     await client.server.app[STORAGE].checkpoint()
-    samples = await _scrape(client)
+    samples = await scrape(client)
     assert _value(samples, "storage_node_checkpoint_duration_seconds_count") >= 1
     assert _value(samples, "storage_node_entry_logs") == 1
     assert _value(samples, "storage_node_entry_log_bytes") > 1000
@@ -136,7 +125,7 @@ async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
         if gc.stats.runs and not gc.in_force_gc:
             break
         await asyncio.sleep(0.01)
-    samples = await _scrape(client)
+    samples = await scrape(client)
     assert _value(samples, "storage_node_gc_runs_total") >= 1
     assert _value(samples, "storage_node_gc_deleted_ledgers_total") == 1
     assert _value(samples, "storage_node_gc_compactions_total", kind="major") == 1
@@ -162,7 +151,7 @@ async def test_gc_and_disk_metrics(tmp_path: Path, aiohttp_client: Any) -> None:
         if gc.stats.runs > runs and not gc.in_force_gc:
             break
         await asyncio.sleep(0.01)
-    samples = await _scrape(client)
+    samples = await scrape(client)
     started = _value(samples, "storage_node_start_time_seconds")
     assert 0 < started <= _value(samples, "storage_node_gc_last_success_timestamp_seconds")
     assert _value(samples, "storage_node_gc_failures_total") == 0
@@ -210,7 +199,7 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     def stream_value(samples: dict[Any, float], name: str, **labels: str) -> float:
         return _value(samples, f"storage_node_stream_{name}", **labels)
 
-    before = await _scrape(client)
+    before = await scrape(client)
     by_size = {**ROLLING, "retentionTimeInMinutes": -1, "retentionSizeInMB": 0}
     await _stream_call(client, "put", "streams/orders", json=by_size)
     await _stream_call(client, "put", "streams/orders/cursors/c1", json={"start": "earliest"})
@@ -225,7 +214,7 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     )
     # Ledgers: 3 entries of 10 bytes, 3 of 10, then the batch of 2 x 20 (not full: retention
     # runs roll full ledgers over).
-    samples = await _scrape(client)
+    samples = await scrape(client)
     orders = {"stream": "orders"}
     c1 = {"stream": "orders", "cursor": "c1"}
     assert stream_value(samples, "append_entries_total", **orders) == 8
@@ -243,14 +232,14 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     await _stream_call(
         client, "post", "streams/orders/cursors/c1/ack", json={"position": positions[5]}
     )
-    samples = await _scrape(client)
+    samples = await scrape(client)
     assert stream_value(samples, "backlog_entries", **c1) == 2
     assert stream_value(samples, "backlog_bytes", **c1) == 40
     younger = stream_value(samples, "oldest_unacknowledged_age_seconds", **c1)
     assert 0 < younger <= oldest + 1  # the third ledger's age, at the next scrape
     deleted = await _stream_call(client, "post", "retention/run")
     assert len(deleted["streams"]["orders"]) == 2
-    samples = await _scrape(client)
+    samples = await scrape(client)
     assert stream_value(samples, "retention_deleted_ledgers_total", reason="size", **orders) == 2
     assert stream_value(samples, "retention_deleted_bytes_total", reason="size", **orders) == 60
     assert stream_value(samples, "retention_deleted_ledgers_total", reason="time", **orders) == 0
@@ -278,7 +267,7 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
     await asyncio.sleep(0.01)  # the closed ledger of "events" is past a retention time of 0
     await _stream_call(client, "post", "retention/run")
     await client.server.app[WORK].retention.run(forced=True)
-    samples = await _scrape(client)
+    samples = await scrape(client)
     for name, reason in (("events", "time"), ("logs", "disk")):
         labels = {"stream": name, "reason": reason}
         assert stream_value(samples, "retention_deleted_ledgers_total", **labels) == 1
@@ -297,7 +286,7 @@ async def test_stream_metrics_move_by_the_right_amounts(client: Any) -> None:
         json={"position": f"{last['ledgerId']}:{last['entries'] - 1}"},
     )
     await _stream_call(client, "delete", "streams/events")
-    samples = await _scrape(client)
+    samples = await scrape(client)
     assert ("storage_node_stream_backlog_entries", tuple(sorted(c1.items()))) in samples
     assert stream_value(samples, "backlog_entries", **c1) == 0
     assert stream_value(samples, "backlog_bytes", **c1) == 0
@@ -368,13 +357,13 @@ async def _ring_metrics_move(client: Any, storage: Any) -> None:
     def delta(name: str, **labels: str) -> float:
         return _value(after, name, **labels) - _value(before, name, **labels)
 
-    before = await _scrape(client)
+    before = await scrape(client)
     assert _value(before, "storage_node_wal_ring_capacity_bytes") == WAL_RING - HEADER_AREA
     lid = (await (await client.post("/api/v1/ledgers")).json())["ledgerId"]
     for _ in range(10):  # one at a time: a block each
         r = await client.post(f"/api/v1/ledgers/{lid}/entries", data=b"x" * 1000, headers=OCTET)
         assert r.status == 201
-    after = await _scrape(client)
+    after = await scrape(client)
     blocks = delta("storage_node_wal_block_bytes_count")
     assert blocks >= 11  # the ledger's creation and ten entries
     assert delta("storage_node_wal_block_bytes_bucket", le="4096.0") == blocks  # 4 KiB each
@@ -396,7 +385,7 @@ async def _ring_metrics_move(client: Any, storage: Any) -> None:
             )
         )
         statuses = [r.status for r in responses]
-        after = await _scrape(client)
+        after = await scrape(client)
     finally:
         gate.set()
         await asyncio.wrap_future(held)
@@ -421,12 +410,12 @@ async def test_orphan_ledgers_with_entries_are_kept_and_counted(
     meta, _ = await storage.create_ledger(properties={"stream": "gone"})
     lid = meta.ledger_id
     await storage.add_entry(lid, None, b"kept")
-    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 0
+    assert _value(await scrape(client), "storage_node_stream_orphan_ledgers") == 0
     await client.close()
 
     client = await aiohttp_client(build_app(settings))
-    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 1
+    assert _value(await scrape(client), "storage_node_stream_orphan_ledgers") == 1
     r = await client.get(f"/api/v1/ledgers/{lid}/entries/0")
     assert r.status == 200 and await r.read() == b"kept"
     assert (await client.delete(f"/api/v1/ledgers/{lid}")).status == 204  # the operator's call
-    assert _value(await _scrape(client), "storage_node_stream_orphan_ledgers") == 0
+    assert _value(await scrape(client), "storage_node_stream_orphan_ledgers") == 0

@@ -12,8 +12,8 @@ from typing import Any
 
 from node.http.app import build_app
 from node.http.openapi import document
-from tests.conftest import make_settings
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
+from tests.harness.settings import make_settings
 
 METHODS = {"get", "put", "post", "delete", "patch"}
 # positive_data_acceptance: what a request valid by the document may get. Schemathesis's

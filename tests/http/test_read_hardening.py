@@ -14,7 +14,7 @@ from node.http.app import build_app
 from node.http.frames import decode_range
 from node.http.state import METRICS, READ_BUDGET, STREAMS
 from node.settings import KiB, MiB, Settings
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 from tests.http.read_rss import _call, concurrent_reads, fill, rss
 from tests.http.test_hostile_clients import NodeFactory, _metric, start_node
 from tests.http.test_streams_api import (

@@ -15,7 +15,7 @@ import pytest
 from node.http.app import build_app
 from node.http.frames import batch_positions, encode_batch
 from node.settings import Settings
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}

@@ -10,7 +10,7 @@ from typing import Any
 
 from node.http.app import build_app
 from node.storage.journal import journal_path
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 JOURNAL_MAX = 64 * 1024

@@ -10,7 +10,7 @@ from typing import Any
 from node.settings import Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
-from tests.hostdisk import HOST_DISK_NEUTRAL
+from tests.harness.hostdisk import HOST_DISK_NEUTRAL
 
 LOG_SIZE = 64 * 1024
 ENTRY_SIZE = 1000

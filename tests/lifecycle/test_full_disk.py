@@ -33,9 +33,9 @@ from node.storage.clock import SystemClock
 from node.storage.errors import LedgerNotFound
 from node.storage.index import Index, LedgerMeta
 from node.storage.ledgers import LedgerStorage
-from tests.conftest import make_settings
-from tests.crash.clients import read_ledger
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.clients import read_ledger
+from tests.harness.node import NodeProcess
+from tests.harness.settings import make_settings
 from tests.lifecycle.gc_world import gc_settings, interleave
 from tests.lifecycle.gc_world import payload as gc_payload
 

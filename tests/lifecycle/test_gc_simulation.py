@@ -57,7 +57,7 @@ from node.settings import KiB, MiB, Settings, load
 from node.storage import entrylog
 from node.storage.ledgers import LedgerStorage
 from tests.harness.clock import EPOCH_MS, FakeClock
-from tests.hostdisk import HOST_DISK_NEUTRAL
+from tests.harness.hostdisk import HOST_DISK_NEUTRAL
 from tests.lifecycle.gc_world import check_survivors, dangling_entries, gc_settings, interleave
 
 HOUR_S = 3600

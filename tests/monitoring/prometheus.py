@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.crash.nodeproc import free_port
+from tests.harness.ports import free_port
 
 READY_TIMEOUT_S = 30.0
 JOB = "storage-node"  # as the alert rules' `up{job=~"storage-node.*"}` expects

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grafana import generate
 from node.audit import CHECKS
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
 from tests.monitoring.prometheus import JOB, Prometheus
 
 ALERTS = generate.RULES_FILE

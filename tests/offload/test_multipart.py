@@ -7,12 +7,11 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from node.offload.multipart import S3Uploads
-from tests.conftest import make_settings
-from tests.offload.conftest import KEY_ID, REGION, SECRET
+from tests.harness.moto import KEY_ID, REGION, SECRET, s3_client
+from tests.harness.settings import make_settings
 from tests.offload.test_offload import closed_ledger, new_client, objects, payloads, run
 
 
@@ -54,13 +53,7 @@ async def test_incomplete_uploads_are_listed_and_aborted_on_request(
     known = await objects(client)
     stray = "4242/0123abcd.data"
     if store_settings["offload_store"] == "s3":
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=store_settings["offload_endpoint"],
-            region_name=REGION,
-            aws_access_key_id=KEY_ID,
-            aws_secret_access_key=SECRET,
-        )
+        s3 = s3_client(store_settings["offload_endpoint"])
         bucket = store_settings["offload_bucket"]
 
         def begin() -> str:

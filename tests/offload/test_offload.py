@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
 from node.http.app import build_app
 from node.http.frames import encode_batch
@@ -24,6 +23,7 @@ from node.http.state import STORAGE, WORK
 from node.offload.format import LedgerIndex, data_key, index_key
 from node.offload.service import OffloadService
 from node.offload.store import ObjectStore
+from tests.harness.metrics import scrape
 from tests.offload.conftest import offload_settings
 
 BATCH = {"Content-Type": "application/x-entry-batch"}
@@ -169,14 +169,8 @@ async def test_offload_reads_back_every_byte_before_and_after_the_local_copy_goe
 
 
 async def metric_values(client: Any) -> dict[str, float]:
-    r = await client.get("/metrics")
-    assert r.status == 200
-    return {
-        sample.name: sample.value
-        for family in text_string_to_metric_families(await r.text())
-        for sample in family.samples
-        if not sample.labels
-    }
+    """The node's unlabelled samples by name."""
+    return {name: value for (name, labels), value in (await scrape(client)).items() if not labels}
 
 
 async def test_objects_no_ledger_names_are_reported_and_removed_only_on_request(

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.crash.nodeproc import NodeProcess
-from tests.offload.conftest import new_bucket, s3_settings
+from tests.harness.moto import new_bucket, s3_settings
+from tests.harness.node import NodeProcess
 
 ENTRIES = 200
 OCTET = {"Content-Type": "application/octet-stream"}

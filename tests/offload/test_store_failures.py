@@ -6,7 +6,6 @@ report the ledgers the store held up and set lastError; status still answers."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -14,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moto.server import ThreadedMotoServer
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.crash.nodeproc import free_port
-from tests.offload.conftest import new_bucket, s3_settings
+from tests.harness.metrics import scrape
+from tests.harness.moto import MotoServer, aws_variables, new_bucket, s3_settings
 from tests.offload.test_offload import (
     closed_ledger,
     ledger_offload,
@@ -32,30 +29,12 @@ from tests.offload.test_offload import (
 TIMEOUT_S = 2.0  # offload_operation_timeout_s here: a hung store fails this fast
 
 
-class Moto:
-    """A moto S3 server of this test's own, which the test may stop and start again on the
-    same port (moto keeps its buckets in the process, so they come back with it)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._server: ThreadedMotoServer | None = None
-
-    def start(self) -> None:
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-
 @pytest.fixture
-def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[Moto]:
-    for name in [n for n in os.environ if n.startswith("AWS_")]:
-        monkeypatch.delenv(name)  # S3Store reads the environment: nothing stray may leak in
-    server = Moto()
+def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoServer]:
+    """A moto S3 server of this test's own, which the test may stop and start again."""
+    for name in aws_variables():
+        monkeypatch.delenv(name)
+    server = MotoServer()
     server.start()
     try:
         yield server
@@ -64,7 +43,7 @@ def moto(monkeypatch: pytest.MonkeyPatch) -> Iterator[Moto]:
 
 
 @pytest.fixture
-def store(moto: Moto) -> dict[str, Any]:
+def store(moto: MotoServer) -> dict[str, Any]:
     """Settings of a fresh bucket of ``moto``."""
     return s3_settings(moto.endpoint, new_bucket(moto.endpoint))
 
@@ -79,14 +58,7 @@ def hung_endpoint() -> Iterator[str]:
 
 
 async def metric_samples(client: Any, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    r = await client.get("/metrics")
-    assert r.status == 200
-    return {
-        tuple(sorted(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(await r.text())
-        for sample in family.samples
-        if sample.name == name
-    }
+    return {labels: value for (n, labels), value in (await scrape(client)).items() if n == name}
 
 
 async def offloaded_without_local_copy(
@@ -138,7 +110,7 @@ async def test_a_hung_store_is_a_504_within_the_operation_timeout_and_status_sti
 
 
 async def test_a_killed_store_is_a_503_and_a_run_goes_on_and_records_the_error(
-    aiohttp_client: Any, tmp_path: Path, moto: Moto, store: dict[str, Any]
+    aiohttp_client: Any, tmp_path: Path, moto: MotoServer, store: dict[str, Any]
 ) -> None:
     data = tmp_path / "data"
     gone, _ = await offloaded_without_local_copy(aiohttp_client, data, store)

@@ -22,7 +22,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
 
 from node.storage.entrylog import read_ledgers_map
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
 from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_source, launch
 
 TOKEN = "status-page-token"

@@ -10,7 +10,7 @@ from typing import Any
 
 from node.http import models
 from node.http.app import build_app
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 

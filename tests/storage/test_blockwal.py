@@ -45,8 +45,8 @@ from node.storage.errors import Backpressure, CorruptRecord, WalDeviceError
 from node.storage.faults import Faults
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark, WalRecord, record_crc
-from tests.conftest import make_settings
-from tests.loopdev import loop_device, restore, snapshot
+from tests.harness.loopdev import loop_device, restore, snapshot
+from tests.harness.settings import make_settings
 from tests.storage import blockwal_writer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from node.storage.faults import Faults
 from node.storage.index import MAX_ID, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import record_crc
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 
 async def _reopen(storage: LedgerStorage) -> LedgerStorage:

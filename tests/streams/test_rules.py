@@ -24,7 +24,7 @@ from node.http import models
 from node.streams import rules
 from node.streams.model import MINUTE_MS, Cursor, LedgerInfo, Position, Stream
 from node.streams.policies import POLICIES, Policies, default_policies
-from tests.conftest import make_settings
+from tests.harness.settings import make_settings
 
 NOW_MS = 1_800_000_000_000
 HOUR_MS = 60 * MINUTE_MS

@@ -1,4 +1,4 @@
-"""Streams under SIGKILL, with the node as a real process (tests/crash/nodeproc.py): small
+"""Streams under SIGKILL, with the node as a real process (tests/harness/node.py): small
 ledgers (a few entries, no minimum age) so that rollovers happen many times a second.
 
 (a) During appends with rollover: several appenders record every acknowledged position and
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import random
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,8 @@ import pytest
 from node.http.frames import batch_positions, encode_batch
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
-from tests.crash.clients import BATCH, OCTET, REPLY_LOST, http_status, read_stream
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.clients import BATCH, OCTET, REPLY_LOST, http_status, read_stream
+from tests.harness.node import NodeProcess
 
 ENV = {"NODE_RETENTION_SCHEDULER_ENABLED": "false"}  # only the test runs retention
 APPEND_TRIALS = 12
@@ -40,14 +39,6 @@ ACK_TRIALS = 6
 FIRST_BATCH_TIMEOUT_S = 60.0  # bounds a hang only: the kill timer starts after one batch
 RETENTION_TRIALS = 4
 APPENDERS = 5
-
-
-@pytest.fixture(autouse=True)
-def reap_nodes() -> Iterator[None]:
-    """No node process outlives its test, whatever the test's outcome."""
-    yield
-    while NodeProcess.started:
-        NodeProcess.started.pop().kill()
 
 
 def start_node(data: Path, env: dict[str, str] | None = None) -> NodeProcess:

@@ -39,8 +39,8 @@ from node.storage.ledgers import LedgerStorage
 from node.streams.manager import InvalidPosition, StreamManager, StreamNotFound
 from node.streams.model import MINUTE_MS, Position
 from node.streams.rules import Deletion
-from tests.conftest import make_settings
 from tests.harness.clock import EPOCH_MS, FakeClock
+from tests.harness.settings import make_settings
 
 START_MS = EPOCH_MS  # 2026-01-01T00:00:00Z: the fake clock's time 0
 MINUTE_S = MINUTE_MS / 1000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.harness.hostdisk import run_bench
 
 RUN_TIMEOUT_S = 180  # the run itself takes about fifteen seconds; this only stops a hang
 WRITERS = 2

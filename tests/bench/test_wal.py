@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.harness.hostdisk import run_bench
 
 RUN_TIMEOUT_S = 240  # the run takes some seconds; this only stops a hang
 FIGURE = r"\s*([\d,.]+)\s*"

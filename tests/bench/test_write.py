@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.harness.hostdisk import run_bench
 
 ROWS = ("engine", "engine, batches of 10", "raw disk (same batches)", "rocksdb sync")
 CPU_LINE = re.compile(

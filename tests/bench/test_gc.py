@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.hostdisk import run_bench
+from tests.harness.hostdisk import run_bench
 
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 ALONE = "compaction alone (unthrottled)"

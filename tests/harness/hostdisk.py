@@ -35,7 +35,7 @@ def neutral_env() -> dict[str, str]:
     return {**os.environ, **as_env(HOST_DISK_NEUTRAL)}
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from node.runtime import FILES_MARGIN, fit_connections
 from node.settings import Settings, load
-from tests.crash.nodeproc import DEFAULT_SETTINGS, NodeProcess
+from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 SOFT, HARD = 1024, 2048
 

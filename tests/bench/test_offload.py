@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.hostdisk import number, run_bench, table_rows
+from tests.harness.hostdisk import number, run_bench, table_rows
 
 RUN_TIMEOUT_S = 120  # the run itself takes a few seconds; this only stops a hang
 ENTRY_LOG = "entry log (baseline)"

@@ -11,7 +11,7 @@ import aiohttp
 from node.http.frames import decode_range
 from node.http.streams import decode_stream_frames
 from node.streams.model import Position
-from tests.crash.nodeproc import NodeProcess
+from tests.harness.node import NodeProcess
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}

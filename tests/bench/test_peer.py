@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.hostdisk import number, run_bench, table_rows
+from tests.harness.hostdisk import number, run_bench, table_rows
 
 RUN_TIMEOUT_S = 300  # the runs take well under a minute; this only stops a hang
 SHAPES = ("4 x batch 100", "8 x batch 100", "16 x single")

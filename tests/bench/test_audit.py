@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.hostdisk import run_bench, table_rows
+from tests.harness.hostdisk import run_bench, table_rows
 
 RUN_TIMEOUT_S = 300  # two Spark sessions start: tens of seconds; this only stops a hang
 SCANS = ("spark local[1]", "spark local[2]", "inspect (1 thread)")

@@ -1,21 +1,25 @@
-"""The node as a real process on loopback, for crash and shutdown tests."""
+"""The node as a real process on loopback (crash, shutdown and end-to-end tests), and the
+fixture that reaps it."""
 
 from __future__ import annotations
 
 import json
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from node.settings import Settings
-from tests.hostdisk import neutral_env
+from tests.harness.hostdisk import neutral_env
+from tests.harness.ports import free_port
 
 READY_TIMEOUT_S = 30.0
 
@@ -37,14 +41,8 @@ DEFAULT_SETTINGS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class NodeProcess:
-    started: list[NodeProcess] = []  # reaped by the crash tests' conftest, pass or fail
+    started: list[NodeProcess] = []  # killed by reap_nodes after each test, pass or fail
 
     def __init__(
         self,
@@ -137,3 +135,14 @@ class NodeProcess:
     def get_bytes(self, path: str) -> bytes:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=30) as r:
             return bytes(r.read())
+
+
+@pytest.fixture(autouse=True)
+def reap_nodes() -> Iterator[None]:
+    """No node process a test starts outlives it, whatever the test's outcome. Autouse for the
+    whole suite (tests/conftest.py imports it); a node started by a module-scoped fixture,
+    before the test, is that fixture's to stop."""
+    before = len(NodeProcess.started)
+    yield
+    while len(NodeProcess.started) > before:
+        NodeProcess.started.pop().kill()
