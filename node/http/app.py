@@ -27,15 +27,15 @@ from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
     AUDIT,
     BUDGET,
-    LIFECYCLE,
     METRICS,
     READ_BUDGET,
+    SERVING,
     SETTINGS,
     STORAGE,
     STREAMS,
     WORK,
     AuditState,
-    Lifecycle,
+    ServingState,
 )
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
@@ -75,7 +75,7 @@ def build_app(settings: Settings, storage: LedgerStorage | None = None) -> web.A
     app[READ_BUDGET] = read_budget = BodyBudget(settings.max_read_bytes_in_flight)
     metrics.read_reply_bytes.set_function(lambda: read_budget.in_use)  # read at each scrape
     app[METRICS] = metrics
-    app[LIFECYCLE] = Lifecycle()
+    app[SERVING] = ServingState()
     app[STORAGE] = storage or LedgerStorage(settings, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], SystemClock())
     app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS])
@@ -99,7 +99,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
     await audit.restore(app)
     await app[WORK].start()
-    app[LIFECYCLE].started = True
+    app[SERVING].started = True
     yield
     await app[WORK].stop()
     await app[STORAGE].close()
@@ -108,14 +108,14 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
     await audit.restore(app)
-    app[LIFECYCLE].started = True
+    app[SERVING].started = True
     yield
 
 
 async def _begin_shutdown(app: web.Application) -> None:
     """Before in-flight requests are awaited: readiness fails and long polls return now
     instead of holding the shutdown for their whole timeout."""
-    app[LIFECYCLE].shutting_down = True
+    app[SERVING].shutting_down = True
     app[STORAGE].release_waiters()
 
 
@@ -252,7 +252,7 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None) 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    app[LIFECYCLE].shutting_down = True
+    app[SERVING].shutting_down = True
     log.info("shutting down: finishing requests, then a final checkpoint")
     await runner.cleanup()
     for sig in (signal.SIGTERM, signal.SIGINT):

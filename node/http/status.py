@@ -24,7 +24,7 @@ from node.http import models
 from node.http.errors import ApiError
 from node.http.jsonreply import json_response
 from node.http.ledgers import parse_id
-from node.http.state import AUDIT, LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
+from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
 from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
 from node.settings import Settings
@@ -171,10 +171,10 @@ def _disks(settings: Settings) -> list[models.StatusDisk]:
 
 
 def _state(app: web.Application) -> models.NodeStateName:
-    storage, lifecycle = app[STORAGE], app[LIFECYCLE]
-    if lifecycle.shutting_down:
+    storage, serving = app[STORAGE], app[SERVING]
+    if serving.shutting_down:
         return "shutting_down"
-    if not lifecycle.started or not storage.running:
+    if not serving.started or not storage.running:
         return "starting"
     return "read_only" if storage.refuses_adds else "writable"
 
