@@ -14,9 +14,10 @@ from pydantic import SecretStr
 
 from node.http import models
 from node.http.errors import ApiError
+from node.http.frames import METRICS_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.state import METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
-from node.metrics import CONTENT_TYPE, data_dirs
+from node.metrics import data_dirs
 from node.settings import Settings
 from node.storage import entrylog, journal
 
@@ -192,7 +193,7 @@ async def metrics(request: web.Request) -> web.Response:
         request.app[STREAMS],
     )
     body = await asyncio.to_thread(registry.render)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 @routes.put("/api/v1/bookie/gc")

@@ -22,7 +22,7 @@ from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
 from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
-from node.http.jsonreply import JSON_TYPE
+from node.http.frames import JSON_CONTENT_TYPE
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
     AUDIT,
@@ -183,7 +183,7 @@ class _JsonErrorRequestHandler(RequestHandler, HangupCancels):
         code = HTTP_CODES.get(status, f"http_{status}")
         text = message or (exc and str(exc)) or HTTPStatus(status).phrase
         response = web.Response(
-            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_TYPE
+            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_CONTENT_TYPE
         )
         response.force_close()
         return response

@@ -22,6 +22,7 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.errors import ApiError
+from node.http.frames import CSS_CONTENT_TYPE, HTML_CONTENT_TYPE, JAVASCRIPT_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.ledgers import parse_id
 from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
@@ -38,8 +39,8 @@ routes = web.RouteTableDef()
 PAGE = "index.html"
 # The assets the page loads, by the name in its URL: nothing from the request names a path.
 ASSETS = {
-    "status.css": "text/css",
-    "status.js": "text/javascript",
+    "status.css": CSS_CONTENT_TYPE,
+    "status.js": JAVASCRIPT_CONTENT_TYPE,
 }
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -132,7 +133,7 @@ async def root(request: web.Request) -> web.Response:
 @routes.get("/status")
 async def page(request: web.Request) -> web.Response:
     body = await _asset(request.app, PAGE)
-    return web.Response(body=body, headers=_headers("text/html; charset=utf-8"))
+    return web.Response(body=body, headers=_headers(f"{HTML_CONTENT_TYPE}; charset=utf-8"))
 
 
 @routes.get("/status/{asset}")
