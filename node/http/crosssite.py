@@ -164,6 +164,7 @@ async def refuse_cross_site(request: web.Request, handler: Handler) -> web.Strea
     preflight = request.method == "OPTIONS" and "Access-Control-Request-Method" in headers
     if preflight and _cross_origin(request) is not None:
         return web.Response(status=204)  # its CORS headers come in _cors_headers
+    # A body without a type is taken as JSON (not a form).
     if _takes_json(request) and not _is_json(headers.get("Content-Type", JSON_CONTENT_TYPE)):
         raise ApiError(
             415,

@@ -17,7 +17,9 @@ from node.http.errors import STATUSES
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
     BATCH_LAYOUT,
+    CSS_CONTENT_TYPE,
     HTML_CONTENT_TYPE,
+    JAVASCRIPT_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     OCTET_CONTENT_TYPE,
     RANGE_CONTENT_TYPE,
@@ -575,8 +577,8 @@ def _status_paths() -> dict[str, Any]:
                     "200": {
                         "description": "The asset",
                         "content": {
-                            "text/javascript": {"schema": {"type": "string"}},
-                            "text/css": {"schema": {"type": "string"}},
+                            JAVASCRIPT_CONTENT_TYPE: {"schema": {"type": "string"}},
+                            CSS_CONTENT_TYPE: {"schema": {"type": "string"}},
                         },
                     },
                     **_errors(404),
