@@ -50,7 +50,6 @@ from node.streams.manager import StreamManager
 from node.streams.model import Position, Stream
 
 PREFIX = "storage_node"
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # Latencies from 100 µs (a cache hit) to 10 s (maxThrottleTime).
 LATENCY_BUCKETS = (

@@ -260,7 +260,9 @@ def post_summary(url: str, summary: dict[str, Any]) -> None:
     import urllib.error
     import urllib.request
 
-    headers = {"Content-Type": "application/json"}
+    from node.http.frames import JSON_CONTENT_TYPE
+
+    headers = {"Content-Type": JSON_CONTENT_TYPE}
     token = os.environ.get(TOKEN_ENV)
     if token:
         headers["Authorization"] = f"Bearer {token}"

@@ -27,7 +27,6 @@ from node.bench.common import Phase, markdown_table, scratch_dir
 from node.bench.server import (
     BATCH_ENTRIES,
     ENTRY_SIZE,
-    OCTET,
     WARMUP_S,
     Figures,
     Server,
@@ -35,7 +34,7 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
+from node.http.frames import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 from node.runtime import run, tune
 from node.settings import load
 from node.storage.ledgers import LedgerStorage
@@ -56,7 +55,7 @@ async def _load(
         body = encode_batch([bytes(ENTRY_SIZE)] * BATCH_ENTRIES)
         headers, entries = {"Content-Type": BATCH_CONTENT_TYPE}, BATCH_ENTRIES
     else:  # single adds; reads: one entry a request too
-        body, headers, entries = bytes(ENTRY_SIZE), {"Content-Type": OCTET}, 1
+        body, headers, entries = bytes(ENTRY_SIZE), {"Content-Type": OCTET_CONTENT_TYPE}, 1
     latencies: list[float] = []
     counts = {"requests": 0, "entries": 0, "errors": 0}
     phase = Phase()

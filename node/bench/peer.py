@@ -33,7 +33,6 @@ from node.bench.common import Phase, UsageError, markdown_table, scratch_dir
 from node.bench.server import (
     BATCH_ENTRIES,
     ENTRY_SIZE,
-    OCTET,
     READY_TIMEOUT_S,
     WARMUP_S,
     Figures,
@@ -42,7 +41,7 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
+from node.http.frames import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 from node.runtime import run
 
 # (clients, entries per request) of each shape: batches from a few clients, single adds from many.
@@ -59,7 +58,7 @@ Exchange = Callable[[], Awaitable[bool]]  # one request and its reply; True when
 
 def _http_request(host: str, port: int, ledger: int, entries: int) -> bytes:
     if entries == 1:
-        body, content_type = bytes(ENTRY_SIZE), OCTET
+        body, content_type = bytes(ENTRY_SIZE), OCTET_CONTENT_TYPE
     else:
         body, content_type = encode_batch([bytes(ENTRY_SIZE)] * entries), BATCH_CONTENT_TYPE
     head = (

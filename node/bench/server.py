@@ -23,7 +23,6 @@ from node.settings import KiB
 
 ENTRY_SIZE = 1 * KiB  # every entry over HTTP
 BATCH_ENTRIES = 100  # entries per batch request
-OCTET = "application/octet-stream"  # the content type of one entry
 WARMUP_S = 1.0  # the load process's warm-up before its measured window
 READY_TIMEOUT_S = 30.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -33,7 +33,6 @@ from node.bench.common import P50, P99, Phase, markdown_table, quantile_ms, scra
 from node.bench.server import (
     BATCH_ENTRIES,
     ENTRY_SIZE,
-    OCTET,
     WARMUP_S,
     Figures,
     Server,
@@ -41,9 +40,13 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
-from node.http.ledgers import JSON
-from node.http.streams import decode_stream_frames
+from node.http.frames import (
+    BATCH_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    OCTET_CONTENT_TYPE,
+    decode_stream_frames,
+    encode_batch,
+)
 
 ROLLOVER_ENTRIES = 10_000  # maxEntriesPerLedger of the bench's streams
 READ_LIMIT = 1000  # entries per read of the tailing reader
@@ -96,7 +99,7 @@ async def _load(
             if mode == BATCH:
                 body, content_type, entries = batch, BATCH_CONTENT_TYPE, BATCH_ENTRIES
             else:
-                body, content_type, entries = _stamped(ENTRY_SIZE), OCTET, 1
+                body, content_type, entries = _stamped(ENTRY_SIZE), OCTET_CONTENT_TYPE, 1
             async with session.post(
                 f"{base}/entries", data=body, headers={"Content-Type": content_type}
             ) as response:
@@ -197,7 +200,8 @@ def _run(
 ) -> StreamFigures:
     stream = f"bench-{n}"
     policies = {"maxEntriesPerLedger": ROLLOVER_ENTRIES, "minLedgerRolloverTimeMinutes": 0}
-    call(f"{server.url}/api/v1/streams/{stream}", "PUT", json.dumps(policies).encode(), JSON)
+    body = json.dumps(policies).encode()
+    call(f"{server.url}/api/v1/streams/{stream}", "PUT", body, JSON_CONTENT_TYPE)
     result, server_cpu_s = server.load("node.bench.stream", mode, writers, seconds, stream)
     details = call(f"{server.url}/api/v1/streams/{stream}")
     return StreamFigures(

@@ -14,9 +14,10 @@ from pydantic import SecretStr
 
 from node.http import models
 from node.http.errors import ApiError
+from node.http.frames import METRICS_CONTENT_TYPE
 from node.http.jsonreply import json_response
-from node.http.state import LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
-from node.metrics import CONTENT_TYPE, data_dirs
+from node.http.state import METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
+from node.metrics import data_dirs
 from node.settings import Settings
 from node.storage import entrylog, journal
 
@@ -58,13 +59,13 @@ def _space(settings: Settings) -> tuple[int, int]:
 
 def _state(request: web.Request) -> dict[str, bool]:
     storage = request.app[STORAGE]
-    lifecycle = request.app[LIFECYCLE]
-    running = lifecycle.started and storage.running and not lifecycle.shutting_down
+    serving = request.app[SERVING]
+    running = serving.started and storage.running and not serving.shutting_down
     read_only = storage.refuses_adds
     return {
         "running": running,
         "readOnly": read_only,
-        "shuttingDown": lifecycle.shutting_down,
+        "shuttingDown": serving.shutting_down,
         "availableForHighPriorityWrites": running and not read_only,
     }
 
@@ -187,12 +188,12 @@ async def metrics(request: web.Request) -> web.Response:
     registry = request.app[METRICS]
     registry.take_snapshot(
         request.app[STORAGE],
-        request.app[LIFECYCLE].shutting_down,
+        request.app[SERVING].shutting_down,
         request.app[WORK],
         request.app[STREAMS],
     )
     body = await asyncio.to_thread(registry.render)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 @routes.put("/api/v1/bookie/gc")

@@ -22,20 +22,20 @@ from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
 from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
-from node.http.jsonreply import JSON_TYPE
+from node.http.frames import JSON_CONTENT_TYPE
 from node.http.middleware import request_context, require_admin_token
 from node.http.state import (
     AUDIT,
     BUDGET,
-    LIFECYCLE,
     METRICS,
     READ_BUDGET,
+    SERVING,
     SETTINGS,
     STORAGE,
     STREAMS,
     WORK,
     AuditState,
-    Lifecycle,
+    ServingState,
 )
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
@@ -80,7 +80,7 @@ def build_app(
     app[READ_BUDGET] = read_budget = BodyBudget(settings.max_read_bytes_in_flight)
     metrics.read_reply_bytes.set_function(lambda: read_budget.in_use)  # read at each scrape
     app[METRICS] = metrics
-    app[LIFECYCLE] = Lifecycle()
+    app[SERVING] = ServingState()
     app[STORAGE] = storage or LedgerStorage(settings, clock=clock, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], clock)
     app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
@@ -104,7 +104,7 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
     await audit.restore(app)
     await app[WORK].start()
-    app[LIFECYCLE].started = True
+    app[SERVING].started = True
     yield
     await app[WORK].stop()
     await app[STORAGE].close()
@@ -113,14 +113,14 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
     await app[STREAMS].start()
     await audit.restore(app)
-    app[LIFECYCLE].started = True
+    app[SERVING].started = True
     yield
 
 
 async def _begin_shutdown(app: web.Application) -> None:
     """Before in-flight requests are awaited: readiness fails and long polls return now
     instead of holding the shutdown for their whole timeout."""
-    app[LIFECYCLE].shutting_down = True
+    app[SERVING].shutting_down = True
     app[STORAGE].release_waiters()
 
 
@@ -188,7 +188,7 @@ class _JsonErrorRequestHandler(RequestHandler, HangupCancels):
         code = HTTP_CODES.get(status, f"http_{status}")
         text = message or (exc and str(exc)) or HTTPStatus(status).phrase
         response = web.Response(
-            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_TYPE
+            status=status, body=error_body(code, str(text)[:500]), content_type=JSON_CONTENT_TYPE
         )
         response.force_close()
         return response
@@ -257,7 +257,7 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None) 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    app[LIFECYCLE].shutting_down = True
+    app[SERVING].shutting_down = True
     log.info("shutting down: finishing requests, then a final checkpoint")
     await runner.cleanup()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import RETRY_AFTER_S, ClientAborted, error_body
+from node.http.frames import JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from node.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,8 @@ REFUSAL_WAIT_S = 1.0  # a refused connection's request is awaited this long, the
 REFUSALS_WAITING = 64  # refused connections awaiting their request at once; more: answered now
 HEARTBEAT = b"GET /heartbeat "
 HEARTBEAT_ANSWER = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n"
-    b"Connection: close\r\n\r\nOK\n"
+    b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: 3\r\n"
+    b"Connection: close\r\n\r\nOK\n" % TEXT_CONTENT_TYPE.encode()
 )
 
 
@@ -61,9 +62,9 @@ class ConnectionLimit:
             f"try again in {RETRY_AFTER_S} s",
         )
         self.answer = (
-            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: %s\r\n"
             b"Content-Length: %d\r\nRetry-After: %s\r\nConnection: close\r\n\r\n%s"
-            % (len(body), RETRY_AFTER_S.encode(), body)
+            % (JSON_CONTENT_TYPE.encode(), len(body), RETRY_AFTER_S.encode(), body)
         )
 
     def full(self) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import ApiError
+from node.http.frames import JSON_CONTENT_TYPE, media_type
 from node.http.middleware import GUARDED_PREFIX, MUTATING
 from node.http.state import SETTINGS
 from node.settings import Settings
@@ -33,7 +34,6 @@ from node.settings import Settings
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ANY = "*"
-JSON = "application/json"  # a body without a type is taken as JSON (not a form)
 WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 # Routes whose bodies are entries, not JSON (ledgers.add, streams.add, put_entry).
@@ -68,8 +68,9 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def _is_json(content_type: str) -> bool:
-    media = content_type.partition(";")[0].strip().lower()
-    return media == JSON or (media.startswith("application/") and media.endswith("+json"))
+    media = media_type(content_type)
+    suffixed = media.startswith("application/") and media.endswith("+json")
+    return media == JSON_CONTENT_TYPE or suffixed
 
 
 class Guard:
@@ -163,11 +164,12 @@ async def refuse_cross_site(request: web.Request, handler: Handler) -> web.Strea
     preflight = request.method == "OPTIONS" and "Access-Control-Request-Method" in headers
     if preflight and _cross_origin(request) is not None:
         return web.Response(status=204)  # its CORS headers come in _cors_headers
-    if _takes_json(request) and not _is_json(headers.get("Content-Type", JSON)):
+    # A body without a type is taken as JSON (not a form).
+    if _takes_json(request) and not _is_json(headers.get("Content-Type", JSON_CONTENT_TYPE)):
         raise ApiError(
             415,
             "unsupported_media_type",
-            f"this route takes application/json, not {headers['Content-Type'][:100]!r}",
+            f"this route takes {JSON_CONTENT_TYPE}, not {headers['Content-Type'][:100]!r}",
         )
     return await handler(request)
 

@@ -4,48 +4,149 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 
-from node.http.jsonreply import JSON_TYPE, json_bytes
+from node.http.frames import JSON_CONTENT_TYPE
+from node.http.jsonreply import json_bytes
 from node.offload import errors as offload_errors
 from node.storage import errors as storage_errors
 from node.streams import manager as stream_errors
 
 log = logging.getLogger(__name__)
 
-STATUS: dict[type[storage_errors.StorageError], int] = {
-    storage_errors.LedgerNotFound: 404,
-    storage_errors.EntryNotFound: 404,
-    storage_errors.LedgerExists: 409,
-    storage_errors.LedgerClosed: 409,
-    storage_errors.LedgerFenced: 409,
-    storage_errors.LedgerFull: 409,
-    storage_errors.EntryConflict: 409,
-    storage_errors.EntryTooLarge: 413,
-    storage_errors.InvalidArgument: 400,
-    storage_errors.WriteTokenMismatch: 403,
-    storage_errors.Backpressure: 503,
-    storage_errors.StorageClosed: 503,
-    storage_errors.NodeReadOnly: 503,
-    storage_errors.DiskFull: 507,
-    stream_errors.StreamNotFound: 404,
-    stream_errors.CursorNotFound: 404,
-    # 400: the request is malformed (a schema of /openapi.json says so); 422: well formed,
-    # but the stream as it is now, or a rule between two values, refuses it.
-    stream_errors.MalformedPosition: 400,
-    stream_errors.InvalidPosition: 422,
-    stream_errors.InvalidPolicy: 400,
-    stream_errors.ConflictingPolicies: 422,
-    stream_errors.InvalidName: 400,
-    storage_errors.JournalFailed: 500,
-    storage_errors.CorruptRecord: 500,
-    offload_errors.OffloadObjectUnreadable: 502,
-    offload_errors.OffloadFailed: 502,
-    offload_errors.ObjectStoreError: 502,
-    offload_errors.ObjectStoreUnavailable: 503,
-    offload_errors.ObjectStoreTimeout: 504,
+StorageErrorType = type[storage_errors.StorageError]
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One status of the API's errors: what it means (its description in /openapi.json),
+    the engine's errors answered with it, and the code of aiohttp's own refusals with it."""
+
+    description: str
+    errors: tuple[StorageErrorType, ...] = ()
+    aiohttp_code: str | None = None
+
+
+# Every error status, in one table. 400: the request is malformed (a schema of /openapi.json
+# says so); 422: well formed, but the stream as it is now, or a rule between two values,
+# refuses it.
+STATUSES: dict[int, Status] = {
+    400: Status(
+        "Malformed id, query, body or frame (against this document's schemas); an empty "
+        "batch (empty_batch); a reserved ledger property (reserved_property)",
+        (
+            storage_errors.InvalidArgument,
+            stream_errors.MalformedPosition,
+            stream_errors.InvalidPolicy,
+            stream_errors.InvalidName,
+        ),
+        "bad_request",
+    ),
+    401: Status(
+        "Missing bearer token (when an admin token is configured)", aiohttp_code="unauthorized"
+    ),
+    403: Status(
+        "Wrong bearer token (forbidden) or write token (write_token_mismatch); a Host "
+        "that is not one of the node's names (host_not_allowed, on any route); a state change "
+        "from another site's page (origin_not_allowed)",
+        (storage_errors.WriteTokenMismatch,),
+        "forbidden",
+    ),
+    404: Status(
+        "No such ledger, entry or route",
+        (
+            storage_errors.LedgerNotFound,
+            storage_errors.EntryNotFound,
+            stream_errors.StreamNotFound,
+            stream_errors.CursorNotFound,
+        ),
+        "not_found",
+    ),
+    405: Status("The route takes other methods (Allow names them)", (), "method_not_allowed"),
+    408: Status(
+        "The body stopped arriving for body_read_timeout_s (body_timeout); the connection closes",
+        aiohttp_code="request_timeout",
+    ),
+    409: Status(
+        "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
+        "stream, which only the stream API changes (owned_by_stream); an append past entry id "
+        "2^63 - 1 (ledger_full: nothing of it is added); an audit snapshot directory that is "
+        "not empty (snapshot_exists)",
+        (
+            storage_errors.LedgerExists,
+            storage_errors.LedgerClosed,
+            storage_errors.LedgerFenced,
+            storage_errors.LedgerFull,
+            storage_errors.EntryConflict,
+        ),
+    ),
+    413: Status(
+        "Entry or request too large (a declared Content-Length is refused before the "
+        "body), or more entries than max_entries_per_batch (too_many_entries), or an audit "
+        "summary past audit_result_max_bytes",
+        (storage_errors.EntryTooLarge,),
+        "request_too_large",
+    ),
+    415: Status(
+        "Unsupported content type: entries not as octet-stream or a batch, or a JSON "
+        "route's body not application/json",
+        aiohttp_code="unsupported_media_type",
+    ),
+    422: Status(
+        "Well formed, but refused for what it means: a position not in the stream or past "
+        "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
+        "a range whose from is after its to (invalid_range), an audit snapshot target outside "
+        "the snapshot directory (invalid_target), an audit summary whose status disagrees "
+        "with its counts, that finished ahead of the node's clock or that has no check "
+        "(invalid_summary)",
+        (stream_errors.InvalidPosition, stream_errors.ConflictingPolicies),
+    ),
+    431: Status("Request headers too large", (), "headers_too_large"),
+    500: Status(
+        "An entry failed its CRC check, or the WAL failed; an audit snapshot directory "
+        "off the entry logs' file system (snapshot_failed)",
+        (storage_errors.JournalFailed, storage_errors.CorruptRecord),
+    ),
+    502: Status(
+        "An offloaded object is missing or damaged (offload_object_unreadable), or the "
+        "object store answered an error (offload_store_error)",
+        (
+            offload_errors.OffloadObjectUnreadable,
+            offload_errors.OffloadFailed,
+            offload_errors.ObjectStoreError,
+        ),
+    ),
+    503: Status(
+        "Back-pressure, read-only node, shutting down, request bodies (or read replies) "
+        "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
+        "overloaded, max_connections connections open (too_many_connections), or the object "
+        "store unreachable (offload_store_unavailable); see Retry-After",
+        (
+            storage_errors.Backpressure,
+            storage_errors.StorageClosed,
+            storage_errors.NodeReadOnly,
+            offload_errors.ObjectStoreUnavailable,
+        ),
+    ),
+    504: Status(
+        "The object store did not answer within offload_operation_timeout_s "
+        "(offload_store_timeout)",
+        (offload_errors.ObjectStoreTimeout,),
+    ),
+    507: Status(
+        "A data disk is full: the node is read-only; or an audit snapshot found no "
+        "space (disk_full)",
+        (storage_errors.DiskFull,),
+    ),
 }
+# An engine error's status (by its exact class: DiskFull is a NodeReadOnly of its own status).
+STATUS: dict[StorageErrorType, int] = {
+    error: status for status, row in STATUSES.items() for error in row.errors
+}
+# The code of aiohttp's own refusals (an unknown route, a head too large), by status.
+HTTP_CODES = {status: row.aiohttp_code for status, row in STATUSES.items() if row.aiohttp_code}
 RETRY_AFTER_S = "1"  # Backpressure clears within a checkpoint, a second or so
 
 
@@ -75,22 +176,9 @@ def error_response(
     return web.Response(
         status=status,
         body=error_body(code, message),
-        content_type=JSON_TYPE,
+        content_type=JSON_CONTENT_TYPE,
         headers=headers,
     )
-
-
-HTTP_CODES = {
-    400: "bad_request",
-    401: "unauthorized",
-    403: "forbidden",
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "request_timeout",
-    413: "request_too_large",
-    415: "unsupported_media_type",
-    431: "headers_too_large",
-}
 
 
 def storage_status(error: storage_errors.StorageError, method: str, path: str) -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import re
 import time
@@ -49,10 +48,12 @@ from node import logs
 from node.http import ledgers, streams
 from node.http.crosssite import GUARD
 from node.http.errors import RETRY_AFTER_S, ApiError, error_body, storage_status
+from node.http.frames import JSON_CONTENT_TYPE, RAW_CONTENT_TYPES, media_type
 from node.http.middleware import (
     CLIENT_CLOSED_REQUEST,
     access_log,
     next_request_id,
+    token_refusal,
     valid_client_request_id,
 )
 from node.http.state import BUDGET, METRICS, SETTINGS
@@ -79,6 +80,7 @@ SWEEP_INTERVAL_S = 1.0  # how often the timeouts are checked
 SERVER_HEADER = b"storage-node"
 _WRITE_TOKEN = ledgers.WRITE_TOKEN_HEADER.lower().encode()
 _PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
+_JSON_CONTENT_TYPE = JSON_CONTENT_TYPE.encode()
 
 
 class _Add:
@@ -133,13 +135,17 @@ def parse_add(buffer: bytes | bytearray, head_end: int) -> _Add | None:
     return _Add(route, target, match.group(1), headers, head_end + 4)
 
 
+def _header(add: _Add, name: bytes) -> str:
+    """A header's value as aiohttp's parser gives it to the routes."""
+    return add.headers.get(name, b"").decode("utf-8", "surrogateescape")
+
+
 def _content_type(add: _Add) -> str:
-    return add.headers.get(b"content-type", b"").split(b";")[0].strip().lower().decode("latin-1")
+    return media_type(_header(add, b"content-type"))
 
 
 def _token(add: _Add) -> str | None:
-    token = add.headers.get(_WRITE_TOKEN)
-    return token.decode("latin-1") if token is not None else None
+    return _header(add, _WRITE_TOKEN) if _WRITE_TOKEN in add.headers else None
 
 
 def _failure(error: Exception, path: str) -> tuple[int, bytes]:
@@ -323,12 +329,9 @@ class FastLane(asyncio.Protocol):
         lanes = self._lanes
         if add.length > lanes.max_body or not self._same_site(add):
             return False
-        if lanes.admin_token is not None:
-            scheme, _, presented = add.headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(
-                presented.strip(), lanes.admin_token
-            ):
-                return False
+        token = lanes.admin_token
+        if token is not None and token_refusal(_header(add, b"authorization"), token):
+            return False  # aiohttp's route answers the refusal
         budget = lanes.budget
         if budget.in_use + add.length > budget.capacity:
             return False  # aiohttp waits for room (request_budget_wait_s), then says 503
@@ -386,7 +389,7 @@ class FastLane(asyncio.Protocol):
         context = logs.request_id.set(rid)
         self._starting = True
         try:
-            if add.route is LEDGER_ROUTE and _content_type(add) in ledgers.RAW_TYPES:
+            if add.route is LEDGER_ROUTE and _content_type(add) in RAW_CONTENT_TYPES:
                 try:
                     pending = ledgers.begin_add(self._lanes.app, int(add.key), _token(add), body)
                 except Exception as e:
@@ -436,11 +439,12 @@ class FastLane(asyncio.Protocol):
             status = CLIENT_CLOSED_REQUEST  # nobody is left to answer (as aiohttp counts it)
         else:
             transport.write(
-                b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+                b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
                 b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s\r\n%s"
                 % (
                     status,
                     _PHRASES[status],
+                    _JSON_CONTENT_TYPE,
                     len(reply),
                     lanes.date(),
                     SERVER_HEADER,

@@ -9,7 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-JSON_TYPE = "application/json"
+from node.http.frames import JSON_CONTENT_TYPE
+
 LINE_END = b"\n"
 
 
@@ -21,5 +22,5 @@ def json_response(
     value: Any, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
     return web.Response(
-        body=json_bytes(value), status=status, headers=headers, content_type=JSON_TYPE
+        body=json_bytes(value), status=status, headers=headers, content_type=JSON_CONTENT_TYPE
     )

@@ -14,11 +14,16 @@ from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    OCTET_CONTENT_TYPE,
     RANGE_CONTENT_TYPE,
     RANGE_HEADER,
+    RAW_CONTENT_TYPES,
     FrameError,
     TooManyEntries,
     decode_batch,
+    media_type,
+    range_pieces,
 )
 from node.http.jsonreply import LINE_END, json_response
 from node.http.replies import ReplyBytes, send
@@ -35,8 +40,6 @@ NEXT_ENTRY_HEADER = "X-Next-Entry-Id"  # a range reply cut short: the entry to r
 # Canonical decimal only: "00100" is not another name of ledger 100 (a cache or a log keyed by
 # the path would see two ledgers).
 _ID = re.compile(ID_DIGITS)
-RAW_TYPES = {"application/octet-stream", ""}
-JSON = "application/json"
 # The add replies, encoded without a model or json.dumps on the hot path; the OpenAPI
 # document describes them with models.AddResult and models.BatchResult (tests/http check
 # that the bytes validate against those).
@@ -117,7 +120,8 @@ def _offload(meta: LedgerMeta) -> models.LedgerOffload:
 
 
 def _added(ledger_id: int, entry_id: int, lac: int) -> web.Response:
-    return web.Response(body=ADD_REPLY % (ledger_id, entry_id, lac), status=201, content_type=JSON)
+    body = ADD_REPLY % (ledger_id, entry_id, lac)
+    return web.Response(body=body, status=201, content_type=JSON_CONTENT_TYPE)
 
 
 async def _create_options(request: web.Request) -> tuple[dict[str, str], str | None]:
@@ -187,19 +191,19 @@ async def fence_ledger(request: web.Request) -> web.Response:
 
 
 def _content_type(request: web.Request) -> str:
-    return request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    return media_type(request.headers.get("Content-Type", ""))
 
 
 def unsupported(content_type: str) -> ApiError:
     return ApiError(
         415,
         "unsupported_media_type",
-        f"entries are application/octet-stream or {BATCH_CONTENT_TYPE}, not {content_type!r}",
+        f"entries are {OCTET_CONTENT_TYPE} or {BATCH_CONTENT_TYPE}, not {content_type!r}",
     )
 
 
 async def _payload(request: web.Request) -> bytes:
-    if _content_type(request) not in RAW_TYPES:
+    if _content_type(request) not in RAW_CONTENT_TYPES:
         raise unsupported(_content_type(request))
     return await request.read()
 
@@ -246,7 +250,7 @@ async def add(
         # A batch takes consecutive ids: the first and last name them all (a list of every
         # id made a reply as big as the batch).
         return BATCH_REPLY % (ledger_id, ids[0], ids[-1], storage.ledger(ledger_id).lac)
-    if content_type not in RAW_TYPES:
+    if content_type not in RAW_CONTENT_TYPES:
         raise unsupported(content_type)
     started = time.perf_counter()
     entry_id = await storage.add_entry(ledger_id, None, body, token)
@@ -282,7 +286,7 @@ async def append_entries(request: web.Request) -> web.Response:
         request.headers.get(WRITE_TOKEN_HEADER),
         await request.read(),
     )
-    return web.Response(body=reply, status=201, content_type=JSON)
+    return web.Response(body=reply, status=201, content_type=JSON_CONTENT_TYPE)
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries/{eid}")
@@ -296,7 +300,7 @@ async def read_entry(request: web.Request) -> web.StreamResponse:
         finally:
             _observe_read(request, "entry", started)
         await reply.admit(len(payload))  # the first entry of a reply: room, or 503
-        return await send(request, reply, "application/octet-stream", [payload], {})
+        return await send(request, reply, OCTET_CONTENT_TYPE, [payload], {})
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")
@@ -325,11 +329,7 @@ async def read_range(request: web.Request) -> web.StreamResponse:
             log.error("range read of ledger %d cut short: %s", ledger_id, e)
             reply.cut, next_id = True, found[-1][0] + 1
         headers = {NEXT_ENTRY_HEADER: str(next_id)} if reply.cut else {}
-        pieces = (
-            piece
-            for entry_id, payload in found
-            for piece in (RANGE_HEADER.pack(entry_id, len(payload)), payload)
-        )
+        pieces = range_pieces(found)
         response = await send(request, reply, RANGE_CONTENT_TYPE, pieces, headers)
     _observe_read(request, "range", started)
     return response

@@ -94,6 +94,19 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         logs.request_id.reset(token)
 
 
+def token_refusal(authorization: str, admin_token: bytes) -> ApiError | None:
+    """Why a request with this Authorization header does not carry the admin token (401
+    without a bearer token, 403 with another one); None when it does. The one check of the
+    routes (``require_admin_token``) and the fast lane, which gives it the header as aiohttp
+    would (undecodable bytes kept as surrogates, compared as the bytes they were)."""
+    scheme, _, presented = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return ApiError(401, "unauthorized", "this request needs 'Authorization: Bearer <token>'")
+    if not hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), admin_token):
+        return ApiError(403, "forbidden", "the bearer token is not the admin token")
+    return None
+
+
 @web.middleware
 async def require_admin_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With an admin token configured, every state change under /api/v1/ needs it, and the
@@ -103,12 +116,8 @@ async def require_admin_token(request: web.Request, handler: Handler) -> web.Str
         (request.method in MUTATING and request.path.startswith(GUARDED_PREFIX))
         or request.path in GUARDED_READS
     ):
-        header = request.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented:
-            raise ApiError(
-                401, "unauthorized", "this request needs 'Authorization: Bearer <token>'"
-            )
-        if not hmac.compare_digest(presented.strip().encode(), secret.get_secret_value().encode()):
-            raise ApiError(403, "forbidden", "the bearer token is not the admin token")
+        authorization = request.headers.get("Authorization", "")
+        refusal = token_refusal(authorization, secret.get_secret_value().encode())
+        if refusal is not None:
+            raise refusal
     return await handler(request)

@@ -13,6 +13,21 @@ from aiohttp import web
 
 from node import __version__
 from node.http import models
+from node.http.errors import STATUSES
+from node.http.frames import (
+    BATCH_CONTENT_TYPE,
+    BATCH_LAYOUT,
+    CSS_CONTENT_TYPE,
+    HTML_CONTENT_TYPE,
+    JAVASCRIPT_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    OCTET_CONTENT_TYPE,
+    RANGE_CONTENT_TYPE,
+    RANGE_LAYOUT,
+    STREAM_CONTENT_TYPE,
+    STREAM_LAYOUT,
+    TEXT_CONTENT_TYPE,
+)
 from node.http.jsonreply import json_response
 from node.http.state import SETTINGS
 from node.http.status import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
@@ -21,12 +36,7 @@ from node.storage.index import MAX_ID
 
 routes = web.RouteTableDef()
 
-
-JSON = "application/json"
-OCTET = "application/octet-stream"
-BATCH = "application/x-entry-batch"
-RANGE = "application/x-entry-range"
-TEXT = "text/plain"
+BINARY = {"schema": {"type": "string", "format": "binary"}}  # a media type's bytes
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -34,7 +44,7 @@ def _ref(name: str) -> dict[str, str]:
 
 
 def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {JSON: {"schema": schema}}}
+    return {"description": description, "content": {JSON_CONTENT_TYPE: {"schema": schema}}}
 
 
 def _header(description: str) -> dict[str, Any]:
@@ -52,45 +62,7 @@ TRUNCATED = {
 
 def _errors(*statuses: int) -> dict[str, Any]:
     """Error responses: the listed statuses, and any other as the same JSON shape."""
-    described = {
-        400: "Malformed id, query, body or frame (against this document's schemas); an empty "
-        "batch (empty_batch); a reserved ledger property (reserved_property)",
-        401: "Missing bearer token (when an admin token is configured)",
-        403: "Wrong bearer token (forbidden) or write token (write_token_mismatch); a Host "
-        "that is not one of the node's names (host_not_allowed, on any route); a state change "
-        "from another site's page (origin_not_allowed)",
-        404: "No such ledger, entry or route",
-        409: "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
-        "stream, which only the stream API changes (owned_by_stream); an append past entry id "
-        "2^63 - 1 (ledger_full: nothing of it is added); an audit snapshot directory that is "
-        "not empty (snapshot_exists)",
-        408: "The body stopped arriving for body_read_timeout_s (body_timeout); the "
-        "connection closes",
-        413: "Entry or request too large (a declared Content-Length is refused before the "
-        "body), or more entries than max_entries_per_batch (too_many_entries), or an audit "
-        "summary past audit_result_max_bytes",
-        415: "Unsupported content type: entries not as octet-stream or a batch, or a JSON "
-        "route's body not application/json",
-        422: "Well formed, but refused for what it means: a position not in the stream or past "
-        "its end (invalid_position), a minimum rollover time above the maximum (invalid_policy), "
-        "a range whose from is after its to (invalid_range), an audit snapshot target outside "
-        "the snapshot directory (invalid_target), an audit summary whose status disagrees "
-        "with its counts, that finished ahead of the node's clock or that has no check "
-        "(invalid_summary)",
-        500: "An entry failed its CRC check, or the WAL failed; an audit snapshot directory "
-        "off the entry logs' file system (snapshot_failed)",
-        502: "An offloaded object is missing or damaged (offload_object_unreadable), or the "
-        "object store answered an error (offload_store_error)",
-        503: "Back-pressure, read-only node, shutting down, request bodies (or read replies) "
-        "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
-        "overloaded, max_connections connections open (too_many_connections), or the object "
-        "store unreachable (offload_store_unavailable); see Retry-After",
-        504: "The object store did not answer within offload_operation_timeout_s "
-        "(offload_store_timeout)",
-        507: "A data disk is full: the node is read-only; or an audit snapshot found no "
-        "space (disk_full)",
-    }
-    responses = {str(s): _json(_ref("Error"), described[s]) for s in statuses}
+    responses = {str(s): _json(_ref("Error"), STATUSES[s].description) for s in statuses}
     responses["default"] = _json(_ref("Error"), "Any other error")
     return responses
 
@@ -120,7 +92,7 @@ OFFLOAD_READ_ERRORS = (502, 503, 504)  # reads of an offloaded ledger: the objec
 
 
 def _body(name: str, required: bool) -> dict[str, Any]:
-    return {"required": required, "content": {JSON: {"schema": _ref(name)}}}
+    return {"required": required, "content": {JSON_CONTENT_TYPE: {"schema": _ref(name)}}}
 
 
 def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
@@ -128,7 +100,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
     create_body = _body("CreateLedger", required=False)
     octet_body = {
         "required": True,
-        "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
+        "content": {OCTET_CONTENT_TYPE: BINARY},
     }
     return {
         "/api/v1/ledgers": {
@@ -201,7 +173,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "Payload",
-                        "content": {OCTET: {"schema": {"type": "string", "format": "binary"}}},
+                        "content": {OCTET_CONTENT_TYPE: BINARY},
                     },
                     **_errors(400, 404, 500, *OFFLOAD_READ_ERRORS),
                 },
@@ -210,13 +182,13 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
         "/api/v1/ledgers/{lid}/entries": {
             "parameters": [LID],
             "post": {
-                "summary": "Append one entry, or a batch (len u32 | payload, repeated)",
+                "summary": f"Append one entry, or a batch ({BATCH_LAYOUT}, repeated)",
                 "parameters": [WRITE_TOKEN],
                 "requestBody": {
                     "required": True,
                     "content": {
-                        OCTET: {"schema": {"type": "string", "format": "binary"}},
-                        BATCH: {"schema": {"type": "string", "format": "binary"}},
+                        OCTET_CONTENT_TYPE: BINARY,
+                        BATCH_CONTENT_TYPE: BINARY,
                     },
                 },
                 "responses": {
@@ -228,7 +200,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 },
             },
             "get": {
-                "summary": "A range of entries as frames (entry id u64 | len u32 | payload)",
+                "summary": f"A range of entries as frames ({RANGE_LAYOUT})",
                 "parameters": [
                     _id("from", "query", "First entry id (default 0)"),
                     _id(
@@ -246,7 +218,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                                 "On a reply cut short (X-Truncated): the entry id to read on from"
                             ),
                         },
-                        "content": {RANGE: {"schema": {"type": "string", "format": "binary"}}},
+                        "content": {RANGE_CONTENT_TYPE: BINARY},
                     },
                     **_errors(400, 404, 422, *OFFLOAD_READ_ERRORS),
                 },
@@ -270,7 +242,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
 
 
 def _admin_paths() -> dict[str, Any]:
-    text = {"description": "Text", "content": {TEXT: {"schema": {"type": "string"}}}}
+    text = {"description": "Text", "content": {TEXT_CONTENT_TYPE: {"schema": {"type": "string"}}}}
     read_only = _json(_ref("ReadOnlyState"), "Read-only mode")
     suspension = _json(_ref("Suspension"), "Suspension")
     string_map = {"type": "object", "additionalProperties": {"type": "string"}}
@@ -415,15 +387,12 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
         },
     ]
     frames = {
-        "description": "Frames: ledger id u64 | entry id u64 | len u32 | payload; at most "
-        "max_read_reply_bytes of them",
+        "description": f"Frames: {STREAM_LAYOUT}; at most max_read_reply_bytes of them",
         "headers": {
             **TRUNCATED,
             "X-Next-Position": _header("The position to read on from (absent: nothing read)"),
         },
-        "content": {
-            "application/x-stream-entries": {"schema": {"type": "string", "format": "binary"}}
-        },
+        "content": {STREAM_CONTENT_TYPE: BINARY},
     }
     stream = _json(_ref("Stream"), "Stream")
     cursor_json = _json(_ref("Cursor"), "Cursor")
@@ -463,8 +432,8 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 "requestBody": {
                     "required": True,
                     "content": {
-                        OCTET: {"schema": {"type": "string", "format": "binary"}},
-                        BATCH: {"schema": {"type": "string", "format": "binary"}},
+                        OCTET_CONTENT_TYPE: BINARY,
+                        BATCH_CONTENT_TYPE: BINARY,
                     },
                 },
                 "responses": {
@@ -582,14 +551,14 @@ def _status_paths() -> dict[str, Any]:
                 "summary": "Redirects to the status page",
                 "responses": {
                     "302": {"description": "To /status"},
-                    "200": content("text/html", "The status page (a client that follows)"),
+                    "200": content(HTML_CONTENT_TYPE, "The status page (a client that follows)"),
                 },
             }
         },
         "/status": {
             "get": {
                 "summary": "The status page: one HTML page whose every asset the node serves",
-                "responses": {"200": content("text/html", "The page")},
+                "responses": {"200": content(HTML_CONTENT_TYPE, "The page")},
             }
         },
         "/status/{asset}": {
@@ -608,8 +577,8 @@ def _status_paths() -> dict[str, Any]:
                     "200": {
                         "description": "The asset",
                         "content": {
-                            "text/javascript": {"schema": {"type": "string"}},
-                            "text/css": {"schema": {"type": "string"}},
+                            JAVASCRIPT_CONTENT_TYPE: {"schema": {"type": "string"}},
+                            CSS_CONTENT_TYPE: {"schema": {"type": "string"}},
                         },
                     },
                     **_errors(404),

@@ -17,8 +17,9 @@ from node.streams.manager import StreamManager
 
 
 @dataclass(slots=True)
-class Lifecycle:
-    """Where the node is in its life, as the readiness probe and /state report it."""
+class ServingState:
+    """The HTTP server's start and stop flags, as the readiness probe and /state report them
+    (the background work of node/lifecycle is another matter)."""
 
     started: bool = False
     shutting_down: bool = False
@@ -35,7 +36,7 @@ class AuditState:
 STORAGE = web.AppKey("storage", LedgerStorage)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
-LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+SERVING = web.AppKey("serving", ServingState)
 WORK = web.AppKey("work", BackgroundWork)
 STREAMS = web.AppKey("streams", StreamManager)
 BUDGET = web.AppKey("budget", BodyBudget)

@@ -22,9 +22,10 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.errors import ApiError
+from node.http.frames import CSS_CONTENT_TYPE, HTML_CONTENT_TYPE, JAVASCRIPT_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.ledgers import parse_id
-from node.http.state import AUDIT, LIFECYCLE, METRICS, SETTINGS, STORAGE, STREAMS, WORK
+from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
 from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
 from node.settings import Settings
@@ -38,8 +39,8 @@ routes = web.RouteTableDef()
 PAGE = "index.html"
 # The assets the page loads, by the name in its URL: nothing from the request names a path.
 ASSETS = {
-    "status.css": "text/css",
-    "status.js": "text/javascript",
+    "status.css": CSS_CONTENT_TYPE,
+    "status.js": JAVASCRIPT_CONTENT_TYPE,
 }
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -131,7 +132,7 @@ async def root(request: web.Request) -> web.Response:
 @routes.get("/status")
 async def page(request: web.Request) -> web.Response:
     body = await _asset(request.app, PAGE)
-    return web.Response(body=body, headers=_headers("text/html; charset=utf-8"))
+    return web.Response(body=body, headers=_headers(f"{HTML_CONTENT_TYPE}; charset=utf-8"))
 
 
 @routes.get("/status/{asset}")
@@ -170,10 +171,10 @@ def _disks(settings: Settings) -> list[models.StatusDisk]:
 
 
 def _state(app: web.Application) -> models.NodeStateName:
-    storage, lifecycle = app[STORAGE], app[LIFECYCLE]
-    if lifecycle.shutting_down:
+    storage, serving = app[STORAGE], app[SERVING]
+    if serving.shutting_down:
         return "shutting_down"
-    if not lifecycle.started or not storage.running:
+    if not serving.started or not storage.running:
         return "starting"
     return "read_only" if storage.refuses_adds else "writable"
 

@@ -1,12 +1,10 @@
 """Stream, cursor and retention routes (docs/api.md, "Streams").
 
-Positions are written ``L:E``. A stream read returns frames
-``ledger id u64 | entry id u64 | len u32 | payload``.
+Positions are written ``L:E``. A stream read returns stream frames (node/http/frames.py).
 """
 
 from __future__ import annotations
 
-import struct
 import time
 from typing import Any
 
@@ -15,9 +13,17 @@ from aiohttp import web
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.frames import BATCH_CONTENT_TYPE
+from node.http.frames import (
+    BATCH_CONTENT_TYPE,
+    JSON_CONTENT_TYPE,
+    RAW_CONTENT_TYPES,
+    STREAM_CONTENT_TYPE,
+    STREAM_HEADER,
+    media_type,
+    stream_pieces,
+)
 from node.http.jsonreply import LINE_END, json_response
-from node.http.ledgers import JSON, RAW_TYPES, decode_payloads, parse_id, unsupported
+from node.http.ledgers import decode_payloads, parse_id, unsupported
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
 from node.streams.manager import Read, StreamManager, parse_position
@@ -25,21 +31,8 @@ from node.streams.model import Cursor, Position, Stream
 
 routes = web.RouteTableDef()
 
-STREAM_FRAME = struct.Struct(">QQI")
-STREAM_FRAMES_CONTENT_TYPE = "application/x-stream-entries"
 DEFAULT_READ_LIMIT = 100
 MAX_READ_LIMIT = 10_000
-
-
-def decode_stream_frames(body: bytes) -> list[tuple[Position, bytes]]:
-    frames = []
-    pos = 0
-    while pos < len(body):
-        ledger, entry, length = STREAM_FRAME.unpack_from(body, pos)
-        pos += STREAM_FRAME.size
-        frames.append((Position(ledger, entry), body[pos : pos + length]))
-        pos += length
-    return frames
 
 
 def _streams(request: web.Request) -> StreamManager:
@@ -114,15 +107,7 @@ async def _frames(request: web.Request, reply: ReplyBytes, found: Read) -> web.S
         if found
         else {}
     )
-    pieces = (
-        piece
-        for position, payload in found
-        for piece in (
-            STREAM_FRAME.pack(position.ledger_id, position.entry_id, len(payload)),
-            payload,
-        )
-    )
-    return await send(request, reply, STREAM_FRAMES_CONTENT_TYPE, pieces, headers)
+    return await send(request, reply, STREAM_CONTENT_TYPE, stream_pieces(found), headers)
 
 
 @routes.get("/api/v1/streams")
@@ -154,9 +139,9 @@ async def delete_stream(request: web.Request) -> web.Response:
 
 @routes.post("/api/v1/streams/{name}/entries")
 async def append(request: web.Request) -> web.Response:
-    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    content_type = media_type(request.headers.get("Content-Type", ""))
     reply = await add(request.app, _name(request), content_type, await request.read())
-    return web.Response(body=reply, status=201, content_type=JSON)
+    return web.Response(body=reply, status=201, content_type=JSON_CONTENT_TYPE)
 
 
 async def add(app: web.Application, name: str, content_type: str, body: bytes) -> bytes:
@@ -164,7 +149,7 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
     route and the fast lane (fastlane.py) both answer through this."""
     if content_type == BATCH_CONTENT_TYPE:
         payloads = await decode_payloads(app, body)
-    elif content_type in RAW_TYPES:
+    elif content_type in RAW_CONTENT_TYPES:
         payloads = [body]
     else:
         raise unsupported(content_type)
@@ -188,7 +173,7 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
 async def read(request: web.Request) -> web.StreamResponse:
     start = parse_position(request.query["from"]) if "from" in request.query else None
     limit, wait_s = _limit_and_wait(request)
-    async with ReplyBytes(request.app, STREAM_FRAME.size) as reply:
+    async with ReplyBytes(request.app, STREAM_HEADER.size) as reply:
         with cancelled_on_hangup(request):  # reads only: nothing is left half done
             found = await _streams(request).read(_name(request), start, limit, wait_s, reply.admit)
         return await _frames(request, reply, found)
@@ -221,7 +206,7 @@ async def delete_cursor(request: web.Request) -> web.Response:
 @routes.get("/api/v1/streams/{name}/cursors/{cursor}/entries")
 async def read_cursor(request: web.Request) -> web.StreamResponse:
     limit, wait_s = _limit_and_wait(request)
-    async with ReplyBytes(request.app, STREAM_FRAME.size) as reply:
+    async with ReplyBytes(request.app, STREAM_HEADER.size) as reply:
         found = await _streams(request).read_cursor(
             _name(request), request.match_info["cursor"], limit, wait_s, reply.admit
         )

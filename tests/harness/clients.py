@@ -8,8 +8,7 @@ import urllib.request
 
 import aiohttp
 
-from node.http.frames import decode_range
-from node.http.streams import decode_stream_frames
+from node.http.frames import decode_range, decode_stream_frames
 from node.streams.model import Position
 from tests.harness.node import NodeProcess
 

@@ -26,12 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.http.frames import encode_batch
+from node.http.frames import STREAM_HEADER, encode_batch
 from node.settings import KiB
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 MB = 1_000_000
-STREAM_FRAME_HEADER = 20  # ledger id u64 | entry id u64 | len u32
 BATCH_BYTES = 8 * 1024 * KiB  # appends go in batches of about this much
 READ_LIMIT = 10_000
 SAMPLE_S = 0.02
@@ -170,10 +169,10 @@ class Reader:
 def _count_frames(response: http.client.HTTPResponse) -> tuple[int, int]:
     """Frames in a stream reply, read as they arrive and dropped; and the reply's size."""
     count = size = 0
-    while header := response.read(STREAM_FRAME_HEADER):
-        assert len(header) == STREAM_FRAME_HEADER, "a torn frame header"
+    while header := response.read(STREAM_HEADER.size):
+        assert len(header) == STREAM_HEADER.size, "a torn frame header"
         left = int.from_bytes(header[16:], "big")
-        size += STREAM_FRAME_HEADER + left
+        size += STREAM_HEADER.size + left
         while left:
             chunk = response.read(min(left, 1 << 20))
             assert chunk, "a torn payload"

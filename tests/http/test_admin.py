@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from node.http.app import build_app
-from node.http.state import LIFECYCLE, STORAGE, WORK
+from node.http.state import SERVING, STORAGE, WORK
 from node.settings import Settings
 from node.storage import entrylog
 from tests.harness.settings import make_settings
@@ -24,7 +24,7 @@ async def test_heartbeat_and_readiness(client: Any) -> None:
     assert r.status == 200 and await r.text() == "OK\n"
     r = await client.get("/api/v1/bookie/is_ready")
     assert r.status == 200 and await r.text() == "OK"
-    client.server.app[LIFECYCLE].shutting_down = True  # what SIGTERM does first
+    client.server.app[SERVING].shutting_down = True  # what SIGTERM does first
     r = await client.get("/api/v1/bookie/is_ready")
     assert r.status == 503 and (await r.json())["code"] == "not_ready"
     state = await (await client.get("/api/v1/bookie/state")).json()

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from node.http.app import build_app
+from node.http.fastlane import SERVER_HEADER as FAST_LANE_SERVER
 from tests.harness.settings import make_settings
+from tests.http.test_fastlane import Conn
 
 TOKEN = "s3cr3t-admin"
 
@@ -92,3 +95,63 @@ async def test_the_settings_need_the_token_and_show_no_credential(
 
 async def test_loopback_default_needs_no_token(client: Any) -> None:
     assert (await client.post("/api/v1/ledgers")).status == 201
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status", "code"),
+    [
+        (b"Bearer " + TOKEN.encode(), 404, "stream_not_found"),  # past the token
+        (b"bearer " + TOKEN.encode() + b" ", 404, "stream_not_found"),
+        (b"Bearer " + TOKEN.encode() + b"\xc2\xa0", 404, "stream_not_found"),  # no-break space
+        (b"Bearer wrong", 403, "forbidden"),
+        (b"Bearer \xff\xfe", 403, "forbidden"),  # not UTF-8: compared as bytes, not a 500
+        (b"Basic " + TOKEN.encode(), 401, "unauthorized"),
+        (b"Bearer", 401, "unauthorized"),
+    ],
+)
+async def test_the_fast_lane_and_the_routes_check_the_token_alike(
+    guarded: Any, authorization: bytes, status: int, code: str
+) -> None:
+    """An add on a connection that starts with it (the fast lane's) and one on a connection
+    that aiohttp serves (it started with a GET): the same answer to every Authorization."""
+    add = (
+        b"POST /api/v1/streams/nope/entries HTTP/1.1\r\nHost: localhost\r\n"
+        b"Content-Length: 1\r\nAuthorization: %s\r\n\r\nx" % authorization
+    )
+    answers = []
+    for first in (b"", b"GET /heartbeat HTTP/1.1\r\nHost: localhost\r\n\r\n"):
+        conn = Conn(*await asyncio.open_connection(guarded.host, guarded.port))
+        try:
+            if first:
+                await conn.send(first)
+                assert (await conn.answer())[0] == 200
+            await conn.send(add)
+            answers.append(await conn.answer())
+        finally:
+            conn.writer.close()
+            await conn.writer.wait_closed()
+    (lane_status, _, lane_error), (routes_status, _, routes_error) = answers
+    assert (lane_status, routes_status) == (status, status), answers
+    assert lane_error["code"] == routes_error["code"] == code
+
+
+async def test_a_write_token_beyond_ascii_passes_the_fast_lane_as_the_routes(client: Any) -> None:
+    """Header bytes are UTF-8 to aiohttp: the lane reads a write token alike (it read them as
+    Latin-1, and refused a token that aiohttp's routes took)."""
+    token = "schlüssel-é"
+    r = await client.post("/api/v1/ledgers", json={"writeToken": token})
+    assert r.status == 201, await r.text()
+    ledger = (await r.json())["ledgerId"]
+    add = (
+        b"POST /api/v1/ledgers/%d/entries HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n"
+        b"X-Write-Token: %s\r\n\r\nx" % (ledger, token.encode())
+    )
+    conn = Conn(*await asyncio.open_connection(client.host, client.port))
+    try:
+        await conn.send(add)
+        status, headers, reply = await conn.answer()
+    finally:
+        conn.writer.close()
+        await conn.writer.wait_closed()
+    assert headers["server"] == FAST_LANE_SERVER.decode()  # the lane answered
+    assert (status, reply["entryId"]) == (201, 0), reply

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.http.frames import BATCH_LENGTH, encode_batch
+from node.http.frames import BATCH_HEADER, encode_batch
 from node.settings import MiB, Settings
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
@@ -390,7 +390,7 @@ def test_huge_batches_do_not_stall_the_node(start_node: NodeFactory) -> None:
     probe.start()
     time.sleep(0.2)
     try:
-        status, reply = _post_batch(node, path, BATCH_LENGTH.pack(0) * HUGE_BATCH_FRAMES)
+        status, reply = _post_batch(node, path, BATCH_HEADER.pack(0) * HUGE_BATCH_FRAMES)
         assert status == 413 and reply["code"] == "too_many_entries", reply
         for round_ in range(3):
             status, reply = _post_batch(node, path, encode_batch([b""] * largest))

@@ -12,14 +12,13 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import decode_range, encode_batch
+from node.http.frames import decode_range, decode_stream_frames, encode_batch
 from node.storage.index import MAX_ID
 from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
 JSON = {"Content-Type": "application/json"}
-STREAM_FRAME = struct.Struct(">QQI")  # a stream read: ledger id u64 | entry id u64 | len u32
 TOKEN = "s3cret"
 PROMPT_S = 2.0  # a long poll that has its answer returns within this (its timeout is 30 s)
 
@@ -237,15 +236,8 @@ async def _stream_entries(client: Any, name: str) -> list[tuple[int, int, bytes]
     """Every entry of the stream, in order, as (ledger id, entry id, payload)."""
     r = await client.get(f"/api/v1/streams/{name}/entries")
     assert r.status == 200, await r.text()
-    body = await r.read()
-    found = []
-    pos = 0
-    while pos < len(body):
-        ledger, entry, length = STREAM_FRAME.unpack_from(body, pos)
-        pos += STREAM_FRAME.size
-        found.append((ledger, entry, body[pos : pos + length]))
-        pos += length
-    return found
+    found = decode_stream_frames(await r.read())
+    return [(position.ledger_id, position.entry_id, payload) for position, payload in found]
 
 
 async def _stream_append(client: Any, name: str, payload: bytes) -> tuple[int, int]:

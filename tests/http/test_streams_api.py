@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import batch_positions, encode_batch
+from node.http.frames import batch_positions, decode_stream_frames, encode_batch
 from node.settings import Settings
 from tests.harness.settings import make_settings
 
@@ -21,7 +21,6 @@ OCTET = {"Content-Type": "application/octet-stream"}
 BATCH = {"Content-Type": "application/x-entry-batch"}
 JSON = {"Content-Type": "application/json"}
 FRAMES_TYPE = "application/x-stream-entries"
-FRAME = struct.Struct(">QQI")  # ledger id u64 | entry id u64 | len u32, then the payload
 # Small ledgers that roll over at once: 3 entries each, no minimum age.
 ROLLING = {"maxEntriesPerLedger": 3, "minLedgerRolloverTimeMinutes": 0}
 POLICY_KEYS = {
@@ -93,17 +92,8 @@ async def _append_batch(client: Any, payloads: list[bytes], name: str = "orders"
 
 
 def _frames(body: bytes) -> list[tuple[str, bytes]]:
-    """Strictly: whole frames only, nothing left over."""
-    found = []
-    pos = 0
-    while pos < len(body):
-        assert pos + FRAME.size <= len(body), "a torn frame header"
-        ledger, entry, length = FRAME.unpack_from(body, pos)
-        pos += FRAME.size
-        assert pos + length <= len(body), "a torn payload"
-        found.append((f"{ledger}:{entry}", body[pos : pos + length]))
-        pos += length
-    return found
+    """Strictly: whole frames only, nothing left over (else FrameError)."""
+    return [(str(position), payload) for position, payload in decode_stream_frames(body)]
 
 
 async def _read(client: Any, path: str) -> tuple[list[tuple[str, bytes]], str | None]:

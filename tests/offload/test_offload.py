@@ -9,7 +9,6 @@ import asyncio
 import io
 import logging
 import random
-import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from node.http.app import build_app
-from node.http.frames import encode_batch
+from node.http.frames import decode_range, decode_stream_frames, encode_batch
 from node.http.state import STORAGE, WORK
 from node.offload.format import LedgerIndex, data_key, index_key
 from node.offload.service import OffloadService
@@ -27,8 +26,6 @@ from tests.harness.metrics import scrape
 from tests.offload.conftest import offload_settings
 
 BATCH = {"Content-Type": "application/x-entry-batch"}
-RANGE_FRAME = struct.Struct(">QI")  # entry id u64 | len u32, then the payload
-STREAM_FRAME = struct.Struct(">QQI")  # ledger id u64 | entry id u64 | len u32, then payload
 HOUR_MS = 3600 * 1000
 
 
@@ -85,14 +82,7 @@ async def assert_ledger_reads(client: Any, lid: int, entries: list[bytes]) -> No
 
 def range_entries(body: bytes) -> list[tuple[int, bytes]]:
     """(entry id, payload) of a range read's frames."""
-    got = []
-    pos = 0
-    while pos < len(body):
-        eid, size = RANGE_FRAME.unpack_from(body, pos)
-        pos += RANGE_FRAME.size
-        got.append((eid, body[pos : pos + size]))
-        pos += size
-    return got
+    return list(decode_range(body))
 
 
 async def objects(client: Any) -> list[str]:
@@ -198,15 +188,7 @@ async def test_objects_no_ledger_names_are_reported_and_removed_only_on_request(
 async def read_stream(client: Any, name: str) -> list[bytes]:
     r = await client.get(f"/api/v1/streams/{name}/entries?limit=10000")
     assert r.status == 200, await r.text()
-    body = await r.read()
-    got = []
-    pos = 0
-    while pos < len(body):
-        _lid, _eid, size = STREAM_FRAME.unpack_from(body, pos)
-        pos += STREAM_FRAME.size
-        got.append(body[pos : pos + size])
-        pos += size
-    return got
+    return [payload for _, payload in decode_stream_frames(await r.read())]
 
 
 async def test_stream_policies_offload_closed_ledgers_and_deleting_the_stream_leaves_no_object(
