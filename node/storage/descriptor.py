@@ -9,7 +9,8 @@ the WAL, and the next ledger id to hand out.
 
 Who may change a ledger: a ledger created with a write token changes only for a holder of
 it (``check_token``: BookKeeper's master key); adds go only to an open ledger
-(``check_open``: a fenced or closed ledger refuses them).
+(``check_open``: a fenced or closed ledger refuses them) and below the last entry id
+(``check_ids_left``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,13 @@ import hashlib
 import hmac
 from collections.abc import Iterable
 
-from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, WriteTokenMismatch
+from node.storage.errors import (
+    LedgerClosed,
+    LedgerFenced,
+    LedgerFull,
+    LedgerNotFound,
+    WriteTokenMismatch,
+)
 from node.storage.index import MAX_ID, LedgerMeta, LedgerState
 from node.storage.probe import Stats
 
@@ -107,6 +114,15 @@ def check_token(meta: LedgerMeta, write_token: str | None) -> None:
     """A ledger created with a write token changes only for a holder of it."""
     if meta.token_digest and not hmac.compare_digest(meta.token_digest, token_digest(write_token)):
         raise WriteTokenMismatch(f"wrong or missing write token for ledger {meta.ledger_id}")
+
+
+def check_ids_left(meta: LedgerMeta, count: int) -> None:
+    """Room for ``count`` more entries at the next ids (they end at 2^63 - 1)."""
+    if count > MAX_ID - meta.last_entry_id:
+        raise LedgerFull(
+            f"ledger {meta.ledger_id} has room for {MAX_ID - meta.last_entry_id} more "
+            f"entries, not {count}: entry ids end at 2^63 - 1"
+        )
 
 
 def check_open(meta: LedgerMeta) -> None:

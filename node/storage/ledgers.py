@@ -1,55 +1,45 @@
 """Ledger storage: the engine's one public API (BookKeeper's Bookie + DbLedgerStorage).
 
-Add: validate -> write cache -> WAL append -> await the group fsync -> advance the LAC.
-The cache put and the WAL append happen in one synchronous step on the event loop, so a
-checkpoint's swap (also synchronous) never splits them. The add path is here; the rest of
-the engine's work lives in modules of its own, which this façade wires together:
+This façade starts and stops the engine and wires its parts together; each part lives in
+a module of its own (in node/storage/), given its collaborators explicitly:
 
-- ``descriptor``: the ledger table (metadata by id, dirty set, ids) and the checks of an
-  add (write token, open ledger);
+- ``descriptor``: the ledger table (metadata by id, dirty set, ids) and the checks an add
+  passes (write token, open ledger, ids left);
+- ``adds``: the add path: write cache + WAL append in one step, acknowledged at the fsync;
+- ``settle``: appends the WAL refused or their caller abandoned;
 - ``transitions``: create, fence, close, delete, explicit LAC, each journaled;
 - ``lac``: the LAC over entries durable out of order, and its long polls;
-- ``settle``: appends the WAL refused or their caller abandoned;
 - ``reads``: write cache -> read cache -> index -> entry log (or the object store);
-- ``checkpoint``: write cache -> entry logs and index, then the WAL trimmed;
-- ``replay``: the WAL since the last checkpoint, put back at start;
-- ``readonly``: why adds are refused (an operator, a full disk);
+- ``checkpoint``: write cache -> entry logs and index, then the WAL trimmed; back-pressure;
+- ``replay``: the ledger table and the WAL since the last checkpoint, put back at start;
+- ``readonly``: whether adds are taken: running, and why read-only (operator, disk);
 - ``reclaim``: what GC and offload ask (sealed logs, purge, offload record, local copy).
 
 State lives on the event loop thread; blocking work runs on two executors: one flush
 thread (checkpoints are serial, and so is every other write of the index) and a small pool
-of reader threads.
+of reader threads. The parts that need the index are built by ``start``, once it is open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from node.settings import Settings
+from node.storage.adds import AddPath, PendingAdd
 from node.storage.blockwal import BlockWal
 from node.storage.cache import ReadCache, WriteCaches
 from node.storage.checkpoint import Checkpointer
 from node.storage.clock import Clock, SystemClock
 from node.storage.compaction import Compactor
-from node.storage.descriptor import LedgerTable, check_open, check_token, count_added
+from node.storage.descriptor import LedgerTable
 from node.storage.entrylog import EntryLogReader, EntryLogWriter, LogIdAllocator
-from node.storage.errors import (
-    Backpressure,
-    DiskFull,
-    EntryConflict,
-    EntryTooLarge,
-    InvalidArgument,
-    LedgerFull,
-    StorageClosed,
-)
 from node.storage.faults import CrashPoints
 from node.storage.fsutil import is_no_space
-from node.storage.index import MAX_ID, Index, LedgerMeta, LedgerState, OffloadInfo
+from node.storage.index import Index, LedgerMeta, OffloadInfo
 from node.storage.journal import Journal
 from node.storage.lac import LacTracker
 from node.storage.probe import NullProbe, Stats, StorageProbe
@@ -57,24 +47,11 @@ from node.storage.readonly import ReadOnlySource, ReadOnlyState
 from node.storage.reads import READER_THREADS, ColdReader, EntryReads
 from node.storage.reclaim import Reclaim
 from node.storage.replay import Replayer
-from node.storage.settle import AppendSettler
 from node.storage.transitions import DeletionListener, LedgerTransitions
-from node.storage.wal import LogMark, Wal, record_crc
+from node.storage.wal import LogMark, Wal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_OPEN = LedgerState.OPEN  # tested per add: a module name is cheaper than an enum attribute
-
-
-@dataclass(slots=True)
-class PendingAdd:
-    """An add that ``begin_add`` queued, until its WAL write is done (``future``)."""
-
-    meta: LedgerMeta
-    entry_id: int
-    payload: bytes
-    future: asyncio.Future[LogMark]
 
 
 class LedgerStorage:
@@ -96,17 +73,14 @@ class LedgerStorage:
         self._table = LedgerTable()
         self._lac = LacTracker(self._table)
         self._caches = WriteCaches()
-        self._settle = AppendSettler(self._table, self._caches, self._lac)
         self._transitions = LedgerTransitions(self._wal, self._table, self._lac, self._clock)
         self._read_only = ReadOnlyState()
         self._read_cache = ReadCache(
             settings.db_storage_read_ahead_cache_max_size, settings.db_storage_read_cache_segments
         )
         self._half_cache = settings.db_storage_write_cache_max_size // 2  # asks for a checkpoint
-        self._max_entry_size = settings.max_entry_size
         self._flush_executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._read_executor = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="reader")
-        self._running = False
         self.stats = Stats()
         # Built by start(), once the index is open.
         self._index: Index | None = None
@@ -114,6 +88,7 @@ class LedgerStorage:
         self._checkpoints: Checkpointer
         self._reads: EntryReads
         self._reclaim: Reclaim
+        self._adds: AddPath
 
     # --- start and stop ------------------------------------------------------------------
 
@@ -142,9 +117,13 @@ class LedgerStorage:
             self._wal, index, self._table, self._caches, self._lac, self._checkpoints,
             self.stats, self._clock, self._half_cache,
         )  # fmt: skip
+        self._adds = AddPath(
+            self._table, self._caches, self._lac, self._wal, self._read_only, self._checkpoints,
+            self._reads, self.stats, settings.max_entry_size, self._half_cache,
+        )  # fmt: skip
         self._checkpoints.last_mark = await loop.run_in_executor(executor, replay.run)
         await self._wal.start()
-        self._running = True
+        self._read_only.set_running(True)
         try:
             await self.checkpoint()
         except Exception as e:
@@ -159,9 +138,9 @@ class LedgerStorage:
     async def close(self) -> None:
         """Graceful stop: a final checkpoint, roll the entry log so it carries its map,
         close the WAL. The next start replays nothing."""
-        if not self._running:
+        if not self._read_only.running:
             return
-        self._running = False
+        self._read_only.set_running(False)
         await self._checkpoints.stop()
         try:
             await self.checkpoint(force=True)
@@ -217,7 +196,7 @@ class LedgerStorage:
     ) -> tuple[LedgerMeta, bool]:
         """Create a ledger (node-allocated id when None). Returns (metadata, created):
         creating an existing open ledger with the same id again is a no-op."""
-        self._check_writable()
+        self._read_only.check()
         return await self._transitions.create(ledger_id, properties, write_token)
 
     def ledger(self, ledger_id: int) -> LedgerMeta:
@@ -246,188 +225,37 @@ class LedgerStorage:
         """Raise the LAC to ``lac`` (never lowers it); entries up to it must be durable."""
         return await self._transitions.set_explicit_lac(ledger_id, lac)
 
-    # --- adds ------------------------------------------------------------------------------
+    # --- adds (node.storage.adds) -----------------------------------------------------------
+    # Plain functions handing back the add path's coroutine or result: no frame of their own
+    # on the hot path.
 
-    async def add_entry(
+    def add_entry(
         self,
         ledger_id: int,
         entry_id: int | None,
         payload: bytes,
         write_token: str | None = None,
-    ) -> int:
+    ) -> Coroutine[Any, Any, int]:
         """Add one entry (at the next id when ``entry_id`` is None); returns its id once it
         is durable. Adding identical bytes again is a no-op; different bytes conflict."""
-        self._check_size(len(payload))
-        if self._caches.current.size >= self._half_cache:
-            await self._throttle()
-        meta = self._writable(ledger_id, write_token)
-        if entry_id is None:
-            self._check_ids_left(meta, 1)
-            entry_id = meta.last_entry_id + 1
-        elif not 0 <= entry_id <= MAX_ID:
-            raise InvalidArgument(f"entry id {entry_id} is outside [0, 2^63)")
-        elif entry_id <= meta.last_entry_id:
-            await self._add_again(meta, entry_id, payload, write_token)
-            return entry_id
-        future = self._append_now(meta, entry_id, payload)
-        try:
-            await future
-        except BaseException as error:
-            self._settle.failed(meta, future, error, lambda: [(entry_id, payload, future)])
-            raise
-        self._lac.on_durable(meta, entry_id)
-        return entry_id
+        return self._adds.add_entry(ledger_id, entry_id, payload, write_token)
+
+    def add_entries(
+        self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
+    ) -> Coroutine[Any, Any, list[int]]:
+        """Append a batch at the next ids; one durable acknowledgment for all of them."""
+        return self._adds.add_entries(ledger_id, payloads, write_token)
 
     def begin_add(
         self, ledger_id: int, payload: bytes, write_token: str | None = None
     ) -> PendingAdd | None:
         """``add_entry`` at the next id without a coroutine, for the HTTP fast lane: the add
-        as far as it goes without waiting (checked, cached, queued in the WAL), or None
-        when it would have to wait for the write cache (then ``add_entry`` does it). Once
-        the add's future is done, ``finish_add`` settles it."""
-        self._check_size(len(payload))
-        if self._caches.current.size >= self._half_cache:
-            return None
-        meta = self._writable(ledger_id, write_token)
-        self._check_ids_left(meta, 1)
-        entry_id = meta.last_entry_id + 1
-        return PendingAdd(meta, entry_id, payload, self._append_now(meta, entry_id, payload))
+        as far as it goes without waiting, or None (then ``add_entry`` does it)."""
+        return self._adds.begin_add(ledger_id, payload, write_token)
 
     def finish_add(self, add: PendingAdd) -> int:
-        """The entry id of a ``begin_add`` whose future is done, now counted toward the LAC;
-        or its error, the refused entry forgotten as ``add_entry`` forgets it. No caller can
-        give up in between (nothing awaits), so the entry always settles here."""
-        error = add.future.exception()
-        if error is not None:
-            if isinstance(error, DiskFull | Backpressure):
-                self._settle.refused(add.meta, [(add.entry_id, add.payload, add.future)])
-            raise error
-        self._lac.on_durable(add.meta, add.entry_id)
-        return add.entry_id
-
-    async def add_entries(
-        self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
-    ) -> list[int]:
-        """Append a batch at the next ids; one durable acknowledgment for all of them."""
-        for payload in payloads:
-            self._check_size(len(payload))
-        if self._caches.current.size >= self._half_cache:
-            await self._throttle()
-        meta = self._writable(ledger_id, write_token)
-        # Before the first append: a batch is acknowledged or refused whole, never cut
-        # in two with its head journaled.
-        self._check_ids_left(meta, len(payloads))
-        first = meta.last_entry_id + 1
-        ids = list(range(first, first + len(payloads)))
-        if not payloads:
-            return ids
-        # The batch is the unit of work: one cache update, one journal part, one count and
-        # one LAC step, instead of a pass through the single-entry path per entry.
-        ledger_id = meta.ledger_id
-        crcs = [record_crc(ledger_id, eid, p) for eid, p in zip(ids, payloads, strict=True)]
-        self._caches.current.put_batch(ledger_id, first, crcs, payloads)
-        count_added(meta, self.stats, ids[-1], len(payloads), sum(map(len, payloads)))
-        self._table.dirty.add(ledger_id)
-        future = self._wal.append_batch(ledger_id, first, crcs, payloads)
-        if self._caches.current.size >= self._half_cache:
-            self._checkpoints.want()
-        try:
-            await future
-        except BaseException as error:
-            self._settle.failed(
-                meta,
-                future,
-                error,
-                lambda: [(eid, p, future) for eid, p in zip(ids, payloads, strict=True)],
-            )
-            raise
-        self._lac.on_durable_range(meta, first, ids[-1])
-        return ids
-
-    def _check_ids_left(self, meta: LedgerMeta, count: int) -> None:
-        if count > MAX_ID - meta.last_entry_id:
-            raise LedgerFull(
-                f"ledger {meta.ledger_id} has room for {MAX_ID - meta.last_entry_id} more "
-                f"entries, not {count}: entry ids end at 2^63 - 1"
-            )
-
-    def _append_now(
-        self, meta: LedgerMeta, entry_id: int, payload: bytes
-    ) -> asyncio.Future[LogMark]:
-        ledger_id = meta.ledger_id
-        crc = record_crc(ledger_id, entry_id, payload)
-        cache = self._caches.current
-        cache.put(ledger_id, entry_id, crc, payload)
-        future = self._wal.append(ledger_id, entry_id, crc, payload)
-        count_added(meta, self.stats, entry_id, 1, len(payload))
-        self._table.dirty.add(ledger_id)
-        if cache.size >= self._half_cache:
-            self._checkpoints.want()
-        return future
-
-    async def _add_again(
-        self, meta: LedgerMeta, entry_id: int, payload: bytes, write_token: str | None
-    ) -> None:
-        """An id at or below the last one: a retry (identical bytes), a conflict, or the
-        filling of a hole."""
-        caches = self._caches
-        existing = caches.get(meta.ledger_id, entry_id)
-        if existing is None:
-            existing = await self._reads.stored(meta.ledger_id, entry_id)
-        if existing is None:
-            meta = self._writable(meta.ledger_id, write_token)  # re-checked after the await
-            if caches.get(meta.ledger_id, entry_id) is None:
-                future = self._append_now(meta, entry_id, payload)
-                try:
-                    await future
-                except BaseException as error:
-                    self._settle.failed(meta, future, error, lambda: [(entry_id, payload, future)])
-                    raise
-                self._lac.on_durable(meta, entry_id)
-                return
-            existing = caches.get(meta.ledger_id, entry_id)
-        if existing != payload:
-            raise EntryConflict(
-                f"entry {entry_id} of ledger {meta.ledger_id} exists with different bytes"
-            )
-        if not self._lac.is_durable(meta, entry_id):
-            await self._wal.sync_point()
-
-    async def _throttle(self) -> None:
-        self._check_running()
-        await self._checkpoints.throttle()
-
-    def _check_size(self, size: int) -> None:
-        if size > self._max_entry_size:
-            raise EntryTooLarge(
-                f"entry of {size} bytes exceeds max_entry_size {self.settings.max_entry_size}"
-            )
-
-    def _writable(self, ledger_id: int, write_token: str | None) -> LedgerMeta:
-        meta = self._table.metas.get(ledger_id)
-        # Every add passes here: the common case (running, writable, an open ledger without
-        # a token) in one test, the checks below in their order for the rest.
-        if (
-            meta is not None
-            and meta.state is _OPEN
-            and not meta.token_digest
-            and self._running
-            and not self._read_only
-        ):
-            return meta
-        self._check_writable()
-        meta = self._table.ledger(ledger_id)
-        check_open(meta)
-        check_token(meta, write_token)
-        return meta
-
-    def _check_running(self) -> None:
-        if not self._running:
-            raise StorageClosed("the storage is not running")
-
-    def _check_writable(self) -> None:
-        self._check_running()
-        self._read_only.check()
+        """The entry id of a ``begin_add`` whose future is done, or its error."""
+        return self._adds.finish_add(add)
 
     # --- state -----------------------------------------------------------------------------
 
@@ -447,7 +275,7 @@ class LedgerStorage:
 
     @property
     def running(self) -> bool:
-        return self._running
+        return self._read_only.running
 
     @property
     def wal_failure(self) -> str | None:
@@ -457,7 +285,7 @@ class LedgerStorage:
     @property
     def refuses_adds(self) -> bool:
         """Read-only (an operator, a full disk), or a WAL that failed for good."""
-        return bool(self._read_only) or self._wal.failure is not None
+        return self._read_only.held or self._wal.failure is not None
 
     # --- LAC (node.storage.lac) --------------------------------------------------------------
 
@@ -505,21 +333,14 @@ class LedgerStorage:
         return self._compactor
 
     def gc_candidate_logs(self) -> list[int]:
-        """Blocking, from a worker thread: entry logs that are sealed (not the checkpoint's
-        current log, not a compaction output being written, not retired). Taken between
-        checkpoints: one that rolls its log has, for a while, no current log but a new
-        file holding only a header (GC would delete it as empty, then the checkpoint
-        would index records into the deleted file), and a sealed log whose records it
-        has not indexed yet (compaction would find them dead and delete the log)."""
+        """Blocking, from a worker thread: the sealed entry logs, taken between checkpoints."""
         return self.run_serialized(self._reclaim.sealed_logs)
 
     def is_live_ledger(self, ledger_id: int) -> bool:
-        """See ``LedgerTable.is_live``. Thread safe."""
+        """Thread safe."""
         return self._table.is_live(ledger_id)
 
     async def purge_deleted_ledgers(self) -> list[int]:
-        """Forget deleted ledgers whose deletion a checkpoint has made durable (index
-        entries and metadata in one batch); returns their ids."""
         return await self._reclaim.purge_deleted_ledgers()
 
     def retire_log(self, log_id: int) -> bool:
@@ -547,19 +368,16 @@ class LedgerStorage:
         self._transitions.deletion_listeners.append(listener)
 
     async def record_offload(self, ledger_id: int, info: OffloadInfo | None) -> LedgerMeta:
-        """Make a ledger's offload record durable, then adopt it (None clears it)."""
         return await self._reclaim.record_offload(ledger_id, info)
 
     async def drop_local_copy(self, ledger_id: int) -> LedgerMeta:
-        """Forget where an offloaded ledger's entries are in the entry logs; reads go to
-        the object store from now on."""
         return await self._reclaim.drop_local_copy(ledger_id)
 
     # --- records of the layers above (streams) ---------------------------------------------
 
     async def write_records(self, changes: dict[bytes, bytes | None]) -> None:
         """Durable, atomic puts and deletes in the streams keyspace."""
-        self._check_running()
+        self._read_only.check_running()
         await asyncio.get_running_loop().run_in_executor(
             self._read_executor, self.index.write_records, changes
         )

@@ -56,7 +56,13 @@ class Reclaim:
 
     def sealed_logs(self) -> list[int]:
         """Entry logs that are sealed: not the checkpoint's current log, not a compaction
-        output being written, not retired. On the flush thread only."""
+        output being written, not retired; GC's candidates.
+
+        On the flush thread only, between checkpoints: one that rolls its log has, for a
+        while, no current log but a new file holding only a header (GC would delete it as
+        empty, then the checkpoint would index records into the deleted file), and a
+        sealed log whose records it has not indexed yet (compaction would find them dead
+        and delete the log)."""
         busy = {self._writer.current_log_id, *self._compactor.in_progress, *self._reader.retired}
         return [i for i in list_logs(self._ledgers_dir) if i not in busy]
 
