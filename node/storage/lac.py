@@ -4,8 +4,9 @@ The LAC is the highest entry id such that every entry up to it is durable. Entri
 durable out of order (adds at chosen ids, a hole being filled, groups of concurrent
 clients): a durable id past a hole waits in ``_above`` until the hole is filled, then the
 LAC moves over it in one step. The LAC itself is kept in each ledger's ``LedgerMeta.lac``
-(the index persists it); this module is the one place that raises it for adds, and the
-one that answers long polls (BookKeeper's ``readLastAddConfirmed`` with a long poll):
+(the index persists it); this module moves it as entries become durable (an explicit LAC,
+``transitions``, only raises it, then ``wake``s the polls), and answers the long polls
+(BookKeeper's ``readLastAddConfirmed`` with a long poll):
 
 - a poll returns as soon as the LAC passes the id it waits after;
 - fencing or closing the ledger answers its polls at once with the LAC (no add moves it

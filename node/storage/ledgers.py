@@ -337,7 +337,7 @@ class LedgerStorage:
         return self.run_serialized(self._reclaim.sealed_logs)
 
     def is_live_ledger(self, ledger_id: int) -> bool:
-        """Thread safe."""
+        """See ``LedgerTable.is_live``; thread safe."""
         return self._table.is_live(ledger_id)
 
     async def purge_deleted_ledgers(self) -> list[int]:
