@@ -44,8 +44,8 @@ from node.offload.stats import OffloadStats
 from node.settings import Settings
 from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
-from node.storage.ledgers import LedgerStorage, Stats
-from node.storage.probe import RingFigures
+from node.storage.ledgers import LedgerStorage
+from node.storage.probe import RingFigures, Stats
 from node.streams.manager import StreamManager
 from node.streams.model import Position, Stream
 

@@ -26,7 +26,7 @@ from node.offload.format import AUDIT_PREFIX
 from node.offload.store import ObjectStore
 from node.settings import Settings
 from node.storage.fsutil import is_no_space
-from node.storage.ledgers import DISK
+from node.storage.readonly import ReadOnlySource
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -79,7 +79,7 @@ async def take_snapshot(request: web.Request) -> web.Response:
     storage = request.app[STORAGE]
     if not storage.running:
         raise ApiError(503, "not_running", "the storage is not running")
-    if storage.read_only_source(DISK):
+    if storage.read_only_source(ReadOnlySource.DISK):
         raise ApiError(507, "disk_full", "a data disk is full: no room for a snapshot")
     # One at a time: each prunes the older ones before it is made.
     async with request.app[AUDIT].snapshot_lock:

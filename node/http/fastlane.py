@@ -57,8 +57,8 @@ from node.http.middleware import (
     valid_client_request_id,
 )
 from node.http.state import BUDGET, METRICS, SETTINGS
+from node.storage.adds import PendingAdd
 from node.storage.errors import StorageError
-from node.storage.ledgers import PendingAdd
 from node.streams.model import ID_DIGITS
 
 log = logging.getLogger(__name__)

@@ -28,9 +28,10 @@ from node.http.frames import (
 from node.http.jsonreply import LINE_END, json_response
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
+from node.storage.adds import PendingAdd
 from node.storage.errors import StorageError
 from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
-from node.storage.ledgers import LedgerStorage, PendingAdd
+from node.storage.ledgers import LedgerStorage
 from node.streams.model import ID_DIGITS
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from node.settings import Settings
 from node.status.entrylogs import MapCache, PinContext, build_map, pinned_after_s, scan_logs
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
 from node.storage.clock import Clock
-from node.storage.ledgers import DISK
+from node.storage.readonly import ReadOnlySource
 
 routes = web.RouteTableDef()
 
@@ -184,7 +184,7 @@ def _wal(app: web.Application, history: History) -> models.StatusWal:
     problem = None
     if not storage.running:
         problem = "the storage is not running"
-    elif storage.read_only_source(DISK):
+    elif storage.read_only_source(ReadOnlySource.DISK):
         problem = storage.read_only_reason
     # The latest interval that made WAL writes: an idle node keeps showing its last figures.
     last = next((s for s in reversed(history.samples()) if s.fsync_p50_s is not None), None)

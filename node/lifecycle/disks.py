@@ -31,7 +31,8 @@ from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.fsutil import fsync_dir, is_no_space
-from node.storage.ledgers import DISK, LedgerStorage
+from node.storage.ledgers import LedgerStorage
+from node.storage.readonly import ReadOnlySource
 
 log = logging.getLogger(__name__)
 
@@ -140,17 +141,17 @@ class DiskMonitor:
         self.warned = worst > s.disk_usage_warn_threshold
         if self.warned:
             log.warning("disk of %s is %.1f%% full", worst_dir, worst * 100)
-        full = self._storage.read_only_source(DISK)
+        full = self._storage.read_only_source(ReadOnlySource.DISK)
         if worst > s.disk_usage_threshold and not full:
             self._storage.set_read_only(
                 f"disk of {worst_dir} is {worst:.1%} full (limit {s.disk_usage_threshold:.0%})",
-                DISK,
+                ReadOnlySource.DISK,
             )
             self._gc.disk_full = True
             self._gc.request()
         elif full and worst < s.disk_usage_lwm_threshold:
             # Whoever set it: this monitor, or the storage when a write found no space.
-            self._storage.set_read_only(None, DISK)
+            self._storage.set_read_only(None, ReadOnlySource.DISK)
             self._gc.disk_full = False
         elif full and not self._gc.disk_full:
             # The storage turned read-only itself (ENOSPC before the full watermark: a
@@ -160,7 +161,9 @@ class DiskMonitor:
 
     async def check(self) -> None:
         self.apply(await asyncio.to_thread(self.measure))
-        await asyncio.to_thread(self._tend_free_space, self._storage.read_only_source(DISK))
+        await asyncio.to_thread(
+            self._tend_free_space, self._storage.read_only_source(ReadOnlySource.DISK)
+        )
 
     def _tend_free_space(self, out_of_space: bool) -> None:
         if out_of_space:

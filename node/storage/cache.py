@@ -2,7 +2,7 @@
 
 Both live on the event loop thread only. A write cache that has been swapped out for a
 checkpoint is frozen (nothing writes to it any more), so the checkpoint thread may read it
-while the loop keeps serving reads from it.
+while the loop keeps serving reads from it; ``WriteCaches`` holds the two.
 """
 
 from __future__ import annotations
@@ -93,6 +93,57 @@ class WriteCache:
             for entry_id in entry_ids:
                 crc, payload = entries[entry_id]
                 yield ledger_id, entry_id, crc, payload
+
+
+class WriteCaches:
+    """The write cache adds go to (``current``) and the frozen one a checkpoint (or
+    replay) is flushing (``flushing``, None between flushes): an entry added and not yet
+    in an entry log is in one of the two."""
+
+    __slots__ = ("current", "flushing")
+
+    def __init__(self) -> None:
+        self.current = WriteCache()
+        self.flushing: WriteCache | None = None
+
+    def freeze(self) -> WriteCache:
+        """Swap in an empty cache; the old one is frozen and ``flushing`` until
+        ``flushed``."""
+        frozen, self.current = self.current, WriteCache()
+        self.flushing = frozen
+        return frozen
+
+    def flushed(self) -> None:
+        self.flushing = None
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        found = self.current.get(ledger_id, entry_id)
+        if found is None and self.flushing is not None:
+            found = self.flushing.get(ledger_id, entry_id)
+        return found
+
+    def put_back(self, frozen: WriteCache, skip: frozenset[int] = frozenset()) -> None:
+        """Merge a frozen cache whose flush failed back into the current one (an entry
+        cached again since is newer and stays), so that reads still find its entries."""
+        current = self.current
+        for lid, eid, crc, payload in frozen.sorted_entries(skip):
+            if current.get(lid, eid) is None:
+                current.put(lid, eid, crc, payload)
+
+    def highest_entry_id(self, ledger_id: int) -> int:
+        """The highest entry id of the ledger in either cache, -1 if none."""
+        flushing = self.flushing.highest_entry_id(ledger_id) if self.flushing else -1
+        return max(self.current.highest_entry_id(ledger_id), flushing)
+
+    def remove(self, ledger_id: int, entry_id: int, payload: bytes) -> None:
+        """Drop ``payload`` (these very bytes, not an entry cached again since) from both."""
+        for cache in (self.current, self.flushing):
+            if cache is not None and cache.get(ledger_id, entry_id) is payload:
+                cache.remove(ledger_id, entry_id)
+
+    @property
+    def size(self) -> int:
+        return self.current.size + (self.flushing.size if self.flushing else 0)
 
 
 class ReadCache:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from node.http.state import STORAGE
-from node.storage.ledgers import READER_THREADS
+from node.storage.reads import READER_THREADS
 from tests.offload.test_offload import (
     closed_ledger,
     ledger_offload,

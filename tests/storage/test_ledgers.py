@@ -376,10 +376,10 @@ async def test_long_polls_that_time_out_or_are_cancelled_are_forgotten(
     for task in cancelled:
         task.cancel()
     await asyncio.gather(*cancelled, return_exceptions=True)
-    assert storage.lac_waiters == 1 and len(storage._lac_waiters[lid]) == 1
+    assert storage.lac_waiters == 1 and len(storage._lac._waiters[lid]) == 1
     await storage.add_entry(lid, None, b"0")
     assert await asyncio.wait_for(waiting, 5) == 0
-    assert lid not in storage._lac_waiters
+    assert lid not in storage._lac._waiters
 
 
 async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
