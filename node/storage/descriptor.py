@@ -106,8 +106,9 @@ def count_added(meta: LedgerMeta, stats: Stats, last_entry_id: int, count: int, 
 
 
 def token_digest(token: str | None) -> bytes:
-    """What the metadata keeps of a write token (never the token itself)."""
-    return hashlib.sha256(token.encode()).digest() if token else b""
+    """What the metadata keeps of a write token (never the token itself). A header that is
+    not UTF-8 arrives with surrogates for its bytes: the token is those bytes."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest() if token else b""
 
 
 def check_token(meta: LedgerMeta, write_token: str | None) -> None:

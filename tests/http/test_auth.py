@@ -155,3 +155,29 @@ async def test_a_write_token_beyond_ascii_passes_the_fast_lane_as_the_routes(cli
         await conn.writer.wait_closed()
     assert headers["server"] == FAST_LANE_SERVER.decode()  # the lane answered
     assert (status, reply["entryId"]) == (201, 0), reply
+
+
+async def test_a_write_token_that_is_not_utf8_is_refused_not_a_server_error(client: Any) -> None:
+    """Header bytes that are not UTF-8 reach the engine as surrogates: its digest of the
+    token raised (500 on both paths). The token is its bytes: a wrong one is 403."""
+    r = await client.post("/api/v1/ledgers", json={"writeToken": "right"})
+    assert r.status == 201, await r.text()
+    ledger = (await r.json())["ledgerId"]
+    add = (
+        b"POST /api/v1/ledgers/%d/entries HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n"
+        b"Content-Type: application/octet-stream\r\nX-Write-Token: \xff\xfe\r\n\r\nx" % ledger
+    )
+    conn = Conn(*await asyncio.open_connection(client.host, client.port))
+    try:
+        for _ in range(2):  # the fast lane, then aiohttp (a type the lane hands over)
+            await conn.send(add)
+            status, _headers, reply = await conn.answer()
+            assert (status, reply["code"]) == (403, "write_token_mismatch"), reply
+            add = add.replace(b"application/octet-stream", b"application/octet-stream; x=1")
+    finally:
+        conn.writer.close()
+        await conn.writer.wait_closed()
+    r = await client.post(
+        f"/api/v1/ledgers/{ledger}/entries", data=b"y", headers={"X-Write-Token": "right"}
+    )
+    assert r.status == 201, await r.text()
