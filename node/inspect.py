@@ -45,7 +45,7 @@ from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
 from node.settings import MiB, Settings
-from node.storage import blockwal, entrylog, journal
+from node.storage import blockwal, entrylog, journal, logformat
 from node.storage.directio import open_raw
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
@@ -359,11 +359,11 @@ def _read_entrylog_header(path: Path) -> tuple[int, int, int, int]:
     """(version, map offset, map count, file size); NotThisKind for another kind of file."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        head = f.read(entrylog.HEADER_SIZE)
-    if len(head) < entrylog.HEADER_SIZE:
+        head = f.read(logformat.HEADER_SIZE)
+    if len(head) < logformat.HEADER_SIZE:
         raise NotThisKind(f"{path}: {len(head)} bytes, shorter than an entry log header")
     try:
-        version, map_offset, map_count = entrylog.decode_header(head)
+        version, map_offset, map_count = logformat.decode_header(head)
     except ValueError as e:
         raise NotThisKind(f"{path}: not an entry log: {e}") from None
     return version, map_offset, map_count, size
@@ -390,7 +390,7 @@ def inspect_entrylog(path: Path, records: bool) -> int:
     version, map_offset, map_count, size = _read_entrylog_header(path)
     report.line(f"entry log {path}")
     report.line(
-        f"header: magic {entrylog.MAGIC.decode()}, version {version}, "
+        f"header: magic {logformat.MAGIC.decode()}, version {version}, "
         f"ledgers map offset {map_offset}, count {map_count}"
     )
     report.line(f"file size: {size}")
@@ -399,7 +399,7 @@ def inspect_entrylog(path: Path, records: bool) -> int:
     bad_crc: list[int] = []
     map_records: list[entrylog.ScannedRecord] = []
     total = 0
-    end = entrylog.HEADER_SIZE
+    end = logformat.HEADER_SIZE
     if records:
         report.line("records:")
     with _progress(size, size > PROGRESS_MIN_BYTES) as bar:
@@ -407,21 +407,21 @@ def inspect_entrylog(path: Path, records: bool) -> int:
         try:
             for record in entrylog.scan(path):
                 length = len(record.payload)
-                record_end = record.offset + entrylog.RECORD_OVERHEAD + length
+                record_end = record.offset + logformat.RECORD_OVERHEAD + length
                 bar.update(record_end - end)
                 end = record_end
                 total += 1
                 crc = "ok" if record.crc_ok else "BAD"
                 if not record.crc_ok:
                     bad_crc.append(record.offset)
-                if record.ledger_id == entrylog.LEDGERS_MAP_LEDGER_ID:
+                if record.ledger_id == logformat.LEDGERS_MAP_LEDGER_ID:
                     map_records.append(record)
                     what = "ledgers-map"
                 else:
                     figures = ledgers.setdefault(record.ledger_id, _LedgerFigures())
                     figures.entries += 1
                     figures.payload_bytes += length
-                    figures.record_bytes += entrylog.RECORD_OVERHEAD + length
+                    figures.record_bytes += logformat.RECORD_OVERHEAD + length
                     what = f"ledger {record.ledger_id} entry {record.entry_id}"
                 if records:
                     report.line(f"  offset {record.offset} {what} len {length} crc {crc}")
@@ -464,13 +464,13 @@ def inspect_entrylog(path: Path, records: bool) -> int:
 
 def _check_kept_map(report: _Report, path: Path, size: int, scanned: dict[int, int]) -> None:
     """The map GC kept beside a log without one: it is what GC acts on after a restart."""
-    kept_path = entrylog.map_file_path(path)
+    kept_path = logformat.map_file_path(path)
     try:
         data = kept_path.read_bytes()
     except FileNotFoundError:
         report.line(f"kept map {kept_path.name}: none (GC reads this log once it is sealed)")
         return
-    kept = entrylog.decode_map_file(data, size)
+    kept = logformat.decode_map_file(data, size)
     if kept is None:
         report.line(
             f"kept map {kept_path.name}: does not hold for this log (another size, version or "
@@ -501,7 +501,7 @@ def _check_ledgers_map(
     ledgers_map: dict[int, int] = {}
     for record in map_records:
         try:
-            ledgers_map.update(entrylog.decode_ledgers_map(record.payload))
+            ledgers_map.update(logformat.decode_ledgers_map(record.payload))
         except (ValueError, IndexError) as e:
             report.line(f"ledgers map record at offset {record.offset}: undecodable ({e})")
             report.fail(f"undecodable ledgers map record at offset {record.offset}")
@@ -573,7 +573,7 @@ class _LogFiles:
             self._open.move_to_end(log_id)
             return self._open[log_id]
         try:
-            fd = os.open(entrylog.log_path(self._dir, log_id), os.O_RDONLY)
+            fd = os.open(logformat.log_path(self._dir, log_id), os.O_RDONLY)
         except FileNotFoundError:
             handle = None
         else:
@@ -595,18 +595,18 @@ class _LogFiles:
 def _check_location(logs: _LogFiles, ledger_id: int, entry_id: int, loc: int) -> tuple[str, str]:
     """(verdict, detail): verdict "ok", "dangling" (no such log or offset), "wrong" (another
     record there) or "crc" (the record is there, its CRC is not)."""
-    log_id, offset = entrylog.split_location(loc)
+    log_id, offset = logformat.split_location(loc)
     handle = logs.get(log_id)
     if handle is None:
-        return "dangling", f"log {log_id:x}{entrylog.SUFFIX} does not exist"
+        return "dangling", f"log {log_id:x}{logformat.SUFFIX} does not exist"
     fd, size = handle
-    if offset < entrylog.HEADER_SIZE or offset + entrylog.RECORD_OVERHEAD > size:
+    if offset < logformat.HEADER_SIZE or offset + logformat.RECORD_OVERHEAD > size:
         return "dangling", f"offset {offset} is outside the records of a {size}-byte log"
-    head = os.pread(fd, entrylog.RECORD_OVERHEAD, offset)
-    length, lid, eid, crc = entrylog.decode_record_header(head)
+    head = os.pread(fd, logformat.RECORD_OVERHEAD, offset)
+    length, lid, eid, crc = logformat.decode_record_header(head)
     if (lid, eid) != (ledger_id, entry_id):
         return "wrong", f"holds ledger {lid} entry {eid}"
-    start = offset + entrylog.RECORD_OVERHEAD
+    start = offset + logformat.RECORD_OVERHEAD
     if length < 0 or start + length > size:
         return "wrong", f"record length {length} does not fit in the log"
     payload = os.pread(fd, length, start)
@@ -674,7 +674,7 @@ def _inspect_open_index(db: Rdict, path: Path, records: bool) -> int:
             for ledger_id, entry_id, loc in _iter_locations(db):
                 bar.update(1)
                 counts[ledger_id] += 1
-                log_id, offset = entrylog.split_location(loc)
+                log_id, offset = logformat.split_location(loc)
                 meta = metas.get(ledger_id)
                 if not check:
                     verdict, detail = "unchecked", ""

@@ -42,9 +42,9 @@ from node.lifecycle.retention import RetentionStats
 from node.offload.stats import READ_LATENCY_BUCKETS as OFFLOAD_READ_BUCKETS
 from node.offload.stats import OffloadStats
 from node.settings import Settings
-from node.storage.entrylog import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
+from node.storage.logformat import SUFFIX as ENTRY_LOG_SUFFIX
 from node.storage.probe import RingFigures, Stats
 from node.streams.manager import StreamManager
 from node.streams.model import Position, Stream

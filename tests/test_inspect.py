@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from node.settings import KiB, MiB, Settings, load
-from node.storage import entrylog, journal
+from node.storage import entrylog, journal, logformat
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark
 from tests.harness.files import flip_byte
@@ -49,7 +49,7 @@ class Data:
     @property
     def logs(self) -> list[Path]:
         ledgers_dir = self.data_dir / "ledgers"
-        return [entrylog.log_path(ledgers_dir, i) for i in entrylog.list_logs(ledgers_dir)]
+        return [logformat.log_path(ledgers_dir, i) for i in entrylog.list_logs(ledgers_dir)]
 
 
 def _settings(data_dir: Path) -> Settings:
@@ -227,7 +227,7 @@ def test_entrylogs_figures(data: Data) -> None:
     assert dict(payload_bytes) == data.payload_bytes
     # The maps count whole records: payload plus the record header of each entry.
     assert dict(mapped_bytes) == {
-        lid: data.payload_bytes[lid] + entrylog.RECORD_OVERHEAD * n
+        lid: data.payload_bytes[lid] + logformat.RECORD_OVERHEAD * n
         for lid, n in data.entries.items()
     }
 
@@ -308,26 +308,26 @@ def test_entrylog_without_a_map_and_the_map_gc_kept(copy: Data) -> None:
     checked against the scan as the log's own map is: GC acts on it after a restart."""
     path = copy.logs[1]
     sealed_with = cut_ledgers_map(path)
-    kept = entrylog.map_file_path(path)
+    kept = logformat.map_file_path(path)
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_OK, result.stdout
     assert "ledgers map: none" in result.stdout
     assert f"kept map {kept.name}: none" in result.stdout
 
     size = path.stat().st_size
-    kept.write_bytes(entrylog.encode_map_file(size, sealed_with))
+    kept.write_bytes(logformat.encode_map_file(size, sealed_with))
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_OK, result.stdout
     assert f"kept map {kept.name}: {len(sealed_with)} ledgers" in result.stdout
     assert "kept map matches the scan" in result.stdout
 
-    kept.write_bytes(entrylog.encode_map_file(size + 1, sealed_with))  # kept for another log
+    kept.write_bytes(logformat.encode_map_file(size + 1, sealed_with))  # kept for another log
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_OK, result.stdout
     assert "does not hold for this log" in result.stdout
 
     wrong = {lid: n + 1 for lid, n in sealed_with.items()}
-    kept.write_bytes(entrylog.encode_map_file(size, wrong))
+    kept.write_bytes(logformat.encode_map_file(size, wrong))
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_FAILED, result.stdout
     last = result.stdout.rstrip().splitlines()[-1]
@@ -337,7 +337,7 @@ def test_entrylog_without_a_map_and_the_map_gc_kept(copy: Data) -> None:
 def test_entrylog_flipped_payload_byte(copy: Data) -> None:
     path = copy.logs[1]
     victim = list(entrylog.scan(path))[3]
-    flip_byte(path, victim.offset + entrylog.RECORD_OVERHEAD + len(victim.payload) // 2, mask=0xFF)
+    flip_byte(path, victim.offset + logformat.RECORD_OVERHEAD + len(victim.payload) // 2, mask=0xFF)
 
     result = inspect("entrylog", path)
     assert result.returncode == EXIT_FAILED, result.stdout
@@ -357,7 +357,7 @@ def test_entrylog_flipped_payload_byte(copy: Data) -> None:
     log_id = int(path.stem, 16)
     assert (
         f"ledger {victim.ledger_id} entry {victim.entry_id} "
-        f"location {entrylog.location(log_id, victim.offset):#x} (log {log_id:x} "
+        f"location {logformat.location(log_id, victim.offset):#x} (log {log_id:x} "
         f"offset {victim.offset}): CRC32C mismatch"
     ) in index.stdout
 

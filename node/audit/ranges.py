@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from node.storage import entrylog
+from node.storage import logformat
 from node.storage.wal import record_crc
 
-OVERHEAD = entrylog.RECORD_OVERHEAD
-SIZE_FIELD = entrylog.SIZE_FIELD
+OVERHEAD = logformat.RECORD_OVERHEAD
+SIZE_FIELD = logformat.SIZE_FIELD
 MIN_SIZE_FIELD = OVERHEAD - SIZE_FIELD  # a record of an empty payload
 READ_CHUNK = 8 * 1024 * 1024  # bytes per pread: few system calls, bounded memory
 BATCH_ROWS = 65_536  # rows per Arrow batch handed to Spark
@@ -54,7 +54,7 @@ SPARK_SCHEMA = (
 def plan_ranges(size: int, split_bytes: int) -> list[tuple[int, int]]:
     """[start, end) ranges covering the records of a log of ``size`` bytes."""
     ranges = []
-    start = entrylog.HEADER_SIZE
+    start = logformat.HEADER_SIZE
     while start < size:
         end = min(start + split_bytes, size)
         ranges.append((start, end))
@@ -86,12 +86,12 @@ class _Window:
 
 def _plausible(head: memoryview, offset: int, file_size: int, max_record: int) -> int | None:
     """The record's total size if its header could be a record's, else None."""
-    size, ledger_id, entry_id, _crc = entrylog.RECORD_HEADER.unpack(head)
+    size, ledger_id, entry_id, _crc = logformat.RECORD_HEADER.unpack(head)
     if size < MIN_SIZE_FIELD or size > max_record or offset + SIZE_FIELD + size > file_size:
         return None
     is_map = (ledger_id, entry_id) == (
-        entrylog.LEDGERS_MAP_LEDGER_ID,
-        entrylog.LEDGERS_MAP_ENTRY_ID,
+        logformat.LEDGERS_MAP_LEDGER_ID,
+        logformat.LEDGERS_MAP_ENTRY_ID,
     )
     if not is_map and (ledger_id < 0 or entry_id < 0):
         return None
@@ -102,7 +102,7 @@ def _crc_ok(window: _Window, offset: int, total: int) -> bool:
     record = window.get(offset, total)
     if record is None:
         return False
-    _size, ledger_id, entry_id, crc = entrylog.RECORD_HEADER.unpack(record[:OVERHEAD])
+    _size, ledger_id, entry_id, crc = logformat.RECORD_HEADER.unpack(record[:OVERHEAD])
     return bool(record_crc(ledger_id, entry_id, record[OVERHEAD:]) == crc)
 
 
@@ -160,7 +160,7 @@ def scan_range(
     try:
         window = _Window(fd, os.fstat(fd).st_size)
         offset: int | None = start
-        if start != entrylog.HEADER_SIZE:
+        if start != logformat.HEADER_SIZE:
             offset = resync(window, start, end, max_record)
         columns: tuple[list[int], list[int], list[int], list[int], list[bool]] = (
             [],
@@ -170,7 +170,7 @@ def scan_range(
             [],
         )
         offsets, ledgers, entries, sizes, oks = columns
-        unpack = entrylog.RECORD_HEADER.unpack_from
+        unpack = logformat.RECORD_HEADER.unpack_from
         while offset is not None and offset < end:
             head = window.get(offset, OVERHEAD)
             if head is None:

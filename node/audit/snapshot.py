@@ -52,7 +52,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from node.audit.kept import LOGS_DIR, META_FILE, read_meta
 from node.settings import Settings
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
     LEDGER_KEY,
@@ -258,7 +258,7 @@ class _Builder:
         """Each log's size, age (mtime) and GC's view of it: bytes per ledger from its
         ledgers map, or a scan for a log without one (what ``ledger_sizes`` gives GC)."""
         for log_id in log_ids:
-            path = entrylog.log_path(ledgers_dir, log_id)
+            path = logformat.log_path(ledgers_dir, log_id)
             try:
                 stat = path.stat()
                 sizes = entrylog.ledger_sizes(path)
@@ -396,9 +396,9 @@ def hold_logs(ledgers_dir: Path, log_ids: list[int], held: Path) -> list[int]:
     held.mkdir(parents=True, exist_ok=True)
     linked = []
     for log_id in log_ids:
-        source = entrylog.log_path(ledgers_dir, log_id)
+        source = logformat.log_path(ledgers_dir, log_id)
         try:
-            os.link(source, entrylog.log_path(held, log_id))
+            os.link(source, logformat.log_path(held, log_id))
         except FileNotFoundError:
             continue
         except OSError as e:
@@ -409,7 +409,7 @@ def hold_logs(ledgers_dir: Path, log_ids: list[int], held: Path) -> list[int]:
                 ) from None
             raise
         with contextlib.suppress(FileNotFoundError):
-            os.link(entrylog.map_file_path(source), entrylog.map_file_path(held / source.name))
+            os.link(logformat.map_file_path(source), logformat.map_file_path(held / source.name))
         linked.append(log_id)
     return linked
 

@@ -28,7 +28,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from node.audit import ranges
-from node.storage import entrylog
+from node.storage import logformat
 
 FORMAT = "entrylog"
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024  # one task per 64 MiB of log (Spark's own default)
@@ -61,7 +61,7 @@ class EntryLogReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         planned: list[InputPartition] = []
         for node, directory, log_id, snapshot_size in self._logs:
-            path = entrylog.log_path(Path(directory), log_id)
+            path = logformat.log_path(Path(directory), log_id)
             try:
                 size = snapshot_size if snapshot_size >= 0 else path.stat().st_size
             except FileNotFoundError:

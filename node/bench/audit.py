@@ -42,7 +42,7 @@ from node.bench.common import (
     scratch_dir,
 )
 from node.settings import GiB, MiB, Settings, load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.ledgers import LedgerStorage
 
 LEDGERS = 4  # interleaved, as a node's logs are
@@ -138,7 +138,7 @@ def inspect_pass(ledgers_dir: Path) -> Scan:
     def scan() -> tuple[int, int]:
         records = bad = 0
         for log_id in entrylog.list_logs(ledgers_dir):
-            for record in entrylog.scan(entrylog.log_path(ledgers_dir, log_id)):
+            for record in entrylog.scan(logformat.log_path(ledgers_dir, log_id)):
                 records += 1
                 bad += not record.crc_ok
         return records, bad
@@ -151,14 +151,14 @@ def spark_pass(master: str, ledgers_dir: Path, split_bytes: int) -> Scan:
     from node.audit import job, ranges, source
 
     logs = [
-        (NODE, str(ledgers_dir), log_id, entrylog.log_path(ledgers_dir, log_id).stat().st_size)
+        (NODE, str(ledgers_dir), log_id, logformat.log_path(ledgers_dir, log_id).stat().st_size)
         for log_id in entrylog.list_logs(ledgers_dir)
     ]
     planned = sum(len(ranges.plan_ranges(size, split_bytes)) for *_, size in logs)
     spark = job.spark_session(master)
     try:
         first = logs[:1]
-        warm = [(n, d, i, min(s, entrylog.HEADER_SIZE + split_bytes)) for n, d, i, s in first]
+        warm = [(n, d, i, min(s, logformat.HEADER_SIZE + split_bytes)) for n, d, i, s in first]
         source.read_records(spark, warm, split_bytes).count()
         df = source.read_records(spark, logs, split_bytes)
         reported = df.rdd.getNumPartitions()
@@ -191,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"building {total / MB:.0f} MB of entry logs ({args.entry_size} B entries) ...")
         entries = asyncio.run(build(data_dir, total, args.entry_size))
         ledgers_dir = data_dir / "ledgers"
-        log_bytes = sum(p.stat().st_size for p in ledgers_dir.glob(f"*{entrylog.SUFFIX}"))
+        log_bytes = sum(p.stat().st_size for p in ledgers_dir.glob(f"*{logformat.SUFFIX}"))
         split = int(args.split_mib * MiB)
         scans = [spark_pass(master, ledgers_dir, split) for master in MASTERS]
         scans.append(inspect_pass(ledgers_dir))

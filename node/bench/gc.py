@@ -54,7 +54,7 @@ from node.bench.common import (
 from node.lifecycle.gc import GarbageCollector
 from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.clock import SystemClock
 from node.storage.compaction import CompactionResult, Throttle
 from node.storage.ledgers import LedgerStorage
@@ -185,7 +185,7 @@ async def _build(settings: Settings, size: int) -> Dataset:
         await storage.close()
     logs = await asyncio.to_thread(entrylog.list_logs, settings.ledgers_dir)
     total = sum(
-        entrylog.log_path(settings.ledgers_dir, i).stat().st_size for i in logs
+        logformat.log_path(settings.ledgers_dir, i).stat().st_size for i in logs
     )  # fmt: skip
     return Dataset(LEDGERS, len(doomed), len(logs), total, 1 - len(doomed) / LEDGERS)
 
@@ -196,7 +196,7 @@ def _candidates(storage: LedgerStorage) -> list[tuple[int, int]]:
     settings = storage.settings
     chosen = []
     for log_id in storage.gc_candidate_logs():
-        path = entrylog.log_path(settings.ledgers_dir, log_id)
+        path = logformat.log_path(settings.ledgers_dir, log_id)
         sizes = entrylog.ledger_sizes(path)
         live = sum(n for lid, n in sizes.items() if storage.is_live_ledger(lid))
         usage = live / max(path.stat().st_size, settings.log_size_limit)

@@ -19,7 +19,7 @@ from node.http.jsonreply import json_response
 from node.http.state import METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.metrics import data_dirs
 from node.settings import Settings
-from node.storage import entrylog, journal
+from node.storage import journal, logformat
 
 routes = web.RouteTableDef()
 
@@ -119,7 +119,7 @@ def _list_files(settings: Settings, kinds: list[str]) -> dict[str, str]:
     path. Tab separated with a trailing tab, as BookKeeper prints them."""
     where: dict[str, tuple[Path, str]] = {
         "journal": (settings.journal_dir, journal.SUFFIX),
-        "entrylog": (settings.ledgers_dir, entrylog.SUFFIX),
+        "entrylog": (settings.ledgers_dir, logformat.SUFFIX),
         "index": (settings.index_dir, ""),
     }
     listing = {}

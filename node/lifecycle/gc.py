@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.settings import Settings
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.clock import Clock
 from node.storage.compaction import CompactionResult, Throttle
 from node.storage.errors import CorruptRecord
@@ -397,7 +397,7 @@ class GarbageCollector:
             reads.acquire(records, size)
 
         for log_id in sorted(candidates - set(self._metas)):
-            path = entrylog.log_path(self._settings.ledgers_dir, log_id)
+            path = logformat.log_path(self._settings.ledgers_dir, log_id)
             try:
                 sizes = entrylog.ledger_sizes(path, on_read, keep=True)
                 size = path.stat().st_size

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from node.storage.entrylog import SUFFIX, known_ledgers_map, log_path
+from node.storage.entrylog import known_ledgers_map
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.storage.logformat import SUFFIX, log_path
 from node.streams import rules
 from node.streams.model import MINUTE_MS, Cursor, Stream
 

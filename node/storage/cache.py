@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from node.storage.entrylog import RECORD_OVERHEAD, LedgerEntries
+from node.storage.entrylog import LedgerEntries
+from node.storage.logformat import RECORD_OVERHEAD
 
 
 class WriteCache:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from node.settings import Settings
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.errors import CorruptRecord
 from node.storage.faults import Faults
 from node.storage.fsutil import fsync_dir, write_file_atomically
@@ -106,9 +106,9 @@ class _Output:
 
     def __init__(self, directory: Path, log_id: int) -> None:
         self.log_id = log_id
-        self.path = directory / f"{log_id:x}{entrylog.SUFFIX}{entrylog.COMPACTING_SUFFIX}"
+        self.path = directory / f"{log_id:x}{logformat.SUFFIX}{entrylog.COMPACTING_SUFFIX}"
         self.fd = entrylog.create_log(self.path)
-        self.position = entrylog.HEADER_SIZE
+        self.position = logformat.HEADER_SIZE
         self.ledger_sizes: dict[int, int] = {}
         self.sources: list[int] = []
         self.moves: list[tuple[int, int, int, int]] = []  # ledger, entry, old, new location
@@ -117,8 +117,8 @@ class _Output:
         self._flushed_to = self.position
 
     def add(self, ledger_id: int, entry_id: int, crc: int, payload: bytes, old: int) -> int:
-        record = entrylog.encode_record(ledger_id, entry_id, crc, payload)
-        new = entrylog.location(self.log_id, self.position)
+        record = logformat.encode_record(ledger_id, entry_id, crc, payload)
+        new = logformat.location(self.log_id, self.position)
         self._pending.append(record)
         self._pending_bytes += len(record)
         self.position += len(record)
@@ -174,7 +174,7 @@ class Compactor:
             if output_id is None:
                 marker.unlink()  # unreadable: it can only be one from before step 3
                 continue
-            final = entrylog.log_path(self._dir, output_id)
+            final = logformat.log_path(self._dir, output_id)
             if not final.exists():
                 # Steps 1-2: the copy never became a log; the index still points at S.
                 Path(f"{final}{entrylog.COMPACTING_SUFFIX}").unlink(missing_ok=True)
@@ -188,13 +188,13 @@ class Compactor:
             ]
             found = self._index.get_locations([(lid, eid) for lid, eid, _offset in copies])
             moves = [
-                (lid, eid, old, entrylog.location(output_id, offset))
+                (lid, eid, old, logformat.location(output_id, offset))
                 for (lid, eid, offset), old in zip(copies, found, strict=True)
-                if old is not None and entrylog.split_location(old)[0] in sources
+                if old is not None and logformat.split_location(old)[0] in sources
             ]
             self._commit(output_id, sources, moves, marker)
             done.append(f"finished compaction of {sources} into {output_id:x}")
-        for partial in self._dir.glob(f"*{entrylog.SUFFIX}{entrylog.COMPACTING_SUFFIX}"):
+        for partial in self._dir.glob(f"*{logformat.SUFFIX}{entrylog.COMPACTING_SUFFIX}"):
             partial.unlink()  # step 1 without a marker: nothing points into it
             done.append(f"deleted partial compaction output {partial.name}")
         if done:
@@ -264,12 +264,12 @@ class Compactor:
         progress: Progress | None,
         result: CompactionResult,
     ) -> None:
-        path = entrylog.log_path(self._dir, source)
+        path = logformat.log_path(self._dir, source)
         total = path.stat().st_size
         for batch, size in _batches(entrylog.scan(path)):
             self._copy_batch(source, batch, size, output, is_live_ledger, throttles, result)
             if progress is not None:
-                end = batch[-1].offset + entrylog.RECORD_OVERHEAD + len(batch[-1].payload)
+                end = batch[-1].offset + logformat.RECORD_OVERHEAD + len(batch[-1].payload)
                 progress(source, end, max(0, total - end))
         self._crash.hit("compaction.after_copy")
 
@@ -293,11 +293,11 @@ class Compactor:
         found = self._index.get_locations([(r.ledger_id, r.entry_id) for r in live])
         entries = written = 0
         for record, location in zip(live, found, strict=True):
-            here = entrylog.location(source, record.offset)
+            here = logformat.location(source, record.offset)
             if location != here:
                 continue  # a stale copy: the index points elsewhere
             if not record.crc_ok:
-                path = entrylog.log_path(self._dir, source)
+                path = logformat.log_path(self._dir, source)
                 raise CorruptRecord(str(path), record.offset, "a live entry fails its CRC")
             copy = output.add(record.ledger_id, record.entry_id, record.crc, record.payload, here)
             result.bytes_written += copy
@@ -312,7 +312,7 @@ class Compactor:
             self.in_progress.discard(output.log_id)
             output.discard()
             for source in output.sources:
-                result.reclaimed_bytes += entrylog.log_path(self._dir, source).stat().st_size
+                result.reclaimed_bytes += logformat.log_path(self._dir, source).stat().st_size
                 self._reader.retire(source)
             result.compacted.extend(output.sources)
             return
@@ -322,11 +322,11 @@ class Compactor:
         marker = self._dir / f"{output.log_id:x}{MARKER_SUFFIX}"
         write_file_atomically(marker, json.dumps({"sources": output.sources}).encode())
         self._crash.hit("compaction.after_marker")
-        os.replace(output.path, entrylog.log_path(self._dir, output.log_id))
+        os.replace(output.path, logformat.log_path(self._dir, output.log_id))
         fsync_dir(self._dir)
         self.in_progress.discard(output.log_id)
         self._crash.hit("compaction.after_rename")
-        sizes = {s: entrylog.log_path(self._dir, s).stat().st_size for s in output.sources}
+        sizes = {s: logformat.log_path(self._dir, s).stat().st_size for s in output.sources}
         self._commit(output.log_id, set(output.sources), output.moves, marker)
         result.compacted.extend(output.sources)
         result.output_logs.append(output.log_id)
@@ -357,7 +357,7 @@ def _batches(
     size = 0
     for record in records:
         batch.append(record)
-        size += entrylog.RECORD_OVERHEAD + len(record.payload)
+        size += logformat.RECORD_OVERHEAD + len(record.payload)
         if len(batch) >= COPY_BATCH_RECORDS or size >= WRITE_BATCH_BYTES:
             yield batch, size
             batch, size = [], 0

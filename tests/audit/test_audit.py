@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from node.audit import CHECKS, job, ranges, snapshot, source
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from tests.audit import world as w
 
 pytestmark = pytest.mark.timeout(600)
@@ -173,7 +173,7 @@ def test_spark_runs_one_task_per_planned_range_and_they_agree_with_whole_logs(
     same records as one range per log."""
     ledgers_dir = base.data_dir / "ledgers"
     logs = [
-        ("n", str(ledgers_dir), i, entrylog.log_path(ledgers_dir, i).stat().st_size)
+        ("n", str(ledgers_dir), i, logformat.log_path(ledgers_dir, i).stat().st_size)
         for i in entrylog.list_logs(ledgers_dir)
     ]
     planned = sum(len(ranges.plan_ranges(size, SPLIT_BYTES)) for *_, size in logs)

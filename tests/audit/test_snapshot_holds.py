@@ -13,7 +13,7 @@ import pytest
 from node.audit import job, kept
 from node.http.app import build_app
 from node.http.state import STORAGE, WORK
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from tests.audit import world as w
 from tests.audit.test_live import SPLIT_BYTES, _fill
 from tests.harness.metrics import scrape
@@ -75,4 +75,4 @@ async def test_gc_between_snapshot_and_scan_leaves_the_audit_clean(
 
 
 def _sizes(directory: Path, log_ids: set[int]) -> int:
-    return sum(entrylog.log_path(directory, i).stat().st_size for i in log_ids)
+    return sum(logformat.log_path(directory, i).stat().st_size for i in log_ids)

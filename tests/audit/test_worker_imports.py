@@ -17,15 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # node.audit.source (the data source's reader, with node.audit.ranges).
 SHIPPED = ("node.audit.checks", "node.audit.source", "node.audit.ranges", "node.audit.offloadcheck")
 ENGINE = ("node.lifecycle", "node.http", "node.streams.manager", "rocksdict", "aiohttp")
-# Of node.storage, the entry log's on-disk format (records, CRCs) and what it raises: the
-# worker reads the logs. The namespace package itself comes with them.
-LOG_FORMAT = {
-    "node.storage",
-    "node.storage.entrylog",
-    "node.storage.errors",
-    "node.storage.fsutil",
-    "node.storage.wal",
-}
+# Of node.storage, the entry log's bytes (logformat) and the record CRC (wal): the worker
+# reads the logs, never through the engine's writers and readers (entrylog). The namespace
+# package itself comes with them.
+LOG_FORMAT = {"node.storage", "node.storage.logformat", "node.storage.wal"}
 
 
 def test_the_modules_shipped_to_spark_workers_import_no_engine_module() -> None:

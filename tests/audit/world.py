@@ -15,7 +15,7 @@ from rocksdict import AccessType, Options, Rdict, ReadOptions
 
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
 from node.offload.service import OffloadService
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.clock import SystemClock
 from node.storage.index import (
     COLUMN_FAMILIES,
@@ -33,10 +33,10 @@ from tests.harness.settings import make_settings
 
 LOG_SIZE = 64 * 1024
 ENTRY_SIZE = 1000
-RECORD_SIZE = ENTRY_SIZE + entrylog.RECORD_OVERHEAD
+RECORD_SIZE = ENTRY_SIZE + logformat.RECORD_OVERHEAD
 # The first log: a ledger deleted (and purged) later, filling it but for one entry of the
 # ledger that then pins it alone; the next batch no longer fits, so the log rolls.
-DOOMED_ENTRIES = (LOG_SIZE - entrylog.HEADER_SIZE) // RECORD_SIZE - 1
+DOOMED_ENTRIES = (LOG_SIZE - logformat.HEADER_SIZE) // RECORD_SIZE - 1
 DAY_S = 24 * 3600
 OLD_S = 30 * DAY_S  # the pinned log's age: far past 72 h retention + 24 h major interval
 STREAM = "orders"
@@ -185,10 +185,10 @@ def _update(data_dir: Path, family: str, changes: dict[bytes, bytes | None]) -> 
 
 
 def flip_payload_byte(world: World, ledger_id: int, entry_id: int) -> None:
-    log_id, offset = entrylog.split_location(_location(world.data_dir, ledger_id, entry_id))
-    path = entrylog.log_path(world.data_dir / "ledgers", log_id)
+    log_id, offset = logformat.split_location(_location(world.data_dir, ledger_id, entry_id))
+    path = logformat.log_path(world.data_dir / "ledgers", log_id)
     with open(path, "r+b") as f:
-        f.seek(offset + entrylog.RECORD_OVERHEAD + ENTRY_SIZE // 2)
+        f.seek(offset + logformat.RECORD_OVERHEAD + ENTRY_SIZE // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0xFF]))
@@ -207,26 +207,26 @@ def orphan_record(world: World, ledger_id: int, entry_id: int) -> tuple[int, int
     """A sealed log holding a second copy of an indexed entry (a compaction output whose
     index update never happened): returns (log id, offset) of the copy."""
     ledgers_dir = world.data_dir / "ledgers"
-    log_id, offset = entrylog.split_location(_location(world.data_dir, ledger_id, entry_id))
-    with open(entrylog.log_path(ledgers_dir, log_id), "rb") as f:
+    log_id, offset = logformat.split_location(_location(world.data_dir, ledger_id, entry_id))
+    with open(logformat.log_path(ledgers_dir, log_id), "rb") as f:
         f.seek(offset)
-        head = f.read(entrylog.RECORD_OVERHEAD)
-        length = entrylog.decode_record_header(head)[0]
+        head = f.read(logformat.RECORD_OVERHEAD)
+        length = logformat.decode_record_header(head)[0]
         record = head + f.read(length)
     new_id = max(entrylog.list_logs(ledgers_dir)) + 1
-    fd = entrylog.create_log(entrylog.log_path(ledgers_dir, new_id))
+    fd = entrylog.create_log(logformat.log_path(ledgers_dir, new_id))
     try:
-        entrylog.write_fully(fd, record, entrylog.HEADER_SIZE)
-        entrylog.seal(fd, entrylog.HEADER_SIZE + len(record), {ledger_id: len(record)})
+        entrylog.write_fully(fd, record, logformat.HEADER_SIZE)
+        entrylog.seal(fd, logformat.HEADER_SIZE + len(record), {ledger_id: len(record)})
         os.fsync(fd)
     finally:
         os.close(fd)
-    return new_id, entrylog.HEADER_SIZE
+    return new_id, logformat.HEADER_SIZE
 
 
 def age_first_log(world: World) -> int:
     first = min(entrylog.list_logs(world.data_dir / "ledgers"))
-    path = entrylog.log_path(world.data_dir / "ledgers", first)
+    path = logformat.log_path(world.data_dir / "ledgers", first)
     old = path.stat().st_mtime - OLD_S
     os.utime(path, (old, old))
     return first

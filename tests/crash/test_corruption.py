@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from node.http.frames import decode_range
-from node.storage import entrylog, journal
+from node.storage import entrylog, journal, logformat
 from tests.harness.files import flip_byte
 from tests.harness.node import NodeProcess
 
@@ -158,11 +158,11 @@ def test_flipped_entry_log_record_is_detected_and_never_served(tmp_path: Path) -
     ledgers_dir = data / "ledgers"
     victim = None
     for log_id in entrylog.list_logs(ledgers_dir):
-        for record in entrylog.scan(entrylog.log_path(ledgers_dir, log_id)):
+        for record in entrylog.scan(logformat.log_path(ledgers_dir, log_id)):
             if record.ledger_id == 9 and record.entry_id == 17:
-                victim = (entrylog.log_path(ledgers_dir, log_id), record.offset)
+                victim = (logformat.log_path(ledgers_dir, log_id), record.offset)
     assert victim is not None
-    flip_byte(victim[0], victim[1] + entrylog.RECORD_OVERHEAD + 50)
+    flip_byte(victim[0], victim[1] + logformat.RECORD_OVERHEAD + 50)
 
     node = NodeProcess(data)
     node.start()

@@ -26,7 +26,8 @@ import pytest
 
 from node.http.frames import encode_batch
 from node.settings import KiB, MiB
-from node.storage.entrylog import list_logs, log_path
+from node.storage.entrylog import list_logs
+from node.storage.logformat import log_path
 from tests.harness.clients import BATCH, OCTET, http_status, read_ledger
 from tests.harness.loopdev import loop_device
 from tests.harness.node import CHURN_SETTINGS, DEFAULT_SETTINGS, NodeProcess

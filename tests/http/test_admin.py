@@ -10,7 +10,7 @@ from typing import Any
 from node.http.app import build_app
 from node.http.state import SERVING, STORAGE, WORK
 from node.settings import Settings
-from node.storage import entrylog
+from node.storage import logformat
 from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}
@@ -137,7 +137,7 @@ async def test_gc_admin_routes(client: Any) -> None:
 async def _entry_logs(client: Any) -> set[int]:
     listing = await (await client.get("/api/v1/bookie/list_disk_file?file_type=entrylog")).json()
     names = listing["entrylog files"].split("\t")[:-1]
-    return {int(name.removesuffix(entrylog.SUFFIX), 16) for name in names}
+    return {int(name.removesuffix(logformat.SUFFIX), 16) for name in names}
 
 
 async def test_forced_gc_right_after_deletes_reclaims_their_logs(

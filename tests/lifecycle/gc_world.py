@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from node.settings import Settings, load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.ledgers import LedgerStorage
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL
 
@@ -56,7 +56,7 @@ async def interleave(storage: LedgerStorage, ledgers: int, rounds: int) -> list[
 
 def log_bytes(ledgers_dir: Path) -> int:
     return sum(
-        entrylog.log_path(ledgers_dir, i).stat().st_size for i in entrylog.list_logs(ledgers_dir)
+        logformat.log_path(ledgers_dir, i).stat().st_size for i in entrylog.list_logs(ledgers_dir)
     )
 
 
@@ -77,9 +77,9 @@ def dangling(storage: LedgerStorage) -> list[tuple[int, int, int]]:
     for lid, eid, loc in storage.index.locations():
         if not storage.is_live_ledger(lid):
             continue
-        log_id, offset = entrylog.split_location(loc)
+        log_id, offset = logformat.split_location(loc)
         if log_id not in cache:
-            path = entrylog.log_path(directory, log_id)
+            path = logformat.log_path(directory, log_id)
             cache[log_id] = (
                 {r.offset: (r.ledger_id, r.entry_id, r.crc_ok) for r in entrylog.scan(path)}
                 if path.exists()
@@ -100,10 +100,10 @@ def cut_ledgers_map(path: Path) -> dict[int, int]:
     sealed_with = entrylog.read_ledgers_map(path)
     assert sealed_with is not None, f"{path} was sealed without a map"
     with open(path, "r+b") as f:
-        header = f.read(entrylog.HEADER_SIZE)
-        offset, _count = entrylog.MAP_FIELDS.unpack_from(header, entrylog.MAP_FIELDS_OFFSET)
+        header = f.read(logformat.HEADER_SIZE)
+        offset, _count = logformat.MAP_FIELDS.unpack_from(header, logformat.MAP_FIELDS_OFFSET)
         f.truncate(offset)
-        f.seek(entrylog.MAP_FIELDS_OFFSET)
-        f.write(entrylog.MAP_FIELDS.pack(0, 0))
+        f.seek(logformat.MAP_FIELDS_OFFSET)
+        f.write(logformat.MAP_FIELDS.pack(0, 0))
     assert entrylog.read_ledgers_map(path) is None
     return sealed_with

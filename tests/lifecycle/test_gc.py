@@ -13,7 +13,7 @@ import pytest
 from node.lifecycle.disks import DiskMonitor
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings, load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.clock import SystemClock
 from node.storage.compaction import Throttle
 from node.storage.ledgers import LedgerStorage
@@ -186,7 +186,7 @@ async def test_space_trigger_compacts_the_emptiest_logs_until_under_the_limit(
 def _sealed_size_and_live_bytes(storage: LedgerStorage) -> tuple[int, int]:
     size = live = 0
     for log_id in storage.gc_candidate_logs():
-        path = entrylog.log_path(storage.settings.ledgers_dir, log_id)
+        path = logformat.log_path(storage.settings.ledgers_dir, log_id)
         size += path.stat().st_size
         sizes = entrylog.ledger_sizes(path)
         live += sum(n for lid, n in sizes.items() if storage.is_live_ledger(lid))
@@ -250,7 +250,7 @@ async def test_a_held_log_is_deleted_on_release_or_after_the_forced_interval(
         hold = reader._open(log_id)  # what a read does while it reads
         await asyncio.to_thread(hold.__enter__)
         assert await asyncio.to_thread(storage.retire_log, log_id) is False  # held: not yet
-        path = entrylog.log_path(storage.settings.ledgers_dir, log_id)
+        path = logformat.log_path(storage.settings.ledgers_dir, log_id)
         assert await asyncio.to_thread(path.exists) and log_id in storage.retired_logs
         with pytest.raises(entrylog.LogRetired):  # no new holds on a retired log
             await asyncio.to_thread(reader._open(log_id).__enter__)
@@ -285,7 +285,7 @@ async def test_a_log_held_past_the_forced_interval_goes_without_waiting_for_a_ru
     try:
         await interleave(storage, ledgers=2, rounds=20)
         log_id = (await asyncio.to_thread(entrylog.list_logs, settings.ledgers_dir))[0]
-        path = entrylog.log_path(settings.ledgers_dir, log_id)
+        path = logformat.log_path(settings.ledgers_dir, log_id)
         hold = storage._reader._open(log_id)  # a read that never ends
         await asyncio.to_thread(hold.__enter__)
         retired_at = time.monotonic()
@@ -325,7 +325,7 @@ async def test_an_unreadable_log_is_skipped_and_reported(
     storage, gc = world
     ids = await interleave(storage, ledgers=3, rounds=12)
     logs = await asyncio.to_thread(entrylog.list_logs, storage.settings.ledgers_dir)
-    victim = entrylog.log_path(storage.settings.ledgers_dir, logs[0])
+    victim = logformat.log_path(storage.settings.ledgers_dir, logs[0])
     await asyncio.to_thread(_clobber_header, victim)
     await _delete(storage, ids[:2])
     report = await gc.run()
@@ -372,14 +372,14 @@ def _crash_left_settings(tmp_path: Path, **overrides: Any) -> Settings:
 def _cut_ledgers_maps(directory: Path) -> dict[int, dict[int, int]]:
     """Every log's map cut off (``cut_ledgers_map``), by log id."""
     return {
-        log_id: cut_ledgers_map(entrylog.log_path(directory, log_id))
+        log_id: cut_ledgers_map(logformat.log_path(directory, log_id))
         for log_id in entrylog.list_logs(directory)
     }
 
 
 def _log_sizes(directory: Path) -> dict[int, int]:
     return {
-        log_id: entrylog.log_path(directory, log_id).stat().st_size
+        log_id: logformat.log_path(directory, log_id).stat().st_size
         for log_id in entrylog.list_logs(directory)
     }
 
@@ -427,7 +427,7 @@ async def test_the_scan_of_a_log_without_its_map_is_paced_in_bytes(tmp_path: Pat
 def _kept_maps(directory: Path) -> dict[int, dict[int, int] | None]:
     """The maps kept beside the logs, by log id (None: one that does not hold)."""
     kept: dict[int, dict[int, int] | None] = {}
-    for path in directory.glob(f"*{entrylog.SUFFIX}{entrylog.MAP_FILE_SUFFIX}"):
+    for path in directory.glob(f"*{logformat.SUFFIX}{logformat.MAP_FILE_SUFFIX}"):
         log = path.with_suffix("")
         kept[int(log.stem, 16)] = entrylog.read_map_file(log, log.stat().st_size)
     return kept
@@ -447,7 +447,7 @@ async def test_what_the_scan_learns_is_kept_and_the_next_start_reads_no_log(
         assert set(logs) == set(sealed_with)
         gc = GarbageCollector(storage, SystemClock())
         await gc.run()
-        records = sum(size - entrylog.HEADER_SIZE for size in logs.values())
+        records = sum(size - logformat.HEADER_SIZE for size in logs.values())
         assert gc.stats.scanned_bytes == records
         assert await asyncio.to_thread(_kept_maps, directory) == sealed_with
     finally:
@@ -477,8 +477,8 @@ async def test_a_kept_map_that_does_not_hold_is_read_again_and_orphans_go(
         await GarbageCollector(storage, SystemClock()).run()
         (log_id,) = sealed_with
         assert await asyncio.to_thread(_kept_maps, directory) == sealed_with
-        kept = entrylog.map_file_path(entrylog.log_path(directory, log_id))
-        orphan = entrylog.map_file_path(entrylog.log_path(directory, 0x7FFF_0000))
+        kept = logformat.map_file_path(logformat.log_path(directory, log_id))
+        orphan = logformat.map_file_path(logformat.log_path(directory, 0x7FFF_0000))
         partial = kept.with_name(kept.name + ".tmp")
 
         def spoil() -> None:
@@ -491,7 +491,7 @@ async def test_a_kept_map_that_does_not_hold_is_read_again_and_orphans_go(
         gc = GarbageCollector(storage, SystemClock())  # as after a restart: nothing in memory
         await gc.run()
         logs = await asyncio.to_thread(_log_sizes, directory)
-        assert gc.stats.scanned_bytes == logs[log_id] - entrylog.HEADER_SIZE, "read again"
+        assert gc.stats.scanned_bytes == logs[log_id] - logformat.HEADER_SIZE, "read again"
         assert await asyncio.to_thread(_kept_maps, directory) == sealed_with, "and kept again"
         assert not await asyncio.to_thread(orphan.exists)
         assert not await asyncio.to_thread(partial.exists)
@@ -506,7 +506,7 @@ async def test_a_map_that_cannot_be_kept_costs_only_the_next_read(tmp_path: Path
     directory = storage.settings.ledgers_dir
     try:
         (log_id,) = sealed_with
-        kept = entrylog.map_file_path(entrylog.log_path(directory, log_id))
+        kept = logformat.map_file_path(logformat.log_path(directory, log_id))
         await asyncio.to_thread((kept.parent / f"{kept.name}.tmp").mkdir)
         gc = GarbageCollector(storage, SystemClock())
         report = await gc.run()
@@ -603,7 +603,7 @@ def _log_files(ledgers_dir: Path) -> dict[int, tuple[int, int]]:
     """(inode, size) of each entry log: a rewritten log would change either."""
     found = {}
     for log_id in entrylog.list_logs(ledgers_dir):
-        stat = entrylog.log_path(ledgers_dir, log_id).stat()
+        stat = logformat.log_path(ledgers_dir, log_id).stat()
         found[log_id] = (stat.st_ino, stat.st_size)
     return found
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from node.lifecycle.gc import GarbageCollector
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.clock import SystemClock
 from node.storage.compaction import MARKER_SUFFIX
 from node.storage.ledgers import LedgerStorage
@@ -75,7 +75,7 @@ async def _verify(data: Path, survivors: list[int], expect_bytes: int | None) ->
         assert leftovers == [], (leftovers, report.recovered)
         size = await asyncio.to_thread(log_bytes, directory)
         if expect_bytes is not None:  # as small as an uninterrupted compaction leaves it
-            assert size <= expect_bytes * 1.05 + entrylog.HEADER_SIZE * 4, (size, expect_bytes)
+            assert size <= expect_bytes * 1.05 + logformat.HEADER_SIZE * 4, (size, expect_bytes)
         return size
     finally:
         await storage.close()

@@ -54,7 +54,7 @@ from typing import Any
 
 from node.lifecycle.gc import GarbageCollector
 from node.settings import KiB, MiB, Settings, load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.ledgers import LedgerStorage
 from tests.harness.clock import EPOCH_MS, FakeClock
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL
@@ -179,7 +179,7 @@ class Workload:
                 continue
             first = ledger.entries
             payloads = [payload(ledger.ledger_id, first + i) for i in range(count)]
-            size = sum(len(p) + entrylog.RECORD_OVERHEAD for p in payloads)
+            size = sum(len(p) + logformat.RECORD_OVERHEAD for p in payloads)
             ledger.batch_first_ids.append(first)
             ledger.batch_written_s.append(now)
             ledger.entries += count
@@ -214,7 +214,7 @@ class Workload:
     def _records(self, log_id: int) -> list[tuple[int, int]]:
         """(ledger, entry) of every record of a log, cached while its size is the same (a
         sealed log never changes; ids are never reused)."""
-        path = entrylog.log_path(self.storage.settings.ledgers_dir, log_id)
+        path = logformat.log_path(self.storage.settings.ledgers_dir, log_id)
         key = (log_id, path.stat().st_size)
         if key not in self._scans:
             self._scans[key] = [
@@ -251,7 +251,7 @@ class Workload:
         """Blocking (stats the files)."""
         directory = self.storage.settings.ledgers_dir
         log_ids = entrylog.list_logs(directory)
-        disk = sum(entrylog.log_path(directory, i).stat().st_size for i in log_ids)
+        disk = sum(logformat.log_path(directory, i).stat().st_size for i in log_ids)
         return SpaceCheck(self.clock.monotonic() / DAY_S, len(log_ids), disk, self.live_bytes)
 
 
@@ -383,7 +383,7 @@ def _logs_holding(directory: Path, ledger_id: int) -> list[int]:
     return [
         log_id
         for log_id in entrylog.list_logs(directory)
-        if ledger_id in entrylog.ledger_sizes(entrylog.log_path(directory, log_id))
+        if ledger_id in entrylog.ledger_sizes(logformat.log_path(directory, log_id))
     ]
 
 

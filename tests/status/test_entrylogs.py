@@ -15,8 +15,9 @@ from node.status.entrylogs import (
     scan_logs,
     why_pinned,
 )
-from node.storage.entrylog import HEADER_SIZE, create_log, encode_record, log_path, seal
+from node.storage.entrylog import create_log, seal
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo, OffloadState
+from node.storage.logformat import HEADER_SIZE, encode_record, log_path
 from node.streams.model import MINUTE_MS, Cursor, LedgerInfo, Policies, Position, Stream
 
 NOW_MS = 1_800_000_000_000

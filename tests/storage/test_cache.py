@@ -13,7 +13,7 @@ from hypothesis.stateful import (
 )
 
 from node.storage.cache import ReadCache, WriteCache
-from node.storage.entrylog import RECORD_OVERHEAD
+from node.storage.logformat import RECORD_OVERHEAD
 from node.storage.wal import record_crc
 
 # Few ledgers and entries, so that overwrites of the same key are frequent.

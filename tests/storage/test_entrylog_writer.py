@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.settings import load
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.entrylog import EntryLogWriter, LedgerEntries, LogIdAllocator
 from node.storage.wal import record_crc
 
@@ -64,15 +64,15 @@ def test_locations_and_ledgers_maps_match_what_was_written(
 
         scanned: dict[int, tuple[int, int, bytes]] = {}
         for log_id in entrylog.list_logs(s.ledgers_dir):
-            path = entrylog.log_path(s.ledgers_dir, log_id)
+            path = logformat.log_path(s.ledgers_dir, log_id)
             sizes: dict[int, int] = {}
             for record in entrylog.scan(path):
                 assert record.crc_ok
                 if record.ledger_id < 0:
                     continue  # the ledgers map's own records
-                location = entrylog.location(log_id, record.offset)
+                location = logformat.location(log_id, record.offset)
                 scanned[location] = (record.ledger_id, record.entry_id, record.payload)
-                size = entrylog.RECORD_OVERHEAD + len(record.payload)
+                size = logformat.RECORD_OVERHEAD + len(record.payload)
                 sizes[record.ledger_id] = sizes.get(record.ledger_id, 0) + size
             assert entrylog.read_ledgers_map(path) == sizes, f"log {log_id}"
         assert scanned == written

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from node.http import frames
 from node.settings import SettingsError, load
-from node.storage import entrylog, journal
+from node.storage import journal, logformat
 from node.storage.index import LedgerMeta, LedgerState
 from node.storage.wal import BatchRecord, record_crc
 
@@ -185,15 +185,15 @@ def test_journal_padding_small_alignments_accepted_by_settings(length: int, alig
 
 @given(map_offset=U64, map_count=U32)
 def test_entrylog_header_round_trip(map_offset: int, map_count: int) -> None:
-    header = entrylog.encode_header(map_offset, map_count)
-    assert len(header) == entrylog.HEADER_SIZE == 1024
+    header = logformat.encode_header(map_offset, map_count)
+    assert len(header) == logformat.HEADER_SIZE == 1024
     assert header[:4] == b"BKLO"
     assert not any(header[20:])
-    assert entrylog.decode_header(header) == (entrylog.VERSION, map_offset, map_count)
+    assert logformat.decode_header(header) == (logformat.VERSION, map_offset, map_count)
 
 
 def test_entrylog_header_defaults_to_no_map() -> None:
-    assert entrylog.decode_header(entrylog.encode_header()) == (entrylog.VERSION, 0, 0)
+    assert logformat.decode_header(logformat.encode_header()) == (logformat.VERSION, 0, 0)
 
 
 @given(map_offset=U64, map_count=U32, first=st.tuples(U64, U32))
@@ -202,27 +202,27 @@ def test_entrylog_header_patched_map_fields(
 ) -> None:
     """The roll patches offset and count in place; the header then decodes to them and
     nothing else in it changes."""
-    header = bytearray(entrylog.encode_header(*first))
-    start = entrylog.MAP_FIELDS_OFFSET
-    header[start : start + entrylog.MAP_FIELDS.size] = entrylog.MAP_FIELDS.pack(
+    header = bytearray(logformat.encode_header(*first))
+    start = logformat.MAP_FIELDS_OFFSET
+    header[start : start + logformat.MAP_FIELDS.size] = logformat.MAP_FIELDS.pack(
         map_offset, map_count
     )
-    assert bytes(header) == entrylog.encode_header(map_offset, map_count)
-    assert entrylog.decode_header(bytes(header)) == (entrylog.VERSION, map_offset, map_count)
+    assert bytes(header) == logformat.encode_header(map_offset, map_count)
+    assert logformat.decode_header(bytes(header)) == (logformat.VERSION, map_offset, map_count)
 
 
 @given(magic=bad_magic(b"BKLO"))
 def test_entrylog_header_wrong_magic_rejected(magic: bytes) -> None:
     with pytest.raises(ValueError, match="magic"):
-        entrylog.decode_header(magic + entrylog.encode_header()[4:])
+        logformat.decode_header(magic + logformat.encode_header()[4:])
 
 
-@given(version=U32.filter(lambda v: v != entrylog.VERSION))
+@given(version=U32.filter(lambda v: v != logformat.VERSION))
 def test_entrylog_header_wrong_version_rejected(version: int) -> None:
-    header = bytearray(entrylog.encode_header())
+    header = bytearray(logformat.encode_header())
     header[4:8] = struct.pack(">I", version)
     with pytest.raises(ValueError, match="version"):
-        entrylog.decode_header(bytes(header))
+        logformat.decode_header(bytes(header))
 
 
 @given(ledger_id=I64, entry_id=I64, payload=PAYLOADS, prefix=st.binary(max_size=40))
@@ -230,38 +230,38 @@ def test_entrylog_record_round_trip(
     ledger_id: int, entry_id: int, payload: bytes, prefix: bytes
 ) -> None:
     crc = record_crc(ledger_id, entry_id, payload)
-    record = entrylog.encode_record(ledger_id, entry_id, crc, payload)
-    assert len(record) == entrylog.RECORD_OVERHEAD + len(payload)
+    record = logformat.encode_record(ledger_id, entry_id, crc, payload)
+    assert len(record) == logformat.RECORD_OVERHEAD + len(payload)
     # the size field counts the bytes after itself
-    assert struct.unpack_from(">I", record) == (len(record) - entrylog.SIZE_FIELD,)
+    assert struct.unpack_from(">I", record) == (len(record) - logformat.SIZE_FIELD,)
     buf = prefix + record + b"\x01" * 5
-    header = entrylog.decode_record_header(buf, len(prefix))
+    header = logformat.decode_record_header(buf, len(prefix))
     assert header == (len(payload), ledger_id, entry_id, crc)
-    assert entrylog.decode_record_header(memoryview(buf), len(prefix)) == header
-    assert record[entrylog.RECORD_OVERHEAD :] == payload
+    assert logformat.decode_record_header(memoryview(buf), len(prefix)) == header
+    assert record[logformat.RECORD_OVERHEAD :] == payload
 
 
 def _parse_map_records(data: bytes) -> list[dict[int, int]]:
     parts = []
     pos = 0
     while pos < len(data):
-        length, lid, eid, crc = entrylog.decode_record_header(data, pos)
-        assert (lid, eid) == (entrylog.LEDGERS_MAP_LEDGER_ID, entrylog.LEDGERS_MAP_ENTRY_ID)
-        payload = data[pos + entrylog.RECORD_OVERHEAD : pos + entrylog.RECORD_OVERHEAD + length]
+        length, lid, eid, crc = logformat.decode_record_header(data, pos)
+        assert (lid, eid) == (logformat.LEDGERS_MAP_LEDGER_ID, logformat.LEDGERS_MAP_ENTRY_ID)
+        payload = data[pos + logformat.RECORD_OVERHEAD : pos + logformat.RECORD_OVERHEAD + length]
         assert len(payload) == length
         assert record_crc(lid, eid, payload) == crc
-        parts.append(entrylog.decode_ledgers_map(payload))
-        pos += entrylog.RECORD_OVERHEAD + length
+        parts.append(logformat.decode_ledgers_map(payload))
+        pos += logformat.RECORD_OVERHEAD + length
     assert pos == len(data)
     return parts
 
 
 @given(sizes=st.dictionaries(LEDGER_IDS, U64, max_size=50))
 def test_ledgers_map_round_trip(sizes: dict[int, int]) -> None:
-    parts = _parse_map_records(entrylog.encode_ledgers_map(sizes))
+    parts = _parse_map_records(logformat.encode_ledgers_map(sizes))
     merged = {k: v for part in parts for k, v in part.items()}
     assert merged == sizes
-    assert len(parts) == (len(sizes) + entrylog.LEDGERS_MAP_MAX_BATCH - 1) // 10_000
+    assert len(parts) == (len(sizes) + logformat.LEDGERS_MAP_MAX_BATCH - 1) // 10_000
 
 
 @settings(max_examples=8, deadline=None)
@@ -274,9 +274,9 @@ def test_ledgers_map_many_ledgers_split_in_records(count: int, seed: int) -> Non
     sizes: dict[int, int] = {}
     while len(sizes) < count:
         sizes[rnd.getrandbits(63)] = rnd.getrandbits(64)
-    parts = _parse_map_records(entrylog.encode_ledgers_map(sizes))
+    parts = _parse_map_records(logformat.encode_ledgers_map(sizes))
     assert len(parts) == -(-count // 10_000)
-    assert all(1 <= len(part) <= entrylog.LEDGERS_MAP_MAX_BATCH for part in parts)
+    assert all(1 <= len(part) <= logformat.LEDGERS_MAP_MAX_BATCH for part in parts)
     merged: dict[int, int] = {}
     for part in parts:
         assert not merged.keys() & part.keys()  # each ledger in exactly one record
@@ -286,19 +286,19 @@ def test_ledgers_map_many_ledgers_split_in_records(count: int, seed: int) -> Non
 
 @given(sizes=st.dictionaries(LEDGER_IDS, U64, min_size=1, max_size=20), cut=st.integers(1, 15))
 def test_ledgers_map_wrong_length_rejected(sizes: dict[int, int], cut: int) -> None:
-    payload = entrylog.encode_ledgers_map(sizes)[entrylog.RECORD_OVERHEAD :]
+    payload = logformat.encode_ledgers_map(sizes)[logformat.RECORD_OVERHEAD :]
     with pytest.raises(ValueError, match="count"):
-        entrylog.decode_ledgers_map(payload[:-cut])
+        logformat.decode_ledgers_map(payload[:-cut])
     with pytest.raises(ValueError, match="count"):
-        entrylog.decode_ledgers_map(payload + bytes(cut))
+        logformat.decode_ledgers_map(payload + bytes(cut))
 
 
 @given(sizes=st.dictionaries(LEDGER_IDS, U64, max_size=30), log_size=U64)
 def test_map_file_round_trip(sizes: dict[int, int], log_size: int) -> None:
-    data = entrylog.encode_map_file(log_size, sizes)
-    assert data[:4] == entrylog.MAP_FILE_MAGIC
-    assert entrylog.decode_map_file(data, log_size) == sizes
-    assert entrylog.decode_map_file(data, log_size ^ 1) is None  # the log is not the one scanned
+    data = logformat.encode_map_file(log_size, sizes)
+    assert data[:4] == logformat.MAP_FILE_MAGIC
+    assert logformat.decode_map_file(data, log_size) == sizes
+    assert logformat.decode_map_file(data, log_size ^ 1) is None  # the log is not the one scanned
 
 
 @settings(max_examples=30)
@@ -311,27 +311,27 @@ def test_map_file_flipped_or_cut_is_never_trusted(
     sizes: dict[int, int], log_size: int, mask: int
 ) -> None:
     """Every byte flipped and every cut: the map file is refused, GC scans the log again."""
-    data = entrylog.encode_map_file(log_size, sizes)
+    data = logformat.encode_map_file(log_size, sizes)
     for pos in range(len(data)):
         flipped = bytearray(data)
         flipped[pos] ^= mask
-        assert entrylog.decode_map_file(bytes(flipped), log_size) is None, f"byte {pos}"
+        assert logformat.decode_map_file(bytes(flipped), log_size) is None, f"byte {pos}"
     for cut in range(len(data)):
-        if sizes or cut < entrylog.MAP_FILE_HEADER.size:
-            assert entrylog.decode_map_file(data[:cut], log_size) is None, f"cut at {cut}"
+        if sizes or cut < logformat.MAP_FILE_HEADER.size:
+            assert logformat.decode_map_file(data[:cut], log_size) is None, f"cut at {cut}"
 
 
 def test_map_file_of_another_version_is_not_read() -> None:
-    data = bytearray(entrylog.encode_map_file(1024, {1: 100}))
-    struct.pack_into(">I", data, 4, entrylog.MAP_FILE_VERSION + 1)
-    assert entrylog.decode_map_file(bytes(data), 1024) is None
+    data = bytearray(logformat.encode_map_file(1024, {1: 100}))
+    struct.pack_into(">I", data, 4, logformat.MAP_FILE_VERSION + 1)
+    assert logformat.decode_map_file(bytes(data), 1024) is None
 
 
 @given(log_id=st.integers(0, (1 << 31) - 1), offset=st.integers(0, (1 << 32) - 1))
 def test_location_round_trip(log_id: int, offset: int) -> None:
-    loc = entrylog.location(log_id, offset)
+    loc = logformat.location(log_id, offset)
     assert 0 <= loc < 1 << 63  # fits the index value and a signed 64-bit integer
-    assert entrylog.split_location(loc) == (log_id, offset)
+    assert logformat.split_location(loc) == (log_id, offset)
 
 
 @given(
@@ -339,7 +339,7 @@ def test_location_round_trip(log_id: int, offset: int) -> None:
     b=st.tuples(st.integers(0, (1 << 31) - 1), st.integers(0, (1 << 32) - 1)),
 )
 def test_location_order_follows_log_then_offset(a: tuple[int, int], b: tuple[int, int]) -> None:
-    loc_a, loc_b = entrylog.location(*a), entrylog.location(*b)
+    loc_a, loc_b = logformat.location(*a), logformat.location(*b)
     assert (loc_a < loc_b) == (a < b)
     assert (loc_a == loc_b) == (a == b)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.settings import Settings
-from node.storage import entrylog, journal
+from node.storage import entrylog, journal, logformat
 from node.storage.clock import SystemClock
 from node.storage.errors import (
     Backpressure,
@@ -224,18 +224,18 @@ def _first_log_contents(
 ) -> tuple[list[int], tuple[int, int], dict[int, int], dict[int, int]]:
     """(log ids, the first log's map fields, its ledgers map, bytes per ledger by scan)."""
     logs = entrylog.list_logs(ledgers_dir)
-    sealed = entrylog.log_path(ledgers_dir, logs[0])
-    _version, map_offset, map_count = entrylog.decode_header(
-        sealed.read_bytes()[: entrylog.HEADER_SIZE]
+    sealed = logformat.log_path(ledgers_dir, logs[0])
+    _version, map_offset, map_count = logformat.decode_header(
+        sealed.read_bytes()[: logformat.HEADER_SIZE]
     )
     scanned: dict[int, int] = {}
     maps: dict[int, int] = {}
     for record in entrylog.scan(sealed):
         assert record.crc_ok
-        if record.ledger_id == entrylog.LEDGERS_MAP_LEDGER_ID:
-            maps.update(entrylog.decode_ledgers_map(record.payload))
+        if record.ledger_id == logformat.LEDGERS_MAP_LEDGER_ID:
+            maps.update(logformat.decode_ledgers_map(record.payload))
         else:
-            size = entrylog.RECORD_OVERHEAD + len(record.payload)
+            size = logformat.RECORD_OVERHEAD + len(record.payload)
             scanned[record.ledger_id] = scanned.get(record.ledger_id, 0) + size
     return logs, (map_offset, map_count), maps, scanned
 

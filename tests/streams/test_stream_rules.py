@@ -32,7 +32,7 @@ import pytest
 from node.lifecycle.gc import GarbageCollector
 from node.lifecycle.retention import Retention
 from node.settings import MiB
-from node.storage import entrylog
+from node.storage import entrylog, logformat
 from node.storage.errors import EntryTooLarge, LedgerNotFound
 from node.storage.index import LedgerState
 from node.storage.ledgers import LedgerStorage
@@ -604,7 +604,7 @@ async def test_gc_reclaims_the_space_of_deleted_ledgers(tmp_path: Path) -> None:
         maps = {
             log_id: set(
                 await asyncio.to_thread(
-                    entrylog.ledger_sizes, entrylog.log_path(ledgers_dir, log_id)
+                    entrylog.ledger_sizes, logformat.log_path(ledgers_dir, log_id)
                 )
             )
             for log_id in sealed
