@@ -48,6 +48,7 @@ from node.storage.wal import (
     WalRecord,
     record_crc,
 )
+from tests.harness.files import flip_byte
 
 ALIGN = 512
 PRE_ALLOC = 1 << 20
@@ -84,7 +85,8 @@ class Placed(NamedTuple):
     group: int
 
 
-def make_settings(root: Path, **overrides: Any) -> Settings:
+def journal_settings(root: Path, **overrides: Any) -> Settings:
+    """Settings for a journal alone: small files, so that scans cross rotations."""
     values: dict[str, Any] = {
         "data_dir": root / "d",
         "journal_pre_alloc_size": PRE_ALLOC,
@@ -209,7 +211,7 @@ def check_layout(s: Settings, placed: list[Placed], marks: list[LogMark]) -> Non
 @given(groups=GROUPS, max_size=MAX_SIZES)
 def test_recover_returns_every_record_in_order(groups: list[list[Rec]], max_size: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size)
+        s = journal_settings(Path(tmp), journal_max_size=max_size)
         placed, marks = asyncio.run(write_groups(s, groups))
         check_layout(s, placed, marks)
         everything = [p.record for p in placed]
@@ -268,7 +270,7 @@ def test_sync_point_covers_exactly_what_was_appended_before_it(
         return records, marks, sync_marks
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(
+        s = journal_settings(
             Path(tmp), journal_max_size=max_size, journal_flush_when_queue_empty=when_empty
         )
         records, marks, sync_marks = asyncio.run(run(s))
@@ -289,7 +291,7 @@ def test_restart_continues_in_a_new_file(groups: list[list[Rec]]) -> None:
     old and new files in order."""
     half = len(groups) // 2
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=4096)
+        s = journal_settings(Path(tmp), journal_max_size=4096)
         placed, _marks = asyncio.run(write_groups(s, groups[:half])) if half else ([], [])
         before = list_journals(s.journal_dir)
 
@@ -328,7 +330,7 @@ def test_close_writes_queued_appends() -> None:
         return future.result()
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp))
+        s = journal_settings(Path(tmp))
         mark = asyncio.run(run(s))
         assert mark == LogMark(1, 2 * ALIGN)
         assert recover_all(s) == [WalRecord(1, 0, b"queued")]
@@ -359,7 +361,7 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         # A long wait, so that the writer still waits when the second record comes.
-        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
+        s = journal_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         first, second = asyncio.run(run(s))
         assert first < second
         assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
@@ -389,7 +391,7 @@ def test_a_cancelled_writer_fails_what_is_pending_and_keeps_what_is_acknowledged
 
     with tempfile.TemporaryDirectory() as tmp:
         # A long wait, so that the writer thread still waits when the task is cancelled.
-        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
+        s = journal_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         asyncio.run(run(s))
         assert recover_all(s) == [WalRecord(1, 0, b"first")]
 
@@ -430,7 +432,7 @@ def test_the_next_write_waits_for_as_many_records_as_the_last_one_carried() -> N
         return marks, alone
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_group_wait_ms=60_000)
+        s = journal_settings(Path(tmp), journal_max_group_wait_ms=60_000)
         marks, alone = asyncio.run(run(s))
         assert marks[0] == marks[1] == marks[2] < alone  # one group's mark
         assert recover_all(s) == [WalRecord(1, n, b"x") for n in range(11)]
@@ -455,7 +457,7 @@ def test_torn_last_record_is_cut(
     groups: list[list[Rec]], max_size: int, data: st.DataObject
 ) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size)
+        s = journal_settings(Path(tmp), journal_max_size=max_size)
         placed, _marks = asyncio.run(write_groups(s, groups))
         newest = _drop_empty_newest(s, placed)
         last = placed[-1]
@@ -497,7 +499,7 @@ def test_garbage_after_the_last_record_is_cut(
     assume(any(garbage[: RECORD_HEADER.size]))
     assume(all(garbage[k : k + 4] != MASK_BYTES for k in range(0, len(garbage), ALIGN)))
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size)
+        s = journal_settings(Path(tmp), journal_max_size=max_size)
         placed, marks = asyncio.run(write_groups(s, groups))
         newest = list_journals(s.journal_dir)[-1]
         end = marks[-1].offset if marks[-1].log_id == newest else HEADER_SIZE
@@ -527,11 +529,7 @@ def _flip_a_byte(s: Settings, bad: Placed, byte: int, xor: int) -> Path:
     """XOR one byte (``byte`` modulo the record's size) of the record at ``bad``."""
     at = bad.offset + byte % (RECORD_HEADER.size + len(bad.record.payload))
     path = journal_path(s.journal_dir, bad.log_id)
-    with open(path, "r+b") as f:
-        f.seek(at)
-        old = f.read(1)[0]
-        f.seek(at)
-        f.write(bytes([old ^ xor]))
+    flip_byte(path, at, xor)
     return path
 
 
@@ -577,7 +575,7 @@ def test_flipped_byte_before_valid_groups(
     """A record that fails its check with valid groups after it in the same file is
     corruption, not a torn tail."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size)
+        s = journal_settings(Path(tmp), journal_max_size=max_size)
         placed, marks = asyncio.run(write_groups(s, groups))
         last_group_of = {m.log_id: g for g, m in enumerate(marks)}
         candidates = [p for p in placed if p.group < last_group_of[p.log_id]]
@@ -597,7 +595,7 @@ def test_flipped_byte_at_the_end_of_a_rotated_file(
     the next files: CorruptRecord; skip_replay_journal_invalid_record replays on from the
     next file (BookKeeper likewise skips the rest of that journal)."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size)
+        s = journal_settings(Path(tmp), journal_max_size=max_size)
         placed, marks = asyncio.run(write_groups(s, groups))
         last_group_of = {m.log_id: g for g, m in enumerate(marks)}
         candidates = [
@@ -613,7 +611,7 @@ def test_torn_write_with_sectors_out_of_order_is_a_torn_tail() -> None:
     later record of the same write may survive a lost sector before it. Only a group start
     record proves a later write, so this is a torn tail to cut, not corruption."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp))
+        s = journal_settings(Path(tmp))
         # The first write fills [512, 1024); the second opens at 1024 with its group start,
         # then record 1 up to the sector boundary 2048 where record 2 starts.
         first_at = 2 * ALIGN + len(encode_group_start(0))
@@ -686,7 +684,7 @@ def test_batches_come_back_whole_with_their_crcs(
     as one BatchRecord, entries of single records as runs (EntryRun), metadata records one
     by one, every CRC the entry's own record_crc."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=max_size, max_entry_size=limit)
+        s = journal_settings(Path(tmp), journal_max_size=max_size, max_entry_size=limit)
         asyncio.run(_write_appends(s, groups))
         appends = [appended for group in groups for appended in group]
         expected = [r for appended in appends for r in _entries(appended)]
@@ -720,7 +718,7 @@ def test_replay_gathers_single_records_of_a_ledger_at_consecutive_ids_into_runs(
     """What single adds journal comes back as runs: across group writes, broken by a gap in
     the ids, another ledger's record, a metadata record or a batch record (and at the end of
     a journal file), never longer than REPLAY_RUN_ENTRIES."""
-    s = make_settings(tmp_path, journal_max_size=1 << 20)  # one file
+    s = journal_settings(tmp_path, journal_max_size=1 << 20)  # one file
     longest = REPLAY_RUN_ENTRIES + 100
     groups: list[list[Append]] = [
         [("one", (5, n, b"a%d" % n)) for n in range(0, 3)],
@@ -782,7 +780,7 @@ def test_a_flipped_byte_in_a_batch_record_is_corruption(byte: int, xor: int) -> 
     entry) with a valid write after it refuses the replay; nothing of the batch comes back
     with skip_replay_journal_invalid_record."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=1 << 20)
+        s = journal_settings(Path(tmp), journal_max_size=1 << 20)
         groups = _batch_groups(3)
         asyncio.run(_write_appends(s, groups))
         path, at, size = _batch_at(s, 1)
@@ -805,7 +803,7 @@ def test_a_torn_batch_record_at_the_tail_is_cut_whole(left: int) -> None:
     """A crash in the middle of the last write leaves part of its batch record: none of
     the batch's entries comes back (none was acknowledged), the earlier ones all do."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=1 << 20)
+        s = journal_settings(Path(tmp), journal_max_size=1 << 20)
         groups = _batch_groups(2)
         asyncio.run(_write_appends(s, groups))
         path, at, size = _batch_at(s, 1)
@@ -820,7 +818,7 @@ def test_a_torn_batch_record_at_the_tail_is_cut_whole(left: int) -> None:
 def test_a_version_1_journal_still_replays() -> None:
     """A journal written before batch records (version 1: plain records only) replays."""
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp))
+        s = journal_settings(Path(tmp))
         groups = [[(1, 0, b"a"), (1, 1, b"b")], [(2, 0, b"c")]]
         placed, _ = asyncio.run(write_groups(s, groups))
         with open(journal_path(s.journal_dir, 1), "r+b") as f:
