@@ -15,7 +15,7 @@ from pathlib import Path
 
 from node.settings import Settings
 from node.storage.wal import LogMark, WalRecord
-from tests.storage.test_journal_scan import append, make_settings, new_journal, recover_all
+from tests.storage.test_journal_scan import append, journal_settings, new_journal, recover_all
 
 SPARE = 16  # descriptors above those in use when the limit is lowered (then taken too)
 RECORD = b"r" * 1000
@@ -64,7 +64,7 @@ def test_a_rotation_without_a_descriptor_waits_and_writes_go_on() -> None:
         return starved, rotated
 
     with tempfile.TemporaryDirectory() as tmp:
-        s = make_settings(Path(tmp), journal_max_size=MAX_SIZE)
+        s = journal_settings(Path(tmp), journal_max_size=MAX_SIZE)
         starved, rotated = asyncio.run(run(s))
         first = starved[0].log_id
         assert {mark.log_id for mark in starved} == {first}  # no rotation, no failure
