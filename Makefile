@@ -68,7 +68,8 @@ run: $(STAMP)
 ## redis-server, the peer of `bench http --peer redis` (its Debian service is stopped too: the
 ## bench starts its own on a free loopback port), Debian's chromium (tests/status drives it
 ## with Playwright: no browser download), npm (installs axe-core for the status page's
-## accessibility test) and, through image-tools, podman and what it needs (tests/deploy).
+## accessibility test), etcd-server (tests/client start etcd on free loopback ports; the Debian
+## service on :2379 is stopped) and, through image-tools, podman and what it needs (tests/deploy).
 tools: image-tools
 	@command -v chromium >/dev/null || (apt-get update && apt-get install -y --no-install-recommends chromium)
 	@command -v npm >/dev/null || (apt-get update && apt-get install -y --no-install-recommends npm)
@@ -78,6 +79,8 @@ tools: image-tools
 		&& (systemctl disable --now prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true))
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y --no-install-recommends redis-server \
 		&& (systemctl disable --now redis-server 2>/dev/null || service redis-server stop 2>/dev/null || true))
+	@command -v etcd >/dev/null || (apt-get update && apt-get install -y --no-install-recommends etcd-server \
+		&& (systemctl disable --now etcd 2>/dev/null || service etcd stop 2>/dev/null || true))
 
 # --- the image ---------------------------------------------------------------------------------
 ## The image storage-node:<version> from the Dockerfile (tools/image.py): podman, or
