@@ -6,6 +6,7 @@
 - hostdisk.py: settings that make tests independent of the host disk; runs of the CLI
 - loopdev.py: loop devices, for small file systems that fill and raw-device WALs
 - moto.py: moto's S3 server, buckets and clients
+- etcd.py: a real single-member etcd (tests/client's metadata store); pause, kill, restart
 - metrics.py: scraping /metrics
 - ports.py: free loopback ports
 - files.py: damage to files on disk (flipped bytes)

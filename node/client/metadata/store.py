@@ -1,0 +1,59 @@
+"""The metadata store's contract (design 31 §2): versioned keys under one prefix, every change
+conditional on a revision, leases for what must vanish with its owner, and the ledger id
+allocator. Keys are names relative to the store's prefix; values are bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+# Fleet-wide ledger ids live above this, so they never meet a node's local ids, which grow from 0
+# (design §2.2).
+LEDGER_ID_BASE = 2**62
+
+# The allocator's key: its version is the counter (one put per id, never deleted).
+LEDGER_IDS_KEY = "ledger-ids"
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A value and the revision of its last change (etcd's mod_revision): the R of a CAS."""
+
+    value: bytes
+    revision: int
+
+
+class MetadataStore(Protocol):
+    async def get(self, key: str, *, linearizable: bool = True) -> Versioned | None:
+        """The key's value, or None. Linearizable by default: a serializable read may be stale,
+        which the GC check cannot afford."""
+
+    async def range(self, prefix: str) -> list[tuple[str, Versioned]]:
+        """Every key that starts with ``prefix``, in key order."""
+
+    async def create(self, key: str, value: bytes, *, lease: int | None = None) -> Versioned:
+        """Put only if the key does not exist (create_revision == 0); CasConflict otherwise."""
+
+    async def cas(self, key: str, value: bytes, revision: int) -> Versioned:
+        """Put only if the key is at ``revision``: CasConflict when it is elsewhere, NoSuchKey
+        when it is gone."""
+
+    async def delete(self, key: str, revision: int) -> None:
+        """Delete only if the key is at ``revision`` (CasConflict, NoSuchKey as for cas)."""
+
+    async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
+        """Put unconditionally under a lease (registrations: the owner's own key)."""
+
+    async def grant_lease(self, ttl_s: int) -> int:
+        """A new lease of ``ttl_s`` seconds; its keys vanish when it is not kept alive."""
+
+    async def keepalive(self, lease: int) -> bool:
+        """Renew the lease; False when it has expired already (re-grant and re-put)."""
+
+    async def revoke(self, lease: int) -> None:
+        """End the lease now and delete its keys (an expired lease is no error)."""
+
+    async def next_id(self) -> int:
+        """A ledger id never returned before, greater than every earlier one (design §2.2)."""
+
+    async def close(self) -> None: ...

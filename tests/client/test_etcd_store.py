@@ -1,0 +1,131 @@
+"""EtcdStore against a real etcd: its URLs, the gateway's encodings, and what it answers when
+etcd stops, dies, or comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import node
+from node.client.errors import MetadataUrlError, OutcomeUnknown, StoreUnavailable
+from node.client.metadata.etcd import DEFAULT_TIMEOUT_S, EtcdStore, parse_url
+from tests.harness.etcd import EtcdServer
+from tests.harness.ports import free_port
+
+# what a call may take beyond its timeout before the test calls it a hang
+SLACK_S = 2.0
+
+
+@pytest.mark.parametrize(("url", "complaint"), [
+    ("http://127.0.0.1:2379/p", "scheme must be etcd://"),
+    ("etcd:///p", "no endpoint"),
+    ("etcd://127.0.0.1/p", "is not host:port"),
+    ("etcd://127.0.0.1:2379,:2380/p", "':2380' is not host:port"),
+    ("etcd://127.0.0.1:99999/p", "is not host:port"),
+    ("etcd://127.0.0.1:port/p", "is not host:port"),
+    ("etcd://127.0.0.1:2379", "a key prefix is required"),
+    ("etcd://127.0.0.1:2379/", "a key prefix is required"),
+    ("etcd://user@127.0.0.1:2379/p", "no user, query or fragment"),
+    ("etcd://127.0.0.1:2379/p?x=1", "no user, query or fragment"),
+])
+def test_bad_urls_are_refused_with_the_form_to_use(url: str, complaint: str) -> None:
+    with pytest.raises(MetadataUrlError, match=complaint) as refused:
+        EtcdStore(url)
+    assert "etcd://host:port[,host:port...]/prefix" in str(refused.value)
+
+
+def test_a_url_gives_endpoints_and_prefix() -> None:
+    assert parse_url("etcd://h1:2379,h2:2379/storage") == (
+        ["http://h1:2379", "http://h2:2379"], "/storage/")
+    assert parse_url("etcd://[::1]:2379/a/b/") == (["http://[::1]:2379"], "/a/b/")
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40),
+       value=st.binary(max_size=2000))
+async def test_keys_and_values_round_trip_through_the_gateway(
+        etcd: EtcdServer, key: str, value: bytes) -> None:
+    store = EtcdStore(etcd.url(f"rt-{uuid.uuid4().hex[:12]}"))
+    try:
+        made = await store.create(key, value)
+        assert await store.get(key) == made
+        assert await store.range("") == [(key, made)]
+    finally:
+        await store.close()
+
+
+async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers(
+        own_etcd: EtcdServer) -> None:
+    """SIGSTOP: connections are accepted, nothing answers. Reads are StoreUnavailable, changes
+    OutcomeUnknown (they were sent), each within the default timeout: no hang."""
+    store = EtcdStore(own_etcd.url("paused"))
+    try:
+        first = await store.create("k", b"v1")
+        own_etcd.pause()
+        try:
+            for call, error in [(store.get("k"), StoreUnavailable),
+                                (store.cas("k", b"v2", first.revision), OutcomeUnknown),
+                                (store.next_id(), OutcomeUnknown)]:
+                began = time.monotonic()
+                with pytest.raises(error):
+                    await call
+                assert time.monotonic() - began < DEFAULT_TIMEOUT_S + SLACK_S
+        finally:
+            own_etcd.resume()
+        # the cas was sent: once etcd runs again it may have applied; a read tells
+        now = await store.get("k")
+        assert now is not None and now.value in (b"v1", b"v2")
+    finally:
+        await store.close()
+
+
+async def test_a_killed_etcd_is_unavailable_and_a_restarted_one_answers(
+        own_etcd: EtcdServer) -> None:
+    store = EtcdStore(own_etcd.url("restart"))
+    try:
+        first = await store.create("k", b"v1")
+        await asyncio.to_thread(own_etcd.kill)
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="no endpoint"):
+            await store.cas("k", b"v2", first.revision)  # refused: nothing was sent
+        assert time.monotonic() - began < SLACK_S
+        await asyncio.to_thread(own_etcd.start)
+        assert await store.get("k") == first  # acknowledged before the kill: durable
+        assert (await store.cas("k", b"v2", first.revision)).value == b"v2"
+    finally:
+        await store.close()
+
+
+async def test_a_refused_endpoint_is_skipped_for_the_next(etcd: EtcdServer) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    store = EtcdStore(f"etcd://{dead},127.0.0.1:{etcd.client_port}/failover-{uuid.uuid4().hex}")
+    try:
+        made = await store.create("k", b"v")
+        assert await store.get("k") == made
+    finally:
+        await store.close()
+
+
+def test_the_client_imports_nothing_of_the_node() -> None:
+    """Scripts and other venvs use node.client: it must not pull in the engine or the server,
+    and the node does not import it (yet)."""
+    code = ("import sys, node.client.metadata.etcd, node.client.metadata.loop, "
+            "node.client.metadata.memory; "
+            "print(sorted(m for m in sys.modules if m.startswith('node.') "
+            "and not m.startswith('node.client')))")
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert found.strip() == "[]"
+    package = Path(node.__file__).parent
+    users = [path.relative_to(package) for path in package.rglob("*.py")
+             if "node.client" in path.read_text() and package / "client" not in path.parents]
+    assert users == []
