@@ -1,15 +1,19 @@
-"""The CAS loop's answer to a lost reply: re-read, re-check, never apply twice."""
+"""The CAS loop's answer to a lost reply or a store that does not answer: re-read, re-check,
+never apply twice."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from node.client.errors import NoSuchKey, OutcomeUnknown, StoreUnavailable
+from node.client.metadata.etcd import DEFAULT_TIMEOUT_S, EtcdStore
 from node.client.metadata.loop import update
 from node.client.metadata.memory import MemoryStore
 from node.client.metadata.store import Versioned
+from tests.harness.etcd import EtcdServer
 
 
 class LosesAnswers(MemoryStore):
@@ -68,3 +72,45 @@ async def test_a_deleted_key_is_no_such_key() -> None:
     await store.delete("k", first.revision)
     with pytest.raises(NoSuchKey):
         await update(store, "k", first, needs, join, pause_s=0)
+
+
+# --- against a real etcd that stops or dies mid-update ----------------------------------------
+
+# longer than the store's timeout, so the cas in flight loses its answer
+PAUSE_S = DEFAULT_TIMEOUT_S + 1.0
+DOWN_S = 2.0
+
+
+async def test_a_change_sent_to_a_stopped_etcd_is_found_applied_not_repeated(
+        own_etcd: EtcdServer) -> None:
+    """The cas reaches a SIGSTOPped etcd and times out (OutcomeUnknown); etcd resumes and applies
+    it; the loop re-reads, finds its change in and stops there."""
+    store = EtcdStore(own_etcd.url("loop-paused"))
+    try:
+        first = await store.create("k", json.dumps({"n": 0, "by": []}).encode())
+        own_etcd.pause()
+        resumed = asyncio.get_running_loop().call_later(PAUSE_S, own_etcd.resume)
+        try:
+            done = await update(store, "k", first, needs, join)
+        finally:
+            resumed.cancel()
+            own_etcd.resume()
+        assert json.loads(done.value) == {"n": 1, "by": ["me"]}
+        assert await store.get("k") == done
+    finally:
+        await store.close()
+
+
+async def test_an_update_waits_out_an_etcd_restart(own_etcd: EtcdServer) -> None:
+    store = EtcdStore(own_etcd.url("loop-restart"))
+    try:
+        first = await store.create("k", json.dumps({"n": 0, "by": []}).encode())
+        await asyncio.to_thread(own_etcd.kill)
+        updating = asyncio.create_task(update(store, "k", first, needs, join))
+        await asyncio.sleep(DOWN_S)
+        assert not updating.done()
+        await asyncio.to_thread(own_etcd.start)
+        done = await updating
+        assert json.loads(done.value) == {"n": 1, "by": ["me"]}
+    finally:
+        await store.close()
