@@ -1,5 +1,5 @@
-"""The metadata store on etcd, through its v3 JSON gateway over one aiohttp session (design
-31 §3.4): no gRPC dependency, the same event loop and timeouts as the rest.
+"""The metadata store on etcd, through its v3 JSON gateway over one aiohttp session: no gRPC
+dependency (no native wheel), the same event loop and timeouts as the rest.
 
 The gateway's ways: int64 fields are JSON strings, zero and false fields are omitted, keys and
 values are base64. Failure semantics are ours: a refused connection tries the next endpoint

@@ -1,4 +1,4 @@
-"""The compare-and-set update loop (design 31 §2.3, BookKeeper's MetadataUpdateLoop): apply a
+"""The compare-and-set update loop (BookKeeper's MetadataUpdateLoop): apply a
 change to a key only while its predicate holds, re-reading and re-checking on every conflict.
 
 Ours beyond BookKeeper: on etcd a change whose answer was lost (OutcomeUnknown) may have applied,

@@ -1,4 +1,4 @@
-"""The metadata store's contract (design 31 §2): versioned keys under one prefix, every change
+"""The metadata store's contract: versioned keys under one prefix, every change
 conditional on a revision, leases for what must vanish with its owner, and the ledger id
 allocator. Keys are names relative to the store's prefix; values are bytes."""
 
@@ -7,8 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-# Fleet-wide ledger ids live above this, so they never meet a node's local ids, which grow from 0
-# (design §2.2).
+# Fleet-wide ledger ids live above this, so they never meet a node's local ids, which grow from 0.
 LEDGER_ID_BASE = 2**62
 
 # The allocator's key: its version is the counter (one put per id, never deleted).
@@ -54,6 +53,7 @@ class MetadataStore(Protocol):
         """End the lease now and delete its keys (an expired lease is no error)."""
 
     async def next_id(self) -> int:
-        """A ledger id never returned before, greater than every earlier one (design §2.2)."""
+        """A ledger id never returned before, greater than every earlier one: the
+        allocator key's version, which only grows (one put per id; the key is never deleted)."""
 
     async def close(self) -> None: ...
