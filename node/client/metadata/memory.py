@@ -5,6 +5,7 @@ The contract tests run against both."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from node.client.errors import CasConflict, NoSuchKey
@@ -27,14 +28,16 @@ class _Lease:
 
 
 class MemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """``monotonic``: the seconds that leases expire by (a simulation passes its own)."""
+        self._monotonic = monotonic
         self._kv: dict[str, _Entry] = {}
         self._leases: dict[int, _Lease] = {}
         self._revision = 0
         self._next_lease = 1
 
     def _expire(self) -> None:
-        now = time.monotonic()
+        now = self._monotonic()
         for lease_id in [i for i, lease in self._leases.items() if lease.deadline <= now]:
             self._drop_lease(lease_id)
 
@@ -98,7 +101,7 @@ class MemoryStore:
     async def grant_lease(self, ttl_s: int) -> int:
         lease_id = self._next_lease
         self._next_lease += 1
-        self._leases[lease_id] = _Lease(ttl_s, time.monotonic() + ttl_s)
+        self._leases[lease_id] = _Lease(ttl_s, self._monotonic() + ttl_s)
         return lease_id
 
     async def keepalive(self, lease: int) -> bool:
@@ -106,7 +109,7 @@ class MemoryStore:
         held = self._leases.get(lease)
         if held is None:
             return False
-        held.deadline = time.monotonic() + held.ttl_s
+        held.deadline = self._monotonic() + held.ttl_s
         return True
 
     async def revoke(self, lease: int) -> None:
