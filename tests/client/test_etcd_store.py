@@ -129,3 +129,23 @@ def test_the_client_imports_nothing_of_the_node() -> None:
     users = [path.relative_to(package) for path in package.rglob("*.py")
              if "node.client" in path.read_text() and package / "client" not in path.parents]
     assert users == []
+
+
+async def test_a_watch_ends_with_etcd_and_resumes_from_the_last_revision_seen(
+        own_etcd: EtcdServer) -> None:
+    store = EtcdStore(own_etcd.url("watch"))
+    try:
+        first = await store.create("nodes/n1", b"writable")
+        changes = store.watch("nodes/", first.revision)
+        assert (await anext(changes)).value == first
+        await asyncio.to_thread(own_etcd.kill)
+        with pytest.raises(StoreUnavailable):
+            async with asyncio.timeout(DEFAULT_TIMEOUT_S):
+                await anext(changes)
+        await asyncio.to_thread(own_etcd.start)
+        second = await store.cas("nodes/n1", b"readonly", first.revision)
+        resumed = store.watch("nodes/", first.revision + 1)
+        assert (await anext(resumed)).value == second
+        await resumed.aclose()  # type: ignore[attr-defined]
+    finally:
+        await store.close()

@@ -120,3 +120,22 @@ async def test_keepalive_keeps_a_lease_and_revoke_ends_it(store: MetadataStore) 
     assert await store.get("nodes/n1") is None
     assert changed.value == b"readonly"
     await store.revoke(lease)  # an ended lease is no error
+
+
+async def test_a_watch_sees_every_change_under_its_prefix_in_order(store: MetadataStore) -> None:
+    lease = await store.grant_lease(LEASE_TTL_S)
+    first = await store.create("nodes/n1", b"writable")
+    changes = store.watch("nodes/", first.revision)
+    second = await store.cas("nodes/n1", b"readonly", first.revision)
+    await store.create("cookies/n1", b"elsewhere")
+    await store.delete("nodes/n1", second.revision)
+    leased = await store.put("nodes/n2", b"up", lease=lease)
+    seen = []
+    async with asyncio.timeout(LEASE_GONE_WITHIN_S):
+        async for change in changes:
+            seen.append((change.key, change.value))
+            if len(seen) == 5:
+                break
+    assert seen == [("nodes/n1", first), ("nodes/n1", second), ("nodes/n1", None),
+                    ("nodes/n2", leased), ("nodes/n2", None)]  # the lease ended unkept
+    await changes.aclose()  # type: ignore[attr-defined]

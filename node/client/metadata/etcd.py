@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +24,7 @@ from node.client.errors import (
     RequestRefused,
     StoreUnavailable,
 )
-from node.client.metadata.store import LEDGER_ID_BASE, LEDGER_IDS_KEY, Versioned
+from node.client.metadata.store import LEDGER_ID_BASE, LEDGER_IDS_KEY, Change, Versioned
 
 # Per request, connect to answer: a stopped etcd makes calls fail in this time, never hang.
 DEFAULT_TIMEOUT_S = 5.0
@@ -35,6 +36,7 @@ URL_FORM = "etcd://host:port[,host:port...]/prefix"
 _DEFINITE = frozenset({3, 5, 7, 9, 11, 16})  # InvalidArgument, NotFound, PermissionDenied,
 # FailedPrecondition, OutOfRange, Unauthenticated
 _NOT_FOUND = 5
+_OUT_OF_RANGE = 11  # a watch from a compacted revision
 
 
 def parse_url(url: str) -> tuple[list[str], str]:
@@ -93,15 +95,19 @@ class EtcdStore:
     def _key(self, key: str) -> bytes:
         return (self.prefix + key).encode()
 
-    async def _call(self, path: str, body: dict[str, Any], *, change: bool) -> dict[str, Any]:
+    def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def _call(self, path: str, body: dict[str, Any], *, change: bool) -> dict[str, Any]:
+        session = self._open()
         count = len(self._endpoints)
         for step in range(count):
             index = (self._preferred + step) % count
             endpoint = self._endpoints[index]
             try:
-                async with self._session.post(endpoint + path, json=body) as resp:
+                async with session.post(endpoint + path, json=body) as resp:
                     status, raw = resp.status, await resp.read()
             except aiohttp.ClientConnectorError:
                 continue  # not connected: nothing was sent, the next endpoint may answer
@@ -218,6 +224,38 @@ class EtcdStore:
         except RequestRefused as exc:
             if exc.code != _NOT_FOUND:
                 raise
+
+    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
+        full = self._key(prefix)
+        body = {"create_request": {"key": _b64(full), "range_end": _b64(_prefix_end(full)),
+                                   "start_revision": str(start_revision)}}
+        # the stream lasts as long as the caller reads: only the connection is timed
+        timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout.total)
+        endpoint = self._endpoints[self._preferred]
+        strip = len(self.prefix.encode())
+        try:
+            async with self._open().post(endpoint + "/v3/watch", json=body,
+                                         timeout=timeout) as resp:
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    result = self._answer("/v3/watch", endpoint, resp.status, line,
+                                          False).get("result", {})
+                    if "compact_revision" in result:
+                        raise RequestRefused(f"watch of {prefix!r} from {start_revision}: "
+                                             f"compacted up to {result['compact_revision']}",
+                                             _OUT_OF_RANGE)
+                    if result.get("canceled"):
+                        raise StoreUnavailable(f"watch of {prefix!r}: canceled by etcd: {result}")
+                    for event in result.get("events", []):
+                        kv = event["kv"]
+                        key = _unb64(kv["key"])[strip:].decode()
+                        revision = int(kv["mod_revision"])
+                        value = None if event.get("type") == "DELETE" else _versioned(kv)
+                        yield Change(key, value, revision)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise StoreUnavailable(f"watch of {prefix!r} at {endpoint}: {exc!r}") from exc
+        raise StoreUnavailable(f"watch of {prefix!r} at {endpoint}: the stream ended")
 
     async def next_id(self) -> int:
         full = self._key(LEDGER_IDS_KEY)

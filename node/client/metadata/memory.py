@@ -4,12 +4,17 @@ The contract tests run against both."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from node.client.errors import CasConflict, NoSuchKey
-from node.client.metadata.store import LEDGER_ID_BASE, LEDGER_IDS_KEY, Versioned
+from node.client.metadata.store import LEDGER_ID_BASE, LEDGER_IDS_KEY, Change, Versioned
+
+# How often a watch looks for leases that ended while nothing else touched the store.
+WATCH_EXPIRY_POLL_S = 0.1
 
 
 @dataclass
@@ -35,6 +40,8 @@ class MemoryStore:
         self._leases: dict[int, _Lease] = {}
         self._revision = 0
         self._next_lease = 1
+        self._log: list[Change] = []  # every change, for watches from any revision
+        self._changed = asyncio.Event()
 
     def _expire(self) -> None:
         now = self._monotonic()
@@ -46,12 +53,22 @@ class MemoryStore:
         for key in lease.keys:
             entry = self._kv.get(key)
             if entry is not None and entry.lease == lease_id:
-                del self._kv[key]
+                self._remove(key)
 
     def _current(self, key: str) -> Versioned | None:
         self._expire()
         entry = self._kv.get(key)
         return None if entry is None else Versioned(entry.value, entry.mod_revision)
+
+    def _record(self, change: Change) -> None:
+        self._log.append(change)
+        self._changed.set()  # wakes the watches that took this event before the change
+        self._changed = asyncio.Event()
+
+    def _remove(self, key: str) -> None:
+        del self._kv[key]
+        self._revision += 1
+        self._record(Change(key, None, self._revision))
 
     def _put(self, key: str, value: bytes, lease: int | None) -> Versioned:
         if lease is not None and lease not in self._leases:
@@ -62,6 +79,7 @@ class MemoryStore:
         self._kv[key] = _Entry(value, self._revision, version, lease)
         if lease is not None:
             self._leases[lease].keys.add(key)
+        self._record(Change(key, Versioned(value, self._revision), self._revision))
         return Versioned(value, self._revision)
 
     def _at(self, key: str, revision: int) -> None:
@@ -91,8 +109,7 @@ class MemoryStore:
 
     async def delete(self, key: str, revision: int) -> None:
         self._at(key, revision)
-        del self._kv[key]
-        self._revision += 1
+        self._remove(key)
 
     async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
         self._expire()
@@ -116,6 +133,18 @@ class MemoryStore:
         self._expire()
         if lease in self._leases:
             self._drop_lease(lease)
+
+    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
+        seen = start_revision
+        while True:
+            changed = self._changed
+            self._expire()
+            fresh = [c for c in self._log if c.revision >= seen and c.key.startswith(prefix)]
+            for change in fresh:
+                yield change
+                seen = change.revision + 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), WATCH_EXPIRY_POLL_S)
 
     async def next_id(self) -> int:
         self._put(LEDGER_IDS_KEY, b"", None)

@@ -4,6 +4,7 @@ allocator. Keys are names relative to the store's prefix; values are bytes."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +20,16 @@ class Versioned:
     """A value and the revision of its last change (etcd's mod_revision): the R of a CAS."""
 
     value: bytes
+    revision: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change seen by a watch: the key's new value, or None when it was deleted (by a delete
+    or the end of its lease), at the store's revision of that change."""
+
+    key: str
+    value: Versioned | None
     revision: int
 
 
@@ -51,6 +62,11 @@ class MetadataStore(Protocol):
 
     async def revoke(self, lease: int) -> None:
         """End the lease now and delete its keys (an expired lease is no error)."""
+
+    def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
+        """Every change of a key under ``prefix`` from ``start_revision`` on, in revision order,
+        as long as the caller reads. StoreUnavailable when the store goes away: watch again from
+        the last revision seen + 1."""
 
     async def next_id(self) -> int:
         """A ledger id never returned before, greater than every earlier one: the
