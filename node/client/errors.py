@@ -44,8 +44,10 @@ class CasConflict(MetadataError):
     create, a key that exists). ``current`` is what the store holds now, when it said."""
 
     def __init__(self, key: str, current: Versioned | None = None) -> None:
-        super().__init__(f"{key}: changed concurrently (now at revision "
-                         f"{current.revision if current else 'unknown'})")
+        super().__init__(
+            f"{key}: changed concurrently (now at revision "
+            f"{current.revision if current else 'unknown'})"
+        )
         self.key = key
         self.current = current
 

@@ -82,7 +82,8 @@ DOWN_S = 2.0
 
 
 async def test_a_change_sent_to_a_stopped_etcd_is_found_applied_not_repeated(
-        own_etcd: EtcdServer) -> None:
+    own_etcd: EtcdServer,
+) -> None:
     """The cas reaches a SIGSTOPped etcd and times out (OutcomeUnknown); etcd resumes and applies
     it; the loop re-reads, finds its change in and stops there."""
     store = EtcdStore(own_etcd.url("loop-paused"))

@@ -24,18 +24,21 @@ from tests.harness.ports import free_port
 SLACK_S = 2.0
 
 
-@pytest.mark.parametrize(("url", "complaint"), [
-    ("http://127.0.0.1:2379/p", "scheme must be etcd://"),
-    ("etcd:///p", "no endpoint"),
-    ("etcd://127.0.0.1/p", "is not host:port"),
-    ("etcd://127.0.0.1:2379,:2380/p", "':2380' is not host:port"),
-    ("etcd://127.0.0.1:99999/p", "is not host:port"),
-    ("etcd://127.0.0.1:port/p", "is not host:port"),
-    ("etcd://127.0.0.1:2379", "a key prefix is required"),
-    ("etcd://127.0.0.1:2379/", "a key prefix is required"),
-    ("etcd://user@127.0.0.1:2379/p", "no user, query or fragment"),
-    ("etcd://127.0.0.1:2379/p?x=1", "no user, query or fragment"),
-])
+@pytest.mark.parametrize(
+    ("url", "complaint"),
+    [
+        ("http://127.0.0.1:2379/p", "scheme must be etcd://"),
+        ("etcd:///p", "no endpoint"),
+        ("etcd://127.0.0.1/p", "is not host:port"),
+        ("etcd://127.0.0.1:2379,:2380/p", "':2380' is not host:port"),
+        ("etcd://127.0.0.1:99999/p", "is not host:port"),
+        ("etcd://127.0.0.1:port/p", "is not host:port"),
+        ("etcd://127.0.0.1:2379", "a key prefix is required"),
+        ("etcd://127.0.0.1:2379/", "a key prefix is required"),
+        ("etcd://user@127.0.0.1:2379/p", "no user, query or fragment"),
+        ("etcd://127.0.0.1:2379/p?x=1", "no user, query or fragment"),
+    ],
+)
 def test_bad_urls_are_refused_with_the_form_to_use(url: str, complaint: str) -> None:
     with pytest.raises(MetadataUrlError, match=complaint) as refused:
         EtcdStore(url)
@@ -44,16 +47,22 @@ def test_bad_urls_are_refused_with_the_form_to_use(url: str, complaint: str) -> 
 
 def test_a_url_gives_endpoints_and_prefix() -> None:
     assert parse_url("etcd://h1:2379,h2:2379/storage") == (
-        ["http://h1:2379", "http://h2:2379"], "/storage/")
+        ["http://h1:2379", "http://h2:2379"],
+        "/storage/",
+    )
     assert parse_url("etcd://[::1]:2379/a/b/") == (["http://[::1]:2379"], "/a/b/")
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(key=st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40),
-       value=st.binary(max_size=2000))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    key=st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=40),
+    value=st.binary(max_size=2000),
+)
 async def test_keys_and_values_round_trip_through_the_gateway(
-        etcd: EtcdServer, key: str, value: bytes) -> None:
+    etcd: EtcdServer, key: str, value: bytes
+) -> None:
     store = EtcdStore(etcd.url(f"rt-{uuid.uuid4().hex[:12]}"))
     try:
         made = await store.create(key, value)
@@ -64,7 +73,8 @@ async def test_keys_and_values_round_trip_through_the_gateway(
 
 
 async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers(
-        own_etcd: EtcdServer) -> None:
+    own_etcd: EtcdServer,
+) -> None:
     """SIGSTOP: connections are accepted, nothing answers. Reads are StoreUnavailable, changes
     OutcomeUnknown (they were sent), each within the default timeout: no hang."""
     store = EtcdStore(own_etcd.url("paused"))
@@ -74,11 +84,17 @@ async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers
         try:
             began = time.monotonic()
             failed = await asyncio.gather(
-                store.get("k"), store.cas("k", b"v2", first.revision), store.next_id(),
-                return_exceptions=True)
+                store.get("k"),
+                store.cas("k", b"v2", first.revision),
+                store.next_id(),
+                return_exceptions=True,
+            )
             assert time.monotonic() - began < DEFAULT_TIMEOUT_S + SLACK_S
             assert [type(error) for error in failed] == [
-                StoreUnavailable, OutcomeUnknown, OutcomeUnknown]
+                StoreUnavailable,
+                OutcomeUnknown,
+                OutcomeUnknown,
+            ]
         finally:
             own_etcd.resume()
         # the cas was sent: once etcd runs again it may have applied; a read tells
@@ -89,7 +105,8 @@ async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers
 
 
 async def test_a_killed_etcd_is_unavailable_and_a_restarted_one_answers(
-        own_etcd: EtcdServer) -> None:
+    own_etcd: EtcdServer,
+) -> None:
     store = EtcdStore(own_etcd.url("restart"))
     try:
         first = await store.create("k", b"v1")
@@ -118,21 +135,28 @@ async def test_a_refused_endpoint_is_skipped_for_the_next(etcd: EtcdServer) -> N
 def test_the_client_imports_nothing_of_the_node() -> None:
     """Scripts and other venvs use node.client: it must not pull in the engine or the server,
     and the node does not import it (yet)."""
-    code = ("import sys, node.client.metadata.etcd, node.client.metadata.loop, "
-            "node.client.metadata.memory; "
-            "print(sorted(m for m in sys.modules if m.startswith('node.') "
-            "and not m.startswith('node.client')))")
+    code = (
+        "import sys, node.client.metadata.etcd, node.client.metadata.loop, "
+        "node.client.metadata.memory; "
+        "print(sorted(m for m in sys.modules if m.startswith('node.') "
+        "and not m.startswith('node.client')))"
+    )
     found = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert found.strip() == "[]"
     package = Path(node.__file__).parent
-    users = [path.relative_to(package) for path in package.rglob("*.py")
-             if "node.client" in path.read_text() and package / "client" not in path.parents]
+    users = [
+        path.relative_to(package)
+        for path in package.rglob("*.py")
+        if "node.client" in path.read_text() and package / "client" not in path.parents
+    ]
     assert users == []
 
 
 async def test_a_watch_ends_with_etcd_and_resumes_from_the_last_revision_seen(
-        own_etcd: EtcdServer) -> None:
+    own_etcd: EtcdServer,
+) -> None:
     store = EtcdStore(own_etcd.url("watch"))
     try:
         first = await store.create("nodes/n1", b"writable")

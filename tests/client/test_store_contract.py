@@ -136,6 +136,11 @@ async def test_a_watch_sees_every_change_under_its_prefix_in_order(store: Metada
             seen.append((change.key, change.value))
             if len(seen) == 5:
                 break
-    assert seen == [("nodes/n1", first), ("nodes/n1", second), ("nodes/n1", None),
-                    ("nodes/n2", leased), ("nodes/n2", None)]  # the lease ended unkept
+    assert seen == [
+        ("nodes/n1", first),
+        ("nodes/n1", second),
+        ("nodes/n1", None),
+        ("nodes/n2", leased),
+        ("nodes/n2", None),
+    ]  # the lease ended unkept
     await changes.aclose()  # type: ignore[attr-defined]

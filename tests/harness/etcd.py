@@ -51,13 +51,30 @@ class EtcdServer:
         peer = f"http://127.0.0.1:{self.peer_port}"
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [etcd_binary(), "--name", "test", "--data-dir", str(self.data_dir),
-                 "--listen-client-urls", self.client_url,
-                 "--advertise-client-urls", self.client_url,
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                 "--initial-cluster", f"test={peer}",
-                 "--logger", "zap", "--log-level", "warn"],
-                stdout=log, stderr=subprocess.STDOUT)
+                [
+                    etcd_binary(),
+                    "--name",
+                    "test",
+                    "--data-dir",
+                    str(self.data_dir),
+                    "--listen-client-urls",
+                    self.client_url,
+                    "--advertise-client-urls",
+                    self.client_url,
+                    "--listen-peer-urls",
+                    peer,
+                    "--initial-advertise-peer-urls",
+                    peer,
+                    "--initial-cluster",
+                    f"test={peer}",
+                    "--logger",
+                    "zap",
+                    "--log-level",
+                    "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.wait_healthy()
 
     def wait_healthy(self) -> None:
@@ -65,8 +82,9 @@ class EtcdServer:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}: "
-                                   f"{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"etcd exited with {self.proc.returncode}: {self.log_path.read_text()[-2000:]}"
+                )
             try:
                 with urllib.request.urlopen(self.client_url + "/health", timeout=1) as resp:
                     if b'"true"' in resp.read():
@@ -74,8 +92,9 @@ class EtcdServer:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(READY_POLL_S)
-        raise RuntimeError(f"etcd not healthy in {READY_TIMEOUT_S} s: "
-                           f"{self.log_path.read_text()[-2000:]}")
+        raise RuntimeError(
+            f"etcd not healthy in {READY_TIMEOUT_S} s: {self.log_path.read_text()[-2000:]}"
+        )
 
     def pause(self) -> None:
         assert self.proc is not None

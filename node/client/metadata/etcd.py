@@ -58,7 +58,8 @@ def parse_url(url: str) -> tuple[list[str], str]:
     if not prefix:
         raise MetadataUrlError(
             f"{url!r}: a key prefix is required, so that clusters sharing an etcd never meet "
-            f"({URL_FORM})")
+            f"({URL_FORM})"
+        )
     return endpoints, f"/{prefix}/"
 
 
@@ -119,13 +120,13 @@ class EtcdStore:
         raise StoreUnavailable(f"{path}: no endpoint of {self._endpoints} accepts connections")
 
     @staticmethod
-    def _answer(path: str, endpoint: str, status: int, raw: bytes,
-                change: bool) -> dict[str, Any]:
+    def _answer(path: str, endpoint: str, status: int, raw: bytes, change: bool) -> dict[str, Any]:
         try:
             answer = json.loads(raw)
         except ValueError:
-            raise RequestRefused(f"{path} at {endpoint}: HTTP {status}, not JSON: {raw[:200]!r}",
-                                 -1) from None
+            raise RequestRefused(
+                f"{path} at {endpoint}: HTTP {status}, not JSON: {raw[:200]!r}", -1
+            ) from None
         if status == 200 and "error" not in answer:
             return answer  # type: ignore[no-any-return]
         code = int(answer.get("code", -1))
@@ -134,32 +135,43 @@ class EtcdStore:
             raise RequestRefused(message, code)
         raise (OutcomeUnknown if change else StoreUnavailable)(message)
 
-    async def _txn(self, compare: dict[str, Any], success: list[dict[str, Any]],
-                   failure_range: bytes) -> tuple[dict[str, Any], Versioned | None]:
+    async def _txn(
+        self, compare: dict[str, Any], success: list[dict[str, Any]], failure_range: bytes
+    ) -> tuple[dict[str, Any], Versioned | None]:
         """Run a one-compare txn whose failure branch reads the key: (answer, the key's value
         when the compare failed)."""
-        answer = await self._call("/v3/kv/txn", {
-            "compare": [compare], "success": success,
-            "failure": [{"request_range": {"key": _b64(failure_range)}}],
-        }, change=True)
+        answer = await self._call(
+            "/v3/kv/txn",
+            {
+                "compare": [compare],
+                "success": success,
+                "failure": [{"request_range": {"key": _b64(failure_range)}}],
+            },
+            change=True,
+        )
         if answer.get("succeeded"):
             return answer, None
         kvs = answer["responses"][0]["response_range"].get("kvs", [])
         return answer, _versioned(kvs[0]) if kvs else None
 
     async def get(self, key: str, *, linearizable: bool = True) -> Versioned | None:
-        answer = await self._call("/v3/kv/range", {
-            "key": _b64(self._key(key)), "serializable": not linearizable}, change=False)
+        answer = await self._call(
+            "/v3/kv/range",
+            {"key": _b64(self._key(key)), "serializable": not linearizable},
+            change=False,
+        )
         kvs = answer.get("kvs", [])
         return _versioned(kvs[0]) if kvs else None
 
     async def range(self, prefix: str) -> list[tuple[str, Versioned]]:
         full = self._key(prefix)
-        answer = await self._call("/v3/kv/range", {
-            "key": _b64(full), "range_end": _b64(_prefix_end(full))}, change=False)
+        answer = await self._call(
+            "/v3/kv/range", {"key": _b64(full), "range_end": _b64(_prefix_end(full))}, change=False
+        )
         strip = len(self.prefix.encode())
-        return [(_unb64(kv["key"])[strip:].decode(), _versioned(kv))
-                for kv in answer.get("kvs", [])]
+        return [
+            (_unb64(kv["key"])[strip:].decode(), _versioned(kv)) for kv in answer.get("kvs", [])
+        ]
 
     def _put_op(self, key: bytes, value: bytes, **extra: Any) -> dict[str, Any]:
         return {"request_put": {"key": _b64(key), "value": _b64(value), **extra}}
@@ -170,19 +182,22 @@ class EtcdStore:
         try:
             answer, current = await self._txn(
                 {"key": _b64(full), "target": "CREATE", "result": "EQUAL", "create_revision": "0"},
-                [self._put_op(full, value, **extra)], full)
+                [self._put_op(full, value, **extra)],
+                full,
+            )
         except RequestRefused as exc:
             raise self._lease_gone(exc, lease) from exc
         if current is not None or not answer.get("succeeded"):
             raise CasConflict(key, current)
         return Versioned(value, int(answer["header"]["revision"]))
 
-    async def _conditional(self, key: str, revision: int,
-                           op: dict[str, Any]) -> dict[str, Any]:
+    async def _conditional(self, key: str, revision: int, op: dict[str, Any]) -> dict[str, Any]:
         full = self._key(key)
         answer, current = await self._txn(
             {"key": _b64(full), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)},
-            [op], full)
+            [op],
+            full,
+        )
         if not answer.get("succeeded"):
             raise NoSuchKey(key) if current is None else CasConflict(key, current)
         return answer
@@ -190,17 +205,22 @@ class EtcdStore:
     async def cas(self, key: str, value: bytes, revision: int) -> Versioned:
         # ignore_lease: a put without a lease would detach the key from the one it has
         answer = await self._conditional(
-            key, revision, self._put_op(self._key(key), value, ignore_lease=True))
+            key, revision, self._put_op(self._key(key), value, ignore_lease=True)
+        )
         return Versioned(value, int(answer["header"]["revision"]))
 
     async def delete(self, key: str, revision: int) -> None:
         await self._conditional(
-            key, revision, {"request_delete_range": {"key": _b64(self._key(key))}})
+            key, revision, {"request_delete_range": {"key": _b64(self._key(key))}}
+        )
 
     async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
         try:
-            answer = await self._call("/v3/kv/put", self._put_op(
-                self._key(key), value, lease=str(lease))["request_put"], change=True)
+            answer = await self._call(
+                "/v3/kv/put",
+                self._put_op(self._key(key), value, lease=str(lease))["request_put"],
+                change=True,
+            )
         except RequestRefused as exc:
             raise self._lease_gone(exc, lease) from exc
         return Versioned(value, int(answer["header"]["revision"]))
@@ -227,24 +247,33 @@ class EtcdStore:
 
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
         full = self._key(prefix)
-        body = {"create_request": {"key": _b64(full), "range_end": _b64(_prefix_end(full)),
-                                   "start_revision": str(start_revision)}}
+        body = {
+            "create_request": {
+                "key": _b64(full),
+                "range_end": _b64(_prefix_end(full)),
+                "start_revision": str(start_revision),
+            }
+        }
         # the stream lasts as long as the caller reads: only the connection is timed
         timeout = aiohttp.ClientTimeout(total=None, connect=self._timeout.total)
         endpoint = self._endpoints[self._preferred]
         strip = len(self.prefix.encode())
         try:
-            async with self._open().post(endpoint + "/v3/watch", json=body,
-                                         timeout=timeout) as resp:
+            async with self._open().post(
+                endpoint + "/v3/watch", json=body, timeout=timeout
+            ) as resp:
                 async for line in resp.content:
                     if not line.strip():
                         continue
-                    result = self._answer("/v3/watch", endpoint, resp.status, line,
-                                          False).get("result", {})
+                    result = self._answer("/v3/watch", endpoint, resp.status, line, False).get(
+                        "result", {}
+                    )
                     if "compact_revision" in result:
-                        raise RequestRefused(f"watch of {prefix!r} from {start_revision}: "
-                                             f"compacted up to {result['compact_revision']}",
-                                             _OUT_OF_RANGE)
+                        raise RequestRefused(
+                            f"watch of {prefix!r} from {start_revision}: "
+                            f"compacted up to {result['compact_revision']}",
+                            _OUT_OF_RANGE,
+                        )
                     if result.get("canceled"):
                         raise StoreUnavailable(f"watch of {prefix!r}: canceled by etcd: {result}")
                     for event in result.get("events", []):
@@ -259,8 +288,11 @@ class EtcdStore:
 
     async def next_id(self) -> int:
         full = self._key(LEDGER_IDS_KEY)
-        answer = await self._call("/v3/kv/txn", {"success": [
-            self._put_op(full, b""), {"request_range": {"key": _b64(full)}}]}, change=True)
+        answer = await self._call(
+            "/v3/kv/txn",
+            {"success": [self._put_op(full, b""), {"request_range": {"key": _b64(full)}}]},
+            change=True,
+        )
         kv = answer["responses"][1]["response_range"]["kvs"][0]
         return LEDGER_ID_BASE + int(kv["version"])
 

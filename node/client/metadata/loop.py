@@ -20,8 +20,13 @@ DEFAULT_ATTEMPTS = 20
 DEFAULT_PAUSE_S = 0.5
 
 
-async def read_with_retry(store: MetadataStore, key: str, *, attempts: int = DEFAULT_ATTEMPTS,
-                          pause_s: float = DEFAULT_PAUSE_S) -> Versioned | None:
+async def read_with_retry(
+    store: MetadataStore,
+    key: str,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    pause_s: float = DEFAULT_PAUSE_S,
+) -> Versioned | None:
     """A linearizable read that waits out a store that does not answer, ``attempts`` times."""
     for attempt in range(1, attempts + 1):
         try:
@@ -33,15 +38,24 @@ async def read_with_retry(store: MetadataStore, key: str, *, attempts: int = DEF
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
-async def update(store: MetadataStore, key: str, local: Versioned | None,
-                 needs_update: Callable[[bytes], bool], transform: Callable[[bytes], bytes], *,
-                 attempts: int = DEFAULT_ATTEMPTS,
-                 pause_s: float = DEFAULT_PAUSE_S) -> Versioned:
+async def update(
+    store: MetadataStore,
+    key: str,
+    local: Versioned | None,
+    needs_update: Callable[[bytes], bool],
+    transform: Callable[[bytes], bytes],
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    pause_s: float = DEFAULT_PAUSE_S,
+) -> Versioned:
     """Change ``key`` from ``local`` (None: read it first) by ``transform`` while
     ``needs_update`` holds; the value that satisfies the caller, at its revision. Conflicts are
     not bounded: each means another updater succeeded. NoSuchKey when the key is gone."""
-    current = local if local is not None else await read_with_retry(
-        store, key, attempts=attempts, pause_s=pause_s)
+    current = (
+        local
+        if local is not None
+        else await read_with_retry(store, key, attempts=attempts, pause_s=pause_s)
+    )
     failures = 0
     while True:
         if current is None:
@@ -52,7 +66,8 @@ async def update(store: MetadataStore, key: str, local: Versioned | None,
             return await store.cas(key, transform(current.value), current.revision)
         except CasConflict as conflict:
             current = conflict.current or await read_with_retry(
-                store, key, attempts=attempts, pause_s=pause_s)
+                store, key, attempts=attempts, pause_s=pause_s
+            )
         except (StoreUnavailable, OutcomeUnknown):
             failures += 1
             if failures >= attempts:

@@ -94,8 +94,11 @@ class MemoryStore:
 
     async def range(self, prefix: str) -> list[tuple[str, Versioned]]:
         self._expire()
-        return [(key, Versioned(e.value, e.mod_revision))
-                for key, e in sorted(self._kv.items()) if key.startswith(prefix)]
+        return [
+            (key, Versioned(e.value, e.mod_revision))
+            for key, e in sorted(self._kv.items())
+            if key.startswith(prefix)
+        ]
 
     async def create(self, key: str, value: bytes, *, lease: int | None = None) -> Versioned:
         current = self._current(key)
