@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import socket
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -181,6 +182,16 @@ class Settings(BaseSettings):
     wal_io_depth: int = Field(4, gt=0)  # blocks written at once (AutoMQ iodepth; 8 there)
     wal_volatile_write_cache: bool = True  # flush before acks; false only if none (EBS)
     wal_sync_mode: Literal["fdatasync", "dsync"] = "fdatasync"  # a flush thread, or O_DSYNC writes
+
+    # --- replication (on when metadata_url is set; docs/replication.md) -----------------
+    metadata_url: str = ""  # etcd://host:port[,host:port...]/prefix; empty: every ledger local
+    id: str = Field(default_factory=socket.gethostname)  # fleet id: pod name; default host
+    advertised_url: str = ""  # URL peers and clients reach this node at; "": http://host:port
+    zone: str = ""  # failure domain for placement (the k8s node's topology.kubernetes.io/zone)
+    registration_ttl_s: int = Field(10, gt=0)  # lease of nodes/<id>: a dead node vanishes after it
+    metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
+    replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
+    replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     # group commit: max age of a group; eager (below): the writer's longest wait after a write
