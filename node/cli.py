@@ -6,12 +6,16 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node import logs, runtime
-from node.settings import SettingsError, load
+from node.settings import Settings, SettingsError, load
 from node.sizing import fit_to_disks
 from node.storage.dirlock import DataDirInUse, DataDirLock
 from node.storage.errors import WalDeviceError
+
+if TYPE_CHECKING:
+    from node.replication.cookie import Cookie
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # bench offload's defaults (here: the bench's module is imported only when it runs). The
@@ -57,11 +61,52 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             "Set NODE_ADMIN_TOKEN. !!!",
             settings.http_host,
         )
-    runtime.tune()
-    runtime.dump_stacks_on_sigquit()
     with lock:
-        runtime.run(serve(settings, sockets))
+        try:
+            cookie = _check_cookie(settings)
+        except StartRefused:
+            for sock in sockets:
+                sock.close()
+            raise
+        runtime.tune()
+        runtime.dump_stacks_on_sigquit()
+        runtime.run(serve(settings, sockets, cookie))
     return 0
+
+
+def _check_cookie(settings: Settings) -> Cookie | None:
+    """Who this data directory is (node/replication/cookie.py): after the lock, before the
+    storage opens; the store's cookie, or None without a store (which must find none)."""
+    from node.replication import cookie
+
+    try:
+        if not settings.metadata_url:
+            cookie.check_without_store(settings)
+            return None
+        return runtime.run(_check_with_store(settings))
+    except cookie.CookieRefused as e:
+        raise StartRefused(str(e)) from None
+
+
+async def _check_with_store(settings: Settings) -> Cookie:
+    # Imported here: without a metadata store the node never loads node.client.
+    from node.client.errors import ClientError
+    from node.replication import cookie
+    from node.replication.service import open_store
+
+    try:
+        store = open_store(settings)
+    except ClientError as e:
+        raise StartRefused(f"NODE_METADATA_URL: {e}") from None
+    try:
+        return await cookie.check(settings, store)
+    except ClientError as e:
+        raise StartRefused(
+            f"cannot check this node's cookie in the metadata store at {settings.metadata_url}: "
+            f"{e}. Start etcd (or fix NODE_METADATA_URL) first"
+        ) from None
+    finally:
+        await store.close()
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

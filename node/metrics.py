@@ -213,6 +213,33 @@ class Metrics:
             "Bytes of read replies held, out of max_read_bytes_in_flight.",
             registry=self.registry,
         )
+        # Replicated ledgers (node/replication): only a node with a metadata store has them.
+        self.registration_up: Gauge | None = None
+        self.registrations: Counter | None = None
+        self.replication_gc_skipped: Counter | None = None
+        self.replication_gc_reclaimed: Counter | None = None
+        if settings.metadata_url:
+            self.registration_up = Gauge(
+                f"{PREFIX}_registration_up",
+                "1 while nodes/<id> is held under a live lease in the metadata store, else 0.",
+                registry=self.registry,
+            )
+            self.registrations = Counter(
+                f"{PREFIX}_registrations",
+                "Leases granted for nodes/<id> (1 at start; more: a lease expired or was lost).",
+                registry=self.registry,
+            )
+            self.replication_gc_skipped = Counter(
+                f"{PREFIX}_replication_gc_skipped",
+                "Replicas the GC sweep or a delete kept because the store could not confirm "
+                "(error, timeout, another cluster).",
+                registry=self.registry,
+            )
+            self.replication_gc_reclaimed = Counter(
+                f"{PREFIX}_replication_gc_reclaimed",
+                "Replicas deleted by the sweep once the store said their ledger was gone.",
+                registry=self.registry,
+            )
         self.add_latency = histogram(
             "add_latency_seconds",
             "Time from receiving an add (one entry or a batch) to its durable acknowledgment.",

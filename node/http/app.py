@@ -9,7 +9,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
@@ -44,17 +44,27 @@ from node.storage.clock import Clock, SystemClock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
 
+if TYPE_CHECKING:
+    from node.replication.cookie import Cookie
+    from node.replication.service import Replication
+
 log = logging.getLogger(__name__)
 
 MAX_HEADER_FIELD_SIZE = 16 * 1024  # longer header lines are refused (431/400, as JSON)
+REPLICATION: web.AppKey[Replication] = web.AppKey("replication")
 
 
 def build_app(
-    settings: Settings, storage: LedgerStorage | None = None, clock: Clock | None = None
+    settings: Settings,
+    storage: LedgerStorage | None = None,
+    clock: Clock | None = None,
+    cookie: Cookie | None = None,
 ) -> web.Application:
     """The application; it starts and closes its own storage unless one is given. Its
     parts all read and wait for time on ``clock`` (the system's unless one is given; a
-    given storage keeps the clock it was built with)."""
+    given storage keeps the clock it was built with). With a metadata store, ``cookie`` is
+    the one ``python -m node serve`` checked; without, the application checks it before
+    its storage starts."""
     clock = clock or SystemClock()
     app = web.Application(
         client_max_size=settings.max_request_size,
@@ -85,7 +95,18 @@ def build_app(
     app[STREAMS] = StreamManager(app[STORAGE], clock)
     app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
     app[AUDIT] = AuditState()
+    if settings.metadata_url:
+        # Imported only here: a node without a metadata store never loads node.client.
+        from node.replication.service import Replication
+
+        app[REPLICATION] = replication = Replication(
+            settings, app[STORAGE], metrics, clock, cookie=cookie
+        )
+        app[status.REPLICATION_SUMMARY] = replication.summary
+        app.cleanup_ctx.append(_replication_identity)
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
+    if settings.metadata_url:
+        app.cleanup_ctx.append(_replication_lifecycle)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
@@ -108,6 +129,25 @@ async def _storage_lifecycle(app: web.Application) -> AsyncIterator[None]:
     yield
     await app[WORK].stop()
     await app[STORAGE].close()
+
+
+async def _replication_identity(app: web.Application) -> AsyncIterator[None]:
+    """Before the storage starts: the cookie (the journal writes its instance id)."""
+    replication = app[REPLICATION]
+    await replication.check_cookie()
+    try:
+        yield
+    finally:
+        await replication.stop()
+
+
+async def _replication_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """After the storage started: the replica guard and its GC sweep."""
+    await app[REPLICATION].start()
+    yield
+    sweep = app[REPLICATION].sweep
+    if sweep is not None:
+        await sweep.stop()
 
 
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:
@@ -233,13 +273,16 @@ class NodeRunner(web.AppRunner):
         return server
 
 
-async def serve(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+async def serve(
+    settings: Settings, sockets: list[socket.socket] | None = None, cookie: Cookie | None = None
+) -> None:
     """Run until SIGTERM or SIGINT; then readiness fails at once, the listener closes,
     in-flight requests finish (up to shutdown_timeout_s), the storage checkpoints and
-    closes its files. ``sockets``: from listen_sockets (default: bound here)."""
+    closes its files. ``sockets``: from listen_sockets (default: bound here). With a
+    metadata store, the node registers once it listens and leaves first when it stops."""
     if sockets is None:
         sockets = runtime.listen_sockets(settings.http_host, settings.http_port)
-    app = build_app(settings)
+    app = build_app(settings, cookie=cookie)
     runner = NodeRunner(
         app, handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
     )
@@ -252,12 +295,17 @@ async def serve(settings: Settings, sockets: list[socket.socket] | None = None) 
         settings.http_port,
         settings.data_dir,
     )
+    replication = app.get(REPLICATION)
+    if replication is not None:
+        await replication.register(sockets[0].getsockname()[1])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     app[SERVING].shutting_down = True
+    if replication is not None and replication.registration is not None:
+        await replication.registration.stop()  # clients stop choosing it before it stops
     log.info("shutting down: finishing requests, then a final checkpoint")
     await runner.cleanup()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -631,6 +631,31 @@ class StatusAudit(Reply):
     violations: dict[str, Count]
 
 
+class StatusReplication(Reply):
+    """Replicated ledgers: only ``enabled`` (false) on a node without a metadata store."""
+
+    enabled: bool
+    nodeId: str | None = None
+    registered: Annotated[
+        bool | None, Field(description="nodes/<id> held under a live lease in the store")
+    ] = None
+    clusterId: str | None = None
+    instanceId: Annotated[
+        str | None, Field(description="This data directory's cookie (new when it is wiped)")
+    ] = None
+    zone: str | None = None
+    url: Annotated[str | None, Field(description="The URL the node registered")] = None
+    replicatedLedgers: Count | None = None
+    lastRegistrationError: str | None = None
+    gcSweeps: Count | None = None
+    gcReclaimed: Annotated[
+        Count | None, Field(description="Replicas deleted: their ledger left the store")
+    ] = None
+    gcSkipped: Annotated[
+        Count | None, Field(description="Replicas kept: the store could not confirm")
+    ] = None
+
+
 class StatusCursor(Reply):
     name: str
     markDeletePosition: MarkDelete
@@ -694,6 +719,7 @@ class StatusSummary(Reply):
         Field(description="The largest cursor backlog first; all: /api/v1/status/streams"),
     ]
     streamTotals: StatusStreamTotals
+    replication: StatusReplication
 
 
 class StatusSample(Reply):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -67,6 +67,8 @@ class StatusState:
 
 
 STATUS = web.AppKey("status", StatusState)
+# Set by node/http/app.py on a node with a metadata store: its replication block.
+REPLICATION_SUMMARY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("replication_summary")
 
 
 def install(app: web.Application, clock: Clock) -> None:
@@ -348,8 +350,16 @@ async def summary(request: web.Request) -> web.Response:
         audit=_audit(app),
         streams=streams,
         streamTotals=stream_totals,
+        replication=_replication(app),
     )
     return json_response(reply.to_json())
+
+
+def _replication(app: web.Application) -> models.StatusReplication:
+    summary = app.get(REPLICATION_SUMMARY)
+    if summary is None:
+        return models.StatusReplication(enabled=False)
+    return models.StatusReplication(**summary())
 
 
 @routes.get("/api/v1/status/streams")

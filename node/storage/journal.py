@@ -4,8 +4,10 @@ Journal file ``<id in hex>.txn``::
 
     offset  size  field
     0       4     magic "BKLG"
-    4       4     version (u32) = 2 (1: the same without batch records; still replayed)
-    8       504   zero padding                         (header: one 512-byte sector)
+    4       4     version (u32) = 3 (2: no instance id; 1: nor batch records; both replayed)
+    8       16    instance id: the data directory's cookie's (node/replication/cookie.py);
+                  zeros when it has none. A start refuses a journal of another instance.
+    24      488   zero padding                         (header: one 512-byte sector)
     512     ...   records, then zeros (preallocated space; a zero length is "end of data")
 
 Record::
@@ -98,6 +100,7 @@ from typing import NamedTuple
 
 import crc32c
 
+from node.replication import cookie
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
@@ -124,10 +127,12 @@ from node.storage.wal import (
 log = logging.getLogger(__name__)
 
 MAGIC = b"BKLG"
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 HEADER_SIZE = 512
 HEADER = struct.Struct(">4sI")
+INSTANCE_ID = struct.Struct("16s")  # after HEADER, from version 3
+NO_INSTANCE = bytes(INSTANCE_ID.size)
 RECORD_HEADER = struct.Struct(">IqqI")
 IDS = slice(4, 20)  # the header's ledger id | entry id: the prefix record_crc covers
 PADDING_MASK = 0xFFFFFF00
@@ -144,8 +149,9 @@ SUFFIX = ".txn"
 Buffer = bytes | mmap.mmap
 
 
-def encode_header() -> bytes:
-    return HEADER.pack(MAGIC, VERSION).ljust(HEADER_SIZE, b"\0")
+def encode_header(instance_id: bytes = NO_INSTANCE) -> bytes:
+    head = HEADER.pack(MAGIC, VERSION) + INSTANCE_ID.pack(instance_id)
+    return head.ljust(HEADER_SIZE, b"\0")
 
 
 def decode_header(data: bytes) -> int:
@@ -156,6 +162,15 @@ def decode_header(data: bytes) -> int:
     if version not in READABLE_VERSIONS:
         raise ValueError(f"unsupported journal version {version}")
     return int(version)
+
+
+def header_instance_id(data: bytes) -> bytes | None:
+    """The instance id a valid header carries; None when it has none (zeros, or a version
+    before 3). ValueError as decode_header."""
+    if decode_header(data) < 3:
+        return None
+    (instance_id,) = INSTANCE_ID.unpack_from(data, HEADER.size)
+    return None if instance_id == NO_INSTANCE else bytes(instance_id)
 
 
 def encode_record(ledger_id: int, entry_id: int, crc: int, payload: bytes) -> bytes:
@@ -490,6 +505,7 @@ class Journal:
         self._dir = settings.journal_dir
         self._fd = -1
         self._file_id = 0
+        self._instance_id = NO_INSTANCE  # the cookie's, written into each new file's header
         self._position = 0
         self._preallocated = 0
         self._durable = LogMark(0, 0)
@@ -648,6 +664,8 @@ class Journal:
         self._writer = loop.create_task(self._write_loop(), name="journal-writer")
 
     def _open_next_file(self) -> None:
+        # Read once, at start: the cookie check ran before and never changes it while we run.
+        self._instance_id = cookie.instance_id_bytes(self._settings.data_dir)
         existing = list_journals(self._dir)
         self._open_file(existing[-1] + 1 if existing else 1)
 
@@ -668,7 +686,7 @@ class Journal:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.posix_fallocate(fd, 0, preallocate)
-            os.pwrite(fd, encode_header(), 0)
+            os.pwrite(fd, encode_header(self._instance_id), 0)
             os.fdatasync(fd)
             fsync_dir(self._dir)
         except BaseException:

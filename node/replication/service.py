@@ -1,0 +1,129 @@
+"""What a node with a metadata store runs besides its storage: the store's connection, the
+cookie it serves under, its registration and the replica GC sweep. node/http/app.py builds
+one only when ``metadata_url`` is set (importing this module imports node.client)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from node.client.metadata.etcd import EtcdStore, parse_url
+from node.client.metadata.store import MetadataStore
+from node.client.model import NodeInfo
+from node.metrics import Metrics
+from node.replication import cookie as cookies
+from node.replication.cookie import Cookie
+from node.replication.reconcile import ReplicaStorage, StoreGuard, Sweep
+from node.replication.registration import Registration
+from node.settings import Settings
+from node.storage.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+def open_store(settings: Settings) -> MetadataStore:
+    parse_url(settings.metadata_url)  # a bad URL fails here, naming the form it wants
+    return EtcdStore(settings.metadata_url, timeout_s=settings.metadata_timeout_s)
+
+
+class Replication:
+    def __init__(
+        self,
+        settings: Settings,
+        storage: Any,
+        metrics: Metrics,
+        clock: Clock,
+        cookie: Cookie | None = None,
+        store: MetadataStore | None = None,
+    ) -> None:
+        self._settings = settings
+        self._storage = storage
+        self._metrics = metrics
+        self._clock = clock
+        self.store = store or open_store(settings)
+        self.cookie = cookie
+        self.guard: StoreGuard | None = None
+        self.registration: Registration | None = None
+        self.sweep: Sweep | None = None
+        self._started_ms = int(time.time() * 1000)
+        if metrics.registration_up is not None:
+            metrics.registration_up.set(0)
+
+    async def check_cookie(self) -> Cookie:
+        """The cookie check, when the caller (python -m node serve) did not run it first."""
+        if self.cookie is None:
+            self.cookie = await cookies.check(self._settings, self.store)
+        return self.cookie
+
+    async def start(self) -> None:
+        """After the storage started: the guard and the sweep (registration waits for the
+        listening sockets, ``register``)."""
+        cookie = await self.check_cookie()
+        self.guard = StoreGuard(self.store, cookie.cluster_id, self._settings.metadata_timeout_s)
+        storage: ReplicaStorage = self._storage
+        if hasattr(storage, "replicated_ledgers"):
+            skipped, reclaimed = (
+                self._metrics.replication_gc_skipped,
+                self._metrics.replication_gc_reclaimed,
+            )
+            self.sweep = Sweep(
+                storage,
+                self.guard,
+                self._settings.replication_gc_interval_s,
+                self._settings.replication_gc_grace_s,
+                self._clock.now_ms,
+                on_skip=skipped.inc if skipped else lambda: None,
+                on_reclaim=reclaimed.inc if reclaimed else lambda: None,
+            )
+            self.sweep.start()
+        else:
+            log.warning("this storage holds no replicated ledgers: no replica GC sweep")
+
+    async def register(self, port: int) -> None:
+        """Put nodes/<id> once the node listens on ``port`` (its URL's, unless advertised)."""
+        cookie = await self.check_cookie()
+        settings = self._settings
+        url = settings.advertised_url or f"http://{settings.http_host}:{port}"
+        info = NodeInfo(
+            node_id=settings.id,
+            url=url,
+            zone=settings.zone,
+            instance_id=cookie.instance_id,
+            started_ms=self._started_ms,
+        )
+        up, grants = self._metrics.registration_up, self._metrics.registrations
+        self.registration = Registration(
+            self.store,
+            info,
+            settings.registration_ttl_s,
+            read_only=lambda: self._storage.read_only_reason is not None,
+            on_change=(lambda registered: up.set(int(registered))) if up else lambda _: None,
+            on_grant=grants.inc if grants else lambda: None,
+        )
+        await self.registration.start()
+
+    async def stop(self) -> None:
+        if self.registration is not None:
+            await self.registration.stop()
+        if self.sweep is not None:
+            await self.sweep.stop()
+        await self.store.close()
+
+    def summary(self) -> dict[str, Any]:
+        registration, cookie, sweep = self.registration, self.cookie, self.sweep
+        replicated = getattr(self._storage, "replicated_ledgers", None)
+        return {
+            "enabled": True,
+            "nodeId": self._settings.id,
+            "registered": bool(registration and registration.registered),
+            "clusterId": cookie.cluster_id if cookie else None,
+            "instanceId": cookie.instance_id if cookie else None,
+            "zone": self._settings.zone,
+            "url": registration.info.url if registration else None,
+            "replicatedLedgers": sum(1 for _ in replicated()) if replicated else 0,
+            "lastRegistrationError": registration.last_error if registration else None,
+            "gcSweeps": sweep.passes if sweep else 0,
+            "gcReclaimed": sweep.reclaimed if sweep else 0,
+            "gcSkipped": sweep.skipped if sweep else 0,
+        }
