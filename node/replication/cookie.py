@@ -123,13 +123,13 @@ def instance_id_bytes(data_dir: Path) -> bytes:
 
 
 def wal_instances(settings: Settings) -> list[tuple[str, str]]:
-    """(file, instance id) of every journal whose header carries one. The raw-device WAL's
-    header carries none yet (its check is the data directory's alone)."""
+    """(file, instance id) of every WAL header that carries one: each journal file's, or
+    the raw-device WAL's newest valid header slot."""
+    if settings.wal_kind == "blockdev":
+        return _ring_instance(settings)
     from node.storage import journal  # the journal imports this module
 
-    found: list[tuple[str, str]] = []
-    if settings.wal_kind != "journal":
-        return found
+    found = []
     for journal_id in journal.list_journals(settings.journal_dir):
         path = journal.journal_path(settings.journal_dir, journal_id)
         with path.open("rb") as f:
@@ -145,6 +145,29 @@ def wal_instances(settings: Settings) -> list[tuple[str, str]]:
     return found
 
 
+def _ring_instance(settings: Settings) -> list[tuple[str, str]]:
+    from node.storage import blockwal  # imports this module
+
+    path = settings.wal_path
+    if path is None or not path.exists():
+        return []
+    with path.open("rb") as f:
+        slots = f.read(blockwal.HEADER_AREA)
+    headers = []
+    for slot in range(blockwal.HEADER_SLOTS):
+        start = slot * blockwal.HEADER_SLOT_SIZE
+        try:
+            headers.append(blockwal.decode_header(slots[start : start + blockwal.HEADER_SLOT_SIZE]))
+        except ValueError:
+            continue  # the WAL's open judges a bad slot
+    if not headers:
+        return []
+    newest = max(headers, key=lambda header: header.sequence)
+    if newest.instance_id == blockwal.NO_INSTANCE:
+        return []
+    return [(str(path), str(uuid.UUID(bytes=newest.instance_id)))]
+
+
 # --- the check at start -------------------------------------------------------------------
 
 
@@ -152,14 +175,14 @@ def _refuse_wal(cookie: Cookie | None, wal: list[tuple[str, str]], data_dir: Pat
     for path, instance in wal:
         if cookie is None:
             raise CookieRefused(
-                f"journal {path} belongs to instance {instance} but {local_path(data_dir)} is "
+                f"WAL {path} belongs to instance {instance} but {local_path(data_dir)} is "
                 "missing: the data directory was partly wiped or mixed with another node's; "
-                "restore its COOKIE, or give the node an empty journal directory"
+                "restore its COOKIE, or give the node an empty WAL"
             )
         if instance != cookie.instance_id:
             raise CookieRefused(
-                f"journal {path} belongs to instance {instance} but {local_path(data_dir)} "
-                f"names instance {cookie.instance_id} (node {cookie.node_id}): that journal is "
+                f"WAL {path} belongs to instance {instance} but {local_path(data_dir)} "
+                f"names instance {cookie.instance_id} (node {cookie.node_id}): that WAL is "
                 "another data directory's; put the right volumes together"
             )
 
@@ -207,7 +230,7 @@ def _store_name(settings: Settings, key: str) -> str:
 
 async def check(settings: Settings, store: MetadataStore) -> Cookie:
     """The cookie this data directory serves under, made if it is a new node; CookieRefused
-    when the three places disagree (design table: docs/replication.md, "Identity")."""
+    when the places disagree (the table of the module docstring)."""
     import asyncio
 
     from node.client.model import cookie_key

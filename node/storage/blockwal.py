@@ -12,22 +12,24 @@ up to C)::
 Logical offsets are u64 and never go back; the record at logical offset x sits at physical
 ``8 KiB + x mod (C - 8 KiB)``. A LogMark of the ring is ``(0, logical offset)``.
 
-Header slot (these 72 bytes, then zeros to 4 KiB)::
+Header slot (these 88 bytes, then zeros to 4 KiB)::
 
     off  size  field
     0    4     magic "BKWH"
-    4    4     version u32 = 2
+    4    4     version u32 = 3 (2: no instance id, a 72-byte header; still read)
     8    8     capacity u64: C, the header area included
     16   8     trim offset u64: records before it are dead; recovery starts here
     24   8     sequence u64: +1 per header write; of the valid slots the higher one wins
     32   8     last write time u64, ms since the epoch (for people; never compared)
     40   8     sliding window max length u64: how far past the first hole a write may land
     48   8     node id u64
-    56   8     end offset u64: written by a graceful shutdown, where the next block goes: the
+    56   16    instance id: the data directory's cookie's (node/replication/cookie.py);
+               zeros when it has none. A start refuses a ring of another instance.
+    72   8     end offset u64: written by a graceful shutdown, where the next block goes: the
                ring from the trim offset to it holds records back to back, nothing else;
                0 when unknown (a running or crashed ring, or a crash's leftovers untrimmed)
-    64   4     shutdown type u32: 0 graceful, 1 ungraceful
-    68   4     crc32c u32 of bytes [0, 68)
+    80   4     shutdown type u32: 0 graceful, 1 ungraceful
+    84   4     crc32c u32 of bytes [0, 84)
 
 Record (a 24-byte header, then the body)::
 
@@ -118,6 +120,7 @@ from typing import Any, NamedTuple
 
 import crc32c
 
+from node.replication import cookie
 from node.settings import KiB, MiB, Settings
 from node.storage.clock import Clock
 from node.storage.directio import (
@@ -147,14 +150,16 @@ log = logging.getLogger(__name__)
 HEADER_MAGIC = b"BKWH"
 DATA_MAGIC = b"BKWR"
 PADDING_MAGIC = b"BKWP"
-VERSION = 2  # 2: the end offset
+VERSION = 3  # 3: the instance id; 2: the end offset
 BLOCK_ALIGNMENT = 4 * KiB  # block starts and sizes; a multiple of any logical block size
 HEADER_SLOT_SIZE = 4 * KiB
 HEADER_SLOTS = 2
 HEADER_AREA = HEADER_SLOT_SIZE * HEADER_SLOTS  # records start here
-HEADER = struct.Struct(">4sIQQQQQQQI")  # the slot's fields, without its CRC
+HEADER = struct.Struct(">4sIQQQQQQ16sQI")  # the slot's fields, without its CRC
+HEADER_V2 = struct.Struct(">4sIQQQQQQQI")  # version 2's: no instance id
 HEADER_CRC = struct.Struct(">I")
 HEADER_SIZE = HEADER.size + HEADER_CRC.size
+NO_INSTANCE = bytes(16)
 RECORD_PREFIX = struct.Struct(">4sIQI")  # the record header's fields, without its CRC
 RECORD_CRC = struct.Struct(">I")
 RECORD_HEADER_SIZE = RECORD_PREFIX.size + RECORD_CRC.size
@@ -190,10 +195,11 @@ class WalHeader(NamedTuple):
     shutdown: Shutdown
     end: int = 0  # graceful: where the records from the trim offset end; 0: unknown
     version: int = VERSION
+    instance_id: bytes = NO_INSTANCE  # the cookie's (version 3); zeros: none
 
 
 def encode_header(header: WalHeader) -> bytes:
-    body = HEADER.pack(
+    common = (
         HEADER_MAGIC,
         header.version,
         header.capacity,
@@ -202,31 +208,48 @@ def encode_header(header: WalHeader) -> bytes:
         header.written_ms,
         header.window,
         header.node_id,
-        header.end,
-        header.shutdown,
     )
+    if header.version == 2:
+        body = HEADER_V2.pack(*common, header.end, header.shutdown)
+    else:
+        body = HEADER.pack(*common, header.instance_id, header.end, header.shutdown)
     return body + HEADER_CRC.pack(crc32c.crc32c(body))
 
 
 def decode_header(data: bytes | memoryview) -> WalHeader:
     """The header in a slot; ValueError saying why a slot holds none."""
-    if len(data) < HEADER_SIZE:
+    if len(data) < HEADER_V2.size + HEADER_CRC.size:
         raise ValueError("shorter than a header")
-    fields = HEADER.unpack_from(data)
-    magic, version, capacity, trim, sequence, written_ms, window, node_id, end, shutdown = fields
+    magic, version = HEADER.unpack_from(data)[:2]
     if magic != HEADER_MAGIC:
         raise ValueError(f"bad magic {bytes(magic)!r}")
-    (stored,) = HEADER_CRC.unpack_from(data, HEADER.size)
-    if crc32c.crc32c(bytes(data[: HEADER.size])) != stored:
+    layout = HEADER_V2 if version == 2 else HEADER
+    if len(data) < layout.size + HEADER_CRC.size:
+        raise ValueError("shorter than a header")
+    (stored,) = HEADER_CRC.unpack_from(data, layout.size)
+    if crc32c.crc32c(bytes(data[: layout.size])) != stored:
         raise ValueError("CRC32C mismatch")
-    if version != VERSION:
+    if version not in (2, VERSION):
         raise ValueError(f"unsupported WAL version {version}")
+    fields = layout.unpack_from(data)
+    capacity, trim, sequence, written_ms, window, node_id = fields[2:8]
+    instance_id = NO_INSTANCE if version == 2 else bytes(fields[8])
+    end, shutdown = fields[-2:]
     if shutdown not in (Shutdown.GRACEFUL, Shutdown.UNGRACEFUL):
         raise ValueError(f"unknown shutdown type {shutdown}")
     if end and not trim <= end <= trim + capacity - HEADER_AREA:
         raise ValueError(f"end offset {end} is not within a ring of the trim offset {trim}")
     return WalHeader(
-        capacity, trim, sequence, written_ms, window, node_id, Shutdown(shutdown), end, version
+        capacity,
+        trim,
+        sequence,
+        written_ms,
+        window,
+        node_id,
+        Shutdown(shutdown),
+        end,
+        version,
+        instance_id,
     )
 
 
@@ -641,6 +664,7 @@ class BlockWal:
         self._leftovers_below = 0
         self._header_lock = threading.Lock()
         self._header_buffer: mmap.mmap | None = None
+        self._instance_id = NO_INSTANCE  # the cookie's, written into every header
         self._sequence = 0
         self._trim = 0  # trim offset asked for (written with the next header)
         self._flushed_trim = 0  # trim offset of the newest durable header
@@ -697,6 +721,8 @@ class BlockWal:
         """Open the medium and read (or create) the header: blocking, once."""
         if self._raw is not None:
             return self._raw
+        # The cookie check ran before the storage opened; the cookie never changes after.
+        self._instance_id = cookie.instance_id_bytes(self._settings.data_dir)
         path = self._path
         if not path.exists():
             if path.is_relative_to("/dev"):
@@ -809,6 +835,7 @@ class BlockWal:
                 node_id=self._settings.node_id,
                 shutdown=shutdown,
                 end=end,
+                instance_id=self._instance_id,
             )
             self._header_buffer[:HEADER_SIZE] = encode_header(header)
             with memoryview(self._header_buffer) as view:

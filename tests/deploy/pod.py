@@ -22,6 +22,10 @@ from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 LOSETUP_TIMEOUT_S = 30.0
 POD_INDEX = "0"  # the first pod of the StatefulSet
 ADMIN_TOKEN = "token-from-the-secret"
+# The pod's network (a namespace of its own, podman's) reaches no etcd here: these tests run
+# the node without its metadata store. The manifests' identity and store wiring is checked in
+# test_manifests.py; the node's with a real etcd in tests/replication/.
+NO_METADATA_STORE = {"NODE_METADATA_URL": ""}
 # Settings whose values are paths inside the container.
 PATH_SETTINGS = {
     f"NODE_{name.upper()}"
@@ -65,6 +69,7 @@ def container_env(objects: tuple[Obj, ...], image_env: dict[str, str]) -> dict[s
     for source in cont.get("envFrom", []):
         env.update(only(objects, "ConfigMap", source["configMapRef"]["name"])["data"])
     fields = {
+        "metadata.name": f"{statefulset['metadata']['name']}-{POD_INDEX}",
         "metadata.labels['apps.kubernetes.io/pod-index']": POD_INDEX,
         "metadata.namespace": statefulset["metadata"].get("namespace", "default"),
     }

@@ -18,7 +18,7 @@ KUBECTL = Path(sys.executable).parent / "kubectl"
 RENDER_TIMEOUT_S = 60.0
 # Every directory a user applies: the two overlays and the add-ons (base only through one).
 OVERLAYS = ("overlays/aws", "overlays/local")
-ADDONS = ("monitoring", "airflow", "spark")
+ADDONS = ("monitoring", "airflow", "spark", "etcd")
 KUSTOMIZATIONS = ("base", *OVERLAYS, *ADDONS)
 
 Obj = dict[str, Any]

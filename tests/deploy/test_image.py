@@ -31,8 +31,8 @@ from tests.deploy.container import (
     statefulset_parts,
 )
 from tests.deploy.lockfile import LOCK, dev_only_names, read_lock
-from tests.deploy.pod import ADMIN_TOKEN, container_env, sparse_loop_device
-from tests.deploy.render import Obj, quantity_bytes, render
+from tests.deploy.pod import ADMIN_TOKEN, NO_METADATA_STORE, container_env, sparse_loop_device
+from tests.deploy.render import Obj, of_kind, quantity_bytes, render
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 from tests.harness.ports import free_port
 from tools import image as image_build
@@ -174,6 +174,7 @@ def test_container_runs_as_the_statefulset_and_keeps_what_it_acknowledged(
     env = container_env(objects, {})
     for key, value in as_env(HOST_DISK_NEUTRAL).items():
         env.setdefault(key, value)
+    env.update(NO_METADATA_STORE)
     data = tmp_path / "data"
     data.mkdir()
     # fsGroup: the kubelet gives a file-system volume to the pod's group, group-writable.
@@ -240,6 +241,11 @@ def test_kube_play_of_the_local_overlay(image: str, tmp_path: Path) -> None:
     env = container_env(objects, {})
     port = free_port()
     docs = playable_pod(objects, image, env, port)
+    # Unset rather than empty: podman's kube play drops an `env` entry whose value is empty.
+    for key in NO_METADATA_STORE:
+        env.pop(key, None)
+        for config_map in of_kind(docs, "ConfigMap"):
+            config_map["data"].pop(key, None)
     pod = docs[-1]
     # Settings the manifests leave at their defaults only (tests/harness/hostdisk.py).
     extra = {k: v for k, v in as_env(HOST_DISK_NEUTRAL).items() if k not in env}

@@ -297,3 +297,47 @@ def test_addons_share_the_nodes_namespace(addon: str) -> None:
     }
     for obj in render(addon):
         assert obj["metadata"].get("namespace") in namespaces, obj["metadata"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_identity_and_metadata_store_are_wired(overlay: str) -> None:
+    """NODE_ID is the pod's name (stable, never its IP); the advertised URL is that name under
+    the headless Service on the node's port; NODE_METADATA_URL lists every etcd member by its
+    name under etcd's headless Service, on its client port."""
+    objects = render(overlay)
+    statefulset = only(objects, "StatefulSet")
+    cont = container(statefulset)
+    env = {v["name"]: v for v in cont["env"]}
+    assert env["NODE_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    names = [v["name"] for v in cont["env"]]
+    advertised = env["NODE_ADVERTISED_URL"]["value"]
+    # $(NAME) expands only names defined before it
+    assert names.index("NODE_ID") < names.index("NODE_ADVERTISED_URL")
+    assert names.index("POD_NAMESPACE") < names.index("NODE_ADVERTISED_URL")
+    headless = statefulset["spec"]["serviceName"]
+    assert advertised == (
+        f"http://$(NODE_ID).{headless}.$(POD_NAMESPACE).svc.cluster.local:"
+        f"{effective(objects, 'http_port')}"
+    )
+
+    etcd = render("etcd")
+    members = only(etcd, "StatefulSet")
+    etcd_headless = only(etcd, "Service", members["spec"]["serviceName"])
+    assert etcd_headless["spec"]["clusterIP"] == "None"
+    client_port = resolve_port(container(members), "client")
+    replicas = members["spec"]["replicas"]
+    assert replicas == 3
+    expected = ",".join(
+        f"{members['metadata']['name']}-{i}.{etcd_headless['metadata']['name']}:{client_port}"
+        for i in range(replicas)
+    )
+    url = node_variables(objects)["NODE_METADATA_URL"]
+    assert url == f"etcd://{expected}/storage"
+    from node.client.metadata.etcd import parse_url
+
+    endpoints, prefix = parse_url(url)
+    assert len(endpoints) == replicas and prefix == "/storage/"
+    args = " ".join(container(members)["args"])
+    for i in range(replicas):
+        assert f"{members['metadata']['name']}-{i}=http://" in args
+    assert only(etcd, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1

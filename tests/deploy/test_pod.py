@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.deploy.pod import ADMIN_TOKEN, pod_environment
+from tests.deploy.pod import ADMIN_TOKEN, NO_METADATA_STORE, pod_environment
 from tests.deploy.podrun import POD_IP, PROBE_OK, PodSpec, Probe, run_pod
 from tests.deploy.render import OVERLAYS, REPO, container, of_kind, only, render, resolve_port
 
@@ -94,6 +94,7 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
     probes.append(Probe(http_port, SETTINGS_PATH, token=True))
 
     with pod_environment(objects, _image_env(), tmp_path / "root") as env:
+        env.update(NO_METADATA_STORE)
         report = run_pod(
             PodSpec(
                 argv=[*_entrypoint(), *cont["args"]],
@@ -122,6 +123,8 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
             assert config["wal_path"] == env["NODE_WAL_PATH"]
             assert env["NODE_WAL_PATH"].startswith("/dev/loop")
         assert config["node_id"] == int(env["NODE_NODE_ID"])
+        assert config["id"] == f"{statefulset['metadata']['name']}-0" == env["NODE_ID"]
+        assert config["metadata_url"] == env["NODE_METADATA_URL"]
         assert config["admin_token"] == "******"
         assert config["offload_store"] == env.get("NODE_OFFLOAD_STORE", "local")
         # The Secret's token guards writes; with it they succeed.

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,23 +12,8 @@ import pytest
 from node.client.metadata.etcd import EtcdStore
 from node.client.model import cookie_key, node_key
 from node.replication.cookie import Cookie
-from tests.harness.etcd import EtcdServer, running_etcd
+from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
-    """One etcd per module; every test works under a prefix of its own."""
-    with running_etcd(tmp_path_factory.mktemp("etcd")) as server:
-        yield server
-
-
-@pytest.fixture
-def own_etcd(tmp_path: Path) -> Iterator[EtcdServer]:
-    """An etcd of this test's own, which it may kill and restart."""
-    (tmp_path / "etcd").mkdir()
-    with running_etcd(tmp_path / "etcd") as server:
-        yield server
 
 
 def fresh_prefix() -> str:

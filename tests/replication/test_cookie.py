@@ -18,11 +18,11 @@ from node.client.metadata.etcd import EtcdStore
 from node.client.model import CLUSTER_KEY, cookie_key
 from node.replication import cookie
 from node.replication.cookie import COOKIE_FILE, Cookie
+from node.settings import Settings
 from node.storage import journal
 from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.replication._identity import (
-    etcd,  # noqa: F401 (fixture)
     fresh_prefix,
     refused,
     replicated_node,
@@ -283,3 +283,60 @@ async def test_check_against_the_store_in_process(
         assert Cookie.decode((await store.get(cookie_key("n7"))).value, "s") == made  # type: ignore[union-attr]
     finally:
         await store.close()
+
+
+def test_ring_header_carries_the_instance_and_version_2_still_reads() -> None:
+    from node.storage import blockwal
+    from node.storage.blockwal import Shutdown, WalHeader
+
+    instance = uuid.uuid4().bytes
+    header = WalHeader(1 << 20, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL, instance_id=instance)
+    assert blockwal.decode_header(blockwal.encode_header(header)) == header
+    old = header._replace(version=2, instance_id=blockwal.NO_INSTANCE)
+    data = blockwal.encode_header(old)
+    assert len(data) == 72  # version 2's layout, as rings written before hold it
+    assert blockwal.decode_header(data.ljust(blockwal.HEADER_SLOT_SIZE, b"\0")) == old
+
+
+def test_ring_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
+    from node.storage import blockwal
+
+    prefix = fresh_prefix()
+    ring = tmp_path / "wal.img"
+    env = {
+        "NODE_WAL_KIND": "blockdev",
+        "NODE_WAL_PATH": str(ring),
+        "NODE_WAL_CAPACITY": str(16 << 20),
+    }
+    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1", **env)
+    node.start()
+    node.kill()
+    local = _local(node.data_dir)
+    assert cookie.wal_instances(node_settings(node)) == [(str(ring), local.instance_id)]
+
+    # The ring's newest header now names another instance (a volume of another pod).
+    data = ring.read_bytes()[: blockwal.HEADER_AREA]
+    slots = [
+        blockwal.decode_header(data[i * blockwal.HEADER_SLOT_SIZE :])
+        for i in range(blockwal.HEADER_SLOTS)
+    ]
+    newest = max(slots, key=lambda h: h.sequence)
+    stranger = uuid.uuid4()
+    forged = newest._replace(sequence=newest.sequence + 1, instance_id=stranger.bytes)
+    with ring.open("r+b") as f:
+        f.seek((forged.sequence % blockwal.HEADER_SLOTS) * blockwal.HEADER_SLOT_SIZE)
+        f.write(blockwal.encode_header(forged))
+
+    log = refused(node)
+    assert str(stranger) in log and local.instance_id in log and str(ring) in log
+
+
+def node_settings(node: NodeProcess) -> Settings:
+    from tests.harness.settings import make_settings
+
+    return make_settings(
+        node.data_dir,
+        wal_kind=node.env["NODE_WAL_KIND"],
+        wal_path=Path(node.env["NODE_WAL_PATH"]),
+        wal_capacity=int(node.env["NODE_WAL_CAPACITY"]),
+    )

@@ -16,9 +16,7 @@ from node.settings import Settings
 from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.replication._identity import (
-    etcd,  # noqa: F401 (fixture)
     fresh_prefix,
-    own_etcd,  # noqa: F401 (fixture)
     registration,
     replicated_node,
 )
@@ -112,7 +110,9 @@ def test_registers_again_when_the_store_loses_the_lease(
     tmp_path: Path, own_etcd: EtcdServer
 ) -> None:
     prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", own_etcd, prefix, "n1", NODE_REGISTRATION_TTL_S=SHORT_TTL)
+    node = replicated_node(
+        tmp_path / "n1", own_etcd, prefix, "n1", NODE_REGISTRATION_TTL_S=SHORT_TTL
+    )
     node.start()
     _wait(lambda: _info(own_etcd, prefix, "n1") is not None, 5, "nodes/n1 after start")
 

@@ -177,7 +177,7 @@ def test_header_round_trip(
     end = 0 if records is None else trim + min(records, capacity - HEADER_AREA)
     header = WalHeader(capacity, trim, sequence, written_ms, window, node_id, shutdown, end)
     data = blockwal.encode_header(header)
-    assert len(data) == HEADER_SIZE == 72
+    assert len(data) == HEADER_SIZE == 88
     assert data[:4] == b"BKWH"
     assert blockwal.decode_header(data.ljust(HEADER_SLOT_SIZE, b"\0")) == header
 
