@@ -10,7 +10,9 @@ delay S    each chunk is delivered S seconds after it arrived (order kept)
 hold       chunks wait, in order, until the rule changes (``release``): a request that reached
            nobody yet, or an answer the client has not seen
 drop       chunks are read and thrown away (a partition); a connection that lost bytes is
-           reset when the rule changes, since its byte stream has a hole
+           reset when the rule changes, since its byte stream has a hole, or (``heal(
+           keep_cut=True)``) stays cut for good while new connections pass: its request is
+           never answered and never retried
 reset      every open connection is reset (RST) and new ones are reset at once
 =========  ===================================================================================
 
@@ -93,6 +95,7 @@ class _Pipe:
         self.client = client
         self.node = node
         self.lost_bytes = False
+        self.cut = False  # for good: whatever comes is dropped, the connection stays open
         self.tasks: list[asyncio.Task[None]] = []
         for direction, (src, dst) in {
             Direction.UP: (client[0], node[1]),
@@ -117,7 +120,7 @@ class _Pipe:
                     line = data.split(b"\r\n", 1)[0][:REQUEST_LINE_MAX]
                     counters.requests.append(line.decode("latin-1"))
                 rule = self.proxy.rules[direction]
-                if rule.action is Action.DROP:
+                if rule.action is Action.DROP or self.cut:
                     counters.dropped[direction] += len(data)
                     self.lost_bytes = True
                     continue
@@ -138,7 +141,7 @@ class _Pipe:
                 due, rule, data = await queue.get()
                 if rule.action is Action.HOLD:
                     await self.proxy.released(direction)
-                    if self.proxy.rules[direction].action is Action.DROP:
+                    if self.proxy.rules[direction].action is Action.DROP or self.cut:
                         self.proxy.counters.dropped[direction] += len(data)
                         self.lost_bytes = True
                         continue
@@ -205,8 +208,11 @@ class Proxy:
     async def released(self, direction: Direction) -> None:
         await self._open[direction].wait()
 
-    def set(self, rule: Rule, direction: Direction | None = None) -> None:
-        """``rule`` for one direction, or both when ``direction`` is None."""
+    def set(
+        self, rule: Rule, direction: Direction | None = None, *, keep_cut: bool = False
+    ) -> None:
+        """``rule`` for one direction, or both when ``direction`` is None. ``keep_cut``: when
+        no direction drops any more, connections that lost bytes stay cut instead of reset."""
         for d in [direction] if direction else list(Direction):
             self.rules[d] = rule
             if rule.action is Action.HOLD:
@@ -217,7 +223,9 @@ class Proxy:
             self.reset()
         elif all(r.action is not Action.DROP for r in self.rules.values()):
             for pipe in list(self._pipes):
-                if pipe.lost_bytes:
+                if pipe.lost_bytes and keep_cut:
+                    pipe.cut = True
+                elif pipe.lost_bytes and not pipe.cut:
                     self._reset_pipe(pipe)
 
     def hold(self, direction: Direction | None = None) -> None:
@@ -233,9 +241,10 @@ class Proxy:
         """Back to pass: what was held is delivered, in order."""
         self.set(PASS, direction)
 
-    def heal(self) -> None:
-        """Both directions pass (connections that lost bytes are reset)."""
-        self.set(PASS)
+    def heal(self, *, keep_cut: bool = False) -> None:
+        """Both directions pass; connections that lost bytes are reset or, with ``keep_cut``,
+        stay cut (a request that vanished in a partition and is never retried)."""
+        self.set(PASS, keep_cut=keep_cut)
 
     def reset(self) -> None:
         """Resets every open connection (the rules stay)."""

@@ -183,3 +183,25 @@ async def test_mesh_gives_each_client_its_own_way_to_each_node(upstream: Upstrea
         assert len(mesh.to_node("n0")) == 2
     finally:
         await mesh.close()
+
+
+async def test_healing_may_leave_a_cut_connection_cut_while_new_ones_pass(
+    proxy: Proxy, upstream: Upstream
+) -> None:
+    """The request in flight during a partition never arrives, not even later, and its
+    connection is not reset (a client would retry on a reset); new connections flow."""
+    reader, writer = await connect(proxy)
+    proxy.drop()
+    writer.write(b"fence")
+    await asyncio.sleep(SETTLE_S)
+    proxy.heal(keep_cut=True)
+    writer.write(b"more")
+    fresh_reader, fresh_writer = await connect(proxy)
+    fresh_writer.write(b"read")
+    assert await asyncio.wait_for(fresh_reader.readexactly(4), 5) == b"read"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readexactly(1), SETTLE_S)
+    assert upstream.received == b"read"
+    assert proxy.counters.resets == 0
+    writer.close()
+    fresh_writer.close()
