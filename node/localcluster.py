@@ -315,6 +315,11 @@ class LocalCluster:
         """SIGKILL: a crash (what the node had not fsynced is gone)."""
         self.nodes[node_id].kill()
 
+    def terminate(self, node_id: str) -> None:
+        """SIGTERM and wait: a clean stop (the node flushes what it holds in memory to its
+        entry logs and revokes its registration)."""
+        self.nodes[node_id].stop()
+
     def stop(self, node_id: str) -> None:
         """SIGSTOP: the node keeps its sockets and answers nothing (a pause, a long GC)."""
         self.nodes[node_id].signal(signal.SIGSTOP)

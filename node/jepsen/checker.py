@@ -15,10 +15,12 @@ phantom        the ledger holds bytes no add of the history wrote
 read_mismatch  an entry a client read during the run differs from the final ledger
 not_closed     the metadata is not CLOSED after recovery
 unreadable     a reader could not read the ledger at all (the check could not be made)
+twice          two acknowledged adds of different bytes were given the same id
 =============  ==============================================================================
 
-``info`` operations (unknown outcomes) may be present or absent: no rule names them, except
-that their bytes are not phantoms.
+``info`` operations (unknown outcomes), and adds invoked that never completed (their process
+was killed: ``unfinished`` in the counts), may be present or absent: no rule names them,
+except that their bytes are not phantoms.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class _Expected:
     written: set[str] = field(default_factory=set)  # every digest any add carried
     ends: list[tuple[str, int]] = field(default_factory=list)  # ok close/recover: (f, end)
     reads: list[tuple[int, str]] = field(default_factory=list)  # ok reads: (id, digest)
+    twice: set[int] = field(default_factory=set)  # ids two ok adds of other bytes were given
 
 
 def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
@@ -111,7 +114,10 @@ def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
         if op.f in ("add", "add_batch"):
             exp.written.update(op.digests())
             if op.type == "ok":
-                exp.acked.update(op.entries())
+                for entry, d in op.entries():
+                    if exp.acked.get(entry, d) != d:
+                        exp.twice.add(entry)
+                    exp.acked[entry] = d
             elif op.type == "fail":
                 exp.failed.update(op.digests())
         elif op.type == "ok" and op.f in ("close", "recover") and op.entry is not None:
@@ -121,6 +127,19 @@ def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
     return ledgers
 
 
+def _unfinished(history: Iterable[Op]) -> int:
+    """Adds invoked that never completed (their process died first): unknown, like info."""
+    open_adds: set[tuple[str, ...]] = set()
+    for op in history:
+        if op.f in ("add", "add_batch"):
+            key = (op.p, *op.digests())
+            if op.type == "invoke":
+                open_adds.add(key)
+            else:
+                open_adds.discard(key)
+    return len(open_adds)
+
+
 def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) -> Verdict:
     """Every ledger the history names must have been observed by at least one reader."""
     verdict = Verdict()
@@ -128,7 +147,7 @@ def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) 
     for op in history:
         if op.type != "invoke":
             types[op.type] = types.get(op.type, 0) + 1
-    verdict.counts = {**types, "ledgers": 0}
+    verdict.counts = {**types, "unfinished": _unfinished(history), "ledgers": 0}
     for ledger, exp in sorted(_expectations(history).items()):
         verdict.counts["ledgers"] += 1
         views = list(observed.get(ledger, []))
@@ -145,6 +164,8 @@ def _check_ledger(ledger: int, exp: _Expected, views: list[Observation]) -> list
     def bad(kind: str, entry: int | None, detail: str) -> None:
         found.append(Violation(kind, ledger, entry, detail))
 
+    for entry in sorted(exp.twice):
+        bad("twice", entry, "two acknowledged adds of different bytes got this id")
     readable = [v for v in views if v.last_entry_id is not None]
     for view in views:
         if view.last_entry_id is None:

@@ -14,6 +14,7 @@ appends line by line, so a SIGKILL loses at most a torn last line); ``load`` mer
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
@@ -112,6 +113,11 @@ def load(paths: Iterable[Path]) -> list[Op]:
     """Every file's operations, in time order."""
     ops = [op for path in paths for op in read_ops(path)]
     return sorted(ops, key=lambda op: op.t)
+
+
+async def load_async(paths: Iterable[Path]) -> list[Op]:
+    """``load`` off the event loop."""
+    return await asyncio.to_thread(load, list(paths))
 
 
 def merge(*histories: Iterable[Op]) -> list[Op]:

@@ -25,6 +25,7 @@ Step = Callable[[], Awaitable[None]]
 
 @dataclass
 class Fault:
+    kind: str  # one of Nemesis.kinds
     name: str  # what it did, for the report: "kill n2", "partition w0-n1"
     apply: Step
     heal: Step
@@ -74,7 +75,7 @@ class Nemesis:
         async def heal() -> None:
             await asyncio.to_thread(self.cluster.start, node)
 
-        return Fault(f"kill {node}", apply, heal)
+        return Fault("kill", f"kill {node}", apply, heal)
 
     def pause_node(self) -> Fault:
         node = self._node()
@@ -85,7 +86,7 @@ class Nemesis:
         async def heal() -> None:
             self.cluster.cont(node)
 
-        return Fault(f"pause {node}", apply, heal)
+        return Fault("pause", f"pause {node}", apply, heal)
 
     def partition(self) -> Fault:
         writer, node = self._link()
@@ -97,7 +98,7 @@ class Nemesis:
         async def heal() -> None:
             proxy.heal()
 
-        return Fault(f"partition {writer}-{node}", apply, heal)
+        return Fault("partition", f"partition {writer}-{node}", apply, heal)
 
     def delay(self) -> Fault:
         writer, node = self._link()
@@ -111,7 +112,8 @@ class Nemesis:
         async def heal() -> None:
             proxy.heal()
 
-        return Fault(f"delay {writer}-{node} {seconds}s {direction or 'both'}", apply, heal)
+        name = f"delay {writer}-{node} {seconds}s {direction or 'both'}"
+        return Fault("delay", name, apply, heal)
 
     def hold_acks(self) -> Fault:
         """The node stores the writer's adds; the writer does not hear of it until healed."""
@@ -124,7 +126,7 @@ class Nemesis:
         async def heal() -> None:
             proxy.release()
 
-        return Fault(f"hold acks {node}->{writer}", apply, heal)
+        return Fault("hold_acks", f"hold acks {node}->{writer}", apply, heal)
 
     def restart_etcd(self) -> Fault:
         async def apply() -> None:
@@ -133,7 +135,7 @@ class Nemesis:
         async def heal() -> None:
             await asyncio.to_thread(self.cluster.restart_etcd)
 
-        return Fault("etcd down", apply, heal)
+        return Fault("etcd", "etcd down", apply, heal)
 
     def kill_writer(self) -> Fault:
         writer = self.rng.choice(self.writers)
@@ -141,7 +143,7 @@ class Nemesis:
         async def apply() -> None:
             await writer.kill()
 
-        return Fault(f"kill writer {writer.config.process}", apply, _nothing)
+        return Fault("writer_kill", f"kill writer {writer.config.process}", apply, _nothing)
 
     async def heal_all(self) -> None:
         """Every node running and answering, etcd up, every link passing."""

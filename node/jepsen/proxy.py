@@ -119,6 +119,7 @@ class _Pipe:
                 if direction is Direction.UP and data.startswith(HTTP_METHODS):
                     line = data.split(b"\r\n", 1)[0][:REQUEST_LINE_MAX]
                     counters.requests.append(line.decode("latin-1"))
+                    self.proxy._on_request(line)
                 rule = self.proxy.rules[direction]
                 if rule.action is Action.DROP or self.cut:
                     counters.dropped[direction] += len(data)
@@ -180,6 +181,9 @@ class Proxy:
         self.counters = Counters()
         self._open: dict[Direction, asyncio.Event] = {}
         self._pipes: set[_Pipe] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # one per accepted connection
+        self._trigger: tuple[bytes, Rule, Direction | None] | None = None
+        self.triggered = asyncio.Event()
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -202,6 +206,7 @@ class Proxy:
             pipe.abort()
         for event in self._open.values():
             event.set()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -227,6 +232,20 @@ class Proxy:
                     pipe.cut = True
                 elif pipe.lost_bytes and not pipe.cut:
                     self._reset_pipe(pipe)
+
+    def on_request(self, prefix: str, rule: Rule, direction: Direction | None = None) -> None:
+        """Once: when a request whose first line starts with ``prefix`` arrives, ``rule`` is
+        set before that request goes on (so its answer, or the request itself, is caught
+        exactly). ``triggered`` is set then."""
+        self.triggered.clear()
+        self._trigger = (prefix.encode("latin-1"), rule, direction)
+
+    def _on_request(self, line: bytes) -> None:
+        if self._trigger is not None and line.startswith(self._trigger[0]):
+            _, rule, direction = self._trigger
+            self._trigger = None
+            self.set(rule, direction)
+            self.triggered.set()
 
     def hold(self, direction: Direction | None = None) -> None:
         self.set(HOLD, direction)
@@ -260,6 +279,15 @@ class Proxy:
         return len(self._pipes)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        try:
+            await self._forward(reader, writer)
+        finally:
+            self._handlers.discard(handler)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.counters.connections += 1
         if Action.RESET in (self.rules[Direction.UP].action, self.rules[Direction.DOWN].action):
             self.counters.resets += 1

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from node.client import Client, ClientError
 from node.jepsen.checker import Verdict, check_cluster
-from node.jepsen.history import History, load, merge
+from node.jepsen.history import History, load_async, merge
 from node.jepsen.nemesis import Nemesis
 from node.jepsen.proxy import ProxyMesh
 from node.jepsen.workload import ChildWriter, WriterConfig
@@ -47,6 +47,7 @@ RECOVERY_RETRY_S = 2.0  # ... after this pause
 class RunResult:
     seed: int
     faults: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # of the faults
     verdict: Verdict | None = None
     error: str = ""
     seconds: float = 0.0
@@ -116,6 +117,7 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
             await asyncio.sleep(rng.uniform(0, seconds / MAX_FAULTS))
             fault = nemesis.random_fault()
             result.faults.append(fault.name)
+            result.kinds.append(fault.kind)
             await fault.apply()
             await asyncio.sleep(rng.uniform(FAULT_HOLD_MIN_S, FAULT_HOLD_MAX_S))
             await fault.heal()
@@ -129,8 +131,7 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
         finally:
             await asyncio.to_thread(recoverer.dump, work / "r.jsonl")
         ops = merge(
-            await asyncio.to_thread(load, [work / f"{w.config.process}.jsonl" for w in writers]),
-            recoverer.ops,
+            await load_async(work / f"{w.config.process}.jsonl" for w in writers), recoverer.ops
         )
         result.verdict = await check_cluster(ops, cluster.metadata_url)
     except (ClientError, RuntimeError, TimeoutError, OSError) as error:
@@ -183,7 +184,11 @@ def _write_verdict(work: Path, result: RunResult) -> None:
 
 def summarize(results: list[RunResult]) -> tuple[str, bool]:
     """The summary's text, and whether every run was clean."""
-    unknown = sum(r.verdict.counts.get("info", 0) for r in results if r.verdict)
+    unknown = sum(
+        r.verdict.counts.get("info", 0) + r.verdict.counts.get("unfinished", 0)
+        for r in results
+        if r.verdict
+    )
     acked = sum(r.verdict.counts.get("ok", 0) for r in results if r.verdict)
     violating = [r for r in results if r.verdict and not r.verdict.ok]
     errored = [r for r in results if r.error]
@@ -193,8 +198,8 @@ def summarize(results: list[RunResult]) -> tuple[str, bool]:
         f"clean: {sum(r.clean for r in results)}",
         f"with violations: {len(violating)} {dict(kinds) if kinds else ''}".rstrip(),
         f"could not be checked (errors): {len(errored)}",
-        f"operations ok: {acked}, unknown outcome (info): {unknown}",
-        f"faults: {dict(Counter(f.split()[0] for r in results for f in r.faults))}",
+        f"operations ok: {acked}, unknown outcome (info or unfinished): {unknown}",
+        f"faults: {dict(Counter(kind for r in results for kind in r.kinds))}",
     ]
     failing = [r.seed for r in violating + errored]
     if failing:

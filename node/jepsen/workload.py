@@ -2,8 +2,8 @@
 that a test or the nemesis may SIGKILL.
 
 ``Writer`` wraps a client's ledger handle: ``add``, ``add_batch`` and ``close`` log ``invoke``
-then ``ok``, ``fail`` (only AddFailed: the client sent nothing) or ``info`` (every other
-error: the outcome is unknown). Payloads are unique in a run (process, ledger, counter), so a
+then ``ok``, ``fail`` (NOTHING_SENT: the client sent nothing) or ``info`` (every other error:
+the outcome is unknown). Payloads are unique in a run (process, ledger, counter), so a
 digest names its add.
 
 As a child process (``python -m node.jepsen.workload CONFIG_JSON``) the writer appends its
@@ -35,9 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.client import AddFailed, Client, LedgerHandle
+from node.client import AddFailed, Client, LedgerClosedError, LedgerFencedError, LedgerHandle
 from node.jepsen.history import History, OpFunction, digest
 
+# The errors of an add that sent nothing (a handle already unusable): "fail", the add's bytes
+# must be nowhere. Every other error leaves the outcome unknown ("info").
+NOTHING_SENT = (AddFailed, LedgerClosedError, LedgerFencedError)
 NO_OK = -2  # answer of a command none of whose operations ended ok
 PAYLOAD_PAD = 64  # random bytes after a payload's unique name: not all payloads the same size
 
@@ -83,7 +86,7 @@ class Writer:
         return name + self.rng.randbytes(self.rng.randrange(PAYLOAD_PAD))
 
     def _outcome(self, f: OpFunction, error: BaseException, digests: str | list[str]) -> None:
-        if isinstance(error, AddFailed):
+        if isinstance(error, NOTHING_SENT):
             self.history.log("fail", f, self.ledger.id, None, digests)
         else:
             self.history.log("info", f, self.ledger.id, None, digests)

@@ -45,7 +45,7 @@ def view(name: str = "r0", last: int = 5, ids: list[int] | None = None) -> Obser
 def test_a_clean_run_is_clean() -> None:
     verdict = check(clean_history().ops, {LEDGER: [view("r0"), view("r1"), view("r2")]})
     assert verdict.ok, verdict
-    assert verdict.counts == {"ok": 6, "info": 1, "fail": 1, "ledgers": 1}
+    assert verdict.counts == {"ok": 6, "info": 1, "fail": 1, "unfinished": 0, "ledgers": 1}
 
 
 def test_info_may_be_absent() -> None:
@@ -153,3 +153,18 @@ def test_history_files_of_several_processes_merge_and_a_torn_line_is_a_kill(
     (tmp_path / "bad.jsonl").write_text('{"p":"w0","ty\n{"p":"w0"}\n')
     with pytest.raises(ValueError):
         list(read_ops(tmp_path / "bad.jsonl"))
+
+
+def test_an_add_whose_process_died_is_unfinished_and_may_be_there() -> None:
+    h = clean_history()
+    h.log("invoke", "add", LEDGER, None, digest(payload(6)))  # killed before the answer
+    ops = [op for op in h.ops if op.f != "recover"]
+    verdict = check(ops, {LEDGER: [view(last=6, ids=list(range(7)))]})
+    assert verdict.ok, verdict
+    assert verdict.counts["unfinished"] == 1
+
+
+def test_two_acknowledged_adds_at_one_id() -> None:
+    h = clean_history()
+    h.log("ok", "add", LEDGER, 2, digest(b"other"))
+    assert "twice" in check(h.ops, {LEDGER: [view()]}).kinds()

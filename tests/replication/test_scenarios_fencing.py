@@ -1,0 +1,271 @@
+"""Recovery against a writer that is still alive, on real processes, scripted through proxies
+and recovery's phases: BookKeeper's split brain (#2614, found with its TLA+ spec), recovery
+inside the last segment (#2615) and an I/O error that is not "no such entry" (#2908).
+
+The split brain runs twice per seed: with fencing recovery reads the checker finds nothing;
+with ``_unsafe_unfenced_recovery_reads=True`` it must find the acknowledged entry the recovery
+cut off, which proves the test can see the bug it guards against."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.client import Client, RecoveryFailed
+from node.jepsen.checker import Verdict, check_cluster
+from node.jepsen.history import History, Op, load_async, merge
+from node.jepsen.proxy import RESET, Direction, ProxyMesh
+from node.jepsen.workload import ChildWriter, Writer
+from node.localcluster import LocalCluster
+from tests.harness.cluster import MakeCluster, answered, last_ensemble, until, writer_config
+
+SEEDS = [1, 2, 3]
+MODES = {False: "fencing reads", True: "unfenced reads (the bug)"}
+OUTCOME_TIMEOUT_S = 30.0  # for the old writer's add to end once its held traffic flows
+
+
+class SplitBrain:
+    """The schedule of #2614 with E=Qw=3, Qa=2 on B1, B2, B3 (a seeded order of the ensemble),
+    the old writer W and the recoverer R each behind their own proxies:
+
+    1. W adds entry k (after k ok entries): only B2 gets it (W->B1, W->B3 held) and acks.
+    2. R's fencing LAC reads: the one to B3 is lost (B3 is not fenced by it); B1 and B2 cover.
+    3. R's recovery read of entry k: the one to B2 is held; B1 and B3 say "no such entry", which
+       is Qw-Qa+1 = 2 "absent" answers: R closes at k-1.
+    4. W's held add reaches B3: if R's read fenced B3, W gets "fenced" (its add is unknown,
+       nothing lost); if not, B3 acks, W has Qa acks and reports entry k ok: lost."""
+
+    def __init__(self, cluster: LocalCluster, mesh: ProxyMesh, seed: int, unsafe: bool) -> None:
+        self.cluster = cluster
+        self.mesh = mesh
+        self.rng = random.Random(seed)
+        self.unsafe = unsafe
+        self.recoverer = History("r")
+        self.b1 = self.b2 = self.b3 = ""
+
+    def place(self, ensemble: list[str]) -> None:
+        self.b1, self.b2, self.b3 = self.rng.sample(ensemble, 3)
+
+    def isolate_w(self) -> None:
+        self.mesh["w", self.b1].hold(Direction.UP)
+        self.mesh["w", self.b3].hold(Direction.UP)
+
+    async def recover(self, ledger_id: int) -> int:
+        mesh = self.mesh
+        overrides = await mesh.for_client("r")
+        mesh["r", self.b3].drop(Direction.UP)
+
+        async def phase(name: str, info: dict[str, Any]) -> None:
+            if name == "lac_read":
+                assert self.b3 not in info["answers"], "B3's LAC read was to be lost"
+                mesh["r", self.b2].hold(Direction.UP)
+                mesh["r", self.b3].heal(keep_cut=True)  # the lost fence stays lost
+
+        async with Client(
+            self.cluster.metadata_url,
+            address_override=overrides,
+            _unsafe_unfenced_recovery_reads=self.unsafe,
+        ) as client:
+            self.recoverer.log("invoke", "recover", ledger_id)
+            meta = await client.recover_ledger(ledger_id, on_phase=phase)
+            self.recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+        return int(meta["lastEntryId"])
+
+    def release_w_to_b3(self) -> None:
+        self.mesh["w", self.b3].release()
+
+    def release_w_to_b1(self) -> None:
+        self.mesh["w", self.b1].release()
+
+    async def verdict(self, writer_ops: list[Op]) -> Verdict:
+        for node in self.cluster.node_ids:
+            self.mesh["r", node].set(RESET)  # R's held read of entry k never arrives
+        return await check_cluster(merge(writer_ops, self.recoverer.ops), self.cluster.metadata_url)
+
+
+def assert_outcome(unsafe: bool, k: int, closed_at: int, outcome: str, verdict: Verdict) -> None:
+    assert closed_at == k - 1, "the recovery was to find entry k absent"
+    if unsafe:
+        assert outcome == "ok", "without fencing reads the old writer reaches Qa"
+        assert "short" in verdict.kinds(), verdict
+        assert {v.entry for v in verdict.violations if v.kind == "short"} == {k}
+    else:
+        assert outcome == "info", "the fenced add's outcome is unknown, never ok"
+        assert verdict.ok, verdict
+
+
+@pytest.mark.parametrize("unsafe", list(MODES), ids=list(MODES.values()))
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_split_brain_the_old_writer_s_add_is_fenced_and_nothing_acknowledged_is_lost(
+    cluster: LocalCluster, mesh: ProxyMesh, seed: int, unsafe: bool
+) -> None:
+    brain = SplitBrain(cluster, mesh, seed, unsafe)
+    history = History("w")
+    overrides = await mesh.for_client("w")
+    async with Client(cluster.metadata_url, address_override=overrides) as client:
+        writer = await Writer.create(client, history, brain.rng, 3, 3, 2)
+        k = brain.rng.randint(0, 4)
+        for _ in range(k):
+            assert await writer.add() >= 0
+        brain.place(await last_ensemble(client, writer.ledger.id))
+        brain.isolate_w()
+        b2_stored = answered(mesh["w", brain.b2])
+        add = asyncio.ensure_future(writer.add())
+        await until(b2_stored, f"entry {k} on B2")
+        closed_at = await brain.recover(writer.ledger.id)
+        brain.release_w_to_b3()
+        await asyncio.wait_for(asyncio.shield(add), OUTCOME_TIMEOUT_S)
+        brain.release_w_to_b1()
+    outcome = next(op.type for op in reversed(history.ops) if op.f == "add")
+    assert_outcome(unsafe, k, closed_at, outcome, await brain.verdict(history.ops))
+
+
+@pytest.mark.parametrize(
+    ("seed", "unsafe"), [(1, False), (2, False), (3, False), (1, True)], ids=str
+)
+async def test_split_brain_with_the_old_writer_paused(
+    cluster: LocalCluster, mesh: ProxyMesh, tmp_path: Path, seed: int, unsafe: bool
+) -> None:
+    """The same schedule with W a process that is SIGSTOPped while R recovers and SIGCONTed
+    after its held add has reached B3 (B3's answer waits in W's socket)."""
+    brain = SplitBrain(cluster, mesh, seed, unsafe)
+    config = writer_config(
+        cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
+    )
+    child = ChildWriter(config, tmp_path / "w.log")
+    ledger_id = await child.start()
+    try:
+        k = brain.rng.randint(0, 4)
+        if k:
+            assert await child.command(f"add {k}") == k - 1
+        async with Client(cluster.metadata_url) as client:
+            brain.place(await last_ensemble(client, ledger_id))
+        brain.isolate_w()
+        b2_stored = answered(mesh["w", brain.b2])
+        child.send("add 1")
+        await until(b2_stored, f"entry {k} on B2")
+        child.signal(signal.SIGSTOP)
+        closed_at = await brain.recover(ledger_id)
+        b3_answered = answered(mesh["w", brain.b3])
+        brain.release_w_to_b3()
+        await until(b3_answered, "B3's answer to the old writer")
+        child.signal(signal.SIGCONT)
+        last = await asyncio.wait_for(child.answer(), OUTCOME_TIMEOUT_S)
+        brain.release_w_to_b1()
+        assert await child.finish() == 0
+    finally:
+        child.signal(signal.SIGCONT)
+        await child.kill()
+    ops = await load_async([Path(config.history)])
+    outcome = next(op.type for op in reversed(ops) if op.f == "add")
+    assert (last == k) == (outcome == "ok")
+    assert_outcome(unsafe, k, closed_at, outcome, await brain.verdict(ops))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_recovery_stays_in_the_last_segment(
+    make_cluster: MakeCluster, tmp_path: Path, seed: int
+) -> None:
+    """#2615: E=Qw=3, Qa=2 on four nodes. The writer adds 10 entries, a node of the ensemble is
+    killed, the writer goes on in a new segment at 10 and is SIGKILLed a few entries later.
+    The removed node comes back (it answers, with old data and a low LAC): recovery starts
+    at the last segment's first entry - 1 or later, asks only the last segment's nodes (none
+    of its requests reaches the removed node's proxy) and keeps every acknowledged entry."""
+    rng = random.Random(seed)
+    cluster = await asyncio.to_thread(make_cluster, 4)
+    mesh = ProxyMesh({n: cluster.url(n) for n in cluster.node_ids})
+    try:
+        config = writer_config(
+            cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
+        )
+        child = ChildWriter(config, tmp_path / "w.log")
+        ledger_id = await child.start()
+        try:
+            assert await child.command("add 10") == 9
+            async with Client(cluster.metadata_url) as client:
+                removed = rng.choice(await last_ensemble(client, ledger_id))
+            await asyncio.to_thread(cluster.kill, removed)
+            after = rng.randint(1, 6)
+            assert await child.command(f"add {after}") == 9 + after
+            child.send(f"spawn {rng.randint(0, 3)}")  # adds in flight when it dies
+        finally:
+            await child.kill()
+        await asyncio.to_thread(cluster.start, removed)
+        recoverer = History("r")
+        phases: dict[str, Any] = {}
+
+        async def phase(name: str, info: dict[str, Any]) -> None:
+            phases.setdefault(name, info)
+
+        overrides = await mesh.for_client("r")
+        async with Client(cluster.metadata_url, address_override=overrides) as client:
+            segments = (await client.ledger_metadata(ledger_id))["segments"]
+            assert [s["firstEntryId"] for s in segments] == [0, 10]
+            assert removed not in segments[-1]["ensemble"]
+            recoverer.log("invoke", "recover", ledger_id)
+            meta = await client.recover_ledger(ledger_id, on_phase=phase)
+            recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+        assert phases["lac_read"]["start"] >= 9
+        assert removed not in phases["lac_read"]["answers"]
+        assert mesh["r", removed].counters.requests == [], "a recovery request went to it"
+        assert meta["lastEntryId"] >= 9 + after
+        ops = merge(await load_async([Path(config.history)]), recoverer.ops)
+        verdict = await check_cluster(ops, cluster.metadata_url)
+        assert verdict.ok, verdict
+    finally:
+        await mesh.close()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+async def test_an_io_error_on_a_replica_is_not_no_such_entry(
+    cluster: LocalCluster, mesh: ProxyMesh, tmp_path: Path, seed: int
+) -> None:
+    """#2908: E=Qw=3, Qa=2 on X, Y, Z. Entries past k reach X and Y only (acknowledged). The
+    writer is SIGKILLed; X restarts with every entry-log read failing (EIO), Y is down. For
+    the last entries X's answer is an error, Z's is "no such entry", Y's none: recovery must
+    fail (not close short: counting X's error as "absent" would make 2 = Qw-Qa+1). With Y back
+    it closes after every acknowledged entry."""
+    rng = random.Random(seed)
+    config = writer_config(
+        cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
+    )
+    child = ChildWriter(config, tmp_path / "w.log")
+    ledger_id = await child.start()
+    try:
+        k = rng.randint(1, 5)
+        assert await child.command(f"add {k}") == k - 1
+        async with Client(cluster.metadata_url) as client:
+            x, y, z = rng.sample(await last_ensemble(client, ledger_id), 3)
+        mesh["w", z].hold(Direction.UP)
+        more = rng.randint(1, 4)
+        assert await child.command(f"add {more}") == k + more - 1
+    finally:
+        await child.kill()
+    mesh["w", z].set(RESET)
+    # A clean stop flushes X's entries to its entry logs, where the restarted X must read them.
+    await asyncio.to_thread(cluster.terminate, x)
+    faults = {"NODE_FAULTS": json.dumps(["entrylog.read=eio"])}
+    await asyncio.to_thread(cluster.start, x, faults)
+    await asyncio.to_thread(cluster.kill, y)
+    recoverer = History("r")
+    async with Client(cluster.metadata_url) as client:
+        recoverer.log("invoke", "recover", ledger_id)
+        with pytest.raises(RecoveryFailed, match="io_error"):
+            await client.recover_ledger(ledger_id)
+        recoverer.log("info", "recover", ledger_id)
+        assert (await client.ledger_metadata(ledger_id))["state"] == "IN_RECOVERY"
+    await asyncio.to_thread(cluster.start, y)
+    async with Client(cluster.metadata_url) as client:
+        recoverer.log("invoke", "recover", ledger_id)
+        meta = await client.recover_ledger(ledger_id)
+        recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+    assert meta["lastEntryId"] == k + more - 1
+    ops = merge(await load_async([Path(config.history)]), recoverer.ops)
+    verdict = await check_cluster(ops, cluster.metadata_url)
+    assert verdict.ok, verdict
