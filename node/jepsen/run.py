@@ -28,7 +28,7 @@ from node.jepsen.checker import Verdict, check_cluster
 from node.jepsen.history import History, load_async, merge
 from node.jepsen.nemesis import Nemesis
 from node.jepsen.proxy import ProxyMesh
-from node.jepsen.workload import ChildWriter, WriterConfig
+from node.jepsen.workload import ChildWriter, WriterConfig, recover
 from node.localcluster import LocalCluster
 
 NODES = 5  # enough for E=4 with a spare, so a failed node can always be replaced
@@ -73,17 +73,13 @@ async def _recover_all(metadata_url: str, ledgers: list[int], history: History) 
     async with Client(metadata_url) as client:
         for lid in ledgers:
             for attempt in range(1, RECOVERY_ATTEMPTS + 1):
-                history.log("invoke", "recover", lid)
                 try:
-                    meta = await client.recover_ledger(lid)
+                    await recover(client, history, lid)
+                    break
                 except ClientError:
-                    history.log("info", "recover", lid)
                     if attempt == RECOVERY_ATTEMPTS:
                         raise
                     await asyncio.sleep(RECOVERY_RETRY_S)
-                    continue
-                history.log("ok", "recover", lid, meta["lastEntryId"])
-                break
 
 
 async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) -> RunResult:

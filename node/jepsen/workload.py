@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from node.client import AddFailed, Client, LedgerClosedError, LedgerFencedError, LedgerHandle
+from node.client.recovery import PhaseHook
 from node.jepsen.history import History, OpFunction, digest
 
 # The errors of an add that sent nothing (a handle already unusable): "fail", the add's bytes
@@ -154,6 +155,20 @@ class Writer:
     async def wait_pending(self) -> None:
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
+
+
+async def recover(
+    client: Client, history: History, ledger_id: int, on_phase: PhaseHook | None = None
+) -> dict[str, Any]:
+    """``client.recover_ledger`` logged: ok with the lastEntryId it closed at, info on error."""
+    history.log("invoke", "recover", ledger_id)
+    try:
+        meta = await client.recover_ledger(ledger_id, on_phase=on_phase)
+    except Exception:
+        history.log("info", "recover", ledger_id)
+        raise
+    history.log("ok", "recover", ledger_id, meta["lastEntryId"])
+    return meta
 
 
 def make_client(config: WriterConfig, overrides: Mapping[str, str] | None = None) -> Client:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from node.client import Client
+from node.jepsen.history import Op, load_async
 from node.jepsen.proxy import Direction, Proxy, ProxyMesh
-from node.jepsen.workload import WriterConfig
+from node.jepsen.workload import ChildWriter, WriterConfig
 from node.localcluster import LocalCluster
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 
@@ -86,11 +86,22 @@ async def last_ensemble(client: Client, ledger_id: int) -> list[str]:
     return list(meta["segments"][-1]["ensemble"])
 
 
-def writer_config(cluster: LocalCluster, process: str, tmp_path: Path, **kw: Any) -> WriterConfig:
-    """A child writer's configuration; its history file under ``tmp_path``."""
-    return WriterConfig(
+async def child_writer(
+    cluster: LocalCluster, mesh: ProxyMesh, tmp_path: Path, seed: int, process: str = "w"
+) -> tuple[ChildWriter, int]:
+    """A writer process behind its own proxies (client ``process`` of ``mesh``), its history
+    in ``tmp_path/<process>.jsonl``, started: (it, the id of the ledger it created). The test
+    kills it."""
+    config = WriterConfig(
         metadata_url=cluster.metadata_url,
         process=process,
         history=str(tmp_path / f"{process}.jsonl"),
-        **kw,
+        seed=seed,
+        address_override=await mesh.for_client(process),
     )
+    child = ChildWriter(config, tmp_path / f"{process}.log")
+    return child, await child.start()
+
+
+async def writer_history(child: ChildWriter) -> list[Op]:
+    return await load_async([Path(child.config.history)])

@@ -35,10 +35,17 @@ TRIGGER_TIMEOUT_S = 30.0  # for the change's request to reach the proxy
 
 
 @asynccontextmanager
-async def etcd_proxy(cluster: LocalCluster) -> AsyncIterator[Proxy]:
+async def writing(cluster: LocalCluster, seed: int) -> AsyncIterator[tuple[Proxy, Client, Writer]]:
+    """A writer (E=Qw=3, Qa=2) that reaches etcd through a proxy, a few entries added."""
+    rng = random.Random(seed)
     proxy = await Proxy("127.0.0.1", cluster.etcd.client_port, "etcd").start()
     try:
-        yield proxy
+        url = f"etcd://127.0.0.1:{proxy.port}/{cluster.prefix}"
+        async with Client(url, rng=random.Random(seed)) as client:
+            writer = await Writer.create(client, History("w"), rng, 3, 3, 2)
+            for _ in range(rng.randint(1, 10)):
+                assert await writer.add() >= 0
+            yield proxy, client, writer
     finally:
         await proxy.close()
 
@@ -73,23 +80,16 @@ def agree(handle_meta: LedgerMetadata, store_meta: dict[str, Any]) -> None:
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("seed", SEEDS)
 async def test_etcd_lost_during_a_close(cluster: LocalCluster, seed: int, way: str) -> None:
-    rng = random.Random(seed)
-    history = History("w")
-    async with etcd_proxy(cluster) as proxy:
-        url = f"etcd://127.0.0.1:{proxy.port}/{cluster.prefix}"
-        async with Client(url, rng=random.Random(seed)) as client:
-            writer = await Writer.create(client, history, rng, 3, 3, 2)
-            for _ in range(rng.randint(1, 10)):
-                assert await writer.add() >= 0
-            closing: list[asyncio.Future[int]] = []
-            start = lambda: closing.append(asyncio.ensure_future(writer.close()))  # noqa: E731
-            await lose_a_change(way, cluster, proxy, rng, start)
-            closed_at = await closing[0]
-            assert closed_at == writer.last_ok, "the close did not end at the writer's LAC"
-            store_meta = await client.ledger_metadata(writer.ledger.id)
-            assert store_meta["state"] == "CLOSED"
-            agree(writer.ledger.metadata, store_meta)
-    verdict = await check_cluster(history.ops, cluster.metadata_url)
+    async with writing(cluster, seed) as (proxy, client, writer):
+        closing: list[asyncio.Future[int]] = []
+        start = lambda: closing.append(asyncio.ensure_future(writer.close()))  # noqa: E731
+        await lose_a_change(way, cluster, proxy, writer.rng, start)
+        closed_at = await closing[0]
+        assert closed_at == writer.last_ok, "the close did not end at the writer's LAC"
+        store_meta = await client.ledger_metadata(writer.ledger.id)
+        assert store_meta["state"] == "CLOSED"
+        agree(writer.ledger.metadata, store_meta)
+    verdict = await check_cluster(writer.history.ops, cluster.metadata_url)
     assert verdict.ok, verdict
 
 
@@ -98,23 +98,17 @@ async def test_etcd_lost_during_a_close(cluster: LocalCluster, seed: int, way: s
 async def test_etcd_lost_during_an_ensemble_change(
     make_cluster: MakeCluster, seed: int, way: str
 ) -> None:
-    rng = random.Random(seed)
     cluster = await asyncio.to_thread(make_cluster, 4)
-    history = History("w")
-    async with etcd_proxy(cluster) as proxy:
-        url = f"etcd://127.0.0.1:{proxy.port}/{cluster.prefix}"
-        async with Client(url, rng=random.Random(seed)) as client:
-            writer = await Writer.create(client, history, rng, 3, 3, 2)
-            for _ in range(rng.randint(1, 10)):
-                assert await writer.add() >= 0
-            victim = rng.choice(await last_ensemble(client, writer.ledger.id))
-            await asyncio.to_thread(cluster.kill, victim)
-            await lose_a_change(way, cluster, proxy, rng, lambda: writer.spawn(4))
-            await writer.wait_pending()
-            assert {op.type for op in history.ops} == {"invoke", "ok"}, "an add did not succeed"
-            store_meta = await client.ledger_metadata(writer.ledger.id)
-            assert victim not in store_meta["segments"][-1]["ensemble"]
-            agree(writer.ledger.metadata, store_meta)
-            assert await writer.close() == writer.last_ok
-    verdict = await check_cluster(history.ops, cluster.metadata_url)
+    async with writing(cluster, seed) as (proxy, client, writer):
+        victim = writer.rng.choice(await last_ensemble(client, writer.ledger.id))
+        await asyncio.to_thread(cluster.kill, victim)
+        await lose_a_change(way, cluster, proxy, writer.rng, lambda: writer.spawn(4))
+        await writer.wait_pending()
+        types = {op.type for op in writer.history.ops}
+        assert types == {"invoke", "ok"}, "an add did not succeed"
+        store_meta = await client.ledger_metadata(writer.ledger.id)
+        assert victim not in store_meta["segments"][-1]["ensemble"]
+        agree(writer.ledger.metadata, store_meta)
+        assert await writer.close() == writer.last_ok
+    verdict = await check_cluster(writer.history.ops, cluster.metadata_url)
     assert verdict.ok, verdict

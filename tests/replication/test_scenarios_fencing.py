@@ -19,11 +19,18 @@ import pytest
 
 from node.client import Client, RecoveryFailed
 from node.jepsen.checker import Verdict, check_cluster
-from node.jepsen.history import History, Op, load_async, merge
+from node.jepsen.history import History, Op, merge
 from node.jepsen.proxy import RESET, Direction, ProxyMesh
-from node.jepsen.workload import ChildWriter, Writer
+from node.jepsen.workload import Writer, recover
 from node.localcluster import LocalCluster
-from tests.harness.cluster import MakeCluster, answered, last_ensemble, until, writer_config
+from tests.harness.cluster import (
+    MakeCluster,
+    answered,
+    child_writer,
+    last_ensemble,
+    until,
+    writer_history,
+)
 
 SEEDS = [1, 2, 3]
 MODES = {False: "fencing reads", True: "unfenced reads (the bug)"}
@@ -72,9 +79,7 @@ class SplitBrain:
             address_override=overrides,
             _unsafe_unfenced_recovery_reads=self.unsafe,
         ) as client:
-            self.recoverer.log("invoke", "recover", ledger_id)
-            meta = await client.recover_ledger(ledger_id, on_phase=phase)
-            self.recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+            meta = await recover(client, self.recoverer, ledger_id, phase)
         return int(meta["lastEntryId"])
 
     def release_w_to_b3(self) -> None:
@@ -135,11 +140,7 @@ async def test_split_brain_with_the_old_writer_paused(
     """The same schedule with W a process that is SIGSTOPped while R recovers and SIGCONTed
     after its held add has reached B3 (B3's answer waits in W's socket)."""
     brain = SplitBrain(cluster, mesh, seed, unsafe)
-    config = writer_config(
-        cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
-    )
-    child = ChildWriter(config, tmp_path / "w.log")
-    ledger_id = await child.start()
+    child, ledger_id = await child_writer(cluster, mesh, tmp_path, seed)
     try:
         k = brain.rng.randint(0, 4)
         if k:
@@ -162,7 +163,7 @@ async def test_split_brain_with_the_old_writer_paused(
     finally:
         child.signal(signal.SIGCONT)
         await child.kill()
-    ops = await load_async([Path(config.history)])
+    ops = await writer_history(child)
     outcome = next(op.type for op in reversed(ops) if op.f == "add")
     assert (last == k) == (outcome == "ok")
     assert_outcome(unsafe, k, closed_at, outcome, await brain.verdict(ops))
@@ -181,11 +182,7 @@ async def test_recovery_stays_in_the_last_segment(
     cluster = await asyncio.to_thread(make_cluster, 4)
     mesh = ProxyMesh({n: cluster.url(n) for n in cluster.node_ids})
     try:
-        config = writer_config(
-            cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
-        )
-        child = ChildWriter(config, tmp_path / "w.log")
-        ledger_id = await child.start()
+        child, ledger_id = await child_writer(cluster, mesh, tmp_path, seed)
         try:
             assert await child.command("add 10") == 9
             async with Client(cluster.metadata_url) as client:
@@ -208,14 +205,12 @@ async def test_recovery_stays_in_the_last_segment(
             segments = (await client.ledger_metadata(ledger_id))["segments"]
             assert [s["firstEntryId"] for s in segments] == [0, 10]
             assert removed not in segments[-1]["ensemble"]
-            recoverer.log("invoke", "recover", ledger_id)
-            meta = await client.recover_ledger(ledger_id, on_phase=phase)
-            recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+            meta = await recover(client, recoverer, ledger_id, phase)
         assert phases["lac_read"]["start"] >= 9
         assert removed not in phases["lac_read"]["answers"]
         assert mesh["r", removed].counters.requests == [], "a recovery request went to it"
         assert meta["lastEntryId"] >= 9 + after
-        ops = merge(await load_async([Path(config.history)]), recoverer.ops)
+        ops = merge(await writer_history(child), recoverer.ops)
         verdict = await check_cluster(ops, cluster.metadata_url)
         assert verdict.ok, verdict
     finally:
@@ -232,11 +227,7 @@ async def test_an_io_error_on_a_replica_is_not_no_such_entry(
     fail (not close short: counting X's error as "absent" would make 2 = Qw-Qa+1). With Y back
     it closes after every acknowledged entry."""
     rng = random.Random(seed)
-    config = writer_config(
-        cluster, "w", tmp_path, seed=seed, address_override=await mesh.for_client("w")
-    )
-    child = ChildWriter(config, tmp_path / "w.log")
-    ledger_id = await child.start()
+    child, ledger_id = await child_writer(cluster, mesh, tmp_path, seed)
     try:
         k = rng.randint(1, 5)
         assert await child.command(f"add {k}") == k - 1
@@ -255,17 +246,13 @@ async def test_an_io_error_on_a_replica_is_not_no_such_entry(
     await asyncio.to_thread(cluster.kill, y)
     recoverer = History("r")
     async with Client(cluster.metadata_url) as client:
-        recoverer.log("invoke", "recover", ledger_id)
         with pytest.raises(RecoveryFailed, match="io_error"):
-            await client.recover_ledger(ledger_id)
-        recoverer.log("info", "recover", ledger_id)
+            await recover(client, recoverer, ledger_id)
         assert (await client.ledger_metadata(ledger_id))["state"] == "IN_RECOVERY"
     await asyncio.to_thread(cluster.start, y)
     async with Client(cluster.metadata_url) as client:
-        recoverer.log("invoke", "recover", ledger_id)
-        meta = await client.recover_ledger(ledger_id)
-        recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+        meta = await recover(client, recoverer, ledger_id)
     assert meta["lastEntryId"] == k + more - 1
-    ops = merge(await load_async([Path(config.history)]), recoverer.ops)
+    ops = merge(await writer_history(child), recoverer.ops)
     verdict = await check_cluster(ops, cluster.metadata_url)
     assert verdict.ok, verdict

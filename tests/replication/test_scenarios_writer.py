@@ -12,11 +12,18 @@ import pytest
 
 from node.client import Client
 from node.jepsen.checker import check_cluster
-from node.jepsen.history import History, load_async, merge
+from node.jepsen.history import History, merge
 from node.jepsen.proxy import RESET, Direction, ProxyMesh
-from node.jepsen.workload import ChildWriter, Writer
+from node.jepsen.workload import Writer, recover
 from node.localcluster import LocalCluster
-from tests.harness.cluster import MakeCluster, answered, last_ensemble, until, writer_config
+from tests.harness.cluster import (
+    MakeCluster,
+    answered,
+    child_writer,
+    last_ensemble,
+    until,
+    writer_history,
+)
 
 SEEDS = [1, 2, 3]
 SHAPES = {1: (3, 3, 2), 2: (3, 2, 2), 3: (3, 3, 2)}  # (E, Qw, Qa) by seed: one striped
@@ -60,10 +67,7 @@ async def test_a_killed_writer_s_entries_at_qa_minus_1_and_qa_copies_are_recover
     writer process is SIGKILLed; a recovery from this process closes at k+1 or later: an entry
     any replica returns is kept."""
     rng = random.Random(seed)
-    overrides = await mesh.for_client("w")
-    config = writer_config(cluster, "w", tmp_path, seed=seed, address_override=overrides)
-    child = ChildWriter(config, tmp_path / "w.log")
-    ledger_id = await child.start()
+    child, ledger_id = await child_writer(cluster, mesh, tmp_path, seed)
     try:
         k = rng.randint(1, 8)
         assert await child.command(f"add {k}") == k - 1
@@ -84,11 +88,9 @@ async def test_a_killed_writer_s_entries_at_qa_minus_1_and_qa_copies_are_recover
         mesh["w", node].set(RESET)  # what the dead writer had in flight never arrives
     recoverer = History("r")
     async with Client(cluster.metadata_url) as client:
-        recoverer.log("invoke", "recover", ledger_id)
-        meta = await client.recover_ledger(ledger_id)
-        recoverer.log("ok", "recover", ledger_id, meta["lastEntryId"])
+        meta = await recover(client, recoverer, ledger_id)
     assert meta["lastEntryId"] == k + 1
-    ops = merge(await load_async([Path(config.history)]), recoverer.ops)
+    ops = merge(await writer_history(child), recoverer.ops)
     assert [op.entry for op in ops if op.type == "ok" and op.f == "add"] == list(range(k))
     verdict = await check_cluster(ops, cluster.metadata_url)
     assert verdict.ok, verdict
