@@ -207,7 +207,7 @@ class Metrics:
         self.replica_fences, self.replica_adds_refused_fenced = (
             Counter(f"{PREFIX}_{name}", doc, registry=self.registry)
             for name, doc in (
-                ("replica_fences", "Fencing reads of replicated ledgers (fence=1)."),
+                ("replica_fences", "Fencing reads (fence=1) of replicated ledgers received."),
                 (
                     "replica_adds_refused_fenced",
                     "Replica adds refused: a recovery fenced the ledger (ledger_fenced).",

@@ -456,14 +456,15 @@ async def read_entry(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
     storage = _storage(request)
-    if _flag(request, "fence"):
-        # Before the lookup: an add appended before the fence is durable once it is (the
-        # read finds it), and none is taken after it (BookKeeper #2614).
-        await _fence_replica(request, ledger_id)
+    fence = _flag(request, "fence")
     started = time.perf_counter()
     async with ReplyBytes(request.app, 0) as reply:
         try:
-            payload = await storage.read_entry(ledger_id, entry_id)
+            if fence:  # the fence is durable before the lookup (see fencing_read)
+                request.app[METRICS].replica_fences.inc()
+                payload = await storage.fencing_read(ledger_id, entry_id, _replication(request))
+            else:
+                payload = await storage.read_entry(ledger_id, entry_id)
         finally:
             _observe_read(request, "entry", started)
         await reply.admit(len(payload))  # the first entry of a reply: room, or 503
@@ -486,15 +487,20 @@ def _flag(request: web.Request, name: str) -> bool:
 async def _fence_replica(request: web.Request, ledger_id: int) -> LedgerMeta:
     """A fencing read's fence (journaled and durable), the ledger created FENCED when the
     node does not know it (with the quorums of X-Replicated when the reader sent them)."""
-    replication = None
-    if (text := request.headers.get(protocol.REPLICATED_HEADER)) is not None:
-        try:
-            replication = protocol.parse_replication_header(text)
-        except ValueError as e:
-            raise ApiError(400, "invalid_header", str(e)) from None
-    meta = await _storage(request).fence_replica(ledger_id, replication)
     request.app[METRICS].replica_fences.inc()
-    return meta
+    return await _storage(request).fence_replica(ledger_id, _replication(request))
+
+
+def _replication(request: web.Request) -> tuple[int, int, int] | None:
+    """E/Qw/Qa of X-Replicated when a reader sends it (then a ledger its fence creates
+    knows its quorums), else None."""
+    text = request.headers.get(protocol.REPLICATED_HEADER)
+    if text is None:
+        return None
+    try:
+        return protocol.parse_replication_header(text)
+    except ValueError as e:
+        raise ApiError(400, "invalid_header", str(e)) from None
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")

@@ -56,7 +56,8 @@ class LedgerTable:
     def adopt(self, meta: LedgerMeta) -> None:
         """A ledger new to the node (created, or replayed from the WAL)."""
         self.metas[meta.ledger_id] = meta
-        self.next_ledger_id = max(self.next_ledger_id, meta.ledger_id + 1)
+        if meta.replication is None:  # the fleet's ids (from 2^62) never move the node's
+            self.next_ledger_id = max(self.next_ledger_id, meta.ledger_id + 1)
         self.dirty.add(meta.ledger_id)
 
     def forget(self, meta: LedgerMeta) -> None:

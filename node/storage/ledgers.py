@@ -283,10 +283,14 @@ class LedgerStorage:
         FENCED (``replication`` when the reader told it, else quorums unknown)."""
         return await self._transitions.fence_replica(ledger_id, replication)
 
-    @property
-    def replica_fences(self) -> int:
-        """Fences by fencing reads since start (a metric)."""
-        return self._transitions.replica_fences
+    async def fencing_read(
+        self, ledger_id: int, entry_id: int, replication: tuple[int, int, int] | None = None
+    ) -> bytes:
+        """A recovery's read: the fence, durable, *then* the lookup. An add appended before
+        the fence is durable once the fence is, so the read finds it; none is taken after
+        it; so no add is acknowledged here that this read called absent (BookKeeper #2614)."""
+        await self._transitions.fence_replica(ledger_id, replication)
+        return await self._reads.entry(ledger_id, entry_id)
 
     def replicated_ledgers(self) -> list[tuple[int, int]]:
         """(ledger id, created ms) of every replicated ledger the node holds, not deleted

@@ -114,7 +114,9 @@ class Replayer:
                     flushing = self._flush(flusher) if flush_as_we_go else None
             if flushing is not None:
                 self._flushed(flushing)
-        table.next_ledger_id = max(max(table.metas, default=-1) + 1, index.next_ledger_id())
+        # The fleet's ids of replicated ledgers (from 2^62) never move the node's own.
+        local = (lid for lid, meta in table.metas.items() if meta.replication is None)
+        table.next_ledger_id = max(max(local, default=-1) + 1, index.next_ledger_id())
         log.info(
             "recovered %d ledgers, replayed %d WAL records from %s",
             len(table.metas),

@@ -62,7 +62,6 @@ class LedgerTransitions:
         # Replicated ledgers whose creation is in the WAL's queue: who finds one waits for
         # it (its entries must not be acknowledged before the ledger is durable).
         self._creating: dict[int, asyncio.Future[None]] = {}
-        self.replica_fences = 0  # fences by the replica protocol (a metric)
 
     async def create(
         self, ledger_id: int | None, properties: dict[str, str] | None, write_token: str | None
@@ -159,7 +158,6 @@ class LedgerTransitions:
         meta, created = await self.open_replica(
             ledger_id, replication or UNKNOWN_REPLICATION, fenced=True
         )
-        self.replica_fences += 1
         if not created:
             await self.fence(ledger_id, None)
         return meta

@@ -5,6 +5,8 @@ and codes are node/client/protocol.py's, as the client sends and reads them."""
 from __future__ import annotations
 
 import asyncio
+import random
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from node.client import protocol
 from node.client.errors import StoreUnavailable
 from node.client.metadata.store import LEDGER_ID_BASE
 from node.http.app import build_app
+from node.http.fastlane import SERVER_HEADER
 from node.http.state import METRICS, REPLICA_GUARD, STORAGE
 from node.storage.index import UNKNOWN_REPLICATION
 from tests.harness.files import flip_byte
@@ -62,7 +65,9 @@ async def _json(response: Any, status: int) -> Any:
 async def test_replica_add_creates_the_ledger_and_reads_serve_a_stripe(node: Client) -> None:
     # A stripe (E=3, Qw=2): this replica holds 0, 1, 3, 4, never 2.
     for eid in (0, 1, 3, 4):
-        body = await _json(await _add(node, LID, eid, b"e%d" % eid, lac=eid - 1), 201)
+        response = await _add(node, LID, eid, b"e%d" % eid, lac=eid - 1)
+        assert response.headers["Server"] == SERVER_HEADER.decode()  # the fast lane answered
+        body = await _json(response, 201)
         assert body == {
             "ledgerId": LID,
             "firstEntryId": eid,
@@ -304,22 +309,38 @@ def _flip_payload(ledgers_dir: Path, payload: bytes) -> None:
     raise AssertionError(f"{payload!r} is in no entry log under {ledgers_dir}")
 
 
+async def _later(rng: random.Random, request: Awaitable[Any]) -> Any:
+    await asyncio.sleep(rng.random() * 0.01)
+    return await request
+
+
 async def test_concurrent_first_adds_and_fencing_reads(node: Client) -> None:
     """Racing first adds all see one creation; adds racing fencing reads: none acknowledged
     after a fencing read answered entry_not_found for it."""
     firsts = await asyncio.gather(*(_add(node, LID, eid, b"%d" % eid) for eid in range(20)))
     assert all(r.status == 201 for r in firsts)
+    seen: set[int] = set()
+    rng = random.Random(31)
     for round_ in range(20):
         ledger = LID + 100 + round_
-        adds = [asyncio.ensure_future(_add(node, ledger, eid, b"v%d" % eid)) for eid in range(8)]
+        adds = [
+            asyncio.ensure_future(_later(rng, _add(node, ledger, eid, b"v%d" % eid)))
+            for eid in range(8)
+        ]
         reads = [
-            asyncio.ensure_future(node.get(f"/api/v1/ledgers/{ledger}/entries/{eid}?fence=1"))
+            asyncio.ensure_future(
+                _later(rng, node.get(f"/api/v1/ledgers/{ledger}/entries/{eid}?fence=1"))
+            )
             for eid in range(8)
         ]
         add_answers = await asyncio.gather(*adds)
         read_answers = await asyncio.gather(*reads)
         for eid, (added, read) in enumerate(zip(add_answers, read_answers, strict=True)):
+            seen.add(read.status)
             if read.status == 404:
+                assert (await read.json())["code"] == protocol.ENTRY_NOT_FOUND
                 assert added.status == 409, (round_, eid)
             else:
                 assert read.status == 200 and added.status == 201
+                assert await read.read() == b"v%d" % eid
+    assert seen == {200, 404}, seen  # both sides of the race ran
