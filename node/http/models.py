@@ -782,6 +782,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     AddResult,
     BatchResult,
     Lac,
+    ReplicaLac,
     Cursor,
     Stream,
     StreamList,
