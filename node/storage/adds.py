@@ -242,6 +242,7 @@ class AddPath:
             self._check_size(len(payload))
         if self._caches.current.size >= self._flush_at:
             await self._throttle()
+        self._read_only.check()  # before a creation that no entry could follow
         meta, _created = await self._transitions.open_replica(ledger_id, replica.replication)
         self._replica_writable(meta, replica)
         # Fresh ids (past the highest held) are appended at once, in one synchronous step;
