@@ -78,7 +78,7 @@ class LedgerHandle:
         self._lac_length = 0  # payload bytes up to and including the LAC
         self._next_id = 0
         self._pending: deque[_PendingAdd] = deque()
-        self._failed: set[str] = set()  # nodes to replace, and every node replaced so far
+        self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
         self._changes = 0
         self._error: ClientError | None = None  # set once the handle is unusable
@@ -235,7 +235,7 @@ class LedgerHandle:
             for node in failed:
                 taken = set(ensemble) | set(replacements.values())
                 replacements[node] = choose_replacement(
-                    candidates, ensemble, node, self._client.rng, exclude=taken | self._failed
+                    candidates, ensemble, node, self._client.rng, exclude=taken | set(failed)
                 )
         except NotEnoughNodes as error:
             self._give_up(NO_REPLACEMENT, LedgerClosedError(f"ledger {self.id}: {error}"))
@@ -276,6 +276,7 @@ class LedgerHandle:
             )
             return
         old, self._meta, self._versioned = self._meta, meta, versioned
+        self._failed -= set(failed)  # replaced: a later choice may take them again
         self._changes += 1
         ENSEMBLE_CHANGES.inc()
         resend: dict[str, list[_PendingAdd]] = {}
