@@ -53,6 +53,11 @@ NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
 
+# A node's answers that mean "busy, ask again" rather than "failed": the writer retries the same
+# node after this pause while the add's time lasts, instead of replacing it.
+BACKPRESSURE_CODES = frozenset({"backpressure", "overloaded", "too_many_connections"})
+BACKPRESSURE_PAUSE_S = 0.05
+
 
 class _PendingAdd:
     __slots__ = ("acks", "done", "entry_id", "future", "payload")
@@ -140,21 +145,10 @@ class LedgerHandle:
             self._client._spawn(self._send(node, group))
         return pendings
 
-    async def _send(self, node: str, group: list[_PendingAdd], *, resend: bool = False) -> None:
+    async def _send(self, node: str, group: list[_PendingAdd]) -> None:
         started = time.monotonic()
         try:
-            await within(
-                node,
-                self._client.transport.add(
-                    node,
-                    self.id,
-                    [(p.entry_id, p.payload) for p in group],
-                    lac=self.lac,
-                    lac_length=self._lac_length,
-                    replication=self._replication,
-                ),
-                self._client.add_timeout_s,
-            )
+            await self._add_on(node, group, started)
         except ReplicaError as error:
             if error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
@@ -169,6 +163,31 @@ class LedgerHandle:
             if not pending.done and node in self._meta.write_set(pending.entry_id):
                 pending.acks.add(node)
         self._complete()
+
+    async def _add_on(self, node: str, group: list[_PendingAdd], started: float) -> None:
+        """One replica add; a node that pushes back (its write cache full, too many requests)
+        is asked again after a pause, until the add's time is up."""
+        deadline = started + self._client.add_timeout_s
+        while True:
+            try:
+                await within(
+                    node,
+                    self._client.transport.add(
+                        node,
+                        self.id,
+                        [(p.entry_id, p.payload) for p in group],
+                        lac=self.lac,
+                        lac_length=self._lac_length,
+                        replication=self._replication,
+                    ),
+                    max(deadline - time.monotonic(), 0.001),
+                )
+                return
+            except ReplicaError as error:
+                pause = BACKPRESSURE_PAUSE_S
+                if error.code not in BACKPRESSURE_CODES or time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
 
     def _complete(self) -> None:
         """Acknowledge the head of the queue while it has Qa acks: strictly in entry order."""

@@ -42,9 +42,9 @@ class FakeNode:
         self.node_id = node_id
         self.ledgers: dict[int, FakeLedger] = {}
         self.down = False
-        self.read_errors: set[int] = (
-            set()
-        )  # entry ids whose reads fail with io_error (BookKeeper #2908)
+        # Entry ids whose reads fail with io_error (BookKeeper #2908).
+        self.read_errors: set[int] = set()
+        self.busy = 0  # adds still to refuse with 503 backpressure
 
     def _fail(self, code: str, status: int) -> ReplicaError:
         return ReplicaError(self.node_id, code, status)
@@ -58,6 +58,12 @@ class FakeNode:
         replication: Replication,
         recovery: bool,
     ) -> None:
+        if self.busy:
+            self.busy -= 1
+            raise self._fail("backpressure", 503)
+        if self.busy:
+            self.busy -= 1
+            raise self._fail("backpressure", 503)
         ledger = self.ledgers.setdefault(ledger_id, FakeLedger(replication))
         if ledger.fenced and not recovery:
             raise self._fail(LEDGER_FENCED, 409)

@@ -1,8 +1,9 @@
 """A seeded simulation: the real writer and recovery over in-memory nodes (fakes.py) with a
 network that delays, reorders, holds and drops each client's messages to each node. The known
-BookKeeper schedules are scripted first (BookKeeper #2614 with and without fencing recovery
-reads, BookKeeper #2615, BookKeeper #2908), then random ones by the hundred. After every run a checker reads the ledger with a fresh
-client on a healed network and lists every violation of the guarantees."""
+schedules are scripted first (BookKeeper #2614 with and without fencing recovery reads,
+BookKeeper #2615, BookKeeper #2908), then random ones by the hundred. After every run a checker
+reads the ledger with a fresh client on a healed network and lists every violation of the
+guarantees."""
 
 from __future__ import annotations
 
