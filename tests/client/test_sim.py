@@ -380,3 +380,29 @@ async def test_random_schedules_keep_every_guarantee() -> None:
         outcomes["unknown"] += len(history.unknown)
     # The schedules did exercise both outcomes (a run where nothing is ever unknown proves little).
     assert outcomes["ok"] > 1000 and outcomes["unknown"] > 50, outcomes
+
+
+async def test_recovery_replaces_a_node_that_fails_its_re_add() -> None:
+    """E=Qw=Qa=3: e5 reached two nodes when the writer died; one node of the ensemble is down
+    during recovery. e5 is re-added to a replacement (a recovery segment from 5), so it has its
+    three copies on the write set that the closed metadata names."""
+    s = await sim(4)
+    writer = s.client("w")
+    ledger = await writer.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+    history = History()
+    for i in range(5):
+        await add(ledger, b"e%d" % i, history)
+    b1, b2, b3 = ledger.metadata.last_segment.ensemble
+    s.net.hold(lambda c, n, k, d: c == "w" and n == b3 and k == "add")
+    adding = asyncio.ensure_future(add(ledger, b"e5", history))
+    await settle()
+    s.net.nodes[b2].down = True
+    recoverer = s.client("r")
+    closed = await recoverer.recover_ledger(ledger.id)
+    assert closed["lastEntryId"] == 5
+    assert [seg["firstEntryId"] for seg in closed["segments"]] == [0, 5]
+    assert b2 not in closed["segments"][1]["ensemble"]
+    adding.cancel()
+    s.net.nodes[b2].down = False
+    assert await check(s, ledger.id, history) == []
+    await s.close()
