@@ -392,7 +392,7 @@ async def test_recovery_replaces_a_node_that_fails_its_re_add() -> None:
     history = History()
     for i in range(5):
         await add(ledger, b"e%d" % i, history)
-    b1, b2, b3 = ledger.metadata.last_segment.ensemble
+    _, b2, b3 = ledger.metadata.last_segment.ensemble
     s.net.hold(lambda c, n, k, d: c == "w" and n == b3 and k == "add")
     adding = asyncio.ensure_future(add(ledger, b"e5", history))
     await settle()
