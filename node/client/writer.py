@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from node.client.bookies import within
 from node.client.errors import (
+    AddFailed,
     AddOutcomeUnknown,
     ClientError,
     LedgerClosedElsewhere,
@@ -103,8 +104,9 @@ class LedgerHandle:
 
     async def add(self, payload: bytes) -> int:
         """The entry id of ``payload`` once Qa nodes hold it durably and every earlier entry is
-        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged;
-        LedgerClosedError/LedgerFencedError when the handle was unusable (nothing was sent)."""
+        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged
+        (it may be in the ledger); AddFailed when nothing was sent (a closed or unusable
+        handle, an entry over ``max_entry_size``)."""
         (pending,) = self._submit([payload])
         return await pending.future
 
@@ -121,14 +123,18 @@ class LedgerHandle:
                 raise result
         return pendings[0].entry_id, pendings[-1].entry_id
 
-    def _check_usable(self) -> None:
+    def _check_sendable(self, payloads: Sequence[bytes]) -> None:
+        """AddFailed (nothing sent, no id taken) unless these adds can go out."""
         if self._error is not None:
-            raise type(self._error)(f"ledger {self.id}: the handle is unusable: {self._error}")
+            raise AddFailed(f"ledger {self.id}: the handle is unusable") from self._error
         if self._closing:
-            raise LedgerClosedError(f"ledger {self.id}: the handle is closed")
+            raise AddFailed(f"ledger {self.id}: the handle is closed") from LedgerClosedError()
+        limit = self._client.max_entry_size
+        if any(len(p) > limit for p in payloads):
+            raise AddFailed(f"ledger {self.id}: an entry is larger than {limit} bytes")
 
     def _submit(self, payloads: Sequence[bytes]) -> list[_PendingAdd]:
-        self._check_usable()
+        self._check_sendable(payloads)
         loop = asyncio.get_running_loop()
         pendings = []
         for payload in payloads:
@@ -142,8 +148,19 @@ class LedgerHandle:
             for node in self._meta.write_set(pending.entry_id):
                 by_node.setdefault(node, []).append(pending)
         for node, group in by_node.items():
-            self._client._spawn(self._send(node, group))
+            self._send_all(node, group)
         return pendings
+
+    def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
+        """One request per ``max_request_bytes`` of ``group`` (most batches: one)."""
+        limit = self._client.max_request_bytes
+        start, size = 0, 0
+        for index, pending in enumerate(group):
+            if size and size + len(pending.payload) > limit:
+                self._client._spawn(self._send(node, group[start:index]))
+                start, size = index, 0
+            size += len(pending.payload)
+        self._client._spawn(self._send(node, group[start:]))
 
     async def _send(self, node: str, group: list[_PendingAdd]) -> None:
         started = time.monotonic()
@@ -223,7 +240,7 @@ class LedgerHandle:
             return  # replaced already: a late answer of an older request
         self._failed.add(node)
         if self._changing is None:
-            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+            self._changing = self._client._spawn(self._change_ensemble())
 
     async def _change_ensemble(self) -> None:
         try:
@@ -305,7 +322,7 @@ class LedgerHandle:
             for node in set(now) - set(old.write_set(pending.entry_id)):
                 resend.setdefault(node, []).append(pending)
         for node, group in resend.items():
-            self._client._spawn(self._send(node, group))
+            self._send_all(node, group)
 
     async def close(self) -> LedgerMetadata:
         """Wait for the pending adds, then close the ledger at the LAC in the metadata (a CAS).

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from node.client import (
+    AddFailed,
     AddOutcomeUnknown,
     Client,
     ClientError,
@@ -140,7 +141,7 @@ async def add(ledger: object, payload: bytes, history: History) -> None:
         history.ok.add(entry_id)
     except AddOutcomeUnknown:
         history.unknown.add(entry_id)
-    except (LedgerClosedError, LedgerFencedError):
+    except AddFailed:
         del history.sent[entry_id]  # not sent: no id was taken
 
 
@@ -363,7 +364,7 @@ async def add_batch(ledger: object, payloads: list[bytes], history: History) -> 
         # Entries before the first unknown one may be acknowledged: the ledger's order says
         # nothing to the caller of a batch, so all of them are unknown to it.
         history.unknown.update(ids)
-    except (LedgerClosedError, LedgerFencedError):
+    except AddFailed:
         for entry_id in ids:
             del history.sent[entry_id]
 

@@ -9,10 +9,10 @@ import random
 import pytest
 
 from node.client import (
+    AddFailed,
     AddOutcomeUnknown,
     Client,
     LedgerClosedElsewhere,
-    LedgerClosedError,
     LedgerFencedError,
     NoSuchLedger,
     NotEnoughNodes,
@@ -61,7 +61,7 @@ async def test_lifecycle_stripes_and_reads_back() -> None:
         got = [(e, p) async for e, p in reader.read(0, reader.last_entry_id)]
         assert got[:4] == [(0, b"zero"), (1, b"one"), (2, b"two"), (3, b"three")]
         assert [e for e, _ in got] == list(range(14))
-        with pytest.raises(LedgerClosedError):
+        with pytest.raises(AddFailed):
             await ledger.add(b"late")
         await c.delete_ledger(ledger.id)
         with pytest.raises(NoSuchLedger):
@@ -145,7 +145,7 @@ async def test_no_replacement_makes_pending_adds_unknown() -> None:
         with pytest.raises(AddOutcomeUnknown) as caught:
             await ledger.add(b"a")
         assert caught.value.reason == "no_replacement"
-        with pytest.raises(LedgerClosedError):
+        with pytest.raises(AddFailed):
             await ledger.add(b"b")
 
 
@@ -251,3 +251,14 @@ def test_sync_client_over_in_memory_nodes() -> None:
         assert c.ledgers() == [ledger.id]
         c.delete_ledger(ledger.id)
         assert c.ledgers() == []
+
+
+async def test_too_large_entries_are_not_sent_and_big_batches_are_split() -> None:
+    store, net = await cluster(3)
+    async with client(store, net, max_entry_size=100, max_request_bytes=250) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        with pytest.raises(AddFailed):
+            await ledger.add(b"x" * 101)
+        assert await ledger.add_batch([b"y" * 100] * 5) == (0, 4)  # no id taken by the refusal
+        sizes = sorted(len(s.detail["ids"]) for s in net.log if s.kind == "add")  # type: ignore[arg-type]
+        assert sizes == [1, 1, 1, 2, 2, 2, 2, 2, 2]
