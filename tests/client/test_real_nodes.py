@@ -13,36 +13,16 @@ from pathlib import Path
 import pytest
 
 from node.client import AddOutcomeUnknown, Client, LedgerFencedError, NoSuchLedger
-from node.client.metadata.etcd import EtcdStore
-from node.client.model import NodeInfo, node_key
 from node.localcluster import LocalCluster
-from tests.harness.cluster import cluster_env
+from tests.client.realnodes import running_cluster
 
 NODES = 4
 
 
 @pytest.fixture
 async def four_nodes(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    made = await asyncio.to_thread(
-        LocalCluster, tmp_path / "cluster", nodes=NODES, env=cluster_env(), register=False
-    )
-    try:
-        await register(made)
+    async with running_cluster(tmp_path / "cluster", NODES) as made:
         yield made
-    finally:
-        await asyncio.to_thread(made.close)
-
-
-async def register(cluster: LocalCluster) -> None:
-    """The nodes' registrations as the nodes put them (under a lease)."""
-    store = EtcdStore(cluster.metadata_url)
-    try:
-        lease = await store.grant_lease(600)
-        for node_id in cluster.node_ids:
-            info = NodeInfo(node_id, cluster.url(node_id))
-            await store.put(node_key(node_id), info.encode(), lease=lease)
-    finally:
-        await store.close()
 
 
 @pytest.fixture
