@@ -119,7 +119,21 @@ def meta_json(meta: LedgerMeta) -> dict[str, Any]:
         properties=meta.properties,
         hasWriteToken=bool(meta.token_digest),
         offload=_offload(meta),
+        replication=_replication_of(meta),
     ).to_json()
+
+
+def _replication_of(meta: LedgerMeta) -> models.LedgerReplication | None:
+    if meta.replication is None:
+        return None
+    ensemble, write_quorum, ack_quorum = meta.replication
+    return models.LedgerReplication(
+        ensembleSize=ensemble,
+        writeQuorumSize=write_quorum,
+        ackQuorumSize=ack_quorum,
+        writerLac=meta.writer_lac,
+        writerLacLength=meta.writer_lac_length,
+    )
 
 
 def _offload(meta: LedgerMeta) -> models.LedgerOffload:

@@ -76,6 +76,16 @@ async def test_replica_add_creates_the_ledger_and_reads_serve_a_stripe(node: Cli
         }
     meta = node.app[STORAGE].ledger(LID)
     assert meta.replication == (3, 2, 2)
+    described = await _json(await node.get(f"/api/v1/ledgers/{LID}"), 200)
+    assert described["replication"] == {
+        "ensembleSize": 3,
+        "writeQuorumSize": 2,
+        "ackQuorumSize": 2,
+        "writerLac": 3,
+        "writerLacLength": 40,
+    }
+    local = await _json(await node.post("/api/v1/ledgers", json={}), 201)
+    assert local["replication"] is None
     read = await node.get(f"/api/v1/ledgers/{LID}/entries/3")
     assert read.status == 200 and await read.read() == b"e3"  # no "durable prefix" filter
     assert read.headers[protocol.LAC_HEADER] == "3"
