@@ -566,13 +566,18 @@ async def long_poll_lac(request: web.Request) -> web.Response:
     longest = request.app[SETTINGS].max_long_poll_ms
     if timeout_ms > longest:
         raise ApiError(400, "invalid_timeout", f"timeoutMs is at most {longest}")
-    if "after" in request.query:
+    meta = storage.ledger(ledger_id)
+    if meta.replication is not None:
+        # The writer's LAC, at once: a replica holds a stripe, whose local LAC no add moves,
+        # and readers of a replicated ledger learn its LAC from the metadata and the adds.
+        lac = meta.writer_lac
+    elif "after" in request.query:
         raw = request.query["after"]
         after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
         with cancelled_on_hangup(request):
             lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
-        lac = storage.ledger(ledger_id).lac
+        lac = meta.lac
     return json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())
 
 

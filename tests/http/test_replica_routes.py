@@ -94,6 +94,9 @@ async def test_replica_add_creates_the_ledger_and_reads_serve_a_stripe(node: Cli
     assert (await _json(missing, 404))["code"] == protocol.ENTRY_NOT_FOUND
     lac = await _json(await node.get(f"/api/v1/ledgers/{LID}/lac?replicated=1"), 200)
     assert lac == {"ledgerId": LID, "lac": 3, "lacLength": 40, "lastEntryId": 4, "fenced": False}
+    # A plain LAC read (a long poll too) answers the writer's LAC at once.
+    plain = await node.get(f"/api/v1/ledgers/{LID}/lac?after=3&timeoutMs=60000")
+    assert await _json(plain, 200) == {"ledgerId": LID, "lac": 3}
     # The range read serves the ids held here, nothing in between.
     ranged = await node.get(f"/api/v1/ledgers/{LID}/entries?from=0&to=10")
     assert ranged.status == 200
