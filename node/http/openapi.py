@@ -686,7 +686,12 @@ def _status_paths() -> dict[str, Any]:
                         "name": "offset",
                         "in": "query",
                         "required": False,
-                        "schema": {"type": "integer", "minimum": 0, "default": 0},
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": MAX_ID,  # as the route parses it (parse_id)
+                            "default": 0,
+                        },
                     },
                     {
                         "name": "limit",
