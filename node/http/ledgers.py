@@ -9,6 +9,7 @@ once the metadata store says it is gone (``REPLICA_GUARD``)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -373,7 +374,8 @@ async def _replica_entries(
     if content_type == RANGE_CONTENT_TYPE:
         limit = app[SETTINGS].max_entries_per_batch
         try:
-            entries = list(protocol.decode_range(body))
+            # One past the limit is enough to refuse: the rest is never decoded.
+            entries = list(itertools.islice(protocol.decode_range(body), limit + 1))
         except ValueError as e:
             raise ApiError(400, "invalid_frame", f"bad range body: {e}") from None
         if not entries:

@@ -391,3 +391,22 @@ async def test_the_document_describes_the_replica_protocol(node: Client) -> None
     for header in (protocol.REPLICATED_HEADER, protocol.LAC_HEADER, protocol.RECOVERY_ADD_HEADER):
         assert header in add["description"]
     assert "io_error" in read["responses"]["500"]["description"]
+
+
+async def test_range_bodies_are_bounded_and_ascend(tmp_path: Path, aiohttp_client: Any) -> None:
+    settings = make_settings(tmp_path / "data", id=NODE, max_entries_per_batch=4)
+    node: Client = await aiohttp_client(build_app(settings))
+    path = f"/api/v1/ledgers/{LID}/entries"
+    headers = {"Content-Type": protocol.RANGE_CONTENT_TYPE, **_replica(0)}
+    many = protocol.encode_range((eid, b"") for eid in range(5))
+    too_many = await node.post(path, data=many, headers=headers)
+    assert (await _json(too_many, 413))["code"] == "too_many_entries"
+    backwards = protocol.encode_range([(5, b"a"), (2, b"b")])
+    assert (await _json(await node.post(path, data=backwards, headers=headers), 400))[
+        "code"
+    ] == "invalid_argument"
+    cut = protocol.encode_range([(1, b"abc")])[:-1]
+    assert (await _json(await node.post(path, data=cut, headers=headers), 400))[
+        "code"
+    ] == "invalid_frame"
+    assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404  # nothing created
