@@ -112,8 +112,9 @@ class LedgerHandle:
 
     async def add_batch(self, payloads: Sequence[bytes]) -> tuple[int, int]:
         """(first, last) ids of ``payloads``, consecutive, once all are acknowledged. One request
-        per node carries all the entries that node holds. The first failure in id order is
-        raised (every later entry of the batch then failed the same way or worse)."""
+        per node carries all the entries that node holds. On failure the first unacknowledged
+        entry's AddOutcomeUnknown is raised: acknowledgements go in id order, so the batch's
+        entries before its ``entry_id`` are acknowledged and the rest are unknown."""
         if not payloads:
             raise ValueError("add_batch needs at least one payload")
         pendings = self._submit(payloads)

@@ -360,10 +360,11 @@ async def add_batch(ledger: object, payloads: list[bytes], history: History) -> 
         history.sent.update(zip(ids, payloads, strict=True))
         assert await ledger.add_batch(payloads) == (ids[0], ids[-1])
         history.ok.update(ids)
-    except AddOutcomeUnknown:
-        # Entries before the first unknown one may be acknowledged: the ledger's order says
-        # nothing to the caller of a batch, so all of them are unknown to it.
-        history.unknown.update(ids)
+    except AddOutcomeUnknown as unknown:
+        # Acknowledged in id order: the entries before the first unknown one are in.
+        assert unknown.entry_id in ids
+        history.ok.update(range(first, unknown.entry_id))
+        history.unknown.update(range(unknown.entry_id, ids[-1] + 1))
     except AddFailed:
         for entry_id in ids:
             del history.sent[entry_id]
