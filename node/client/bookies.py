@@ -210,6 +210,7 @@ class BookieClient:
 async def within(node_id: str, call: Awaitable[T], timeout_s: float) -> T:
     """``call``'s answer, or a ReplicaError ``timeout`` (unknown) after ``timeout_s``."""
     try:
-        return await asyncio.wait_for(call, timeout_s)
+        async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
+            return await call
     except TimeoutError:
         raise ReplicaError(node_id, TIMEOUT, 0, f"no answer in {timeout_s} s") from None
