@@ -15,6 +15,7 @@ each of them raises AddOutcomeUnknown, never a plain failure."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -45,6 +46,8 @@ from node.client.placement import choose_replacement
 
 if TYPE_CHECKING:
     from node.client import Client
+
+log = logging.getLogger(__name__)
 
 # Why a pending add's outcome became unknown (the label of storage_client_adds_unknown_total).
 FENCED = "fenced"
@@ -173,10 +176,12 @@ class LedgerHandle:
         started = time.monotonic()
         try:
             await self._add_on(node, group, started)
-        except ReplicaError as error:
-            if error.fenced:
+        except Exception as error:  # any failure is the node's: the add must not hang
+            if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
                 return
+            if not isinstance(error, ReplicaError):
+                log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
             if any(p.done for p in group):
                 UNDER_REPLICATED_ADDS.inc()
             self._node_failed(node)
