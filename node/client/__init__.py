@@ -89,6 +89,8 @@ DEFAULT_ADD_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 10.0
 # Each step of a recovery (covering LAC answers, one entry's reads, one re-add).
 DEFAULT_RECOVERY_TIMEOUT_S = 15.0
+# Entries whose recovery reads go out ahead of the entry being decided.
+DEFAULT_RECOVERY_READ_WINDOW = 64
 # Ensemble changes one writer may make before it gives the ledger up.
 DEFAULT_MAX_ENSEMBLE_CHANGES = 50
 # Entries a reader has in flight ahead of the one it yields.
@@ -117,6 +119,7 @@ class Client:
         add_timeout_s: float = DEFAULT_ADD_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         recovery_timeout_s: float = DEFAULT_RECOVERY_TIMEOUT_S,
+        recovery_read_window: int = DEFAULT_RECOVERY_READ_WINDOW,
         max_ensemble_changes: int = DEFAULT_MAX_ENSEMBLE_CHANGES,
         read_window: int = DEFAULT_READ_WINDOW,
         max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
@@ -138,6 +141,7 @@ class Client:
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
         self.recovery_timeout_s = recovery_timeout_s
+        self.recovery_read_window = recovery_read_window
         self.max_ensemble_changes = max_ensemble_changes
         self.read_window = read_window
         self.max_entry_size = max_entry_size
