@@ -27,6 +27,7 @@ from node.client import (
 from node.client.errors import ReplicaError
 from node.client.metadata.memory import MemoryStore
 from node.client.model import LedgerMetadata, LedgerState, decode, ledger_key
+from node.client.writer import LedgerHandle
 from tests.client.fakes import FakeNode, FakeTransport, Network, register
 
 
@@ -132,11 +133,8 @@ async def settle(turns: int = 50) -> None:
         await asyncio.sleep(0)
 
 
-async def add(ledger: object, payload: bytes, history: History) -> None:
+async def add(ledger: LedgerHandle, payload: bytes, history: History) -> None:
     """One add, its outcome in the history."""
-    from node.client.writer import LedgerHandle
-
-    assert isinstance(ledger, LedgerHandle)
     entry_id = ledger._next_id
     try:
         history.sent[entry_id] = payload
@@ -191,18 +189,24 @@ async def test_2614_unfenced_recovery_reads_lose_an_acknowledged_entry() -> None
     assert "acknowledged entry 0 lost (ledger ends at -1)" in problems
 
 
+async def one_batch(s: Sim, count: int) -> tuple[LedgerHandle, History, list[bytes]]:
+    """A ledger (E=Qw=3, Qa=2) written with one acknowledged batch of ``count`` entries: every
+    replica saw X-Lac -1 only."""
+    ledger = await s.client("w").create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+    history = History()
+    payloads = [b"entry-%d" % i for i in range(count)]
+    history.sent.update(enumerate(payloads))
+    assert await ledger.add_batch(payloads) == (0, count - 1)
+    history.ok.update(range(count))
+    return ledger, history, payloads
+
+
 # --- BookKeeper #2615: recovery stays in the last segment ----------------------------------
 
 
 async def test_2615_recovery_starts_in_the_last_segment_and_never_asks_the_removed_node() -> None:
     s = await sim(4)
-    writer = s.client("w")
-    ledger = await writer.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
-    history = History()
-    payloads = [b"entry-%d" % i for i in range(10)]
-    history.sent.update(enumerate(payloads))
-    assert await ledger.add_batch(payloads) == (0, 9)  # every replica saw X-Lac -1
-    history.ok.update(range(10))
+    ledger, history, payloads = await one_batch(s, 10)
     removed = ledger.metadata.last_segment.ensemble[0]
     s.net.nodes[removed].down = True
     # Entry 10 never reaches a node: the writer dies after the ensemble change.
@@ -353,10 +357,7 @@ async def random_run(seed: int, unsafe: bool = False) -> tuple[History, list[str
     return history, problems
 
 
-async def add_batch(ledger: object, payloads: list[bytes], history: History) -> None:
-    from node.client.writer import LedgerHandle
-
-    assert isinstance(ledger, LedgerHandle)
+async def add_batch(ledger: LedgerHandle, payloads: list[bytes], history: History) -> None:
     first = ledger._next_id
     ids = range(first, first + len(payloads))
     try:
@@ -479,13 +480,7 @@ async def test_random_split_brains_find_the_loss_without_fencing_reads() -> None
 
 async def test_recovery_reads_ahead_and_decides_in_order() -> None:
     s = await sim(3)
-    writer = s.client("w")
-    ledger = await writer.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
-    history = History()
-    payloads = [b"p%d" % i for i in range(50)]
-    history.sent.update(enumerate(payloads))
-    assert await ledger.add_batch(payloads) == (0, 49)  # the replicas know LAC -1 only
-    history.ok.update(range(50))
+    ledger, history, payloads = await one_batch(s, 50)
     recoverer = s.client("r", recovery_read_window=16)
     closed = await recoverer.recover_ledger(ledger.id)
     assert (closed["lastEntryId"], closed["length"]) == (49, sum(map(len, payloads)))
