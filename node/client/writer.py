@@ -253,6 +253,8 @@ class LedgerHandle:
     def _node_failed(self, node: str) -> None:
         if self._error is not None or self._closed is not None:
             return
+        if self._closing and not self._pending:
+            return  # every add is settled and the close is under way: no entry needs the node
         if node not in self._meta.last_segment.ensemble:
             return  # replaced already: a late answer of an older request
         self._failed.add(node)
