@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from node.client.model import node_key
+
 ETCD_BINARY = "/usr/bin/etcd"  # Debian's etcd-server, installed by `make tools`
 READY_TIMEOUT_S = 30.0  # a node or etcd that has not answered by then failed to start
 READY_POLL_S = 0.05  # between two readiness probes
@@ -230,7 +232,7 @@ class LocalNode:
 
     def _registered(self, etcd: EtcdProcess, prefix: str) -> bool:
         try:
-            return etcd.get(f"/{prefix}/nodes/{self.id}") is not None
+            return etcd.get(f"/{prefix}/{node_key(self.id)}") is not None
         except (urllib.error.URLError, OSError):
             return False
 

@@ -5,8 +5,8 @@ with violations, operations with an unknown outcome, the seeds of failing runs);
 run broke a rule or could not be checked.
 
 A run with seed S: 1-2 writer processes (E/Qw/Qa drawn per writer), each behind its own
-proxies, add at random for ``--seconds``; meanwhile 1-2 faults hit, each healed after a random
-while. Then everything is healed, the writers close their ledgers (or leave them open, as a
+proxies, add at random; meanwhile 1-2 faults hit within ``--seconds``, each healed after a
+random while. Then everything is healed, the writers close their ledgers (or leave them open, as a
 crash would), a fresh client recovers every ledger, and fresh readers check it. Its histories
 stay under ``<dir>/seed-S/`` when it failed."""
 
@@ -107,8 +107,8 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
         for writer in writers:
             await writer.start()
         nemesis = Nemesis(cluster, mesh, writers, rng)
-        for writer in writers:
-            writer.send(f"random {seconds}")
+        for writer in writers:  # writing until the last fault may have hit
+            writer.send(f"random {seconds + FAULT_HOLD_MAX_S}")
         for _ in range(rng.randint(1, MAX_FAULTS)):
             await asyncio.sleep(rng.uniform(0, seconds / MAX_FAULTS))
             fault = nemesis.random_fault()
