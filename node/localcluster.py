@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,11 +37,28 @@ LOG_TAIL_CHARS = 3000  # of a log quoted in an error
 METADATA_PREFIX = "storage"  # the cluster's key prefix in etcd (NODE_METADATA_URL's path)
 
 
+# Ports of processes that are killed and restarted on the same port: below the kernel's
+# ephemeral range (32768-60999 by default), where a kernel-chosen port (bind to 0) and the
+# local end of any outgoing connection live. A port from there can be taken by a connection
+# while its process is down, and the restart then fails with "address already in use".
+PORTS = range(24000, 25000)
+_handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port of PORTS that nobody listens on now and this process has not handed
+    out before (another process may still take it: the range is outside the kernel's)."""
+    candidates = [p for p in PORTS if p not in _handed_out]
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def _tail(path: Path) -> str:

@@ -41,6 +41,7 @@ CLOSE_SHARE = 0.5  # share of live writers that close their ledger (the rest lea
 WRITER_GRACE_S = 60.0  # past --seconds, for a writer's in-flight adds to end (timeouts included)
 RECOVERY_ATTEMPTS = 3  # a recovery that fails right after healing is tried again ...
 RECOVERY_RETRY_S = 2.0  # ... after this pause
+ERROR_LINE_CHARS = 200  # of a run's error on its line (verdict.json keeps it whole)
 
 
 @dataclass
@@ -59,7 +60,7 @@ class RunResult:
     def line(self) -> str:
         faults = ", ".join(self.faults) or "no fault"
         if self.error:
-            outcome = f"ERROR {self.error}"
+            outcome = f"ERROR {self.error.splitlines()[0][:ERROR_LINE_CHARS]}"
         else:
             assert self.verdict is not None
             counts = " ".join(f"{k}={v}" for k, v in sorted(self.verdict.counts.items()))
@@ -140,6 +141,18 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
     return result
 
 
+async def _healed(cluster: LocalCluster, root: Path, generation: int) -> LocalCluster:
+    """``cluster`` with every process up (after a run that ended in an error, a fault may be
+    left in place), or a new cluster when it cannot be healed."""
+    try:
+        await Nemesis(cluster, ProxyMesh({}), [], random.Random()).heal_all()
+        return cluster
+    except (RuntimeError, OSError) as error:
+        print(f"  the cluster could not be healed ({error}); starting a new one", flush=True)
+    await asyncio.to_thread(cluster.close)
+    return await asyncio.to_thread(LocalCluster, root / f"cluster{generation}", NODES)
+
+
 async def _finish(writer: ChildWriter, rng: random.Random) -> None:
     """Waits for the writer's workload; then it closes its ledger or leaves it open."""
     if writer.proc is None or writer.proc.returncode is not None:
@@ -156,13 +169,15 @@ async def _finish(writer: ChildWriter, rng: random.Random) -> None:
 
 async def run_all(runs: int, seed: int, seconds: float, root: Path) -> list[RunResult]:
     results: list[RunResult] = []
-    cluster = await asyncio.to_thread(LocalCluster, root / "cluster", NODES)
+    cluster = await asyncio.to_thread(LocalCluster, root / "cluster0", NODES)
     try:
         for i in range(runs):
             work = root / f"seed-{seed + i}"
             result = await one_run(cluster, seed + i, seconds, work)
             results.append(result)
             print(f"run {i + 1}/{runs} {result.line()}", flush=True)
+            if result.error:
+                cluster = await _healed(cluster, root, i + 1)
             if result.clean:
                 await asyncio.to_thread(shutil.rmtree, work, True)
             else:
