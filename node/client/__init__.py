@@ -87,12 +87,21 @@ T = TypeVar("T")
 DEFAULT_ADD_TIMEOUT_S = 10.0
 # One replica's read (entry or LAC) before the reader tries the next one.
 DEFAULT_READ_TIMEOUT_S = 10.0
+# A replica's read unanswered this long: the next replica is asked too (BookKeeper's
+# speculative read timeout).
+DEFAULT_SPECULATIVE_READ_S = 2.0
 # Each step of a recovery (covering LAC answers, one entry's reads, one re-add).
 DEFAULT_RECOVERY_TIMEOUT_S = 15.0
+# Entries whose recovery reads go out ahead of the entry being decided.
+DEFAULT_RECOVERY_READ_WINDOW = 64
 # Ensemble changes one writer may make before it gives the ledger up.
 DEFAULT_MAX_ENSEMBLE_CHANGES = 50
 # Entries a reader has in flight ahead of the one it yields.
 DEFAULT_READ_WINDOW = 32
+# The largest payload an add accepts (the node's max_entry_size default): larger is AddFailed.
+DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024
+# Payload bytes in one replica add request (a node refuses bodies over its max_request_size).
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # The metadata store's per-request time (an etcd:// URL the client opens itself).
 DEFAULT_METADATA_TIMEOUT_S = 5.0
 # Attempts at a create whose answer was lost before the caller hears of it.
@@ -112,9 +121,13 @@ class Client:
         transport: Transport | None = None,
         add_timeout_s: float = DEFAULT_ADD_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        speculative_read_s: float = DEFAULT_SPECULATIVE_READ_S,
         recovery_timeout_s: float = DEFAULT_RECOVERY_TIMEOUT_S,
+        recovery_read_window: int = DEFAULT_RECOVERY_READ_WINDOW,
         max_ensemble_changes: int = DEFAULT_MAX_ENSEMBLE_CHANGES,
         read_window: int = DEFAULT_READ_WINDOW,
+        max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
         _unsafe_unfenced_recovery_reads: bool = False,
@@ -131,9 +144,13 @@ class Client:
         self.transport: Transport = transport or BookieClient(self.registry)
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.speculative_read_s = speculative_read_s
         self.recovery_timeout_s = recovery_timeout_s
+        self.recovery_read_window = recovery_read_window
         self.max_ensemble_changes = max_ensemble_changes
         self.read_window = read_window
+        self.max_entry_size = max_entry_size
+        self.max_request_bytes = max_request_bytes
         self.rng = rng or random.Random()
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads

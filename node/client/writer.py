@@ -15,6 +15,7 @@ each of them raises AddOutcomeUnknown, never a plain failure."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from node.client.bookies import within
 from node.client.errors import (
+    AddFailed,
     AddOutcomeUnknown,
     ClientError,
     LedgerClosedElsewhere,
@@ -45,6 +47,8 @@ from node.client.placement import choose_replacement
 if TYPE_CHECKING:
     from node.client import Client
 
+log = logging.getLogger(__name__)
+
 # Why a pending add's outcome became unknown (the label of storage_client_adds_unknown_total).
 FENCED = "fenced"
 IN_RECOVERY = "in_recovery"
@@ -53,14 +57,24 @@ NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
 
+# A node's answers that mean "busy, ask again" rather than "failed": the writer retries the same
+# node after this pause while the add's time lasts, instead of replacing it.
+BACKPRESSURE_CODES = frozenset({"backpressure", "overloaded", "too_many_connections"})
+BACKPRESSURE_PAUSE_S = 0.05
+
 
 class _PendingAdd:
-    __slots__ = ("acks", "done", "entry_id", "future", "payload")
+    """One entry in flight. Only the last entry of an add or a batch has a future (one per
+    call, not per entry); ``batch_first`` is its call's first id."""
 
-    def __init__(self, entry_id: int, payload: bytes, future: asyncio.Future[int]) -> None:
+    __slots__ = ("acks", "batch_first", "done", "entry_id", "future", "payload", "write_set")
+
+    def __init__(self, entry_id: int, payload: bytes, write_set: list[str]) -> None:
         self.entry_id = entry_id
         self.payload = payload
-        self.future = future
+        self.write_set = write_set
+        self.future: asyncio.Future[int] | None = None
+        self.batch_first = entry_id
         self.acks: set[str] = set()
         self.done = False
 
@@ -78,7 +92,7 @@ class LedgerHandle:
         self._lac_length = 0  # payload bytes up to and including the LAC
         self._next_id = 0
         self._pending: deque[_PendingAdd] = deque()
-        self._failed: set[str] = set()  # nodes to replace, and every node replaced so far
+        self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
         self._changes = 0
         self._error: ClientError | None = None  # set once the handle is unusable
@@ -98,67 +112,76 @@ class LedgerHandle:
 
     async def add(self, payload: bytes) -> int:
         """The entry id of ``payload`` once Qa nodes hold it durably and every earlier entry is
-        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged;
-        LedgerClosedError/LedgerFencedError when the handle was unusable (nothing was sent)."""
-        (pending,) = self._submit([payload])
-        return await pending.future
+        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged
+        (it may be in the ledger); AddFailed when nothing was sent (a closed or unusable
+        handle, an entry over ``max_entry_size``)."""
+        _, last = self._submit([payload])
+        return await last
 
     async def add_batch(self, payloads: Sequence[bytes]) -> tuple[int, int]:
         """(first, last) ids of ``payloads``, consecutive, once all are acknowledged. One request
-        per node carries all the entries that node holds. The first failure in id order is
-        raised (every later entry of the batch then failed the same way or worse)."""
+        per node carries all the entries that node holds. On failure the first unacknowledged
+        entry's AddOutcomeUnknown is raised: acknowledgements go in id order, so the batch's
+        entries before its ``entry_id`` are acknowledged and the rest are unknown."""
         if not payloads:
             raise ValueError("add_batch needs at least one payload")
-        pendings = self._submit(payloads)
-        results = await asyncio.gather(*(p.future for p in pendings), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return pendings[0].entry_id, pendings[-1].entry_id
+        first, last = self._submit(payloads)
+        return first, await last
 
-    def _check_usable(self) -> None:
+    def _check_sendable(self, payloads: Sequence[bytes]) -> None:
+        """AddFailed (nothing sent, no id taken) unless these adds can go out."""
         if self._error is not None:
-            raise type(self._error)(f"ledger {self.id}: the handle is unusable: {self._error}")
+            raise AddFailed(f"ledger {self.id}: the handle is unusable") from self._error
         if self._closing:
-            raise LedgerClosedError(f"ledger {self.id}: the handle is closed")
+            raise AddFailed(f"ledger {self.id}: the handle is closed") from LedgerClosedError()
+        limit = self._client.max_entry_size
+        if any(len(p) > limit for p in payloads):
+            raise AddFailed(f"ledger {self.id}: an entry is larger than {limit} bytes")
 
-    def _submit(self, payloads: Sequence[bytes]) -> list[_PendingAdd]:
-        self._check_usable()
+    def _submit(self, payloads: Sequence[bytes]) -> tuple[int, asyncio.Future[int]]:
+        """Send ``payloads`` at the next ids: (first id, the future of the last one)."""
+        self._check_sendable(payloads)
         loop = asyncio.get_running_loop()
+        first = self._next_id
         pendings = []
         for payload in payloads:
-            pending = _PendingAdd(self._next_id, bytes(payload), loop.create_future())
+            entry_id = self._next_id
+            pendings.append(_PendingAdd(entry_id, bytes(payload), self._meta.write_set(entry_id)))
             self._next_id += 1
-            pendings.append(pending)
+        last = pendings[-1]
+        future: asyncio.Future[int] = loop.create_future()
+        last.future, last.batch_first = future, first
         self._pending.extend(pendings)
         self._drained.clear()
         by_node: dict[str, list[_PendingAdd]] = {}
         for pending in pendings:
-            for node in self._meta.write_set(pending.entry_id):
+            for node in pending.write_set:
                 by_node.setdefault(node, []).append(pending)
         for node, group in by_node.items():
-            self._client._spawn(self._send(node, group))
-        return pendings
+            self._send_all(node, group)
+        return first, future
 
-    async def _send(self, node: str, group: list[_PendingAdd], *, resend: bool = False) -> None:
+    def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
+        """One request per ``max_request_bytes`` of ``group`` (most batches: one)."""
+        limit = self._client.max_request_bytes
+        start, size = 0, 0
+        for index, pending in enumerate(group):
+            if size and size + len(pending.payload) > limit:
+                self._client._spawn(self._send(node, group[start:index]))
+                start, size = index, 0
+            size += len(pending.payload)
+        self._client._spawn(self._send(node, group[start:]))
+
+    async def _send(self, node: str, group: list[_PendingAdd]) -> None:
         started = time.monotonic()
         try:
-            await within(
-                node,
-                self._client.transport.add(
-                    node,
-                    self.id,
-                    [(p.entry_id, p.payload) for p in group],
-                    lac=self.lac,
-                    lac_length=self._lac_length,
-                    replication=self._replication,
-                ),
-                self._client.add_timeout_s,
-            )
-        except ReplicaError as error:
-            if error.fenced:
+            await self._add_on(node, group, started)
+        except Exception as error:  # any failure is the node's: the add must not hang
+            if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
                 return
+            if not isinstance(error, ReplicaError):
+                log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
             if any(p.done for p in group):
                 UNDER_REPLICATED_ADDS.inc()
             self._node_failed(node)
@@ -166,9 +189,34 @@ class LedgerHandle:
         finally:
             REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
         for pending in group:
-            if not pending.done and node in self._meta.write_set(pending.entry_id):
+            if not pending.done and node in pending.write_set:
                 pending.acks.add(node)
         self._complete()
+
+    async def _add_on(self, node: str, group: list[_PendingAdd], started: float) -> None:
+        """One replica add; a node that pushes back (its write cache full, too many requests)
+        is asked again after a pause, until the add's time is up."""
+        deadline = started + self._client.add_timeout_s
+        while True:
+            try:
+                await within(
+                    node,
+                    self._client.transport.add(
+                        node,
+                        self.id,
+                        [(p.entry_id, p.payload) for p in group],
+                        lac=self.lac,
+                        lac_length=self._lac_length,
+                        replication=self._replication,
+                    ),
+                    max(deadline - time.monotonic(), 0.001),
+                )
+                return
+            except ReplicaError as error:
+                pause = BACKPRESSURE_PAUSE_S
+                if error.code not in BACKPRESSURE_CODES or time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
 
     def _complete(self) -> None:
         """Acknowledge the head of the queue while it has Qa acks: strictly in entry order."""
@@ -180,7 +228,7 @@ class LedgerHandle:
             pending.done = True
             self.lac = pending.entry_id
             self._lac_length += len(pending.payload)
-            if not pending.future.done():
+            if pending.future is not None and not pending.future.done():
                 pending.future.set_result(pending.entry_id)
         if not self._pending:
             self._drained.set()
@@ -189,22 +237,29 @@ class LedgerHandle:
         """The handle is unusable: every pending add's outcome is unknown."""
         if self._error is None:
             self._error = error
+        first_unknown = self._pending[0].entry_id if self._pending else 0
+        if self._pending:
+            ADDS_UNKNOWN.labels(reason).inc(len(self._pending))
         while self._pending:
             pending = self._pending.popleft()
-            ADDS_UNKNOWN.labels(reason).inc()
-            if not pending.future.done():
-                pending.future.set_exception(AddOutcomeUnknown(pending.entry_id, reason))
-                pending.future.exception()  # the caller may not await it: no warning then
+            future = pending.future
+            if future is not None and not future.done():
+                # The call's entries before the queue's head were acknowledged.
+                entry_id = max(pending.batch_first, first_unknown)
+                future.set_exception(AddOutcomeUnknown(entry_id, reason))
+                future.exception()  # the caller may not await it: no warning then
         self._drained.set()
 
     def _node_failed(self, node: str) -> None:
         if self._error is not None or self._closed is not None:
             return
+        if self._closing and not self._pending:
+            return  # every add is settled and the close is under way: no entry needs the node
         if node not in self._meta.last_segment.ensemble:
             return  # replaced already: a late answer of an older request
         self._failed.add(node)
         if self._changing is None:
-            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+            self._changing = self._client._spawn(self._change_ensemble())
 
     async def _change_ensemble(self) -> None:
         try:
@@ -235,7 +290,7 @@ class LedgerHandle:
             for node in failed:
                 taken = set(ensemble) | set(replacements.values())
                 replacements[node] = choose_replacement(
-                    candidates, ensemble, node, self._client.rng, exclude=taken | self._failed
+                    candidates, ensemble, node, self._client.rng, exclude=taken | set(failed)
                 )
         except NotEnoughNodes as error:
             self._give_up(NO_REPLACEMENT, LedgerClosedError(f"ledger {self.id}: {error}"))
@@ -275,17 +330,19 @@ class LedgerHandle:
                 reason, LedgerFencedError(f"ledger {self.id}: {meta.state.value} in the metadata")
             )
             return
-        old, self._meta, self._versioned = self._meta, meta, versioned
+        self._meta, self._versioned = meta, versioned
+        self._failed -= set(failed)  # replaced: a later choice may take them again
         self._changes += 1
         ENSEMBLE_CHANGES.inc()
         resend: dict[str, list[_PendingAdd]] = {}
         for pending in self._pending:
             now = meta.write_set(pending.entry_id)
             pending.acks &= set(now)
-            for node in set(now) - set(old.write_set(pending.entry_id)):
+            for node in set(now) - set(pending.write_set):
                 resend.setdefault(node, []).append(pending)
+            pending.write_set = now
         for node, group in resend.items():
-            self._client._spawn(self._send(node, group))
+            self._send_all(node, group)
 
     async def close(self) -> LedgerMetadata:
         """Wait for the pending adds, then close the ledger at the LAC in the metadata (a CAS).

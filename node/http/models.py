@@ -333,6 +333,18 @@ class LedgerOffload(Reply):
     localDeleted: bool
 
 
+class LedgerReplication(Reply):
+    """A replicated ledger's quorums (0/0/0: a fencing read created it before any add told
+    them) and its writer's LAC as the adds carried it (``lac`` is the local durable prefix,
+    which means nothing for a replica's stripe)."""
+
+    ensembleSize: Annotated[int, Field(ge=0)]
+    writeQuorumSize: Annotated[int, Field(ge=0)]
+    ackQuorumSize: Annotated[int, Field(ge=0)]
+    writerLac: Annotated[int, Field(ge=-1)]
+    writerLacLength: Annotated[int, Field(ge=0)]
+
+
 class Ledger(Reply):
     ledgerId: Id
     state: LedgerStateName
@@ -345,6 +357,7 @@ class Ledger(Reply):
     properties: dict[str, str]
     hasWriteToken: bool
     offload: LedgerOffload
+    replication: LedgerReplication | None = None  # None: a node-local ledger
 
 
 class LedgerList(Reply):
@@ -370,6 +383,18 @@ class BatchResult(Reply):
 class Lac(Reply):
     ledgerId: Id
     lac: Annotated[int, Field(ge=-1)]
+
+
+class ReplicaLac(Reply):
+    """A replica's view of a replicated ledger (``?replicated=1``): the writer's LAC as its
+    adds carried it, the bytes up to it, the highest entry id held here, and whether a
+    recovery fenced it."""
+
+    ledgerId: Id
+    lac: Annotated[int, Field(ge=-1)]
+    lacLength: Annotated[int, Field(ge=0)]
+    lastEntryId: Annotated[int, Field(ge=-1)]
+    fenced: bool
 
 
 class PolicyValues(Reply):
@@ -796,6 +821,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     AddResult,
     BatchResult,
     Lac,
+    ReplicaLac,
     Cursor,
     Stream,
     StreamList,
