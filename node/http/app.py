@@ -29,6 +29,7 @@ from node.http.state import (
     BUDGET,
     METRICS,
     READ_BUDGET,
+    REPLICA_GUARD,
     SERVING,
     SETTINGS,
     STORAGE,
@@ -103,6 +104,7 @@ def build_app(
             settings, app[STORAGE], metrics, clock, cookie=cookie
         )
         app[status.REPLICATION_SUMMARY] = replication.summary
+        app[REPLICA_GUARD] = replication.guard
         app.cleanup_ctx.append(_replication_identity)
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     if settings.metadata_url:

@@ -10,6 +10,20 @@ acknowledged and forget the fences it journaled, and a recovery trusting it woul
 ledger short. The refusal says what to run: ``python -m node shell readd <id>`` recovers the
 node's open ledgers, then ``retire`` drops its cookie, and the next start is a new instance.
 
+At start (``check``; "WAL" is every journal header, or the ring's newest header):
+
+| store cookie | data_dir/COOKIE | WAL ids      | action                                       |
+|--------------|-----------------|--------------|----------------------------------------------|
+| absent       | absent          | none         | new node: write local, then the store        |
+| absent       | present         | = local/none | first start died between the writes: publish |
+|              |                 |              | it (refused if the store is another cluster  |
+|              |                 |              | or empty, or the instance was retired)       |
+| present      | = store         | = local/none | normal start                                 |
+| present      | absent          | any          | refuse: wiped or replaced; `shell readd`     |
+| present      | != store        | any          | refuse, naming both instances and places     |
+| any          | any             | != local     | refuse, naming the WAL file and both ids     |
+| (no store)   | present         | any          | refuse: NODE_METADATA_URL is missing         |
+
 This module imports nothing of ``node.client`` until a store is needed: a node without a
 metadata store reads only the local file (the journal asks for its instance id).
 """

@@ -10,7 +10,8 @@ The sweep runs every ``replication_gc_interval_s`` over the node's replicated le
 replica younger than ``replication_gc_grace_s`` is never looked at (a ledger being created is
 written to its replicas before, or while, its metadata becomes visible to everyone). A
 confirmed one gets the ordinary journaled delete; the existing GC reclaims its space later.
-Any error or timeout keeps everything and counts ``replication_gc_skipped``.
+Any error or timeout keeps everything and counts ``replication_gc_skipped`` (the guard's
+errors, whichever path asked, and deletes the storage refused).
 """
 
 from __future__ import annotations
@@ -19,23 +20,20 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from node.client.errors import ClientError, MetadataError
 from node.client.metadata.store import MetadataStore
 from node.client.model import CLUSTER_KEY, ledger_key
 from node.storage.errors import LedgerNotFound, StorageError
-from node.storage.index import LedgerMeta, LedgerState
 
 log = logging.getLogger(__name__)
 
 
 class ReplicaStorage(Protocol):
-    def replicated_ledgers(self) -> Iterable[Any]:
-        """The replicated ledgers held here (their LedgerMeta, or ids)."""
-
-    def ledger(self, ledger_id: int) -> LedgerMeta: ...
+    def replicated_ledgers(self) -> list[tuple[int, int]]:
+        """(ledger id, created ms) of the replicated ledgers held here, not deleted."""
 
     async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None: ...
 
@@ -43,14 +41,33 @@ class ReplicaStorage(Protocol):
 class StoreGuard:
     """The ReplicaGuard of a node with a metadata store."""
 
-    def __init__(self, store: MetadataStore, cluster_id: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        cluster_id: Callable[[], str | None],
+        timeout_s: float,
+        on_error: Callable[[], None] = lambda: None,
+    ) -> None:
         self._store = store
-        self._cluster_id = cluster_id
+        self._cluster_id = cluster_id  # the cookie's, once the start checked it
         self._timeout_s = timeout_s
+        self._on_error = on_error
+        self.errors = 0  # answers it could not give: the replica was kept
 
     async def confirm_deleted(self, ledger_id: int) -> bool:
+        try:
+            return await self._confirm(ledger_id)
+        except MetadataError:
+            self.errors += 1
+            self._on_error()
+            raise
+
+    async def _confirm(self, ledger_id: int) -> bool:
         """True only when the store, read linearizably, has no ``ledgers/<id>`` and is this
         node's cluster. MetadataError when it cannot say (unreachable, slow, malformed)."""
+        mine = self._cluster_id()
+        if mine is None:
+            raise MetadataError("this node's cookie is not checked yet")
         try:
             async with asyncio.timeout(self._timeout_s):
                 found = await self._store.get(ledger_key(ledger_id), linearizable=True)
@@ -64,10 +81,10 @@ class StoreGuard:
         except ClientError as error:
             raise MetadataError(str(error)) from error
         cluster_id = _cluster_id(cluster.value) if cluster is not None else None
-        if cluster_id != self._cluster_id:
+        if cluster_id != mine:
             raise MetadataError(
                 f"the store's cluster is {cluster_id or 'absent'}, this node's is "
-                f"{self._cluster_id}: not the store to ask about this node's ledgers"
+                f"{mine}: not the store to ask about this node's ledgers"
             )
         return True
 
@@ -122,46 +139,32 @@ class Sweep:
             except Exception:  # the next pass tries again; a bug must not end the sweeps
                 log.exception("replica GC sweep failed")
 
-    def _candidates(self) -> list[LedgerMeta]:
-        found = []
-        for item in self._storage.replicated_ledgers():
-            if isinstance(item, int):
-                try:
-                    item = self._storage.ledger(item)
-                except LedgerNotFound:
-                    continue
-            if item.state != LedgerState.DELETED:
-                found.append(item)
-        return found
-
     async def sweep(self) -> int:
         """One pass; the number of replicas deleted."""
         self.passes += 1
         deleted = 0
         now = self._now_ms()
-        for meta in self._candidates():
-            if now - meta.created_ms < self._grace_ms:
+        for ledger_id, created_ms in self._storage.replicated_ledgers():
+            if now - created_ms < self._grace_ms:
                 continue
             try:
-                gone = await self._guard.confirm_deleted(meta.ledger_id)
-            except MetadataError as error:
-                self.skipped += 1
-                self._on_skip()
-                log.warning("replica GC keeps ledger %d: %s", meta.ledger_id, error)
+                gone = await self._guard.confirm_deleted(ledger_id)
+            except MetadataError as error:  # counted by the guard
+                log.warning("replica GC keeps ledger %d: %s", ledger_id, error)
                 continue
             if not gone:
                 continue
             try:
-                await self._storage.delete_ledger(meta.ledger_id)
+                await self._storage.delete_ledger(ledger_id)
             except LedgerNotFound:
                 continue  # deleted meanwhile
             except StorageError as error:  # a full disk, a failed WAL: the next pass retries
                 self.skipped += 1
                 self._on_skip()
-                log.warning("replica GC could not delete ledger %d: %s", meta.ledger_id, error)
+                log.warning("replica GC could not delete ledger %d: %s", ledger_id, error)
                 continue
             deleted += 1
             self.reclaimed += 1
             self._on_reclaim()
-            log.info("replica of ledger %d deleted: the store has no such ledger", meta.ledger_id)
+            log.info("replica of ledger %d deleted: the store has no such ledger", ledger_id)
         return deleted

@@ -14,10 +14,11 @@ from node.client.model import NodeInfo
 from node.metrics import Metrics
 from node.replication import cookie as cookies
 from node.replication.cookie import Cookie
-from node.replication.reconcile import ReplicaStorage, StoreGuard, Sweep
+from node.replication.reconcile import StoreGuard, Sweep
 from node.replication.registration import Registration
 from node.settings import Settings
 from node.storage.clock import Clock
+from node.storage.ledgers import LedgerStorage
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class Replication:
     def __init__(
         self,
         settings: Settings,
-        storage: Any,
+        storage: LedgerStorage,
         metrics: Metrics,
         clock: Clock,
         cookie: Cookie | None = None,
@@ -43,7 +44,13 @@ class Replication:
         self._clock = clock
         self.store = store or open_store(settings)
         self.cookie = cookie
-        self.guard: StoreGuard | None = None
+        skipped = metrics.replication_gc_skipped
+        self.guard = StoreGuard(
+            self.store,
+            lambda: self.cookie.cluster_id if self.cookie else None,
+            settings.metadata_timeout_s,
+            on_error=skipped.inc if skipped else lambda: None,
+        )
         self.registration: Registration | None = None
         self.sweep: Sweep | None = None
         self._started_ms = int(time.time() * 1000)
@@ -57,28 +64,23 @@ class Replication:
         return self.cookie
 
     async def start(self) -> None:
-        """After the storage started: the guard and the sweep (registration waits for the
+        """After the storage started: the replica GC sweep (registration waits for the
         listening sockets, ``register``)."""
-        cookie = await self.check_cookie()
-        self.guard = StoreGuard(self.store, cookie.cluster_id, self._settings.metadata_timeout_s)
-        storage: ReplicaStorage = self._storage
-        if hasattr(storage, "replicated_ledgers"):
-            skipped, reclaimed = (
-                self._metrics.replication_gc_skipped,
-                self._metrics.replication_gc_reclaimed,
-            )
-            self.sweep = Sweep(
-                storage,
-                self.guard,
-                self._settings.replication_gc_interval_s,
-                self._settings.replication_gc_grace_s,
-                self._clock.now_ms,
-                on_skip=skipped.inc if skipped else lambda: None,
-                on_reclaim=reclaimed.inc if reclaimed else lambda: None,
-            )
-            self.sweep.start()
-        else:
-            log.warning("this storage holds no replicated ledgers: no replica GC sweep")
+        await self.check_cookie()
+        skipped, reclaimed = (
+            self._metrics.replication_gc_skipped,
+            self._metrics.replication_gc_reclaimed,
+        )
+        self.sweep = Sweep(
+            self._storage,
+            self.guard,
+            self._settings.replication_gc_interval_s,
+            self._settings.replication_gc_grace_s,
+            self._clock.now_ms,
+            on_skip=skipped.inc if skipped else lambda: None,
+            on_reclaim=reclaimed.inc if reclaimed else lambda: None,
+        )
+        self.sweep.start()
 
     async def register(self, port: int) -> None:
         """Put nodes/<id> once the node listens on ``port`` (its URL's, unless advertised)."""
@@ -112,7 +114,6 @@ class Replication:
 
     def summary(self) -> dict[str, Any]:
         registration, cookie, sweep = self.registration, self.cookie, self.sweep
-        replicated = getattr(self._storage, "replicated_ledgers", None)
         return {
             "enabled": True,
             "nodeId": self._settings.id,
@@ -121,9 +122,9 @@ class Replication:
             "instanceId": cookie.instance_id if cookie else None,
             "zone": self._settings.zone,
             "url": registration.info.url if registration else None,
-            "replicatedLedgers": sum(1 for _ in replicated()) if replicated else 0,
+            "replicatedLedgers": len(self._storage.replicated_ledgers()),
             "lastRegistrationError": registration.last_error if registration else None,
             "gcSweeps": sweep.passes if sweep else 0,
             "gcReclaimed": sweep.reclaimed if sweep else 0,
-            "gcSkipped": sweep.skipped if sweep else 0,
+            "gcSkipped": self.guard.errors + (sweep.skipped if sweep else 0),
         }
