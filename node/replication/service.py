@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from node.client.errors import ClientError
 from node.client.metadata.etcd import EtcdStore, parse_url
 from node.client.metadata.store import MetadataStore
 from node.client.model import NodeInfo
@@ -57,16 +58,23 @@ class Replication:
         if metrics.registration_up is not None:
             metrics.registration_up.set(0)
 
-    async def check_cookie(self) -> Cookie:
-        """The cookie check, when the caller (python -m node serve) did not run it first."""
+    async def check_cookie(self, required: bool = True) -> Cookie | None:
+        """The cookie check, when the caller (python -m node serve) did not run it first.
+        A mismatch always raises; an unreachable store raises only when ``required``."""
         if self.cookie is None:
-            self.cookie = await cookies.check(self._settings, self.store)
+            try:
+                self.cookie = await cookies.check(self._settings, self.store)
+            except ClientError as error:
+                if required:
+                    raise
+                log.warning("cookie not checked (%s): no replica GC, no registration", error)
         return self.cookie
 
     async def start(self) -> None:
         """After the storage started: the replica GC sweep (registration waits for the
         listening sockets, ``register``)."""
-        await self.check_cookie()
+        if await self.check_cookie(required=False) is None:
+            return  # the guard refuses to confirm anything without the cookie's cluster
         skipped, reclaimed = (
             self._metrics.replication_gc_skipped,
             self._metrics.replication_gc_reclaimed,
@@ -85,6 +93,7 @@ class Replication:
     async def register(self, port: int) -> None:
         """Put nodes/<id> once the node listens on ``port`` (its URL's, unless advertised)."""
         cookie = await self.check_cookie()
+        assert cookie is not None  # required: raised otherwise
         settings = self._settings
         url = settings.advertised_url or f"http://{settings.http_host}:{port}"
         info = NodeInfo(
