@@ -131,3 +131,12 @@ lock:
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## 200 seeded fault runs against etcd and five local nodes (node/jepsen): random writers, a
+## random nemesis (node kill or pause, a partition, a delay, held acks, etcd down, a writer
+## killed), recovery, then the checker's verdict; exit 1 on any violation. Not in `make test`
+## (about 20-30 minutes on 2 cores). JEPSEN_SEED picks the first run's seed.
+.PHONY: jepsen
+JEPSEN_SEED ?= 0
+jepsen: $(STAMP) tools
+	$(PY) -m node bench jepsen --runs 200 --seed $(JEPSEN_SEED) --seconds 2

@@ -26,6 +26,7 @@ OFFLOAD_RANDOM_READS = 300
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
 DEFAULT_REPLAY_MIB = 256  # bench replay's journal
+JEPSEN_RUNS = 200  # bench jepsen's fault runs (make jepsen)
 WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
 
 
@@ -100,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http", "wal", "gc", "stream", "offload", "audit", "replay"],
+        choices=["write", "http", "wal", "gc", "stream", "offload", "audit", "replay", "jepsen"],
         help="write: the engine in-process; http: the live server over loopback; "
         "wal: the raw-device WAL against fio on a loop device and a file; "
         "gc: compaction throughput and its cost to concurrent adds; "
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "offload: upload and reads of an offloaded ledger (local store, S3 on moto) "
         "against entry-log reads; "
         "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
-        "replay: the start after a crash with a long journal, against reading it",
+        "replay: the start after a crash with a long journal, against reading it; "
+        "jepsen: seeded fault runs against a local cluster, then the checker's verdict",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
     )
+    bench.add_argument("--runs", type=int, default=JEPSEN_RUNS, help="jepsen: fault runs")
+    bench.add_argument("--seed", type=int, default=0, help="jepsen: seed of the first run")
     bench.set_defaults(func=_cmd_bench)
 
     inspect = sub.add_parser("inspect", help="print and check a journal, entry log, index or WAL")
