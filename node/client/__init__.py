@@ -102,6 +102,8 @@ DEFAULT_READ_WINDOW = 32
 DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024
 # Payload bytes in one replica add request (a node refuses bodies over its max_request_size).
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# Entries in one replica add request (the node's max_entries_per_batch default).
+DEFAULT_MAX_REQUEST_ENTRIES = 10_000
 # The metadata store's per-request time (an etcd:// URL the client opens itself).
 DEFAULT_METADATA_TIMEOUT_S = 5.0
 # Attempts at a create whose answer was lost before the caller hears of it.
@@ -128,6 +130,7 @@ class Client:
         read_window: int = DEFAULT_READ_WINDOW,
         max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_request_entries: int = DEFAULT_MAX_REQUEST_ENTRIES,
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
         _unsafe_unfenced_recovery_reads: bool = False,
@@ -151,6 +154,7 @@ class Client:
         self.read_window = read_window
         self.max_entry_size = max_entry_size
         self.max_request_bytes = max_request_bytes
+        self.max_request_entries = max_request_entries
         self.rng = rng or random.Random()
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads

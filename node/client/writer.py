@@ -162,11 +162,12 @@ class LedgerHandle:
         return first, future
 
     def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
-        """One request per ``max_request_bytes`` of ``group`` (most batches: one)."""
-        limit = self._client.max_request_bytes
+        """One request per ``max_request_bytes`` or ``max_request_entries`` of ``group`` (most
+        batches: one)."""
+        limit, count = self._client.max_request_bytes, self._client.max_request_entries
         start, size = 0, 0
         for index, pending in enumerate(group):
-            if size and size + len(pending.payload) > limit:
+            if size and (size + len(pending.payload) > limit or index - start >= count):
                 self._client._spawn(self._send(node, group[start:index]))
                 start, size = index, 0
             size += len(pending.payload)

@@ -1,5 +1,6 @@
 """etcd and real node processes for the client's tests (node/localcluster.py), with each node's
-registration in ``nodes/`` as the node puts it."""
+registration in ``nodes/`` as the node puts it (put here for nodes that do not register
+themselves)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from node.client.errors import CasConflict
 from node.client.metadata.etcd import EtcdStore
 from node.client.model import NodeInfo, node_key
 from node.localcluster import LocalCluster
@@ -29,11 +31,14 @@ async def running_cluster(root: Path, nodes: int) -> AsyncIterator[LocalCluster]
 
 
 async def register(cluster: LocalCluster) -> None:
+    """Each node's registration, unless the node has put its own already (a node that
+    registers itself overwrites this one later, with the same URL)."""
     store = EtcdStore(cluster.metadata_url)
     try:
         lease = await store.grant_lease(REGISTRATION_TTL_S)
         for node_id in cluster.node_ids:
             info = NodeInfo(node_id, cluster.url(node_id))
-            await store.put(node_key(node_id), info.encode(), lease=lease)
+            with contextlib.suppress(CasConflict):
+                await store.create(node_key(node_id), info.encode(), lease=lease)
     finally:
         await store.close()

@@ -133,3 +133,14 @@ async def test_recovery_after_the_writer_is_gone_keeps_what_it_acknowledged(
         assert await read_all(recoverer, ledger.id, recover=True) == payloads
         second = await recoverer.recover_ledger(ledger.id)  # idempotent
     assert second["lastEntryId"] == 29
+
+
+async def test_a_batch_larger_than_a_node_takes_in_one_request(client: Client) -> None:
+    ledger = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+    payloads = [b"%08d" % i for i in range(12_345)]  # past the node's max_entries_per_batch
+    assert await ledger.add_batch(payloads) == (0, 12_344)
+    closed = await ledger.close()
+    assert (closed.last_entry_id, closed.length) == (12_344, 8 * 12_345)
+    reader = await client.open_ledger(ledger.id)
+    tail = [(e, p) async for e, p in reader.read(9_990, 10_010)]
+    assert tail == [(e, payloads[e]) for e in range(9_990, 10_011)]

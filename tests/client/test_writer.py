@@ -262,6 +262,12 @@ async def test_too_large_entries_are_not_sent_and_big_batches_are_split() -> Non
         assert await ledger.add_batch([b"y" * 100] * 5) == (0, 4)  # no id taken by the refusal
         sizes = sorted(len(s.detail["ids"]) for s in net.log if s.kind == "add")  # type: ignore[arg-type]
         assert sizes == [1, 1, 1, 2, 2, 2, 2, 2, 2]
+    store, net = await cluster(3)
+    async with client(store, net, max_request_entries=3) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        assert await ledger.add_batch([b"z"] * 7) == (0, 6)
+        sizes = sorted(len(s.detail["ids"]) for s in net.log if s.kind == "add")  # type: ignore[arg-type]
+        assert sizes == [1, 1, 1, 3, 3, 3, 3, 3, 3]
 
 
 async def test_a_read_asks_the_next_replica_when_one_is_slow_or_fails() -> None:
