@@ -134,7 +134,8 @@ clean:
 
 ## 200 seeded fault runs against etcd and five local nodes (node/jepsen): random writers, a
 ## random nemesis (node kill or pause, a partition, a delay, held acks, etcd down, a writer
-## killed), recovery, then the checker's verdict; exit 1 on any violation. Not in `make test`
+## killed, a ledger recovered while its writer writes), recovery, then the checker's verdict;
+## exit 1 on any violation. Not in `make test`
 ## (about 20-30 minutes on 2 cores). JEPSEN_SEED picks the first run's seed.
 .PHONY: jepsen
 JEPSEN_SEED ?= 0

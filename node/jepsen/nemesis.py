@@ -1,7 +1,7 @@
 """The faults of a fault run, each with its healing: a node SIGKILLed (restarted) or paused
 (SIGSTOP, then SIGCONT), a network fault between a writer and a node (a partition, a delay, its
 acknowledgements held), etcd killed (restarted), a writer SIGKILLed (never healed: its ledger
-is left to recovery).
+is left to recovery), a writer's ledger recovered by another client while it writes.
 
 ``Nemesis.random_fault`` picks one by a seeded RNG; ``heal_all`` puts the cluster back whatever
 happened (a fault run always ends there, before recovery and the checker)."""
@@ -9,12 +9,15 @@ happened (a fault run always ends there, before recovery and the checker)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from node.client import Client, ClientError
+from node.jepsen.history import History
 from node.jepsen.proxy import Direction, ProxyMesh
-from node.jepsen.workload import ChildWriter
+from node.jepsen.workload import ChildWriter, recover
 from node.localcluster import LocalCluster
 
 DELAY_MIN_S = 0.05  # a delayed link's added latency, at least ...
@@ -42,8 +45,10 @@ class Nemesis:
         mesh: ProxyMesh,
         writers: Sequence[ChildWriter],
         rng: random.Random,
+        history: History | None = None,
     ) -> None:
         self.cluster = cluster
+        self.history = history or History("nemesis")  # its recoveries
         self.mesh = mesh
         self.writers = list(writers)
         self.rng = rng
@@ -55,6 +60,7 @@ class Nemesis:
             "hold_acks": self.hold_acks,
             "etcd": self.restart_etcd,
             "writer_kill": self.kill_writer,
+            "recover": self.recover_while_writing,
         }
 
     def random_fault(self) -> Fault:
@@ -144,6 +150,19 @@ class Nemesis:
             await writer.kill()
 
         return Fault("writer_kill", f"kill writer {writer.config.process}", apply, _nothing)
+
+    def recover_while_writing(self) -> Fault:
+        """Another client recovers a writer's ledger while it writes (a split brain): the
+        writer's adds from then on are fenced, its acknowledged ones must all stay."""
+        writer = self.rng.choice(self.writers)
+
+        async def apply() -> None:
+            # A failure is logged as info; the run's own recovery comes later.
+            async with Client(self.cluster.metadata_url) as client:
+                with contextlib.suppress(ClientError):
+                    await recover(client, self.history, writer.ledger_id)
+
+        return Fault("recover", f"recover {writer.config.process}'s ledger", apply, _nothing)
 
     async def heal_all(self) -> None:
         """Every node running and answering, etcd up, every link passing."""

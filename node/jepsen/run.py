@@ -107,7 +107,8 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
             writers.append(ChildWriter(config, work / f"{process}.log"))
         for writer in writers:
             await writer.start()
-        nemesis = Nemesis(cluster, mesh, writers, rng)
+        recoverer = History("r")
+        nemesis = Nemesis(cluster, mesh, writers, rng, recoverer)
         for writer in writers:  # writing until the last fault may have hit
             writer.send(f"random {seconds + FAULT_HOLD_MAX_S}")
         for _ in range(rng.randint(1, MAX_FAULTS)):
@@ -121,7 +122,6 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
         await nemesis.heal_all()
         for writer in writers:
             await _finish(writer, rng)
-        recoverer = History("r")
         ledgers = sorted(w.ledger_id for w in writers)
         try:
             await _recover_all(cluster.metadata_url, ledgers, recoverer)

@@ -74,6 +74,7 @@ class Writer:
         self.count = 0
         self.last_ok = -1
         self.pending: set[asyncio.Task[int]] = set()
+        self.unusable = False  # an add was refused at once: the handle is fenced or closed
 
     @staticmethod
     async def create(
@@ -88,6 +89,7 @@ class Writer:
 
     def _outcome(self, f: OpFunction, error: BaseException, digests: str | list[str]) -> None:
         if isinstance(error, NOTHING_SENT):
+            self.unusable = True
             self.history.log("fail", f, self.ledger.id, None, digests)
         else:
             self.history.log("info", f, self.ledger.id, None, digests)
@@ -143,7 +145,7 @@ class Writer:
         deadline = loop.time() + seconds
 
         async def one_writer() -> None:
-            while loop.time() < deadline:
+            while loop.time() < deadline and not self.unusable:
                 if self.rng.random() < 0.3:
                     await self.add_batch(self.rng.randint(1, batch_max))
                 else:
