@@ -1,4 +1,4 @@
-"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit."""
+"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit, shell."""
 
 from __future__ import annotations
 
@@ -82,6 +82,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from node.audit.job import run
 
     return run(args)
+
+
+def _cmd_shell(args: argparse.Namespace) -> int:
+    from node.client.shell import main as shell_main
+
+    return shell_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,6 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="audit the data with Spark (docs/operations.md: Audit)")
     audit_arguments(audit)
     audit.set_defaults(func=_cmd_audit)
+
+    from node.client.shell import add_arguments as shell_arguments  # argparse only
+
+    shell = sub.add_parser(
+        "shell", help="replicated ledgers and nodes, for operators (docs/replication.md)"
+    )
+    shell_arguments(shell)
+    shell.set_defaults(func=_cmd_shell)
     return parser
 
 
