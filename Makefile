@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli image image-tools
+.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli image image-tools cluster
 
 # Airflow in its own venv: its pins clash with the node's (requirements.lock constrains .venv),
 # so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
@@ -131,3 +131,10 @@ lock:
 
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .mypy_cache .ruff_cache
+
+## etcd and three nodes (n0, n1, n2) on loopback with their data under ./cluster/, in the
+## foreground, to try replicated ledgers (docs/replication.md): it prints the metadata store's
+## URL, the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them all.
+## Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd (make tools).
+cluster: $(STAMP)
+	@exec $(PY) -m node.devcluster

@@ -106,7 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http", "wal", "gc", "stream", "offload", "audit", "replay"],
+        choices=[
+            "write",
+            "http",
+            "wal",
+            "gc",
+            "stream",
+            "offload",
+            "audit",
+            "replay",
+            "replicated",
+        ],
         help="write: the engine in-process; http: the live server over loopback; "
         "wal: the raw-device WAL against fio on a loop device and a file; "
         "gc: compaction throughput and its cost to concurrent adds; "
@@ -114,7 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
         "offload: upload and reads of an offloaded ledger (local store, S3 on moto) "
         "against entry-log reads; "
         "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
-        "replay: the start after a crash with a long journal, against reading it",
+        "replay: the start after a crash with a long journal, against reading it; "
+        "replicated: E=3/Qw=3/Qa=2 ledgers against single-copy ones on a local cluster",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(

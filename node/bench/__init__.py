@@ -9,7 +9,9 @@
 - ``offload`` (offload.py): upload and reads of an offloaded ledger (local store, S3 on moto)
   beside entry-log reads of the same ledger, and the bytes a random read fetches;
 - ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]
-  beside the single-threaded ``inspect`` CRC pass.
+  beside the single-threaded ``inspect`` CRC pass;
+- ``replicated`` (replicated.py): replicated ledgers against single-copy ones through the
+  client, on a local cluster (etcd and three nodes).
 
 common.py holds what they all share; server.py what http and stream share (the node they
 start, the load process they drive it with). A benchmark's module is imported only when it
