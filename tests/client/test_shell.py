@@ -8,8 +8,11 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -207,3 +210,228 @@ def test_escape_keeps_text_readable_and_every_byte_visible() -> None:
     payload = bytes(range(256))
     assert "\n" not in escape(payload) and escape(payload).isprintable()
     assert base64.b64decode(base64.b64encode(payload)) == payload
+
+
+# --- against a real cluster: etcd and three node processes --------------------------------------
+
+WRITER = """
+import asyncio, sys, time
+from node.client import Client
+
+async def main():
+    async with Client(sys.argv[1]) as client:
+        ledger = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        for i in range(int(sys.argv[2])):
+            await ledger.add(b"entry %d" % i)
+        print(ledger.id, flush=True)
+        time.sleep(3600)  # killed here: the ledger stays OPEN, as after a writer's crash
+
+asyncio.run(main())
+"""
+WRITER_TIMEOUT_S = 60
+
+
+def crashed_writer(metadata_url: str, entries: int) -> int:
+    """A writer process that adds ``entries`` entries to a new ledger and is SIGKILLed before
+    it closes it: the ledger's id."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, metadata_url, str(entries)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), (line, proc.stderr.read() if proc.poll() else "")
+        return int(line)
+    finally:
+        proc.kill()
+        proc.wait(WRITER_TIMEOUT_S)
+
+
+def closed_ledger(metadata_url: str, payloads: list[bytes]) -> int:
+    """A ledger with ``payloads``, closed by its writer: its id."""
+    from node.client import Client
+
+    async def write() -> int:
+        async with Client(metadata_url) as client:
+            ledger = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            await ledger.add_batch(payloads)
+            await ledger.close()
+            return int(ledger.id)
+
+    return asyncio.run(write())
+
+
+@pytest.fixture(scope="module")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from node.localcluster import LocalCluster
+
+    from tests.harness.cluster import cluster_env
+
+    with LocalCluster(tmp_path_factory.mktemp("shell-cluster"), env=cluster_env()) as cluster:
+        yield cluster
+
+
+def test_readledger_prints_escaped_text_and_base64_json(local_cluster: Any) -> None:
+    url = local_cluster.metadata_url
+    payloads = [b"hello", b"two\nlines\tand a \\", bytes([0, 1, 0xFF]), b""]
+    lid = closed_ledger(url, payloads)
+    text = shell("readledger", str(lid), "--metadata-url", url)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines() == [
+        "0\thello",
+        "1\ttwo\\nlines\\tand a \\\\",
+        "2\t\\x00\\x01\\xff",
+        "3\t",
+    ]
+    document = shell_json("readledger", str(lid), "--metadata-url", url)
+    assert document["ledgerId"] == lid
+    assert [base64.b64decode(e["payload"]) for e in document["entries"]] == payloads
+    assert [e["entryId"] for e in document["entries"]] == [0, 1, 2, 3]
+    part = shell_json("readledger", str(lid), "--from", "1", "--to", "2", "--metadata-url", url)
+    assert [e["entryId"] for e in part["entries"]] == [1, 2]
+    meta = shell_json("ledgermetadata", str(lid), "--metadata-url", url)
+    assert meta["state"] == "CLOSED" and meta["lastEntryId"] == 3
+    assert meta["length"] == sum(map(len, payloads))
+    assert sorted(meta["segments"][0]["ensemble"]) == ["n0", "n1", "n2"]
+    nodes = shell_json("listnodes", "--metadata-url", url)["nodes"]
+    assert [(n["id"], n["registered"], n["state"]) for n in nodes] == [
+        ("n0", True, "writable"),
+        ("n1", True, "writable"),
+        ("n2", True, "writable"),
+    ]
+    assert [n["url"] for n in nodes] == [local_cluster.url(n) for n in ("n0", "n1", "n2")]
+    assert all(n["instance"] for n in nodes)
+
+
+def test_recover_closes_a_crashed_writers_ledger_after_its_acknowledged_entries(
+    local_cluster: Any,
+) -> None:
+    url = local_cluster.metadata_url
+    lid = crashed_writer(url, 5)
+    assert shell_json("ledgermetadata", str(lid), "--metadata-url", url)["state"] == "OPEN"
+    result = shell("recover", str(lid), "--metadata-url", url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith(f"ledger {lid}: was OPEN, now CLOSED at lastEntryId 4")
+    meta = shell_json("ledgermetadata", str(lid), "--metadata-url", url)
+    assert (meta["state"], meta["lastEntryId"]) == ("CLOSED", 4)
+    read = shell("readledger", str(lid), "--metadata-url", url).stdout.splitlines()
+    assert read == [f"{i}\tentry {i}" for i in range(5)]
+    again = shell_json("recover", str(lid), "--metadata-url", url)  # a closed ledger: no-op
+    assert again["before"] == "CLOSED" and again["metadata"]["lastEntryId"] == 4
+
+
+def test_deleteledger_removes_the_ledger(local_cluster: Any) -> None:
+    url = local_cluster.metadata_url
+    lid = closed_ledger(url, [b"x"])
+    assert lid in [
+        m["ledgerId"] for m in shell_json("listledgers", "--metadata-url", url)["ledgers"]
+    ]
+    assert shell_json("deleteledger", str(lid), "--metadata-url", url) == {
+        "ledgerId": lid,
+        "deleted": True,
+    }
+    gone = shell("ledgermetadata", str(lid), "--json", "--metadata-url", url)
+    assert gone.returncode == 1 and json.loads(gone.stdout)["code"] == "ledger_not_found"
+    listed = shell_json("listledgers", "--metadata-url", url)["ledgers"]
+    assert lid not in [m["ledgerId"] for m in listed]
+
+
+READD_WAIT_S = 60  # a killed node's registration lasts its lease (registration_ttl_s)
+
+
+def test_readd_lets_a_wiped_node_back_as_a_new_one(tmp_path: Any) -> None:
+    """The wiped node refuses to start; readd recovers the open ledger that named it (and
+    leaves the closed one alone), retires its cookie; then it starts, with a new instance."""
+    from node.localcluster import LocalCluster, ProcessExited
+
+    from tests.harness.cluster import cluster_env
+
+    with LocalCluster(tmp_path / "cluster", env=cluster_env()) as cluster:
+        url = cluster.metadata_url
+        closed = closed_ledger(url, [b"kept"])
+        open_lid = crashed_writer(url, 3)
+        before = {n["id"]: n for n in shell_json("listnodes", "--metadata-url", url)["nodes"]}
+        cluster.wipe("n2")
+        with pytest.raises(ProcessExited) as refused:
+            cluster.start("n2")
+        assert refused.value.returncode == 2 and "shell readd n2" in refused.value.log
+        deadline = time.monotonic() + READD_WAIT_S
+        while True:
+            nodes = {n["id"]: n for n in shell_json("listnodes", "--metadata-url", url)["nodes"]}
+            if not nodes["n2"]["registered"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert not nodes["n2"]["registered"], nodes
+        result = shell("readd", "n2", "--json", "--metadata-url", url)
+        assert result.returncode == 0, result.stdout + result.stderr
+        done = json.loads(result.stdout)
+        assert done["node"] == "n2"
+        assert [m["ledgerId"] for m in done["recovered"]] == [open_lid]
+        assert done["recovered"][0]["state"] == "CLOSED"
+        assert done["recovered"][0]["lastEntryId"] == 2
+        meta = shell_json("ledgermetadata", str(closed), "--metadata-url", url)
+        assert meta["state"] == "CLOSED" and meta["lastEntryId"] == 0
+        cluster.start("n2")
+        after = {n["id"]: n for n in shell_json("listnodes", "--metadata-url", url)["nodes"]}
+        assert after["n2"]["registered"]
+        assert after["n2"]["instance"] != before["n2"]["instance"]
+        read = shell("readledger", str(open_lid), "--metadata-url", url)
+        assert read.stdout.splitlines() == [f"{i}\tentry {i}" for i in range(3)], read.stderr
+
+
+DEVCLUSTER_READY_S = 90  # etcd and three nodes start; only stops a hang
+
+
+def _devcluster(root: Any) -> tuple[subprocess.Popen[str], str]:
+    """``make cluster``'s program on ``root``, up: the process and the metadata URL it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.devcluster", "--root", str(root)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if line.startswith("Ctrl-C"):
+            break
+    text = "".join(printed)
+    urls = [line.split()[2] for line in printed if line.startswith("metadata store:")]
+    assert urls and proc.poll() is None, text
+    for node_id in ("n0", "n1", "n2"):
+        assert f"node {node_id}: http://127.0.0.1:" in text, text
+    assert f"export NODE_METADATA_URL={urls[0]}" in text and "-m node shell listnodes" in text
+    return proc, urls[0]
+
+
+def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: Any) -> None:
+    root = tmp_path / "cluster"
+    proc, url = _devcluster(root)
+    try:
+        first = shell_json("listnodes", "--metadata-url", url)["nodes"]
+        assert [(n["id"], n["registered"]) for n in first] == [(f"n{i}", True) for i in range(3)]
+        lid = closed_ledger(url, [b"survives a restart"])
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(DEVCLUSTER_READY_S) == 0
+    node_urls = [n["url"] for n in first]
+    for node_url in node_urls:  # every node stopped with it
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"{node_url}/heartbeat", timeout=1)
+    assert {p.name for p in root.iterdir()} >= {"etcd", "n0", "n1", "n2"}
+
+    proc, url = _devcluster(root)  # the same directory: the same cluster
+    try:
+        again = shell_json("listnodes", "--metadata-url", url)["nodes"]
+        assert [n["instance"] for n in again] == [n["instance"] for n in first]
+        read = shell("readledger", str(lid), "--metadata-url", url)
+        assert read.stdout == "0\tsurvives a restart\n", read.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(DEVCLUSTER_READY_S) == 0
