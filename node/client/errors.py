@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from node.client.protocol import LEDGER_FENCED, NOT_FOUND_CODES
+
 if TYPE_CHECKING:
     from node.client.metadata.store import Versioned
 
@@ -58,3 +60,71 @@ class NoSuchKey(MetadataError):
     def __init__(self, key: str) -> None:
         super().__init__(f"{key}: no such key")
         self.key = key
+
+
+class NoSuchLedger(MetadataError):
+    """No ledger under this id (never created, or deleted)."""
+
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(f"ledger {ledger_id}: no such ledger")
+        self.ledger_id = ledger_id
+
+
+class NotEnoughNodes(ClientError):
+    """Fewer writable registered nodes than an ensemble needs."""
+
+
+class LedgerClosedError(ClientError):
+    """The handle is closed (or unusable): nothing was sent."""
+
+
+class LedgerClosedElsewhere(ClientError):
+    """The ledger was closed by someone else at another end than this writer's."""
+
+
+class LedgerFencedError(ClientError):
+    """A recovery took the ledger from this writer (fenced, or IN_RECOVERY in the metadata)."""
+
+
+class RecoveryFailed(ClientError):
+    """Recovery could not decide the ledger's end (an unknown answer, a timeout, too few
+    replicas): the ledger stays IN_RECOVERY and a rerun resumes it."""
+
+
+class AddFailed(ClientError):
+    """An add that was never sent to any node: it is not written."""
+
+
+class AddOutcomeUnknown(ClientError):
+    """An add that was sent but not acknowledged: it may be in the ledger or not (a recovery
+    decides). Never a subclass of AddFailed. ``reason``: fenced, closed, in_recovery,
+    no_replacement, ensemble_changes."""
+
+    def __init__(self, entry_id: int, reason: str) -> None:
+        super().__init__(f"entry {entry_id}: outcome unknown ({reason})")
+        self.entry_id = entry_id
+        self.reason = reason
+
+
+class ReadFailed(ClientError):
+    """No replica of an entry's write set returned it."""
+
+
+class ReplicaError(ClientError):
+    """A node's answer other than success. Only ``absent`` (the JSON code says the index has no
+    such entry or ledger) means "not there"; ``fenced`` is a recovery's fence; everything else
+    (other codes, 5xx, timeouts, connection errors) is unknown."""
+
+    def __init__(self, node_id: str, code: str, status: int = 0, message: str = "") -> None:
+        super().__init__(f"node {node_id}: {code} ({status}) {message}".rstrip())
+        self.node_id = node_id
+        self.code = code
+        self.status = status
+
+    @property
+    def absent(self) -> bool:
+        return self.code in NOT_FOUND_CODES
+
+    @property
+    def fenced(self) -> bool:
+        return self.code == LEDGER_FENCED

@@ -1,0 +1,215 @@
+"""The client's half of the bookie protocol: replica adds, LAC reads and entry reads to one node
+by its id. ``Transport`` is the contract (the simulation plugs in-memory nodes behind it);
+``BookieClient`` speaks it over HTTP with one keep-alive session for every node.
+
+An answer is success, or a ReplicaError classified by the JSON body's ``code``: only
+``entry_not_found``/``ledger_not_found`` mean "not here", never a status alone (a proxy's or an
+unknown route's 404 is not the index speaking)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import aiohttp
+
+from node.client.errors import ReplicaError
+from node.client.protocol import (
+    BATCH_CONTENT_TYPE,
+    ENTRY_ID_HEADER,
+    EXPECT_NODE_HEADER,
+    LAC_HEADER,
+    LAC_LENGTH_HEADER,
+    OCTET_CONTENT_TYPE,
+    RANGE_CONTENT_TYPE,
+    RECOVERY_ADD_HEADER,
+    REPLICATED_HEADER,
+    encode_batch,
+    encode_range,
+    replication_header,
+)
+from node.client.registry import Registry, UnknownNode
+
+# The session's own limit per request: a backstop only, callers time their calls themselves.
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+# Keep-alive connections per node (adds of one ledger go out concurrently).
+DEFAULT_CONNECTIONS_PER_NODE = 16
+
+UNREACHABLE = "unreachable"  # connection refused or reset, no answer
+UNREGISTERED = "unregistered"  # no URL for the node id
+TIMEOUT = "timeout"  # no answer in the caller's time
+
+
+@dataclass(frozen=True)
+class LacAnswer:
+    """A replica's view of a ledger: the highest writer LAC an add carried (and the bytes up to
+    it), the highest id it stores, and whether it is fenced."""
+
+    lac: int
+    lac_length: int
+    last_entry_id: int
+    fenced: bool
+
+
+Replication = tuple[int, int, int]
+T = TypeVar("T")
+
+
+class Transport(Protocol):
+    async def add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+        recovery: bool = False,
+    ) -> None:
+        """Store ``entries`` (ids ascending) on the node durably; ReplicaError otherwise."""
+
+    async def read_lac(
+        self, node_id: str, ledger_id: int, *, fence: bool, replication: Replication
+    ) -> LacAnswer: ...
+
+    async def read_entry(
+        self, node_id: str, ledger_id: int, entry_id: int, *, fence: bool
+    ) -> bytes: ...
+
+    async def close(self) -> None: ...
+
+
+def _body(entries: Sequence[tuple[int, bytes]]) -> tuple[bytes, str]:
+    if len(entries) == 1:
+        return entries[0][1], OCTET_CONTENT_TYPE
+    first = entries[0][0]
+    if all(eid == first + i for i, (eid, _) in enumerate(entries)):
+        return encode_batch(p for _, p in entries), BATCH_CONTENT_TYPE
+    return encode_range(entries), RANGE_CONTENT_TYPE
+
+
+class BookieClient:
+    """The Transport over HTTP: one aiohttp session (keep-alive pools per node)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        connections_per_node: int = DEFAULT_CONNECTIONS_PER_NODE,
+    ) -> None:
+        self._registry = registry
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+        self._per_host = connections_per_node
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def _request(
+        self,
+        method: str,
+        node_id: str,
+        path: str,
+        *,
+        headers: dict[str, str],
+        data: bytes | None = None,
+    ) -> tuple[bytes, dict[str, str]]:
+        try:
+            base = await self._registry.url(node_id)
+        except UnknownNode as error:
+            raise ReplicaError(node_id, UNREGISTERED, 0, str(error)) from None
+        headers[EXPECT_NODE_HEADER] = node_id
+        try:
+            async with self._open().request(
+                method, base + path, headers=headers, data=data
+            ) as resp:
+                raw = await resp.read()
+                if resp.status < 300:
+                    return raw, dict(resp.headers)
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            self._registry.forget(node_id)
+            raise ReplicaError(node_id, UNREACHABLE, 0, repr(error)) from None
+        code, message = f"http_{status}", ""
+        try:
+            answer = json.loads(raw)
+            code, message = str(answer["code"]), str(answer.get("message", ""))
+        except (ValueError, KeyError, TypeError):
+            pass
+        raise ReplicaError(node_id, code, status, message)
+
+    async def add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+        recovery: bool = False,
+    ) -> None:
+        body, content_type = _body(entries)
+        headers = {
+            "Content-Type": content_type,
+            ENTRY_ID_HEADER: str(entries[0][0]),
+            LAC_HEADER: str(lac),
+            LAC_LENGTH_HEADER: str(lac_length),
+            REPLICATED_HEADER: replication_header(*replication),
+        }
+        if recovery:
+            headers[RECOVERY_ADD_HEADER] = "1"
+        await self._request(
+            "POST", node_id, f"/api/v1/ledgers/{ledger_id}/entries", headers=headers, data=body
+        )
+
+    async def read_lac(
+        self, node_id: str, ledger_id: int, *, fence: bool, replication: Replication
+    ) -> LacAnswer:
+        query = "?replicated=1&fence=1" if fence else "?replicated=1"
+        raw, _ = await self._request(
+            "GET",
+            node_id,
+            f"/api/v1/ledgers/{ledger_id}/lac{query}",
+            headers={REPLICATED_HEADER: replication_header(*replication)},
+        )
+        try:
+            answer = json.loads(raw)
+            return LacAnswer(
+                lac=int(answer["lac"]),
+                lac_length=int(answer.get("lacLength") or 0),
+                last_entry_id=int(answer.get("lastEntryId", -1)),
+                fenced=bool(answer.get("fenced", False)),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise ReplicaError(node_id, "bad_answer", 200, repr(error)) from None
+
+    async def read_entry(
+        self, node_id: str, ledger_id: int, entry_id: int, *, fence: bool
+    ) -> bytes:
+        query = "?fence=1" if fence else ""
+        raw, _ = await self._request(
+            "GET", node_id, f"/api/v1/ledgers/{ledger_id}/entries/{entry_id}{query}", headers={}
+        )
+        return raw
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def within(node_id: str, call: Awaitable[T], timeout_s: float) -> T:
+    """``call``'s answer, or a ReplicaError ``timeout`` (unknown) after ``timeout_s``."""
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        raise ReplicaError(node_id, TIMEOUT, 0, f"no answer in {timeout_s} s") from None

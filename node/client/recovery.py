@@ -1,0 +1,209 @@
+"""Recovery of a ledger whose writer is gone or presumed gone (BookKeeper's LedgerRecoveryOp with
+ReadLastConfirmedOp): decide where the ledger ends so every reader agrees, keeping every entry
+the writer acknowledged.
+
+1. CAS the metadata OPEN -> IN_RECOVERY (a writer's ensemble change or close now fails).
+2. Fencing LAC reads to the last segment's ensemble, until they cover it: after that the old
+   writer can no longer reach Qa acknowledgements for a new entry.
+3. Start after max(highest LAC answered, last segment's first entry - 1) (BookKeeper #2615: never
+   before the current segment, whose nodes are the only ones asked).
+4. Read forward with *fencing* reads to each entry's write set (BookKeeper #2614: the fence lands
+   on a replica before it says "no such entry", so the old writer cannot complete the entry
+   there afterwards). Present if any replica returns it: re-added to its whole write set (Qa
+   needed). Absent only when Qw-Qa+1 replicas say the index has no such entry or ledger; any
+   other answer aborts (BookKeeper #2908: an error is not "absent").
+5. CAS-close at the last entry kept (another recoverer closed first: its end, the same one).
+
+A RecoveryFailed leaves the ledger IN_RECOVERY; running recovery again resumes it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from node.client.bookies import within
+from node.client.errors import (
+    ClientError,
+    NoSuchLedger,
+    ReadFailed,
+    RecoveryFailed,
+    ReplicaError,
+)
+from node.client.metadata.loop import read_with_retry, update
+from node.client.metadata.store import Versioned
+from node.client.metrics import RECOVERIES
+from node.client.model import LedgerMetadata, LedgerState, decode, encode, ledger_key
+from node.client.reader import read_entry, read_lac_coverage
+
+if TYPE_CHECKING:
+    from node.client import Client
+
+# A test hook: awaited at "in_recovery", "lac_read", "entry" (before each entry's reads, info
+# has "entry_id") and "close", so a test can change the network between phases.
+PhaseHook = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+async def _no_hook(phase: str, info: dict[str, Any]) -> None:
+    pass
+
+
+async def recover(client: Client, ledger_id: int, on_phase: PhaseHook | None = None) -> Versioned:
+    """Recover ``ledger_id`` and return its CLOSED metadata (at once when CLOSED already)."""
+    hook = on_phase or _no_hook
+    key = ledger_key(ledger_id)
+    current = await read_with_retry(client.store, key)
+    if current is None:
+        raise NoSuchLedger(ledger_id)
+    if decode(current.value).closed:
+        RECOVERIES.labels("already_closed").inc()
+        return current
+    try:
+        closed = await _recover(client, ledger_id, current, hook)
+    except ClientError:
+        RECOVERIES.labels("failed").inc()
+        raise
+    RECOVERIES.labels("closed").inc()
+    return closed
+
+
+async def _recover(
+    client: Client, ledger_id: int, current: Versioned, hook: PhaseHook
+) -> Versioned:
+    key = ledger_key(ledger_id)
+    current = await update(
+        client.store,
+        key,
+        current,
+        lambda raw: decode(raw).state is LedgerState.OPEN,
+        lambda raw: encode(decode(raw).evolve(state=LedgerState.IN_RECOVERY)),
+    )
+    meta = decode(current.value)
+    if meta.closed:
+        return current
+    await hook("in_recovery", {"ledger_id": ledger_id})
+
+    answers = await read_lac_coverage(
+        client, meta, fence=True, timeout_s=client.recovery_timeout_s, failure=RecoveryFailed
+    )
+    best = max(answers.values(), key=lambda a: a.lac)
+    lac, length = best.lac, best.lac_length
+    last_segment = meta.last_segment
+    start = max(lac, last_segment.first_entry_id - 1)
+    await hook(
+        "lac_read",
+        {
+            "ledger_id": ledger_id,
+            "lac": lac,
+            "start": start,
+            "answers": {n: a.lac for n, a in answers.items()},
+        },
+    )
+    # Entries between the replicas' LAC and the last segment were confirmed before the ensemble
+    # changed: only their sizes are needed (the length), read from the current nodes first.
+    for entry_id in range(lac + 1, start + 1):
+        try:
+            length += len(await read_entry(client, meta, entry_id, last_segment.ensemble))
+        except ReadFailed as error:
+            raise RecoveryFailed(f"ledger {ledger_id}: {error}") from error
+
+    last = start
+    while True:
+        entry_id = last + 1
+        await hook("entry", {"ledger_id": ledger_id, "entry_id": entry_id})
+        payload = await _decide(client, meta, entry_id)
+        if payload is None:
+            break
+        await _write_back(client, meta, entry_id, payload, last, length)
+        length += len(payload)
+        last = entry_id
+
+    await hook("close", {"ledger_id": ledger_id, "last_entry_id": last, "length": length})
+
+    def needs(raw: bytes) -> bool:
+        return decode(raw).state is LedgerState.IN_RECOVERY
+
+    def transform(raw: bytes) -> bytes:
+        now = int(time.time() * 1000)
+        return encode(
+            decode(raw).evolve(
+                state=LedgerState.CLOSED, last_entry_id=last, length=length, closed_ms=now
+            )
+        )
+
+    # Closed by another recoverer meanwhile: its end is ours (both read fenced replicas).
+    return await update(client.store, key, current, needs, transform)
+
+
+async def _decide(client: Client, meta: LedgerMetadata, entry_id: int) -> bytes | None:
+    """The entry's bytes if any replica returns it, None when enough replicas say it is absent;
+    RecoveryFailed otherwise."""
+    nodes = meta.write_set(entry_id)
+    fence = not client.unsafe_unfenced_recovery_reads
+    absent_needed = meta.write_quorum - meta.ack_quorum + 1
+    absent: list[str] = []
+    errors: dict[str, str] = {}
+
+    async def ask(node: str) -> bytes:
+        return await within(
+            node,
+            client.transport.read_entry(node, meta.ledger_id, entry_id, fence=fence),
+            client.recovery_timeout_s,
+        )
+
+    pending = {client._spawn(ask(node)): node for node in nodes}
+    while pending:
+        done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            node = pending.pop(task)
+            error = task.exception()
+            if error is None:
+                return task.result()
+            if isinstance(error, ReplicaError) and error.absent:
+                absent.append(node)
+            else:
+                errors[node] = getattr(error, "code", repr(error))
+        if len(absent) >= absent_needed:
+            return None
+    raise RecoveryFailed(
+        f"ledger {meta.ledger_id} entry {entry_id}: neither present nor absent "
+        f"(absent on {absent}, {absent_needed} needed; unknown {errors})"
+    )
+
+
+async def _write_back(
+    client: Client, meta: LedgerMetadata, entry_id: int, payload: bytes, lac: int, length: int
+) -> None:
+    """Re-add a recovered entry to its whole write set (a recovery add passes the fence); Qa
+    durable copies needed."""
+    nodes = meta.write_set(entry_id)
+    replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+
+    async def put(node: str) -> None:
+        await within(
+            node,
+            client.transport.add(
+                node,
+                meta.ledger_id,
+                [(entry_id, payload)],
+                lac=lac,
+                lac_length=length,
+                replication=replication,
+                recovery=True,
+            ),
+            client.recovery_timeout_s,
+        )
+
+    results = await asyncio.gather(*(put(n) for n in nodes), return_exceptions=True)
+    stored = sum(1 for r in results if r is None)
+    if stored < meta.ack_quorum:
+        errors = {
+            n: getattr(r, "code", repr(r))
+            for n, r in zip(nodes, results, strict=True)
+            if r is not None
+        }
+        raise RecoveryFailed(
+            f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
+            f"{meta.ack_quorum} needed ({errors})"
+        )

@@ -1,0 +1,52 @@
+"""The registered nodes (``nodes/<id>`` in the metadata store, each under its node's lease):
+for placement (who is writable, in which zone) and to find a node's URL by its id. A ledger
+names nodes by id, never by address, so a node that moves is found again here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from node.client.errors import ClientError
+from node.client.metadata.store import MetadataStore
+from node.client.model import NODES_PREFIX, MetadataFormatError, NodeInfo
+
+
+class UnknownNode(ClientError):
+    """A node id that is not registered (stopped, or its lease expired) and not overridden."""
+
+
+class Registry:
+    def __init__(
+        self, store: MetadataStore, address_override: Mapping[str, str] | None = None
+    ) -> None:
+        """``address_override``: node id -> base URL used instead of the registered one (tests
+        route a node through a proxy so)."""
+        self._store = store
+        self._override = dict(address_override or {})
+        self._urls: dict[str, str] = {}
+
+    async def nodes(self) -> list[NodeInfo]:
+        """Every registered node now (a fresh read; values that do not decode are skipped)."""
+        found = []
+        for _key, versioned in await self._store.range(NODES_PREFIX):
+            try:
+                found.append(NodeInfo.decode(versioned.value))
+            except MetadataFormatError:
+                continue
+        self._urls = {n.node_id: n.url.rstrip("/") for n in found}
+        return found
+
+    async def url(self, node_id: str) -> str:
+        """The base URL of ``node_id``: the override, else its registration (re-read on a miss)."""
+        if node_id in self._override:
+            return self._override[node_id].rstrip("/")
+        if node_id not in self._urls:
+            await self.nodes()
+        try:
+            return self._urls[node_id]
+        except KeyError:
+            raise UnknownNode(f"node {node_id} is not registered") from None
+
+    def forget(self, node_id: str) -> None:
+        """Drop a cached URL after a connection failure: the next call re-reads the registration."""
+        self._urls.pop(node_id, None)

@@ -1,0 +1,332 @@
+"""The writer of one replicated ledger (BookKeeper's LedgerHandle and PendingAddOp).
+
+Entry e goes at once to the Qw nodes of its write set, carrying the writer's LAC; it is
+acknowledged once Qa of them stored it durably, and acknowledgements (so the LAC) advance strictly
+in entry order. A node that fails (an error, no answer in time) is replaced by an ensemble change:
+a compare-and-set of the metadata that starts a new segment at LAC+1 with the replacement, after
+which every unacknowledged add is resent to it. Acknowledgements stop while a change is under
+way, so no entry is confirmed under an ensemble the metadata does not name. A failure after an
+entry was acknowledged still changes the ensemble (BookKeeper #1390).
+
+A writer that finds the ledger fenced (a node says ``ledger_fenced``, or the metadata is
+IN_RECOVERY or CLOSED) cannot know whether its unacknowledged adds will be kept by the recovery:
+each of them raises AddOutcomeUnknown, never a plain failure."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from node.client.bookies import within
+from node.client.errors import (
+    AddOutcomeUnknown,
+    ClientError,
+    LedgerClosedElsewhere,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataError,
+    NotEnoughNodes,
+    ReplicaError,
+)
+from node.client.metadata.loop import update
+from node.client.metadata.store import Versioned
+from node.client.metrics import (
+    ADDS_UNKNOWN,
+    ENSEMBLE_CHANGES,
+    REPLICA_ADD_SECONDS,
+    UNDER_REPLICATED_ADDS,
+)
+from node.client.model import LedgerMetadata, LedgerState, Segment, decode, encode, ledger_key
+from node.client.placement import choose_replacement
+
+if TYPE_CHECKING:
+    from node.client import Client
+
+# Why a pending add's outcome became unknown (the label of storage_client_adds_unknown_total).
+FENCED = "fenced"
+IN_RECOVERY = "in_recovery"
+CLOSED = "closed"
+NO_REPLACEMENT = "no_replacement"
+ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
+METADATA = "metadata"
+
+
+class _PendingAdd:
+    __slots__ = ("acks", "done", "entry_id", "future", "payload")
+
+    def __init__(self, entry_id: int, payload: bytes, future: asyncio.Future[int]) -> None:
+        self.entry_id = entry_id
+        self.payload = payload
+        self.future = future
+        self.acks: set[str] = set()
+        self.done = False
+
+
+class LedgerHandle:
+    """The writer of ledger ``id``: ``add``, ``add_batch``, ``close``. One per ledger, in the
+    process that created it."""
+
+    def __init__(self, client: Client, versioned: Versioned) -> None:
+        self._client = client
+        self._versioned = versioned
+        self._meta = decode(versioned.value)
+        self.id = self._meta.ledger_id
+        self.lac = -1  # last add confirmed: every entry up to it has Qa durable copies
+        self._lac_length = 0  # payload bytes up to and including the LAC
+        self._next_id = 0
+        self._pending: deque[_PendingAdd] = deque()
+        self._failed: set[str] = set()  # nodes to replace, and every node replaced so far
+        self._changing: asyncio.Task[None] | None = None
+        self._changes = 0
+        self._error: ClientError | None = None  # set once the handle is unusable
+        self._closing = False
+        self._closed: LedgerMetadata | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._meta
+
+    @property
+    def _replication(self) -> tuple[int, int, int]:
+        m = self._meta
+        return m.ensemble_size, m.write_quorum, m.ack_quorum
+
+    async def add(self, payload: bytes) -> int:
+        """The entry id of ``payload`` once Qa nodes hold it durably and every earlier entry is
+        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged;
+        LedgerClosedError/LedgerFencedError when the handle was unusable (nothing was sent)."""
+        (pending,) = self._submit([payload])
+        return await pending.future
+
+    async def add_batch(self, payloads: Sequence[bytes]) -> tuple[int, int]:
+        """(first, last) ids of ``payloads``, consecutive, once all are acknowledged. One request
+        per node carries all the entries that node holds. The first failure in id order is
+        raised (every later entry of the batch then failed the same way or worse)."""
+        if not payloads:
+            raise ValueError("add_batch needs at least one payload")
+        pendings = self._submit(payloads)
+        results = await asyncio.gather(*(p.future for p in pendings), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return pendings[0].entry_id, pendings[-1].entry_id
+
+    def _check_usable(self) -> None:
+        if self._error is not None:
+            raise type(self._error)(f"ledger {self.id}: the handle is unusable: {self._error}")
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.id}: the handle is closed")
+
+    def _submit(self, payloads: Sequence[bytes]) -> list[_PendingAdd]:
+        self._check_usable()
+        loop = asyncio.get_running_loop()
+        pendings = []
+        for payload in payloads:
+            pending = _PendingAdd(self._next_id, bytes(payload), loop.create_future())
+            self._next_id += 1
+            pendings.append(pending)
+        self._pending.extend(pendings)
+        self._drained.clear()
+        by_node: dict[str, list[_PendingAdd]] = {}
+        for pending in pendings:
+            for node in self._meta.write_set(pending.entry_id):
+                by_node.setdefault(node, []).append(pending)
+        for node, group in by_node.items():
+            self._client._spawn(self._send(node, group))
+        return pendings
+
+    async def _send(self, node: str, group: list[_PendingAdd], *, resend: bool = False) -> None:
+        started = time.monotonic()
+        try:
+            await within(
+                node,
+                self._client.transport.add(
+                    node,
+                    self.id,
+                    [(p.entry_id, p.payload) for p in group],
+                    lac=self.lac,
+                    lac_length=self._lac_length,
+                    replication=self._replication,
+                ),
+                self._client.add_timeout_s,
+            )
+        except ReplicaError as error:
+            if error.fenced:
+                self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
+                return
+            if any(p.done for p in group):
+                UNDER_REPLICATED_ADDS.inc()
+            self._node_failed(node)
+            return
+        finally:
+            REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
+        for pending in group:
+            if not pending.done and node in self._meta.write_set(pending.entry_id):
+                pending.acks.add(node)
+        self._complete()
+
+    def _complete(self) -> None:
+        """Acknowledge the head of the queue while it has Qa acks: strictly in entry order."""
+        if self._changing is not None or self._error is not None:
+            return
+        qa = self._meta.ack_quorum
+        while self._pending and len(self._pending[0].acks) >= qa:
+            pending = self._pending.popleft()
+            pending.done = True
+            self.lac = pending.entry_id
+            self._lac_length += len(pending.payload)
+            if not pending.future.done():
+                pending.future.set_result(pending.entry_id)
+        if not self._pending:
+            self._drained.set()
+
+    def _give_up(self, reason: str, error: ClientError) -> None:
+        """The handle is unusable: every pending add's outcome is unknown."""
+        if self._error is None:
+            self._error = error
+        while self._pending:
+            pending = self._pending.popleft()
+            ADDS_UNKNOWN.labels(reason).inc()
+            if not pending.future.done():
+                pending.future.set_exception(AddOutcomeUnknown(pending.entry_id, reason))
+                pending.future.exception()  # the caller may not await it: no warning then
+        self._drained.set()
+
+    def _node_failed(self, node: str) -> None:
+        if self._error is not None or self._closed is not None:
+            return
+        if node not in self._meta.last_segment.ensemble:
+            return  # replaced already: a late answer of an older request
+        self._failed.add(node)
+        if self._changing is None:
+            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        try:
+            while self._error is None:
+                ensemble = self._meta.last_segment.ensemble
+                failed = [n for n in ensemble if n in self._failed]
+                if not failed:
+                    break
+                if self._changes >= self._client.max_ensemble_changes:
+                    self._give_up(
+                        ENSEMBLE_CHANGES_EXHAUSTED,
+                        LedgerClosedError(
+                            f"ledger {self.id}: {self._changes} ensemble changes, the limit"
+                        ),
+                    )
+                    break
+                await self._replace(ensemble, failed)
+        except Exception as error:  # the task has no awaiter: the handle reports it instead
+            self._give_up(METADATA, LedgerClosedError(f"ledger {self.id}: {error!r}"))
+        finally:
+            self._changing = None
+            self._complete()
+
+    async def _replace(self, ensemble: tuple[str, ...], failed: list[str]) -> None:
+        try:
+            candidates = await self._client.registry.nodes()
+            replacements: dict[str, str] = {}
+            for node in failed:
+                taken = set(ensemble) | set(replacements.values())
+                replacements[node] = choose_replacement(
+                    candidates, ensemble, node, self._client.rng, exclude=taken | self._failed
+                )
+        except NotEnoughNodes as error:
+            self._give_up(NO_REPLACEMENT, LedgerClosedError(f"ledger {self.id}: {error}"))
+            return
+        except MetadataError as error:
+            self._give_up(METADATA, LedgerClosedError(f"ledger {self.id}: {error}"))
+            return
+        lac = self.lac  # cannot move: acknowledgements wait for the change
+
+        def needs(raw: bytes) -> bool:
+            meta = decode(raw)
+            return meta.state is LedgerState.OPEN and any(
+                n in meta.last_segment.ensemble for n in failed
+            )
+
+        def transform(raw: bytes) -> bytes:
+            meta = decode(raw)
+            last = meta.last_segment
+            swapped = tuple(replacements.get(n, n) for n in last.ensemble)
+            if last.first_entry_id == lac + 1:  # nothing confirmed under it: replace it
+                segments = (*meta.segments[:-1], Segment(last.first_entry_id, swapped))
+            else:
+                segments = (*meta.segments, Segment(lac + 1, swapped))
+            return encode(meta.evolve(segments=segments))
+
+        try:
+            versioned = await update(
+                self._client.store, ledger_key(self.id), self._versioned, needs, transform
+            )
+        except MetadataError as error:
+            self._give_up(METADATA, LedgerClosedError(f"ledger {self.id}: {error}"))
+            return
+        meta = decode(versioned.value)
+        if meta.state is not LedgerState.OPEN:
+            reason = IN_RECOVERY if meta.state is LedgerState.IN_RECOVERY else CLOSED
+            self._give_up(
+                reason, LedgerFencedError(f"ledger {self.id}: {meta.state.value} in the metadata")
+            )
+            return
+        old, self._meta, self._versioned = self._meta, meta, versioned
+        self._changes += 1
+        ENSEMBLE_CHANGES.inc()
+        resend: dict[str, list[_PendingAdd]] = {}
+        for pending in self._pending:
+            now = meta.write_set(pending.entry_id)
+            pending.acks &= set(now)
+            for node in set(now) - set(old.write_set(pending.entry_id)):
+                resend.setdefault(node, []).append(pending)
+        for node, group in resend.items():
+            self._client._spawn(self._send(node, group))
+
+    async def close(self) -> LedgerMetadata:
+        """Wait for the pending adds, then close the ledger at the LAC in the metadata (a CAS).
+        Idempotent. LedgerFencedError when a recovery took the ledger; LedgerClosedElsewhere
+        when someone closed it at another end."""
+        if self._closed is not None:
+            return self._closed
+        self._closing = True
+        while self._pending or self._changing is not None:
+            await self._drained.wait()
+            if self._changing is not None:
+                await asyncio.shield(self._changing)
+        if isinstance(self._error, LedgerFencedError):
+            raise LedgerFencedError(f"ledger {self.id}: fenced, not closed by this writer")
+        lac, length = self.lac, self._lac_length
+
+        def needs(raw: bytes) -> bool:
+            meta = decode(raw)
+            if meta.state is LedgerState.CLOSED:
+                if meta.last_entry_id == lac:
+                    return False
+                raise LedgerClosedElsewhere(
+                    f"ledger {self.id}: closed at {meta.last_entry_id}, this writer's end is {lac}"
+                )
+            if meta.state is LedgerState.IN_RECOVERY:
+                raise LedgerFencedError(f"ledger {self.id}: in recovery, not closed by this writer")
+            return True
+
+        def transform(raw: bytes) -> bytes:
+            meta = decode(raw)
+            closed = meta.evolve(
+                state=LedgerState.CLOSED,
+                last_entry_id=lac,
+                length=length,
+                closed_ms=int(time.time() * 1000),
+            )
+            return encode(closed)
+
+        versioned = await update(
+            self._client.store, ledger_key(self.id), self._versioned, needs, transform
+        )
+        self._versioned = versioned
+        self._closed = self._meta = decode(versioned.value)
+        return self._closed

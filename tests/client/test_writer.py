@@ -1,0 +1,191 @@
+"""The writer, reader and ledger lifecycle of the real client over in-memory nodes and the
+in-memory store: striping, in-order acknowledgement, ensemble changes, fencing, close."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from node.client import (
+    AddOutcomeUnknown,
+    Client,
+    LedgerClosedElsewhere,
+    LedgerClosedError,
+    LedgerFencedError,
+    NoSuchLedger,
+    NotEnoughNodes,
+)
+from node.client.metadata.memory import MemoryStore
+from tests.client.fakes import FakeNode, FakeTransport, Network, register
+
+NODES = ["n0", "n1", "n2", "n3", "n4"]
+
+
+async def cluster(count: int = 4, seed: int = 0, max_delay: int = 0) -> tuple[MemoryStore, Network]:
+    store = MemoryStore()
+    await register(store, NODES[:count])
+    return store, Network([FakeNode(n) for n in NODES[:count]], seed=seed, max_delay=max_delay)
+
+
+def client(store: MemoryStore, net: Network, name: str = "w", **kwargs: object) -> Client:
+    return Client(store, transport=FakeTransport(net, name), rng=random.Random(1), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_lifecycle_stripes_and_reads_back() -> None:
+    store, net = await cluster(4, max_delay=5)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(
+            ensemble=3, write_quorum=2, ack_quorum=2, properties={"p": "v"}
+        )
+        assert await ledger.add(b"zero") == 0
+        assert await ledger.add_batch([b"one", b"two", b"three"]) == (1, 3)
+        ids = await asyncio.gather(*(ledger.add(b"x%d" % i) for i in range(10)))
+        assert ids == list(range(4, 14))
+        meta = ledger.metadata
+        for entry_id in range(14):
+            holders = {
+                n
+                for n, node in net.nodes.items()
+                if entry_id in node.ledgers.get(ledger.id, _none()).entries
+            }
+            assert holders == set(meta.write_set(entry_id))
+        closed = await ledger.close()
+        assert closed.last_entry_id == 13 and closed.length == 4 + 3 + 3 + 5 + 20
+        info = await c.ledger_metadata(ledger.id)
+        assert (
+            info["state"] == "CLOSED" and info["properties"] == {"p": "v"} and info["revision"] > 0
+        )
+        reader = await c.open_ledger(ledger.id)
+        got = [(e, p) async for e, p in reader.read(0, reader.last_entry_id)]
+        assert got[:4] == [(0, b"zero"), (1, b"one"), (2, b"two"), (3, b"three")]
+        assert [e for e, _ in got] == list(range(14))
+        with pytest.raises(LedgerClosedError):
+            await ledger.add(b"late")
+        await c.delete_ledger(ledger.id)
+        with pytest.raises(NoSuchLedger):
+            await c.ledger_metadata(ledger.id)
+
+
+def _none() -> object:
+    class Empty:
+        entries: dict[int, bytes] = {}
+
+    return Empty()
+
+
+async def test_batch_sends_one_request_per_node() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        await ledger.add_batch([b"%d" % i for i in range(30)])
+        adds = [s for s in net.log if s.kind == "add"]
+        assert len(adds) == 3
+        assert sorted(len(s.detail["ids"]) for s in adds) == [20, 20, 20]  # type: ignore[arg-type]
+
+
+async def test_open_reader_stops_at_lac_without_fencing() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        await ledger.add_batch([b"a", b"b", b"c"])
+        await ledger.add(b"d")  # carries LAC 2
+        async with client(store, net, "r") as r:
+            reader = await r.open_ledger(ledger.id)
+            assert reader.last_entry_id == 2
+            with pytest.raises(ValueError):
+                [x async for x in reader.read(0, 3)]
+            assert [e async for e, _ in reader.read(0, 3, past_lac=True)] == [0, 1, 2, 3]
+        assert not any(x.fenced for n in net.nodes.values() for x in n.ledgers.values())
+        assert await ledger.add(b"e") == 4
+
+
+async def test_failed_node_changes_the_ensemble_and_resends() -> None:
+    store, net = await cluster(4)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+        await ledger.add_batch([b"a", b"b"])
+        victim = ledger.metadata.segments[0].ensemble[1]
+        net.nodes[victim].down = True
+        assert await ledger.add(b"c") == 2
+        meta = ledger.metadata
+        assert len(meta.segments) == 2 and meta.segments[1].first_entry_id == 2
+        assert victim not in meta.segments[1].ensemble
+        spare = (set(NODES[:4]) - set(meta.segments[0].ensemble)).pop()
+        assert 2 in net.nodes[spare].ledgers[ledger.id].entries
+        closed = await ledger.close()
+        assert closed.last_entry_id == 2 and len(closed.segments) == 2
+        stored = await c.ledger_metadata(ledger.id)
+        assert stored["segments"][1]["firstEntryId"] == 2
+
+
+async def test_failure_after_the_ack_quorum_still_changes_the_ensemble() -> None:
+    store, net = await cluster(4)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        victim = ledger.metadata.segments[0].ensemble[0]
+        gate = net.hold(lambda c, n, kind, d: n == victim and d == "reply")
+        assert await ledger.add(b"a") == 0  # two copies: acknowledged before the third answers
+        assert len(ledger.metadata.segments) == 1
+        net.nodes[victim].down = True  # its answer is lost: unknown, after the ack quorum
+        gate.release()
+        for _ in range(100):
+            await asyncio.sleep(0)
+        closed = await ledger.close()
+        assert [s.first_entry_id for s in closed.segments] == [0, 1]
+        assert victim not in closed.segments[1].ensemble
+
+
+async def test_no_replacement_makes_pending_adds_unknown() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+        net.nodes["n0"].down = True
+        with pytest.raises(AddOutcomeUnknown) as caught:
+            await ledger.add(b"a")
+        assert caught.value.reason == "no_replacement"
+        with pytest.raises(LedgerClosedError):
+            await ledger.add(b"b")
+
+
+async def test_fenced_writer_gets_unknown_and_cannot_close() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        await ledger.add(b"a")
+        async with client(store, net, "r") as r:
+            recovered = await r.recover_ledger(ledger.id)
+        assert recovered["state"] == "CLOSED" and recovered["lastEntryId"] == 0
+        with pytest.raises(AddOutcomeUnknown) as caught:
+            await ledger.add(b"b")
+        assert caught.value.reason == "fenced"
+        with pytest.raises(LedgerFencedError):
+            await ledger.close()
+
+
+async def test_close_elsewhere_at_another_end() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        await ledger.add(b"a")
+        other = await c.open_ledger(ledger.id)
+        assert other.last_entry_id == -1
+        # Someone closed it at -1 (an operator's CAS straight into the store).
+        from node.client.model import LedgerState, decode, encode, ledger_key
+
+        key = ledger_key(ledger.id)
+        current = await store.get(key)
+        assert current is not None
+        await store.cas(
+            key, encode(decode(current.value).evolve(state=LedgerState.CLOSED)), current.revision
+        )
+        with pytest.raises(LedgerClosedElsewhere):
+            await ledger.close()
+
+
+async def test_not_enough_nodes() -> None:
+    store, net = await cluster(2)
+    async with client(store, net) as c:
+        with pytest.raises(NotEnoughNodes):
+            await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
