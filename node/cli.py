@@ -87,7 +87,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_shell(args: argparse.Namespace) -> int:
     from node.client.shell import main as shell_main
 
-    return shell_main(args)
+    return shell_main(args.shell_argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -191,12 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     audit_arguments(audit)
     audit.set_defaults(func=_cmd_audit)
 
-    from node.client.shell import add_arguments as shell_arguments  # argparse only
-
+    # The shell's own parser lives with it (node.client.shell): `serve` never loads the client.
     shell = sub.add_parser(
-        "shell", help="replicated ledgers and nodes, for operators (docs/replication.md)"
+        "shell",
+        add_help=False,
+        help="replicated ledgers and nodes, for operators: listnodes, listledgers, "
+        "ledgermetadata, readledger, recover, deleteledger, readd (docs/replication.md)",
     )
-    shell_arguments(shell)
+    shell.add_argument("shell_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     shell.set_defaults(func=_cmd_shell)
     return parser
 
@@ -206,7 +208,12 @@ class StartRefused(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "shell":  # its options before its first word are its own, not unknown
+        args.shell_argv = unknown + args.shell_argv
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logs.setup(args.log_level or "info", args.log_json)
     try:
         return int(args.func(args))

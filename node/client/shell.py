@@ -36,25 +36,25 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from node.client.errors import ClientError, MetadataUrlError
+from node.client.errors import ClientError, MetadataUrlError, NoSuchLedger
 from node.client.model import (
     COOKIES_PREFIX,
     LEDGERS_PREFIX,
     NODES_PREFIX,
-    LedgerMetadata,
+    LedgerState,
     MetadataFormatError,
     NodeInfo,
     decode,
-    ledger_key,
+    node_key,
 )
 
 if TYPE_CHECKING:
-    from node.client.metadata.store import MetadataStore
+    from node.client import Client
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 METADATA_URL_ENV = "NODE_METADATA_URL"
-NOT_REGISTERED = "-"  # the state, url and zone columns of a node that holds only a cookie
-LEDGER_NOT_FOUND = "ledger_not_found"  # the node's code for the same condition
+NONE = "-"  # a cell without a value: a node known only by its cookie, an open ledger's end
+LEDGER_NOT_FOUND = "ledger_not_found"  # the nodes' code for the same condition
 NODE_REGISTERED = "node_registered"  # readd refused: the node is alive (or its lease lingers)
 _PRINTABLE = frozenset(range(0x20, 0x7F)) - {ord("\\")}
 _ESCAPES = {ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
@@ -116,10 +116,12 @@ def _common(parser: argparse.ArgumentParser, default: Any) -> None:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The shell's arguments on ``parser`` (the CLI's ``shell`` subcommand)."""
-    parser.description = __doc__
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m node shell",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _common(parser, None)
     commands = parser.add_subparsers(dest="shell_command", required=True, metavar="COMMAND")
 
@@ -156,6 +158,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="even while the node is registered (its lease may linger after a crash)",
     )
+    return parser
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -179,6 +182,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
 def error_code(error: BaseException) -> str:
     """A stable code for an error of the client: its class name in snake case
     (StoreUnavailable -> store_unavailable), or the code it carries."""
+    if isinstance(error, NoSuchLedger):
+        return LEDGER_NOT_FOUND
     code = getattr(error, "code", None)
     if isinstance(code, str):
         return code
@@ -195,24 +200,13 @@ def _print_failure(as_json: bool, code: str, message: str) -> None:
 # --- the commands -------------------------------------------------------------------------------
 
 
-def _ledger_json(meta: LedgerMetadata, revision: int) -> dict[str, Any]:
-    return {**meta.to_json(), "revision": revision}
-
-
-async def _metadata(store: MetadataStore, lid: int) -> tuple[LedgerMetadata, int]:
-    found = await store.get(ledger_key(lid))
-    if found is None:
-        raise ShellFailure(LEDGER_NOT_FOUND, f"ledger {lid}: no such ledger")
-    return decode(found.value), found.revision
-
-
-async def list_nodes(store: MetadataStore, _: argparse.Namespace) -> Outcome:
+async def list_nodes(client: Client, _: argparse.Namespace) -> Outcome:
     registered = {
         key.removeprefix(NODES_PREFIX): NodeInfo.decode(versioned.value)
-        for key, versioned in await store.range(NODES_PREFIX)
+        for key, versioned in await client.store.range(NODES_PREFIX)
     }
     cookies = {}
-    for key, versioned in await store.range(COOKIES_PREFIX):
+    for key, versioned in await client.store.range(COOKIES_PREFIX):
         try:
             instance = str(json.loads(versioned.value).get("instanceId", ""))
         except (ValueError, AttributeError):
@@ -234,10 +228,10 @@ async def list_nodes(store: MetadataStore, _: argparse.Namespace) -> Outcome:
     rows = [
         [
             n["id"],
-            n["url"] or NOT_REGISTERED,
-            n["zone"] or NOT_REGISTERED,
-            n["state"] or NOT_REGISTERED,
-            n["instance"] or NOT_REGISTERED,
+            n["url"] or NONE,
+            n["zone"] or NONE,
+            n["state"] or NONE,
+            n["instance"] or NONE,
             "yes" if n["registered"] else "no",
         ]
         for n in nodes
@@ -246,17 +240,18 @@ async def list_nodes(store: MetadataStore, _: argparse.Namespace) -> Outcome:
     return Outcome({"nodes": nodes}, table(header, rows))
 
 
-async def list_ledgers(store: MetadataStore, _: argparse.Namespace) -> Outcome:
-    ledgers = []
-    for _key, versioned in await store.range(LEDGERS_PREFIX):
-        ledgers.append(_ledger_json(decode(versioned.value), versioned.revision))
+async def list_ledgers(client: Client, _: argparse.Namespace) -> Outcome:
+    ledgers = [
+        {**decode(versioned.value).to_json(), "revision": versioned.revision}
+        for _key, versioned in await client.store.range(LEDGERS_PREFIX)
+    ]
     rows = [
         [
             m["ledgerId"],
             m["state"],
             f"{m['ensembleSize']}/{m['writeQuorumSize']}/{m['ackQuorumSize']}",
-            m["lastEntryId"] if m["state"] == "CLOSED" else NOT_REGISTERED,
-            m["length"] if m["state"] == "CLOSED" else NOT_REGISTERED,
+            m["lastEntryId"] if m["state"] == LedgerState.CLOSED else NONE,
+            m["length"] if m["state"] == LedgerState.CLOSED else NONE,
             len(m["segments"]),
             ",".join(m["segments"][-1]["ensemble"]),
         ]
@@ -266,25 +261,23 @@ async def list_ledgers(store: MetadataStore, _: argparse.Namespace) -> Outcome:
     return Outcome({"ledgers": ledgers}, table(header, rows))
 
 
-async def ledger_metadata(store: MetadataStore, args: argparse.Namespace) -> Outcome:
-    meta, revision = await _metadata(store, args.ledger)
-    document = _ledger_json(meta, revision)
+async def ledger_metadata(client: Client, args: argparse.Namespace) -> Outcome:
+    document = await client.ledger_metadata(args.ledger)
     return Outcome(document, json.dumps(document, indent=2).splitlines())
 
 
-async def read_ledger(store: MetadataStore, args: argparse.Namespace) -> Outcome:
-    await _metadata(store, args.ledger)  # a missing ledger is ledger_not_found, as everywhere
-    from node.client import Client
-
-    async with Client(args.metadata_url) as client:
-        reader = await client.open_ledger(args.ledger, recover=False)
-        last = reader.last_entry_id if args.last is None else args.last
-        entries = []
-        if args.first <= last:
-            async for eid, payload in reader.read(args.first, last):
-                entries.append((eid, bytes(payload)))
+async def read_ledger(client: Client, args: argparse.Namespace) -> Outcome:
+    reader = await client.open_ledger(args.ledger, recover=False)
+    # Never past the end: lastEntryId of a CLOSED ledger, the LAC of an OPEN one.
+    last = reader.last_entry_id if args.last is None else min(args.last, reader.last_entry_id)
+    entries = []
+    if args.first <= last:
+        async for eid, payload in reader.read(args.first, last):
+            entries.append((eid, bytes(payload)))
     document = {
         "ledgerId": args.ledger,
+        "state": reader.metadata.state.value,
+        "lastEntryId": reader.last_entry_id,
         "entries": [
             {"entryId": eid, "payload": base64.b64encode(p).decode("ascii")} for eid, p in entries
         ],
@@ -292,64 +285,55 @@ async def read_ledger(store: MetadataStore, args: argparse.Namespace) -> Outcome
     return Outcome(document, [f"{eid}\t{escape(p)}" for eid, p in entries])
 
 
-async def _recover(metadata_url: str, lid: int) -> dict[str, Any]:
-    """Fence and recover ``lid`` (a CLOSED ledger is left as it is): its metadata after."""
-    from node.client import Client
-
-    async with Client(metadata_url) as client:
-        await client.open_ledger(lid, recover=True)
-        return dict(await client.ledger_metadata(lid))
-
-
-async def recover(store: MetadataStore, args: argparse.Namespace) -> Outcome:
-    before, _ = await _metadata(store, args.ledger)
-    after = await _recover(args.metadata_url, args.ledger)
+async def _recover(client: Client, lid: int) -> tuple[str, dict[str, Any], str]:
+    """Fence and recover ``lid`` (a CLOSED ledger is left as it is): its state before, its
+    metadata after, and a line that says so."""
+    before = (await client.ledger_metadata(lid))["state"]
+    after = await client.recover_ledger(lid)
     line = (
-        f"ledger {args.ledger}: was {before.state.value}, now {after['state']} at "
-        f"lastEntryId {after['lastEntryId']} ({after['length']} bytes)"
+        f"ledger {lid}: was {before}, now {after['state']} at lastEntryId "
+        f"{after['lastEntryId']} ({after['length']} bytes)"
     )
-    return Outcome({"before": before.state.value, "metadata": after}, [line])
+    return before, after, line
 
 
-async def delete_ledger(store: MetadataStore, args: argparse.Namespace) -> Outcome:
-    await _metadata(store, args.ledger)
-    from node.client import Client
+async def recover(client: Client, args: argparse.Namespace) -> Outcome:
+    before, after, line = await _recover(client, args.ledger)
+    return Outcome({"before": before, "metadata": after}, [line])
 
-    async with Client(args.metadata_url) as client:
-        await client.delete_ledger(args.ledger)
+
+async def delete_ledger(client: Client, args: argparse.Namespace) -> Outcome:
+    await client.delete_ledger(args.ledger)
     return Outcome({"ledgerId": args.ledger, "deleted": True}, [f"ledger {args.ledger}: deleted"])
 
 
-async def readd(store: MetadataStore, args: argparse.Namespace) -> Outcome:
+async def readd(client: Client, args: argparse.Namespace) -> Outcome:
     node = args.node
-    registration = await store.get(f"{NODES_PREFIX}{node}")
+    registration = await client.store.get(node_key(node))
     if registration is not None and not args.force:
         info = NodeInfo.decode(registration.value)
         raise ShellFailure(
             NODE_REGISTERED,
-            f"node {node} is registered (at {info.url}): stop it first; a crashed node's "
-            "registration ends with its lease, or pass --force",
+            f"node {node} is registered (at {info.url}): stop it first (a crashed node's "
+            "registration ends with its lease), or pass --force",
         )
     lines: list[str] = []
     recovered = []
-    for _key, versioned in await store.range(LEDGERS_PREFIX):
+    for _key, versioned in await client.store.range(LEDGERS_PREFIX):
         meta = decode(versioned.value)
         if meta.closed or node not in meta.last_segment.ensemble:
             continue
-        after = await _recover(args.metadata_url, meta.ledger_id)
+        _before, after, line = await _recover(client, meta.ledger_id)
         recovered.append(after)
-        lines.append(
-            f"ledger {meta.ledger_id}: was {meta.state.value}, now {after['state']} at "
-            f"lastEntryId {after['lastEntryId']}"
-        )
-    # The node's cookie rules are the node's (node/replication); imported only here so that
-    # the rest of node.client stays free of the node's code.
+        lines.append(line)
+    # The cookie's rules are the node's (node/replication); imported here only, so that the
+    # rest of node.client loads none of the node's code.
     from node.replication.cookie import retire
 
-    retired = await retire(store, node)
+    retired = await retire(client.store, node)
     lines.append(
         f"node {node}: {len(recovered)} open ledger(s) recovered, cookie retired; its next "
-        "start is a new, empty node"
+        "start makes it a new, empty node"
     )
     document = {
         "node": node,
@@ -359,7 +343,7 @@ async def readd(store: MetadataStore, args: argparse.Namespace) -> Outcome:
     return Outcome(document, lines)
 
 
-Command = Callable[["MetadataStore", argparse.Namespace], Awaitable[Outcome]]
+Command = Callable[["Client", argparse.Namespace], Awaitable[Outcome]]
 COMMANDS: dict[str, Command] = {
     "listnodes": list_nodes,
     "listledgers": list_ledgers,
@@ -372,19 +356,18 @@ COMMANDS: dict[str, Command] = {
 
 
 async def _run(args: argparse.Namespace) -> Outcome:
-    from node.client.metadata.etcd import EtcdStore
+    from node.client import Client
 
-    store = EtcdStore(args.metadata_url)
-    try:
-        return await COMMANDS[args.shell_command](store, args)
-    finally:
-        await store.close()
+    async with Client(args.metadata_url) as client:
+        return await COMMANDS[args.shell_command](client, args)
 
 
-def main(args: argparse.Namespace) -> int:
-    """Runs ``args.shell_command``; prints its outcome; the exit status."""
+def main(argv: list[str]) -> int:
+    """Runs the command of ``argv`` (what follows ``shell``); prints its outcome; the exit
+    status (argparse exits 2 itself on bad arguments)."""
     from node.client.metadata.etcd import parse_url
 
+    args = build_parser().parse_args(argv)
     as_json = bool(args.json)
     args.metadata_url = args.metadata_url or os.environ.get(METADATA_URL_ENV, "")
     try:
@@ -403,7 +386,7 @@ def main(args: argparse.Namespace) -> int:
         _print_failure(as_json, e.code, str(e))
         return EXIT_FAILED
     except (ClientError, MetadataFormatError) as e:
-        _print_failure(as_json, error_code(e), f"{args.shell_command}: {e}")
+        _print_failure(as_json, error_code(e), str(e))
         return EXIT_FAILED
     if as_json:
         print(json.dumps(outcome.document, indent=2))

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from node.client import Client
 from node.client.metadata.etcd import EtcdStore
 from node.client.model import (
     LedgerMetadata,
@@ -31,6 +32,8 @@ from node.client.model import (
     node_key,
 )
 from node.client.shell import escape
+from node.localcluster import LocalCluster, ProcessExited
+from tests.harness.cluster import cluster_env
 from tests.harness.etcd import EtcdServer
 from tests.harness.hostdisk import REPO
 from tests.harness.ports import free_port
@@ -204,6 +207,19 @@ def test_an_unreachable_store_fails_with_exit_1() -> None:
     assert json.loads(result.stdout)["code"] == "store_unavailable"
 
 
+def test_the_cli_loads_the_shell_only_for_the_shell() -> None:
+    """The shell's parser lives with the client: parsing any other command (``serve``) loads
+    nothing of node.client."""
+    code = (
+        "import sys, node.cli; node.cli.build_parser().parse_args(['serve']); "
+        "print(sorted(m for m in sys.modules if m.startswith('node.client')))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert found.stdout.strip() == "[]"
+
+
 def test_escape_keeps_text_readable_and_every_byte_visible() -> None:
     assert escape(b"hello world") == "hello world"
     assert escape(b"a\\b\nc\td\r\x00\xff") == "a\\\\b\\nc\\td\\r\\x00\\xff"
@@ -253,7 +269,6 @@ def crashed_writer(metadata_url: str, entries: int) -> int:
 
 def closed_ledger(metadata_url: str, payloads: list[bytes]) -> int:
     """A ledger with ``payloads``, closed by its writer: its id."""
-    from node.client import Client
 
     async def write() -> int:
         async with Client(metadata_url) as client:
@@ -267,10 +282,6 @@ def closed_ledger(metadata_url: str, payloads: list[bytes]) -> int:
 
 @pytest.fixture(scope="module")
 def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from node.localcluster import LocalCluster
-
-    from tests.harness.cluster import cluster_env
-
     with LocalCluster(tmp_path_factory.mktemp("shell-cluster"), env=cluster_env()) as cluster:
         yield cluster
 
@@ -346,10 +357,6 @@ READD_WAIT_S = 60  # a killed node's registration lasts its lease (registration_
 def test_readd_lets_a_wiped_node_back_as_a_new_one(tmp_path: Any) -> None:
     """The wiped node refuses to start; readd recovers the open ledger that named it (and
     leaves the closed one alone), retires its cookie; then it starts, with a new instance."""
-    from node.localcluster import LocalCluster, ProcessExited
-
-    from tests.harness.cluster import cluster_env
-
     with LocalCluster(tmp_path / "cluster", env=cluster_env()) as cluster:
         url = cluster.metadata_url
         closed = closed_ledger(url, [b"kept"])
