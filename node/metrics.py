@@ -203,6 +203,17 @@ class Metrics:
             "Open HTTP connections (long polls included), out of max_connections.",
             registry=self.registry,
         )
+        # The bookie protocol of replicated ledgers (node/http/ledgers.py).
+        self.replica_fences, self.replica_adds_refused_fenced = (
+            Counter(f"{PREFIX}_{name}", doc, registry=self.registry)
+            for name, doc in (
+                ("replica_fences", "Fencing reads (fence=1) of replicated ledgers received."),
+                (
+                    "replica_adds_refused_fenced",
+                    "Replica adds refused: a recovery fenced the ledger (ledger_fenced).",
+                ),
+            )
+        )
         self.http_refused_connections = Counter(
             f"{PREFIX}_http_refused_connections",
             "Connections refused past max_connections (503 too_many_connections).",

@@ -23,7 +23,7 @@ from node.http.connections import ConnectionLimit, HangupCancels
 from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
 from node.http.frames import JSON_CONTENT_TYPE
-from node.http.middleware import request_context, require_admin_token
+from node.http.middleware import install_node_id, request_context, require_admin_token
 from node.http.state import (
     AUDIT,
     BUDGET,
@@ -95,6 +95,7 @@ def build_app(
     app.add_routes(openapi.routes)
     status.install(app, clock)
     crosssite.install(app)
+    install_node_id(app)
     return app
 
 

@@ -35,7 +35,9 @@ class Status:
 STATUSES: dict[int, Status] = {
     400: Status(
         "Malformed id, query, body or frame (against this document's schemas); an empty "
-        "batch (empty_batch); a reserved ledger property (reserved_property)",
+        "batch (empty_batch); a reserved ledger property (reserved_property); a malformed "
+        "header of the replica protocol (invalid_header) or query flag (invalid_query); a "
+        "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id)",
         (
             storage_errors.InvalidArgument,
             stream_errors.MalformedPosition,
@@ -73,8 +75,11 @@ STATUSES: dict[int, Status] = {
         "Closed or fenced ledger, conflicting entry, or an existing ledger; a ledger of a "
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
         "2^63 - 1 (ledger_full: nothing of it is added); an audit snapshot directory that is "
-        "not empty (snapshot_exists)",
+        "not empty (snapshot_exists); a plain add, a close or a delete of a replicated ledger "
+        "(replicated_ledger); a replica add to a local ledger (not_replicated)",
         (
+            storage_errors.ReplicatedLedger,
+            storage_errors.NotReplicated,
             storage_errors.LedgerExists,
             storage_errors.LedgerClosed,
             storage_errors.LedgerFenced,
@@ -103,11 +108,16 @@ STATUSES: dict[int, Status] = {
         "(invalid_summary)",
         (stream_errors.InvalidPosition, stream_errors.ConflictingPolicies),
     ),
+    421: Status(
+        "X-Expect-Node names another node than this one (wrong_node): the caller's address "
+        "now belongs to another node",
+    ),
     431: Status("Request headers too large", (), "headers_too_large"),
     500: Status(
-        "An entry failed its CRC check, or the WAL failed; an audit snapshot directory "
+        "An entry failed its CRC check (corrupt_record), an I/O error met a read (io_error: "
+        "the entry may exist), or the WAL failed; an audit snapshot directory "
         "off the entry logs' file system (snapshot_failed)",
-        (storage_errors.JournalFailed, storage_errors.CorruptRecord),
+        (storage_errors.JournalFailed, storage_errors.CorruptRecord, storage_errors.StorageIoError),
     ),
     502: Status(
         "An offloaded object is missing or damaged (offload_object_unreadable), or the "
@@ -122,7 +132,8 @@ STATUSES: dict[int, Status] = {
         "Back-pressure, read-only node, shutting down, request bodies (or read replies) "
         "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
         "overloaded, max_connections connections open (too_many_connections), or the object "
-        "store unreachable (offload_store_unavailable); see Retry-After",
+        "store unreachable (offload_store_unavailable), or the metadata store unreachable "
+        "when a replicated ledger's deletion asks it (metadata_unavailable); see Retry-After",
         (
             storage_errors.Backpressure,
             storage_errors.StorageClosed,

@@ -45,6 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from node import logs
+from node.client import protocol
 from node.http import ledgers, streams
 from node.http.crosssite import GUARD
 from node.http.errors import RETRY_AFTER_S, ApiError, error_body, storage_status
@@ -79,6 +80,8 @@ READ_AHEAD = 256 * 1024  # pipelined bytes buffered while answering; then readin
 SWEEP_INTERVAL_S = 1.0  # how often the timeouts are checked
 SERVER_HEADER = b"storage-node"
 _WRITE_TOKEN = ledgers.WRITE_TOKEN_HEADER.lower().encode()
+_REPLICATED = protocol.REPLICATED_HEADER.lower().encode()
+_EXPECT_NODE = protocol.EXPECT_NODE_HEADER.lower().encode()
 _PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 _JSON_CONTENT_TYPE = JSON_CONTENT_TYPE.encode()
 
@@ -148,6 +151,16 @@ def _token(add: _Add) -> str | None:
     return _header(add, _WRITE_TOKEN) if _WRITE_TOKEN in add.headers else None
 
 
+def _getter(add: _Add) -> ledgers.HeaderGetter:
+    """The add's headers as the routes read them (name -> value or None)."""
+
+    def header(name: str) -> str | None:
+        key = name.lower().encode()
+        return _header(add, key) if key in add.headers else None
+
+    return header
+
+
 def _failure(error: Exception, path: str) -> tuple[int, bytes]:
     """The status and JSON body of an add that failed."""
     if isinstance(error, ApiError):
@@ -176,6 +189,11 @@ class Lanes:
             settings.admin_token.get_secret_value().encode() if settings.admin_token else None
         )
         self.guard = app[GUARD]
+        self.node_id = settings.id
+        self.node_id_header = b"%s: %s\r\n" % (
+            protocol.NODE_ID_HEADER.encode(),
+            settings.id.encode("utf-8", "surrogateescape"),
+        )
         self.header_timeout = settings.header_timeout_s
         self.body_timeout = settings.body_read_timeout_s
         self.keepalive_timeout = settings.keepalive_timeout_s
@@ -329,6 +347,9 @@ class FastLane(asyncio.Protocol):
         lanes = self._lanes
         if add.length > lanes.max_body or not self._same_site(add):
             return False
+        expected = add.headers.get(_EXPECT_NODE)
+        if expected is not None and _header(add, _EXPECT_NODE) != lanes.node_id:
+            return False  # aiohttp's middleware answers 421 wrong_node
         token = lanes.admin_token
         if token is not None and token_refusal(_header(add, b"authorization"), token):
             return False  # aiohttp's route answers the refusal
@@ -390,15 +411,21 @@ class FastLane(asyncio.Protocol):
         self._starting = True
         try:
             if add.route is LEDGER_ROUTE and _content_type(add) in RAW_CONTENT_TYPES:
+                app = self._lanes.app
+                replicated = _REPLICATED in add.headers
                 try:
-                    pending = ledgers.begin_add(self._lanes.app, int(add.key), _token(add), body)
+                    if replicated:
+                        pending = ledgers.begin_replica_add(app, int(add.key), _getter(add), body)
+                    else:
+                        pending = ledgers.begin_add(app, int(add.key), _token(add), body)
                 except Exception as e:
                     self._respond(add, rid, started, *_failure(e, add.path))
                     return
                 if pending is not None:
                     self._answering = pending.future
+                    finish = ledgers.finish_replica_add if replicated else ledgers.finish_add
                     pending.future.add_done_callback(
-                        functools.partial(self._finish, add, rid, started, pending)
+                        functools.partial(self._finish, add, rid, started, pending, finish)
                     )
                     return
             self._answering = self._loop.create_task(self._answer(add, body, rid, started))
@@ -407,11 +434,17 @@ class FastLane(asyncio.Protocol):
             logs.request_id.reset(context)
 
     def _finish(
-        self, add: _Add, rid: str, started: float, pending: PendingAdd, _done: object
+        self,
+        add: _Add,
+        rid: str,
+        started: float,
+        pending: PendingAdd,
+        finish: Callable[[web.Application, PendingAdd, float], bytes],
+        _done: object,
     ) -> None:
         context = logs.request_id.set(rid)
         try:
-            status, reply = 201, ledgers.finish_add(self._lanes.app, pending, started)
+            status, reply = 201, finish(self._lanes.app, pending, started)
         except Exception as e:
             status, reply = _failure(e, add.path)
         self._respond(add, rid, started, status, reply)
@@ -440,7 +473,7 @@ class FastLane(asyncio.Protocol):
         else:
             transport.write(
                 b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s\r\n%s"
+                b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s%s\r\n%s"
                 % (
                     status,
                     _PHRASES[status],
@@ -449,6 +482,7 @@ class FastLane(asyncio.Protocol):
                     lanes.date(),
                     SERVER_HEADER,
                     rid.encode(),
+                    lanes.node_id_header,
                     extra,
                     reply,
                 )
@@ -476,6 +510,10 @@ class FastLane(asyncio.Protocol):
     async def _add(self, add: _Add, body: bytes) -> bytes:
         app = self._lanes.app
         if add.route is LEDGER_ROUTE:
+            if _REPLICATED in add.headers:
+                return await ledgers.replica_add(
+                    app, int(add.key), _content_type(add), _getter(add), body
+                )
             return await ledgers.add(app, int(add.key), _content_type(add), _token(add), body)
         return await streams.add(app, add.key.decode(), _content_type(add), body)
 

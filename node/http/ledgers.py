@@ -1,14 +1,25 @@
-"""Ledger routes: create, metadata, close, fence, delete, add, read, range, long-poll LAC."""
+"""Ledger routes: create, metadata, close, fence, delete, add, read, range, long-poll LAC.
+
+The same routes carry the bookie protocol of replicated ledgers (node/client is the
+writer; ``node/client/protocol.py`` names the headers and codes): an add with
+``X-Replicated`` is a replica add at the writer's ids, ``?fence=1`` on an entry or LAC read
+fences before it answers, ``?replicated=1`` on a LAC read answers the replica's view.
+A replicated ledger is closed in the metadata store, never here, and deleted here only
+once the metadata store says it is gone (``REPLICA_GUARD``)."""
 
 from __future__ import annotations
 
 import logging
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
+from node.client import protocol
+from node.client.errors import MetadataError
+from node.client.metadata.store import LEDGER_ID_BASE
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
@@ -27,10 +38,10 @@ from node.http.frames import (
 )
 from node.http.jsonreply import LINE_END, json_response
 from node.http.replies import ReplyBytes, send
-from node.http.state import METRICS, SETTINGS, STORAGE, STREAMS
-from node.storage.adds import PendingAdd
-from node.storage.errors import StorageError
-from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta
+from node.http.state import METRICS, REPLICA_GUARD, SETTINGS, STORAGE, STREAMS
+from node.storage.adds import PendingAdd, ReplicaAdd
+from node.storage.errors import LedgerFenced, StorageError
+from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta, LedgerState
 from node.storage.ledgers import LedgerStorage
 from node.streams.model import ID_DIGITS
 
@@ -49,6 +60,8 @@ ADD_REPLY = b'{"ledgerId": %d, "entryId": %d, "lac": %d}' + LINE_END
 BATCH_REPLY = b'{"ledgerId": %d, "firstEntryId": %d, "lastEntryId": %d, "lac": %d}' + LINE_END
 
 routes = web.RouteTableDef()
+# A header's value, or None (aiohttp's headers and the fast lane's parsed ones alike).
+HeaderGetter = Callable[[str], str | None]
 
 
 def parse_id(text: str | None, what: str, default: int | None = None) -> int:
@@ -155,6 +168,12 @@ async def create_ledger(request: web.Request) -> web.Response:
 @routes.put("/api/v1/ledgers/{lid}")
 async def create_ledger_with_id(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
+    if request.app[SETTINGS].metadata_url and ledger_id >= LEDGER_ID_BASE:
+        raise ApiError(
+            400,
+            protocol.RESERVED_LEDGER_ID,
+            f"ids from {LEDGER_ID_BASE} (2^62) are the fleet's replicated ledgers (node/client)",
+        )
     properties, token = await _create_options(request)
     meta, created = await _storage(request).create_ledger(ledger_id, properties, token)
     return json_response(meta_json(meta), status=201 if created else 200)
@@ -170,8 +189,37 @@ async def get_ledger(request: web.Request) -> web.Response:
 async def delete_ledger(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     not_stream_owned(request.app, ledger_id)
-    await _storage(request).delete_ledger(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
+    storage = _storage(request)
+    if storage.ledger(ledger_id).replication is not None:
+        await _confirm_replica_deleted(request.app, ledger_id)
+    await storage.delete_ledger(ledger_id, request.headers.get(WRITE_TOKEN_HEADER))
     return web.Response(status=204)
+
+
+async def _confirm_replica_deleted(app: web.Application, ledger_id: int) -> None:
+    """A replicated ledger is reclaimed only when the metadata store says it is gone: its
+    writer or a reader may still need this replica's stripe."""
+    guard = app.get(REPLICA_GUARD)
+    if guard is None:
+        raise ApiError(
+            409,
+            protocol.REPLICATED_LEDGER,
+            f"ledger {ledger_id} is replicated and this node has no metadata store to ask "
+            "whether it is deleted (metadata_url)",
+        )
+    try:
+        gone = await guard.confirm_deleted(ledger_id)
+    except MetadataError as e:
+        raise ApiError(
+            503, "metadata_unavailable", f"the metadata store did not answer ({e}): kept"
+        ) from e
+    if not gone:
+        raise ApiError(
+            409,
+            protocol.REPLICATED_LEDGER,
+            f"ledger {ledger_id} is replicated and still in the metadata store: delete it "
+            "there (node/client); this node reclaims it afterwards",
+        )
 
 
 @routes.post("/api/v1/ledgers/{lid}/close")
@@ -259,6 +307,110 @@ async def add(
     return ADD_REPLY % (ledger_id, entry_id, storage.ledger(ledger_id).lac)
 
 
+def _replica_headers(header: HeaderGetter) -> tuple[int | None, ReplicaAdd]:
+    """The replica add's first entry id (X-Entry-Id, None if not sent) and the rest of what
+    its headers say; 400 ``invalid_header`` when one is malformed."""
+    try:
+        replication = protocol.parse_replication_header(header(protocol.REPLICATED_HEADER) or "")
+    except ValueError as e:
+        raise ApiError(400, "invalid_header", str(e)) from None
+    entry_text = header(protocol.ENTRY_ID_HEADER)
+    first = None if entry_text is None else parse_id(entry_text, protocol.ENTRY_ID_HEADER)
+    lac_text = header(protocol.LAC_HEADER)
+    if lac_text is None:
+        raise ApiError(400, "invalid_header", f"a replica add carries {protocol.LAC_HEADER}")
+    lac = -1 if lac_text == "-1" else parse_id(lac_text, protocol.LAC_HEADER)
+    length = parse_id(header(protocol.LAC_LENGTH_HEADER), protocol.LAC_LENGTH_HEADER, default=0)
+    recovery = header(protocol.RECOVERY_ADD_HEADER)
+    if recovery not in (None, "0", "1"):
+        raise ApiError(400, "invalid_header", f"{protocol.RECOVERY_ADD_HEADER} is 0 or 1")
+    return first, ReplicaAdd(replication, lac, length, recovery == "1")
+
+
+def _first_id(first: int | None) -> int:
+    if first is None:
+        raise ApiError(
+            400, "invalid_header", f"{protocol.ENTRY_ID_HEADER} names the body's first entry"
+        )
+    return first
+
+
+async def _replica_entries(
+    app: web.Application, content_type: str, first: int | None, body: bytes
+) -> list[tuple[int, bytes]]:
+    """A replica add's entries: one at X-Entry-Id, a batch from it, or a range's own ids."""
+    if content_type == BATCH_CONTENT_TYPE:
+        start = _first_id(first)
+        payloads = await decode_payloads(app, body)
+        if start + len(payloads) - 1 > MAX_ID:
+            raise ApiError(400, "invalid_id", "the batch runs past entry id 2^63 - 1")
+        return list(enumerate(payloads, start))
+    if content_type == RANGE_CONTENT_TYPE:
+        limit = app[SETTINGS].max_entries_per_batch
+        try:
+            entries = list(protocol.decode_range(body))
+        except ValueError as e:
+            raise ApiError(400, "invalid_frame", f"bad range body: {e}") from None
+        if not entries:
+            raise ApiError(400, "empty_batch", "a range holds at least one entry")
+        if len(entries) > limit:
+            raise ApiError(413, "too_many_entries", f"more than {limit} entries")
+        if any(eid > MAX_ID for eid, _payload in entries):
+            raise ApiError(400, "invalid_id", "a range entry id past 2^63 - 1")
+        return entries
+    if content_type not in RAW_CONTENT_TYPES:
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"replica entries are {OCTET_CONTENT_TYPE}, {BATCH_CONTENT_TYPE} or "
+            f"{RANGE_CONTENT_TYPE}, not {content_type!r}",
+        )
+    return [(_first_id(first), body)]
+
+
+def _fenced(app: web.Application, error: Exception) -> None:
+    if isinstance(error, LedgerFenced):
+        app[METRICS].replica_adds_refused_fenced.inc()
+
+
+async def replica_add(
+    app: web.Application, ledger_id: int, content_type: str, header: HeaderGetter, body: bytes
+) -> bytes:
+    """POST /api/v1/ledgers/{lid}/entries with X-Replicated, once its body is read: the 201
+    reply's JSON (``lac`` is the writer's LAC as the adds carried it)."""
+    first, replica = _replica_headers(header)
+    entries = await _replica_entries(app, content_type, first, body)
+    started = time.perf_counter()
+    try:
+        meta = await app[STORAGE].add_replica(ledger_id, entries, replica)
+    except StorageError as e:
+        _fenced(app, e)
+        raise
+    app[METRICS].add_latency_batch.observe(time.perf_counter() - started)
+    return BATCH_REPLY % (ledger_id, entries[0][0], entries[-1][0], meta.writer_lac)
+
+
+def begin_replica_add(
+    app: web.Application, ledger_id: int, header: HeaderGetter, body: bytes
+) -> PendingAdd | None:
+    """``begin_add`` of a replica add of one raw entry (the fast lane): the add queued, or
+    None when ``replica_add`` must do it (the ledger's first add, a resend, a full cache)."""
+    first, replica = _replica_headers(header)
+    try:
+        return app[STORAGE].begin_replica_add(ledger_id, _first_id(first), body, replica)
+    except StorageError as e:
+        _fenced(app, e)
+        raise
+
+
+def finish_replica_add(app: web.Application, pending: PendingAdd, started: float) -> bytes:
+    """The 201 reply of a ``begin_replica_add`` whose future is done, or its error."""
+    entry_id = app[STORAGE].finish_replica_add(pending)
+    app[METRICS].add_latency_single.observe(time.perf_counter() - started)
+    meta = pending.meta
+    return BATCH_REPLY % (meta.ledger_id, entry_id, entry_id, meta.writer_lac)
+
+
 def begin_add(
     app: web.Application, ledger_id: int, token: str | None, body: bytes
 ) -> PendingAdd | None:
@@ -280,13 +432,22 @@ def finish_add(app: web.Application, pending: PendingAdd, started: float) -> byt
 @routes.post("/api/v1/ledgers/{lid}/entries")
 async def append_entries(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
-    reply = await add(
-        request.app,
-        ledger_id,
-        _content_type(request),
-        request.headers.get(WRITE_TOKEN_HEADER),
-        await request.read(),
-    )
+    if protocol.REPLICATED_HEADER in request.headers:
+        reply = await replica_add(
+            request.app,
+            ledger_id,
+            _content_type(request),
+            request.headers.get,
+            await request.read(),
+        )
+    else:
+        reply = await add(
+            request.app,
+            ledger_id,
+            _content_type(request),
+            request.headers.get(WRITE_TOKEN_HEADER),
+            await request.read(),
+        )
     return web.Response(body=reply, status=201, content_type=JSON_CONTENT_TYPE)
 
 
@@ -294,14 +455,52 @@ async def append_entries(request: web.Request) -> web.Response:
 async def read_entry(request: web.Request) -> web.StreamResponse:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     entry_id = parse_id(request.match_info["eid"], "entry id")
+    storage = _storage(request)
+    fence = _flag(request, "fence")
     started = time.perf_counter()
     async with ReplyBytes(request.app, 0) as reply:
         try:
-            payload = await _storage(request).read_entry(ledger_id, entry_id)
+            if fence:  # the fence is durable before the lookup (see fencing_read)
+                request.app[METRICS].replica_fences.inc()
+                payload = await storage.fencing_read(ledger_id, entry_id, _replication(request))
+            else:
+                payload = await storage.read_entry(ledger_id, entry_id)
         finally:
             _observe_read(request, "entry", started)
         await reply.admit(len(payload))  # the first entry of a reply: room, or 503
-        return await send(request, reply, OCTET_CONTENT_TYPE, [payload], {})
+        headers = {protocol.LAC_HEADER: str(_lac_of(storage.ledger(ledger_id)))}
+        return await send(request, reply, OCTET_CONTENT_TYPE, [payload], headers)
+
+
+def _lac_of(meta: LedgerMeta) -> int:
+    """The LAC a reader is told: the writer's for a replicated ledger, else the local one."""
+    return meta.lac if meta.replication is None else meta.writer_lac
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "0")
+    if value not in ("0", "1"):
+        raise ApiError(400, "invalid_query", f"{name} is 0 or 1, not {value[:20]!r}")
+    return value == "1"
+
+
+async def _fence_replica(request: web.Request, ledger_id: int) -> LedgerMeta:
+    """A fencing read's fence (journaled and durable), the ledger created FENCED when the
+    node does not know it (with the quorums of X-Replicated when the reader sent them)."""
+    request.app[METRICS].replica_fences.inc()
+    return await _storage(request).fence_replica(ledger_id, _replication(request))
+
+
+def _replication(request: web.Request) -> tuple[int, int, int] | None:
+    """E/Qw/Qa of X-Replicated when a reader sends it (then a ledger its fence creates
+    knows its quorums), else None."""
+    text = request.headers.get(protocol.REPLICATED_HEADER)
+    if text is None:
+        return None
+    try:
+        return protocol.parse_replication_header(text)
+    except ValueError as e:
+        raise ApiError(400, "invalid_header", str(e)) from None
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")
@@ -340,6 +539,13 @@ async def read_range(request: web.Request) -> web.StreamResponse:
 async def long_poll_lac(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
+    fence = _flag(request, "fence")
+    if _flag(request, "replicated"):
+        return _replica_lac(
+            await _fence_replica(request, ledger_id) if fence else None, storage, ledger_id
+        )
+    if fence:
+        raise ApiError(400, "invalid_query", "fence=1 is a replica's read: add replicated=1")
     timeout_ms = parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0)
     longest = request.app[SETTINGS].max_long_poll_ms
     if timeout_ms > longest:
@@ -352,3 +558,21 @@ async def long_poll_lac(request: web.Request) -> web.Response:
     else:
         lac = storage.ledger(ledger_id).lac
     return json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())
+
+
+def _replica_lac(fenced: LedgerMeta | None, storage: LedgerStorage, ledger_id: int) -> web.Response:
+    """A replica's view of its replicated ledger (after its fence, when ``fenced``)."""
+    meta = fenced or storage.ledger(ledger_id)
+    if meta.replication is None:
+        raise ApiError(
+            409, protocol.NOT_REPLICATED, f"ledger {ledger_id} is a local ledger of this node"
+        )
+    return json_response(
+        models.ReplicaLac(
+            ledgerId=ledger_id,
+            lac=meta.writer_lac,
+            lacLength=meta.writer_lac_length,
+            lastEntryId=meta.last_entry_id,
+            fenced=meta.state == LedgerState.FENCED,
+        ).to_json()
+    )

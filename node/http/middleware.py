@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from node import logs
-from node.http.errors import ApiError, ClientAborted
+from node.client.protocol import EXPECT_NODE_HEADER, NODE_ID_HEADER, WRONG_NODE
+from node.http.errors import ApiError, ClientAborted, error_response
 from node.http.state import METRICS, SETTINGS
 
 log = logging.getLogger("node.http.access")
@@ -71,8 +72,13 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
     token = logs.request_id.set(rid)
     started = time.perf_counter()
     status = 500
+    response: web.StreamResponse
     try:
-        response = await handler(request)
+        expected = request.headers.get(EXPECT_NODE_HEADER)
+        if expected is not None and expected != request.app[SETTINGS].id:
+            response = wrong_node(expected, request.app[SETTINGS].id)
+        else:
+            response = await handler(request)
         status = response.status
         if not response.prepared:
             response.headers[REQUEST_ID_HEADER] = rid
@@ -92,6 +98,22 @@ async def request_context(request: web.Request, handler: Handler) -> web.StreamR
         request.app[METRICS].observe_request(request.method, route, status, elapsed)
         access_log(request.method, request.path, status, elapsed)
         logs.request_id.reset(token)
+
+
+def wrong_node(expected: str, node_id: str) -> web.Response:
+    """421 for a request meant for another node: its caller reached this one at an address
+    that node had (a pod's IP reused), and must not take this node's answer for that one's."""
+    return error_response(421, WRONG_NODE, f"this is node {node_id!r}, not {expected[:100]!r}")
+
+
+async def _node_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[NODE_ID_HEADER] = request.app[SETTINGS].id
+
+
+def install_node_id(app: web.Application) -> None:
+    """Every reply names the node that gave it (X-Node-Id): a client of replicated ledgers
+    counts a node's answer only from the node it meant."""
+    app.on_response_prepare.append(_node_id_header)
 
 
 def token_refusal(authorization: str, admin_token: bytes) -> ApiError | None:

@@ -372,6 +372,18 @@ class Lac(Reply):
     lac: Annotated[int, Field(ge=-1)]
 
 
+class ReplicaLac(Reply):
+    """A replica's view of a replicated ledger (``?replicated=1``): the writer's LAC as its
+    adds carried it, the bytes up to it, the highest entry id held here, and whether a
+    recovery fenced it."""
+
+    ledgerId: Id
+    lac: Annotated[int, Field(ge=-1)]
+    lacLength: Annotated[int, Field(ge=0)]
+    lastEntryId: Annotated[int, Field(ge=-1)]
+    fenced: bool
+
+
 class PolicyValues(Reply):
     """Every policy of ``node.streams.policies`` (a test holds the two lists equal)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from aiohttp import web
 
@@ -42,3 +43,16 @@ STREAMS = web.AppKey("streams", StreamManager)
 BUDGET = web.AppKey("budget", BodyBudget)
 READ_BUDGET = web.AppKey("read_budget", BodyBudget)  # read replies (node/http/replies.py)
 AUDIT = web.AppKey("audit", AuditState)
+
+
+class ReplicaGuard(Protocol):
+    """Whether a replicated ledger may be reclaimed here: only once the metadata store says
+    it is gone (a linearizable read). Raises ``node.client.errors.MetadataError`` when the
+    store does not answer (then nothing is deleted)."""
+
+    async def confirm_deleted(self, ledger_id: int) -> bool: ...
+
+
+# Installed when the node has a metadata store (metadata_url); absent or None: a replicated
+# ledger is never deleted through the HTTP API.
+REPLICA_GUARD: web.AppKey[ReplicaGuard | None] = web.AppKey("replica_guard")

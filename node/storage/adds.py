@@ -10,6 +10,13 @@ moves then (``lac``). Appends that end otherwise are settled by ``settle``.
 Back-pressure: an add that finds the write cache half full asks for a checkpoint, and
 waits for the flush running (``Checkpointer.throttle``) before it adds to the cache.
 
+Replica adds (a replicated ledger's writer, node/client, sends each entry to the
+replicas of its write set): entries at the ids the writer chose, the ledger created on the
+first (journaled before the entry), idempotent for identical bytes, no LAC bookkeeping
+(this node holds a stripe, never a prefix: the ledger's LAC is the writer's, carried by
+each add); acknowledged, as every add, once the WAL holds them durably. A fenced ledger
+takes only a recovery's re-adds.
+
 This is the hot path (tens of thousands of adds a second on one loop): the common case of
 each check comes first, in one test, and no call is made that the case does not need.
 """
@@ -17,6 +24,8 @@ each check comes first, in one test, and no call is made that the case does not 
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from dataclasses import dataclass
 
 from node.storage.cache import WriteCaches
@@ -25,6 +34,7 @@ from node.storage.descriptor import (
     LedgerTable,
     check_ids_left,
     check_open,
+    check_replica,
     check_token,
     count_added,
 )
@@ -34,13 +44,15 @@ from node.storage.errors import (
     EntryConflict,
     EntryTooLarge,
     InvalidArgument,
+    ReplicatedLedger,
 )
 from node.storage.index import MAX_ID, LedgerMeta, LedgerState
 from node.storage.lac import LacTracker
 from node.storage.probe import Stats
 from node.storage.readonly import ReadOnlyState
 from node.storage.reads import EntryReads
-from node.storage.settle import AppendSettler
+from node.storage.settle import Appended, AppendSettler
+from node.storage.transitions import LedgerTransitions
 from node.storage.wal import LogMark, Wal, record_crc
 
 _OPEN = LedgerState.OPEN  # tested per add: a module name is cheaper than an enum attribute
@@ -54,6 +66,16 @@ class PendingAdd:
     entry_id: int
     payload: bytes
     future: asyncio.Future[LogMark]
+
+
+@dataclass(slots=True, frozen=True)
+class ReplicaAdd:
+    """What a replica add says besides its entries (the bookie protocol's headers)."""
+
+    replication: tuple[int, int, int]  # E/Qw/Qa (X-Replicated)
+    lac: int  # the writer's LAC when it sent the add (X-Lac)
+    lac_length: int = 0  # the ledger's bytes up to that LAC (X-Lac-Length)
+    recovery: bool = False  # a recovery's re-add: taken on a fenced ledger (X-Recovery-Add)
 
 
 class AddPath:
@@ -71,8 +93,10 @@ class AddPath:
         stats: Stats,
         max_entry_size: int,
         flush_at: int,
+        transitions: LedgerTransitions,
     ) -> None:
         self._table = table
+        self._transitions = transitions
         self._caches = caches
         self._lac = lac
         self._wal = wal
@@ -180,6 +204,127 @@ class AddPath:
         self._lac.on_durable_range(meta, first, ids[-1])
         return ids
 
+    # --- replica adds ------------------------------------------------------------------------
+
+    def begin_replica_add(
+        self, ledger_id: int, entry_id: int, payload: bytes, replica: ReplicaAdd
+    ) -> PendingAdd | None:
+        """``begin_add`` of a replica add of one entry at a fresh id of a ledger the node
+        knows; None for anything else (``add_replica`` does it then)."""
+        self._check_size(len(payload))
+        if self._caches.current.size >= self._flush_at:
+            return None
+        meta = self._table.metas.get(ledger_id)
+        if meta is None or entry_id <= meta.last_entry_id or self._transitions.creating(ledger_id):
+            return None
+        self._replica_writable(meta, replica)
+        return PendingAdd(meta, entry_id, payload, self._append_now(meta, entry_id, payload))
+
+    def finish_replica_add(self, add: PendingAdd) -> int:
+        """``finish_add`` of a ``begin_replica_add``: no LAC to move."""
+        error = add.future.exception()
+        if error is not None:
+            if isinstance(error, DiskFull | Backpressure):
+                self._settle.refused(add.meta, [(add.entry_id, add.payload, add.future)])
+            raise error
+        return add.entry_id
+
+    async def add_replica(
+        self, ledger_id: int, entries: list[tuple[int, bytes]], replica: ReplicaAdd
+    ) -> LedgerMeta:
+        """Add entries at the writer's ids (ascending) to a replicated ledger, creating it
+        here on its first add; returns its metadata once every entry is durable. An id held
+        already with identical bytes is a no-op (a resend), other bytes conflict."""
+        ids = [entry_id for entry_id, _payload in entries]
+        if ids[0] < 0 or ids[-1] > MAX_ID or any(b <= a for a, b in itertools.pairwise(ids)):
+            raise InvalidArgument("replica entry ids must ascend, within [0, 2^63)")
+        for _entry_id, payload in entries:
+            self._check_size(len(payload))
+        if self._caches.current.size >= self._flush_at:
+            await self._throttle()
+        meta, _created = await self._transitions.open_replica(ledger_id, replica.replication)
+        self._replica_writable(meta, replica)
+        # Fresh ids (past the highest held) are appended at once, in one synchronous step;
+        # the others are looked up first (a resend, or a recovery's re-add).
+        split = bisect.bisect_right(ids, meta.last_entry_id)
+        appended = self._append_fresh(meta, entries[split:])
+        resent = False
+        try:
+            for entry_id, payload in entries[:split]:
+                future = await self._replica_again(meta, entry_id, payload, replica)
+                if future is None:
+                    resent = True
+                else:
+                    appended.append((entry_id, payload, future))
+        except BaseException:
+            if appended:  # they land or are refused without us: settle them then
+                self._settle.failed(
+                    meta, appended[-1][2], asyncio.CancelledError(), lambda: appended
+                )
+            raise
+        for _entry_id, _payload, future in appended:
+            try:
+                await future
+            except BaseException as error:
+                self._settle.failed(meta, appended[-1][2], error, lambda: appended)
+                raise
+        if resent:
+            await self._wal.sync_point()  # what the first send appended is durable now
+        return meta
+
+    def _append_fresh(self, meta: LedgerMeta, entries: list[tuple[int, bytes]]) -> Appended:
+        """Append entries past the ledger's last id: consecutive ones as one batch."""
+        if not entries:
+            return []
+        first = entries[0][0]
+        if len(entries) == 1 or entries[-1][0] - first != len(entries) - 1:
+            return [(eid, p, self._append_now(meta, eid, p)) for eid, p in entries]
+        ledger_id = meta.ledger_id
+        payloads = [p for _eid, p in entries]
+        crcs = [record_crc(ledger_id, eid, p) for eid, p in entries]
+        self._caches.current.put_batch(ledger_id, first, crcs, payloads)
+        count_added(meta, self._stats, entries[-1][0], len(payloads), sum(map(len, payloads)))
+        self._table.dirty.add(ledger_id)
+        future = self._wal.append_batch(ledger_id, first, crcs, payloads)
+        if self._caches.current.size >= self._flush_at:
+            self._checkpoints.want()
+        return [(eid, p, future) for eid, p in entries]
+
+    async def _replica_again(
+        self, meta: LedgerMeta, entry_id: int, payload: bytes, replica: ReplicaAdd
+    ) -> asyncio.Future[LogMark] | None:
+        """An id at or below the highest held: its append, or None when the same bytes are
+        there already; ``EntryConflict`` for other bytes."""
+        caches = self._caches
+        existing = caches.get(meta.ledger_id, entry_id)
+        if existing is None:
+            existing = await self._reads.stored(meta.ledger_id, entry_id)
+        if existing is None:
+            meta = self._table.ledger(meta.ledger_id)  # re-checked after the await
+            self._replica_writable(meta, replica)
+            existing = caches.get(meta.ledger_id, entry_id)
+            if existing is None:
+                return self._append_now(meta, entry_id, payload)
+        if existing != payload:
+            raise EntryConflict(
+                f"entry {entry_id} of ledger {meta.ledger_id} exists with different bytes"
+            )
+        return None
+
+    def _replica_writable(self, meta: LedgerMeta, replica: ReplicaAdd) -> None:
+        """A replica add may go to the ledger (replicated, open or a recovery's re-add to a
+        fenced one, the node writable); the writer's LAC it carries is kept."""
+        check_replica(self._table, meta, replica.replication)
+        if meta.state == LedgerState.DELETED:
+            self._table.ledger(meta.ledger_id)  # LedgerNotFound
+        check_open(meta, replica.recovery)
+        self._read_only.check()
+        if replica.lac > meta.writer_lac:
+            # The writer's claim holds whatever this replica holds: Qa replicas acked it.
+            meta.writer_lac = replica.lac
+            meta.writer_lac_length = replica.lac_length
+            self._table.dirty.add(meta.ledger_id)
+
     def _append_now(
         self, meta: LedgerMeta, entry_id: int, payload: bytes
     ) -> asyncio.Future[LogMark]:
@@ -240,11 +385,16 @@ class AddPath:
             meta is not None
             and meta.state is _OPEN
             and not meta.token_digest
+            and meta.replication is None
             and self._read_only.writable
         ):
             return meta
         self._read_only.check()
         meta = self._table.ledger(ledger_id)
+        if meta.replication is not None:
+            raise ReplicatedLedger(
+                f"ledger {ledger_id} is replicated: its writer adds to it (X-Replicated)"
+            )
         check_open(meta)
         check_token(meta, write_token)
         return meta

@@ -25,9 +25,10 @@ from node.storage.errors import (
     LedgerFenced,
     LedgerFull,
     LedgerNotFound,
+    NotReplicated,
     WriteTokenMismatch,
 )
-from node.storage.index import MAX_ID, LedgerMeta, LedgerState
+from node.storage.index import MAX_ID, UNKNOWN_REPLICATION, LedgerMeta, LedgerState
 from node.storage.probe import Stats
 
 
@@ -55,7 +56,8 @@ class LedgerTable:
     def adopt(self, meta: LedgerMeta) -> None:
         """A ledger new to the node (created, or replayed from the WAL)."""
         self.metas[meta.ledger_id] = meta
-        self.next_ledger_id = max(self.next_ledger_id, meta.ledger_id + 1)
+        if meta.replication is None:  # the fleet's ids (from 2^62) never move the node's
+            self.next_ledger_id = max(self.next_ledger_id, meta.ledger_id + 1)
         self.dirty.add(meta.ledger_id)
 
     def forget(self, meta: LedgerMeta) -> None:
@@ -126,9 +128,22 @@ def check_ids_left(meta: LedgerMeta, count: int) -> None:
         )
 
 
-def check_open(meta: LedgerMeta) -> None:
-    """Adds go only to an open ledger: fencing or closing it ends them."""
+def check_open(meta: LedgerMeta, recovery: bool = False) -> None:
+    """Adds go only to an open ledger: fencing or closing it ends them. A recovery's re-add
+    to a replicated ledger passes a fence (the recovery fenced it), never a close."""
     if meta.state == LedgerState.CLOSED:
         raise LedgerClosed(f"ledger {meta.ledger_id} is closed")
-    if meta.state == LedgerState.FENCED:
+    if meta.state == LedgerState.FENCED and not recovery:
         raise LedgerFenced(f"ledger {meta.ledger_id} is fenced")
+
+
+def check_replica(table: LedgerTable, meta: LedgerMeta, replication: tuple[int, int, int]) -> None:
+    """A replica add or a fencing read finds a replicated ledger, never a local one. One a
+    fencing read created learns its quorums from the first add that tells them."""
+    if meta.replication is None:
+        raise NotReplicated(
+            f"ledger {meta.ledger_id} is a local ledger of this node, not a replica"
+        )
+    if meta.replication == UNKNOWN_REPLICATION and replication != UNKNOWN_REPLICATION:
+        meta.replication = replication
+        table.dirty.add(meta.ledger_id)

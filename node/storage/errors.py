@@ -45,6 +45,19 @@ class EntryConflict(StorageError):
     code = "entry_conflict"
 
 
+class ReplicatedLedger(StorageError):
+    """A plain add or a local close of a replicated ledger: its writer and the metadata store
+    own it (node/client), not this node's routes."""
+
+    code = "replicated_ledger"
+
+
+class NotReplicated(StorageError):
+    """A replica add to a ledger that exists here as a node-local ledger."""
+
+    code = "not_replicated"
+
+
 class EntryTooLarge(StorageError):
     code = "entry_too_large"
 
@@ -73,6 +86,14 @@ class CorruptRecord(StorageError):
         self.path = path
         self.offset = offset
         self.reason = reason
+
+
+class StorageIoError(StorageError):
+    """A read failed with an I/O error: the entry may well be there. Never an "entry not
+    found": a replica that answered absent for an unreadable entry could get a recovery to
+    truncate the ledger (BookKeeper #2908)."""
+
+    code = "io_error"
 
 
 class NodeReadOnly(StorageError):

@@ -27,7 +27,9 @@ The points (a fault elsewhere is refused at start, as a name that would never fi
 - I/O points (``IO_POINTS``), every action: ``journal.write`` and ``journal.fsync`` (the
   file journal's group write and its fdatasync), ``blockwal.write`` and ``blockwal.fsync``
   (the raw-device WAL's block writes and its sync thread's fdatasync), ``entrylog.write``
-  and ``entrylog.fsync`` (a checkpoint's records into the entry log, and its flush).
+  and ``entrylog.fsync`` (a checkpoint's records into the entry log, and its flush),
+  ``entrylog.read`` and ``index.get`` (a read's entry log read and its index lookup, on a
+  reader thread: an I/O error there must answer ``io_error``, never "not found").
 - Step points (``STEP_POINTS``, through ``hit``), ``eio``, ``delay`` and ``crash``: the
   crash points, and ``checkpoint.mark`` (just before lastMark is written).
 """
@@ -54,6 +56,8 @@ IO_POINTS = frozenset(
         "blockwal.fsync",
         "entrylog.write",
         "entrylog.fsync",
+        "entrylog.read",
+        "index.get",
     }
 )
 STEP_POINTS = frozenset(
@@ -140,6 +144,10 @@ def _eio(point: str) -> OSError:
     return OSError(errno.EIO, f"injected fault at {point}: {os.strerror(errno.EIO)}")
 
 
+def _nothing() -> None:
+    pass
+
+
 def _kill() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -182,6 +190,13 @@ class Faults:
         fault = self._due(point)
         if fault is not None:
             self._act(fault)
+
+    def step(self, point: str) -> Callable[[], None]:
+        """A call that fires ``point``'s fault (the read points): a no-op when nothing is
+        armed there."""
+        if point not in self._armed:
+            return _nothing
+        return lambda: self._fire(point)
 
     def pwrite(self, point: str, unit: int = 1) -> Pwrite:
         """``os.pwrite`` at ``point``: the plain function when nothing is armed there. A

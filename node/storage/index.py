@@ -40,6 +40,17 @@ the offload record (tiered storage, node/offload), durable before any upload::
     ..  8   data object bytes u64
     ..  8   offloaded ms u64        when the upload was verified, 0 before
     ..  1   local copy deleted u8   1 = the entries are only in the object store
+
+Version 3 (written only for a replicated ledger, one whose writer is a client of the
+fleet, node/client) has an offload flag where version 2 starts its record, then the
+replication fields::
+
+    ..  1   has offload u8, then (if 1) the offload record of version 2
+    ..  2   ensemble size u16       E of E/Qw/Qa; 0/0/0 = replicated, quorums not known yet
+    ..  2   write quorum u16        (a fencing read created the ledger)
+    ..  2   ack quorum u16
+    ..  8   writer lac i64          highest X-Lac an add carried, -1 = none
+    ..  8   writer lac length i64   X-Lac-Length that came with it
 """
 
 from __future__ import annotations
@@ -76,7 +87,11 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 META_VERSION = 1
 META_VERSION_OFFLOAD = 2
+META_VERSION_REPLICATED = 3
 OFFLOAD_FIXED = struct.Struct(">QQB")
+REPLICATION_FIXED = struct.Struct(">HHHqq")
+# A replicated ledger a fencing read created before any add told its quorums.
+UNKNOWN_REPLICATION = (0, 0, 0)
 U8 = struct.Struct(">B")
 MAX_ID = (1 << 63) - 1
 # Ledger property naming the stream that owns the ledger. Here, below both the streams
@@ -133,10 +148,17 @@ class LedgerMeta:
     token_digest: bytes = b""
     properties: dict[str, str] = field(default_factory=dict)
     offload: OffloadInfo | None = None
+    # E/Qw/Qa of a replicated ledger (None: a node-local ledger). Its entries are striped
+    # over the ensemble, so ``lac`` (the local durable prefix) means nothing for it: the
+    # writer's LAC, as its adds carried it, is ``writer_lac``.
+    replication: tuple[int, int, int] | None = None
+    writer_lac: int = -1
+    writer_lac_length: int = 0
 
     def encode(self) -> bytes:
         props = json.dumps(self.properties, separators=(",", ":"), sort_keys=True).encode()
         offload = self.offload
+        replication = self.replication
         tail = b""
         if offload is not None:
             attempt = offload.attempt.encode("ascii")
@@ -150,10 +172,21 @@ class LedgerMeta:
                     ),
                 )
             )
+        if replication is None:
+            version = META_VERSION if offload is None else META_VERSION_OFFLOAD
+        else:
+            version = META_VERSION_REPLICATED
+            tail = b"".join(
+                (
+                    U8.pack(offload is not None),
+                    tail,
+                    REPLICATION_FIXED.pack(*replication, self.writer_lac, self.writer_lac_length),
+                )
+            )
         return b"".join(
             (
                 META_FIXED.pack(
-                    META_VERSION if offload is None else META_VERSION_OFFLOAD,
+                    version,
                     self.state,
                     self.lac,
                     self.last_entry_id,
@@ -173,7 +206,7 @@ class LedgerMeta:
     @classmethod
     def decode(cls, ledger_id: int, data: bytes) -> LedgerMeta:
         version, state, lac, last, entries, size, created, closed = META_FIXED.unpack_from(data)
-        if version not in (META_VERSION, META_VERSION_OFFLOAD):
+        if version not in (META_VERSION, META_VERSION_OFFLOAD, META_VERSION_REPLICATED):
             raise ValueError(f"unsupported ledger metadata version {version}")
         pos = META_FIXED.size
         (token_len,) = U16.unpack_from(data, pos)
@@ -185,7 +218,13 @@ class LedgerMeta:
         end = pos + props_len
         props = json.loads(data[pos:end]) if props_len else {}
         offload = None
-        if version == META_VERSION_OFFLOAD:
+        has_offload = version == META_VERSION_OFFLOAD
+        if version == META_VERSION_REPLICATED:
+            if len(data) < end + 1:
+                raise ValueError(f"ledger metadata version {version} ends before its flags")
+            has_offload = data[end] == 1
+            end += 1
+        if has_offload:
             # A damaged record must fail as one, never as an IndexError or struct.error.
             if len(data) < end + 2:
                 raise ValueError(f"ledger metadata version {version} ends before its offload")
@@ -199,6 +238,14 @@ class LedgerMeta:
             offload = OffloadInfo(
                 OffloadState(offload_state), attempt, data_bytes, offloaded_ms, bool(local_deleted)
             )
+        replication = None
+        writer_lac, writer_lac_length = -1, 0
+        if version == META_VERSION_REPLICATED:
+            if len(data) != end + REPLICATION_FIXED.size:
+                raise ValueError(f"ledger metadata version {version} has a cut replication")
+            e, qw, qa, writer_lac, writer_lac_length = REPLICATION_FIXED.unpack_from(data, end)
+            replication = (e, qw, qa)
+            end += REPLICATION_FIXED.size
         if end != len(data):
             raise ValueError("ledger metadata length does not match its fields")
         return cls(
@@ -213,6 +260,9 @@ class LedgerMeta:
             token,
             props,
             offload,
+            replication,
+            writer_lac,
+            writer_lac_length,
         )
 
 

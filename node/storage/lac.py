@@ -43,7 +43,10 @@ class LacTracker:
         if entry_id <= meta.lac:
             return
         if entry_id != meta.lac + 1:
-            self._above.setdefault(meta.ledger_id, set()).add(entry_id)
+            # A replicated ledger's entries are striped over its ensemble: this node's ids
+            # never close up, and its LAC is the writer's (``writer_lac``), not a prefix.
+            if meta.replication is None:
+                self._above.setdefault(meta.ledger_id, set()).add(entry_id)
             return
         lac = entry_id
         above = self._above.get(meta.ledger_id)

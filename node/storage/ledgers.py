@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from node.settings import Settings
-from node.storage.adds import AddPath, PendingAdd
+from node.storage.adds import AddPath, PendingAdd, ReplicaAdd
 from node.storage.blockwal import BlockWal
 from node.storage.cache import ReadCache, WriteCaches
 from node.storage.checkpoint import Checkpointer
@@ -107,7 +107,7 @@ class LedgerStorage:
         )  # fmt: skip
         self._reads = EntryReads(
             settings, self._table, self._lac, self._caches, self._read_cache, index,
-            self._reader, self._read_executor, self.stats,
+            self._reader, self._read_executor, self.stats, self._crash,
         )  # fmt: skip
         self._reclaim = Reclaim(
             self._table, self._caches, index, self._writer, self._reader, self._compactor,
@@ -120,6 +120,7 @@ class LedgerStorage:
         self._adds = AddPath(
             self._table, self._caches, self._lac, self._wal, self._read_only, self._checkpoints,
             self._reads, self.stats, settings.max_entry_size, self._half_cache,
+            self._transitions,
         )  # fmt: skip
         self._checkpoints.last_mark = await loop.run_in_executor(executor, replay.run)
         await self._wal.start()
@@ -256,6 +257,45 @@ class LedgerStorage:
     def finish_add(self, add: PendingAdd) -> int:
         """The entry id of a ``begin_add`` whose future is done, or its error."""
         return self._adds.finish_add(add)
+
+    # --- replicated ledgers (node.storage.adds, node.storage.transitions) ---------------------
+
+    def add_replica(
+        self, ledger_id: int, entries: list[tuple[int, bytes]], replica: ReplicaAdd
+    ) -> Coroutine[Any, Any, LedgerMeta]:
+        """Entries at the writer's ids (ascending) of a replicated ledger, created here on
+        its first add; its metadata once they are durable (see ``AddPath.add_replica``)."""
+        return self._adds.add_replica(ledger_id, entries, replica)
+
+    def begin_replica_add(
+        self, ledger_id: int, entry_id: int, payload: bytes, replica: ReplicaAdd
+    ) -> PendingAdd | None:
+        """``begin_add`` of one replica entry at a fresh id, or None (``add_replica``)."""
+        return self._adds.begin_replica_add(ledger_id, entry_id, payload, replica)
+
+    def finish_replica_add(self, add: PendingAdd) -> int:
+        return self._adds.finish_replica_add(add)
+
+    async def fence_replica(
+        self, ledger_id: int, replication: tuple[int, int, int] | None = None
+    ) -> LedgerMeta:
+        """A fencing read's fence, durable when this returns; an unknown ledger is created
+        FENCED (``replication`` when the reader told it, else quorums unknown)."""
+        return await self._transitions.fence_replica(ledger_id, replication)
+
+    async def fencing_read(
+        self, ledger_id: int, entry_id: int, replication: tuple[int, int, int] | None = None
+    ) -> bytes:
+        """A recovery's read: the fence, durable, *then* the lookup. An add appended before
+        the fence is durable once the fence is, so the read finds it; none is taken after
+        it; so no add is acknowledged here that this read called absent (BookKeeper #2614)."""
+        await self._transitions.fence_replica(ledger_id, replication)
+        return await self._reads.entry(ledger_id, entry_id)
+
+    def replicated_ledgers(self) -> list[tuple[int, int]]:
+        """(ledger id, created ms) of every replicated ledger the node holds, not deleted
+        (the identity side's GC asks the metadata store about each)."""
+        return [(m.ledger_id, m.created_ms) for m in self._table.ledgers() if m.replication]
 
     # --- state -----------------------------------------------------------------------------
 

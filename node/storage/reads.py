@@ -2,8 +2,14 @@
 thread) index -> entry log, with read-ahead of the following entries of the same ledger
 into the read cache; an offloaded ledger's entries come from the object store instead.
 
-Only durable entries are read: up to the LAC, and the ids past it that are durable (added
-at chosen positions). A read that races a compaction retiring its log looks the entry up
+Only durable entries of a local ledger are read: up to the LAC, and the ids past it that are
+durable (added at chosen positions). A replicated ledger's replica holds a stripe of ids
+and its LAC is the writer's: an id it holds is served whatever is below it.
+
+"Not found" means the index has no such key, nothing else: an I/O error is
+``StorageIoError``, a record failing its checks ``CorruptRecord`` (a replica that answered
+"absent" for an entry it could not read could get a recovery to cut the ledger short,
+BookKeeper #2908). A read that races a compaction retiring its log looks the entry up
 again (its new location is indexed before the old log is retired); one that races a
 deletion answers ``LedgerNotFound``.
 """
@@ -21,8 +27,9 @@ from node.settings import Settings
 from node.storage.cache import ReadCache, WriteCaches
 from node.storage.descriptor import LedgerTable
 from node.storage.entrylog import EntryLogReader, LogRetired
-from node.storage.errors import EntryNotFound, StorageClosed
-from node.storage.index import Index, LedgerMeta
+from node.storage.errors import EntryNotFound, StorageClosed, StorageIoError
+from node.storage.faults import Faults
+from node.storage.index import MAX_ID, Index, LedgerMeta
 from node.storage.lac import LacTracker
 from node.storage.probe import Stats
 
@@ -50,6 +57,7 @@ class EntryReads:
         reader: EntryLogReader,
         executor: ThreadPoolExecutor,
         stats: Stats,
+        faults: Faults | None = None,
     ) -> None:
         self._settings = settings
         self._table = table
@@ -60,13 +68,16 @@ class EntryReads:
         self._reader = reader
         self._executor = executor
         self._stats = stats
+        faults = faults or Faults()
+        self._index_fault = faults.step("index.get")
+        self._read_fault = faults.step("entrylog.read")
         self.cold: ColdReader | None = None  # reads of offloaded ledgers (node/offload)
 
     async def entry(self, ledger_id: int, entry_id: int) -> bytes:
         """The payload of a durable entry; EntryNotFound for anything not (yet) durable."""
         table = self._table
         meta = table.ledger(ledger_id)
-        if not self._lac.is_durable(meta, entry_id):
+        if not self._lac.is_durable(meta, entry_id) and meta.replication is None:
             raise EntryNotFound(f"entry {entry_id} of ledger {ledger_id} does not exist")
         if self._reads_cold(meta):
             assert self.cold is not None
@@ -99,6 +110,10 @@ class EntryReads:
         one read, not a walk over the hole; the loop gets a turn every chunk."""
         meta = self._table.ledger(ledger_id)
         start = max(first, 0)
+        if meta.replication is not None:
+            async for found in self._replica_range(ledger_id, start, last):
+                yield found
+            return
         above = sorted(e for e in self._lac.durable_above(ledger_id) if e >= start)
         if last is not None:
             above = above[: bisect.bisect_right(above, last)]
@@ -108,6 +123,26 @@ class EntryReads:
             yield entry_id, await self.entry(ledger_id, entry_id)
             if done % chunk == 0:
                 await asyncio.sleep(0)  # cached entries never suspend: let others run
+
+    async def _replica_range(
+        self, ledger_id: int, first: int, last: int | None
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """The ids of a replicated ledger this node holds in [first, last]: indexed or in a
+        write cache, ascending."""
+        top = MAX_ID if last is None else last
+        indexed = await asyncio.get_running_loop().run_in_executor(
+            self._executor, lambda: list(self._index.entry_ids(ledger_id, first, top))
+        )
+        caches = self._caches
+        cached = caches.current.entry_ids(ledger_id)
+        if caches.flushing is not None:
+            cached += caches.flushing.entry_ids(ledger_id)
+        ids = sorted({*indexed, *(e for e in cached if first <= e <= top)})
+        chunk = self._settings.range_read_chunk_entries
+        for done, entry_id in enumerate(ids, 1):
+            yield entry_id, await self.entry(ledger_id, entry_id)
+            if done % chunk == 0:
+                await asyncio.sleep(0)
 
     def _reads_cold(self, meta: LedgerMeta) -> bool:
         offload = meta.offload
@@ -135,10 +170,17 @@ class EntryReads:
         cache = self._read_cache
         settings = self._settings
         for _attempt in range(READ_ATTEMPTS):
-            loc = self._index.get_location(ledger_id, entry_id)
+            try:
+                self._index_fault()
+                loc = self._index.get_location(ledger_id, entry_id)
+            except OSError as e:
+                raise StorageIoError(
+                    f"index lookup of entry {entry_id} of ledger {ledger_id} failed: {e}"
+                ) from e
             if loc is None:
                 return []
             try:
+                self._read_fault()
                 return self._reader.read_run(
                     loc,
                     ledger_id,
@@ -149,4 +191,8 @@ class EntryReads:
                 )
             except LogRetired:
                 continue  # compacted meanwhile: the index has its new location
+            except OSError as e:
+                raise StorageIoError(
+                    f"reading entry {entry_id} of ledger {ledger_id} failed: {e}"
+                ) from e
         raise StorageClosed(f"entry {entry_id} of ledger {ledger_id} kept moving; retry")

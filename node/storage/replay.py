@@ -1,6 +1,8 @@
 """Replay at start: the ledger table from the index, then the WAL from the last mark.
 
-Blocking, before the node serves: nothing else touches the state meanwhile. What replay
+Blocking, before the node serves: nothing else touches the state meanwhile. A replicated
+ledger comes back with its replication, its fence (a FENCE record, or a creation FENCED by a
+fencing read) and the entries acknowledged after a fence (a recovery's re-adds). What replay
 puts back is what every acknowledged add, fence, close, delete and explicit LAC left in the
 WAL since the last checkpoint; it is idempotent (an entry already cached or indexed is
 not put back twice), so a crash during replay just replays again.
@@ -87,7 +89,13 @@ class Replayer:
         table, index = self._table, self._index
         table.metas = index.load_ledgers()
         for meta in table.metas.values():
-            if meta.state != LedgerState.DELETED and meta.last_entry_id > meta.lac:
+            # A replicated ledger's stripe has no local LAC to rebuild (its LAC is the
+            # writer's, kept in the metadata: after a crash, as of the last checkpoint).
+            if (
+                meta.state != LedgerState.DELETED
+                and meta.last_entry_id > meta.lac
+                and meta.replication is None
+            ):
                 for entry_id in index.entry_ids(meta.ledger_id, meta.lac + 1):
                     self._lac.on_durable(meta, entry_id)
         mark = self._wal.last_mark()
@@ -106,7 +114,9 @@ class Replayer:
                     flushing = self._flush(flusher) if flush_as_we_go else None
             if flushing is not None:
                 self._flushed(flushing)
-        table.next_ledger_id = max(max(table.metas, default=-1) + 1, index.next_ledger_id())
+        # The fleet's ids of replicated ledgers (from 2^62) never move the node's own.
+        local = (lid for lid, meta in table.metas.items() if meta.replication is None)
+        table.next_ledger_id = max(max(local, default=-1) + 1, index.next_ledger_id())
         log.info(
             "recovered %d ledgers, replayed %d WAL records from %s",
             len(table.metas),
@@ -165,7 +175,8 @@ class Replayer:
             self._caches.current.put_batch(meta.ledger_id, first, batch.crcs, payloads)
             count_added(meta, self._stats, last, len(payloads), sum(map(len, payloads)))
             self._table.dirty.add(meta.ledger_id)
-            self._lac.on_durable_range(meta, first, last)
+            if meta.replication is None:
+                self._lac.on_durable_range(meta, first, last)
             return
         for record, crc in zip(batch.records(), batch.crcs, strict=True):
             self._replay(record, crc)
@@ -194,7 +205,8 @@ class Replayer:
                     crc = record_crc(ledger_id, entry_id, payload)
                 self._caches.current.put(ledger_id, entry_id, crc, bytes(payload))
                 count_added(meta, self._stats, entry_id, 1, len(payload))
-            self._lac.on_durable(meta, entry_id)
+            if meta.replication is None:
+                self._lac.on_durable(meta, entry_id)
         elif entry_id == FENCE:
             if meta.state == LedgerState.OPEN:
                 meta.state = LedgerState.FENCED

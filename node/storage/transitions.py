@@ -10,6 +10,12 @@ crash would undo it, so memory must not keep it as done:
 - a fence or close stays in memory (stricter: adds stay refused) but is remembered as
   ``unjournaled``, so that a retry journals it again instead of answering at once.
 
+A replicated ledger (its writer a client of the fleet, node/client) is created here by its
+first replica add or by a fencing read (``open_replica``): the creation is journaled before
+any of its entries, and adds racing it wait for the same creation. A fencing read of a
+ledger this node never saw creates it fenced (BookKeeper BP-46: a wiped or late replica
+must not let an old writer in). Closing one is the metadata store's business: refused here.
+
 Fencing or closing answers the ledger's LAC long polls (no add moves its LAC any more);
 a fence that finds the ledger sealed already still waits for the adds in flight to settle
 (a WAL sync point) before it reads the LAC, which is BookKeeper's fence read.
@@ -17,14 +23,21 @@ a fence that finds the ledger sealed already still waits for the adds in flight 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable
 
 from node.storage.clock import Clock
-from node.storage.descriptor import LedgerTable, check_token, token_digest
-from node.storage.errors import Backpressure, DiskFull, InvalidArgument, LedgerExists
-from node.storage.index import MAX_ID, LedgerMeta, LedgerState
+from node.storage.descriptor import LedgerTable, check_replica, check_token, token_digest
+from node.storage.errors import (
+    Backpressure,
+    DiskFull,
+    InvalidArgument,
+    LedgerExists,
+    ReplicatedLedger,
+)
+from node.storage.index import MAX_ID, UNKNOWN_REPLICATION, LedgerMeta, LedgerState
 from node.storage.lac import LacTracker
 from node.storage.wal import CLOSE, DELETE, EXPLICIT_LAC, FENCE, LEDGER_CREATED, Wal, record_crc
 
@@ -46,6 +59,9 @@ class LedgerTransitions:
         # Ledgers whose fence or close the WAL refused for want of space: in memory only.
         self._unjournaled: set[int] = set()
         self.deletion_listeners: list[DeletionListener] = []  # run after each deletion
+        # Replicated ledgers whose creation is in the WAL's queue: who finds one waits for
+        # it (its entries must not be acknowledged before the ledger is durable).
+        self._creating: dict[int, asyncio.Future[None]] = {}
 
     async def create(
         self, ledger_id: int | None, properties: dict[str, str] | None, write_token: str | None
@@ -61,8 +77,10 @@ class LedgerTransitions:
         if existing is not None:
             if existing.state == LedgerState.DELETED:
                 raise LedgerExists(f"ledger {ledger_id} was deleted; its id is not reusable")
-            if (properties or {}) != existing.properties or token_digest(write_token) != (
-                existing.token_digest
+            if (
+                (properties or {}) != existing.properties
+                or token_digest(write_token) != existing.token_digest
+                or existing.replication is not None
             ):
                 raise LedgerExists(f"ledger {ledger_id} exists with other properties or token")
             return existing, False
@@ -82,6 +100,67 @@ class LedgerTransitions:
             table.forget(meta)
             raise
         return meta, True
+
+    async def open_replica(
+        self, ledger_id: int, replication: tuple[int, int, int], fenced: bool = False
+    ) -> tuple[LedgerMeta, bool]:
+        """The replicated ledger, created (OPEN, or FENCED for a fencing read) and journaled
+        if the node does not know it; (metadata, created). Whoever comes while a creation is
+        in the WAL's queue waits for it, and fails with it. Deleted: ``LedgerNotFound``."""
+        table = self._table
+        meta = table.metas.get(ledger_id)
+        if meta is not None:
+            creating = self._creating.get(ledger_id)
+            if creating is not None:
+                await asyncio.shield(creating)
+            meta = table.ledger(ledger_id)
+            check_replica(table, meta, replication)
+            return meta, False
+        if not 0 <= ledger_id <= MAX_ID:
+            raise InvalidArgument(f"ledger id {ledger_id} is outside [0, 2^63)")
+        meta = LedgerMeta(
+            ledger_id,
+            state=LedgerState.FENCED if fenced else LedgerState.OPEN,
+            created_ms=self._clock.now_ms(),
+            replication=replication,
+        )
+        table.adopt(meta)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Read by the waiters if any; retrieved here so that none need be.
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._creating[ledger_id] = done
+        try:
+            await self._journal(ledger_id, LEDGER_CREATED, meta.encode())
+        except (DiskFull, Backpressure) as error:
+            table.forget(meta)  # not in the WAL (see ``create``)
+            done.set_exception(error)
+            raise
+        except BaseException:
+            # Cancelled (or the WAL failed for good): the record is queued or the WAL takes
+            # nothing more; the waiters' own appends come after it and share its fate.
+            done.set_result(None)
+            raise
+        finally:
+            del self._creating[ledger_id]
+        done.set_result(None)
+        return meta, True
+
+    def creating(self, ledger_id: int) -> bool:
+        """Whether the replicated ledger's creation is still in the WAL's queue."""
+        return ledger_id in self._creating
+
+    async def fence_replica(
+        self, ledger_id: int, replication: tuple[int, int, int] | None
+    ) -> LedgerMeta:
+        """A fencing read of a replicated ledger: journaled and durable before this returns
+        (every add appended before it is then durable too; none is taken after it), the
+        ledger created FENCED when the node does not know it."""
+        meta, created = await self.open_replica(
+            ledger_id, replication or UNKNOWN_REPLICATION, fenced=True
+        )
+        if not created:
+            await self.fence(ledger_id, None)
+        return meta
 
     async def fence(self, ledger_id: int, write_token: str | None) -> int:
         """No add succeeds after this returns; returns the LAC (BookKeeper's fence read).
@@ -104,6 +183,10 @@ class LedgerTransitions:
     async def close(self, ledger_id: int, write_token: str | None) -> LedgerMeta:
         """Seal the ledger: its last entry is fixed (adds in flight finish first)."""
         meta = self._table.ledger(ledger_id)
+        if meta.replication is not None:
+            raise ReplicatedLedger(
+                f"ledger {ledger_id} is replicated: its writer closes it in the metadata store"
+            )
         check_token(meta, write_token)
         try:
             if meta.state != LedgerState.CLOSED:
