@@ -93,6 +93,10 @@ DEFAULT_RECOVERY_TIMEOUT_S = 15.0
 DEFAULT_MAX_ENSEMBLE_CHANGES = 50
 # Entries a reader has in flight ahead of the one it yields.
 DEFAULT_READ_WINDOW = 32
+# The largest payload an add accepts (the node's max_entry_size default): larger is AddFailed.
+DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024
+# Payload bytes in one replica add request (a node refuses bodies over its max_request_size).
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # The metadata store's per-request time (an etcd:// URL the client opens itself).
 DEFAULT_METADATA_TIMEOUT_S = 5.0
 # Attempts at a create whose answer was lost before the caller hears of it.
@@ -115,6 +119,8 @@ class Client:
         recovery_timeout_s: float = DEFAULT_RECOVERY_TIMEOUT_S,
         max_ensemble_changes: int = DEFAULT_MAX_ENSEMBLE_CHANGES,
         read_window: int = DEFAULT_READ_WINDOW,
+        max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
         _unsafe_unfenced_recovery_reads: bool = False,
@@ -134,6 +140,8 @@ class Client:
         self.recovery_timeout_s = recovery_timeout_s
         self.max_ensemble_changes = max_ensemble_changes
         self.read_window = read_window
+        self.max_entry_size = max_entry_size
+        self.max_request_bytes = max_request_bytes
         self.rng = rng or random.Random()
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads

@@ -27,6 +27,7 @@ from node.client.bookies import within
 from node.client.errors import (
     ClientError,
     NoSuchLedger,
+    NotEnoughNodes,
     ReadFailed,
     RecoveryFailed,
     ReplicaError,
@@ -34,7 +35,8 @@ from node.client.errors import (
 from node.client.metadata.loop import read_with_retry, update
 from node.client.metadata.store import Versioned
 from node.client.metrics import RECOVERIES
-from node.client.model import LedgerMetadata, LedgerState, decode, encode, ledger_key
+from node.client.model import LedgerMetadata, LedgerState, Segment, decode, encode, ledger_key
+from node.client.placement import choose_replacement
 from node.client.reader import read_entry, read_lac_coverage
 
 if TYPE_CHECKING:
@@ -109,13 +111,17 @@ async def _recover(
             raise RecoveryFailed(f"ledger {ledger_id}: {error}") from error
 
     last = start
+    written = meta  # where recovered entries go: the last ensemble, failed nodes swapped out
     while True:
         entry_id = last + 1
         await hook("entry", {"ledger_id": ledger_id, "entry_id": entry_id})
         payload = await _decide(client, meta, entry_id)
         if payload is None:
             break
-        await _write_back(client, meta, entry_id, payload, last, length)
+        # The re-adds carry the LAC the replicas had, not the recovered one: a recovery that
+        # fails later (its segments unwritten) must leave no LAC claim that a rerun would trust
+        # over entries it re-added only on nodes the metadata does not name.
+        written = await _write_back(client, written, entry_id, payload, best.lac, best.lac_length)
         length += len(payload)
         last = entry_id
 
@@ -128,7 +134,11 @@ async def _recover(
         now = int(time.time() * 1000)
         return encode(
             decode(raw).evolve(
-                state=LedgerState.CLOSED, last_entry_id=last, length=length, closed_ms=now
+                state=LedgerState.CLOSED,
+                last_entry_id=last,
+                length=length,
+                closed_ms=now,
+                segments=written.segments,
             )
         )
 
@@ -174,10 +184,11 @@ async def _decide(client: Client, meta: LedgerMetadata, entry_id: int) -> bytes 
 
 async def _write_back(
     client: Client, meta: LedgerMetadata, entry_id: int, payload: bytes, lac: int, length: int
-) -> None:
-    """Re-add a recovered entry to its whole write set (a recovery add passes the fence); Qa
-    durable copies needed."""
-    nodes = meta.write_set(entry_id)
+) -> LedgerMetadata:
+    """Re-add a recovered entry to its whole write set (a recovery add passes the fence). A node
+    that fails is replaced for this entry and the ones after it (a recovery segment, written
+    into the metadata with the close, BookKeeper's newEnsemblesFromRecovery); Qa durable copies
+    on the final write set are needed. The metadata to write the next entries by."""
     replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
 
     async def put(node: str) -> None:
@@ -195,15 +206,50 @@ async def _write_back(
             client.recovery_timeout_s,
         )
 
-    results = await asyncio.gather(*(put(n) for n in nodes), return_exceptions=True)
-    stored = sum(1 for r in results if r is None)
-    if stored < meta.ack_quorum:
-        errors = {
+    async def put_all(nodes: list[str]) -> dict[str, str]:
+        results = await asyncio.gather(*(put(n) for n in nodes), return_exceptions=True)
+        return {
             n: getattr(r, "code", repr(r))
             for n, r in zip(nodes, results, strict=True)
             if r is not None
         }
-        raise RecoveryFailed(
-            f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
-            f"{meta.ack_quorum} needed ({errors})"
+
+    errors = await put_all(meta.write_set(entry_id))
+    if errors:
+        try:
+            meta = await _swap(client, meta, entry_id, list(errors))
+        except NotEnoughNodes as error:
+            stored = meta.write_quorum - len(errors)
+            if stored < meta.ack_quorum:
+                raise RecoveryFailed(
+                    f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
+                    f"{meta.ack_quorum} needed ({errors}), and {error}"
+                ) from error
+            return meta
+        errors = await put_all([n for n in meta.write_set(entry_id) if n not in errors])
+        stored = meta.write_quorum - len(errors)
+        if stored < meta.ack_quorum:
+            raise RecoveryFailed(
+                f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
+                f"{meta.ack_quorum} needed ({errors})"
+            )
+    return meta
+
+
+async def _swap(
+    client: Client, meta: LedgerMetadata, entry_id: int, failed: list[str]
+) -> LedgerMetadata:
+    """``meta`` with a last segment from ``entry_id`` on whose ensemble ``failed`` are
+    replaced (the last segment itself when it starts there)."""
+    candidates = await client.registry.nodes()
+    last = meta.last_segment
+    swapped = list(last.ensemble)
+    for node in failed:
+        replacement = choose_replacement(
+            candidates, swapped, node, client.rng, exclude=set(failed) | set(swapped)
         )
+        swapped[swapped.index(node)] = replacement
+    segment = Segment(entry_id, tuple(swapped))
+    if last.first_entry_id == entry_id:
+        return meta.evolve(segments=(*meta.segments[:-1], segment))
+    return meta.evolve(segments=(*meta.segments, segment))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from node.client.bookies import within
 from node.client.errors import (
+    AddFailed,
     AddOutcomeUnknown,
     ClientError,
     LedgerClosedElsewhere,
@@ -53,6 +54,11 @@ NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
 
+# A node's answers that mean "busy, ask again" rather than "failed": the writer retries the same
+# node after this pause while the add's time lasts, instead of replacing it.
+BACKPRESSURE_CODES = frozenset({"backpressure", "overloaded", "too_many_connections"})
+BACKPRESSURE_PAUSE_S = 0.05
+
 
 class _PendingAdd:
     __slots__ = ("acks", "done", "entry_id", "future", "payload")
@@ -78,7 +84,7 @@ class LedgerHandle:
         self._lac_length = 0  # payload bytes up to and including the LAC
         self._next_id = 0
         self._pending: deque[_PendingAdd] = deque()
-        self._failed: set[str] = set()  # nodes to replace, and every node replaced so far
+        self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
         self._changes = 0
         self._error: ClientError | None = None  # set once the handle is unusable
@@ -98,8 +104,9 @@ class LedgerHandle:
 
     async def add(self, payload: bytes) -> int:
         """The entry id of ``payload`` once Qa nodes hold it durably and every earlier entry is
-        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged;
-        LedgerClosedError/LedgerFencedError when the handle was unusable (nothing was sent)."""
+        acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged
+        (it may be in the ledger); AddFailed when nothing was sent (a closed or unusable
+        handle, an entry over ``max_entry_size``)."""
         (pending,) = self._submit([payload])
         return await pending.future
 
@@ -116,14 +123,18 @@ class LedgerHandle:
                 raise result
         return pendings[0].entry_id, pendings[-1].entry_id
 
-    def _check_usable(self) -> None:
+    def _check_sendable(self, payloads: Sequence[bytes]) -> None:
+        """AddFailed (nothing sent, no id taken) unless these adds can go out."""
         if self._error is not None:
-            raise type(self._error)(f"ledger {self.id}: the handle is unusable: {self._error}")
+            raise AddFailed(f"ledger {self.id}: the handle is unusable") from self._error
         if self._closing:
-            raise LedgerClosedError(f"ledger {self.id}: the handle is closed")
+            raise AddFailed(f"ledger {self.id}: the handle is closed") from LedgerClosedError()
+        limit = self._client.max_entry_size
+        if any(len(p) > limit for p in payloads):
+            raise AddFailed(f"ledger {self.id}: an entry is larger than {limit} bytes")
 
     def _submit(self, payloads: Sequence[bytes]) -> list[_PendingAdd]:
-        self._check_usable()
+        self._check_sendable(payloads)
         loop = asyncio.get_running_loop()
         pendings = []
         for payload in payloads:
@@ -137,24 +148,24 @@ class LedgerHandle:
             for node in self._meta.write_set(pending.entry_id):
                 by_node.setdefault(node, []).append(pending)
         for node, group in by_node.items():
-            self._client._spawn(self._send(node, group))
+            self._send_all(node, group)
         return pendings
 
-    async def _send(self, node: str, group: list[_PendingAdd], *, resend: bool = False) -> None:
+    def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
+        """One request per ``max_request_bytes`` of ``group`` (most batches: one)."""
+        limit = self._client.max_request_bytes
+        start, size = 0, 0
+        for index, pending in enumerate(group):
+            if size and size + len(pending.payload) > limit:
+                self._client._spawn(self._send(node, group[start:index]))
+                start, size = index, 0
+            size += len(pending.payload)
+        self._client._spawn(self._send(node, group[start:]))
+
+    async def _send(self, node: str, group: list[_PendingAdd]) -> None:
         started = time.monotonic()
         try:
-            await within(
-                node,
-                self._client.transport.add(
-                    node,
-                    self.id,
-                    [(p.entry_id, p.payload) for p in group],
-                    lac=self.lac,
-                    lac_length=self._lac_length,
-                    replication=self._replication,
-                ),
-                self._client.add_timeout_s,
-            )
+            await self._add_on(node, group, started)
         except ReplicaError as error:
             if error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
@@ -169,6 +180,31 @@ class LedgerHandle:
             if not pending.done and node in self._meta.write_set(pending.entry_id):
                 pending.acks.add(node)
         self._complete()
+
+    async def _add_on(self, node: str, group: list[_PendingAdd], started: float) -> None:
+        """One replica add; a node that pushes back (its write cache full, too many requests)
+        is asked again after a pause, until the add's time is up."""
+        deadline = started + self._client.add_timeout_s
+        while True:
+            try:
+                await within(
+                    node,
+                    self._client.transport.add(
+                        node,
+                        self.id,
+                        [(p.entry_id, p.payload) for p in group],
+                        lac=self.lac,
+                        lac_length=self._lac_length,
+                        replication=self._replication,
+                    ),
+                    max(deadline - time.monotonic(), 0.001),
+                )
+                return
+            except ReplicaError as error:
+                pause = BACKPRESSURE_PAUSE_S
+                if error.code not in BACKPRESSURE_CODES or time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
 
     def _complete(self) -> None:
         """Acknowledge the head of the queue while it has Qa acks: strictly in entry order."""
@@ -204,7 +240,7 @@ class LedgerHandle:
             return  # replaced already: a late answer of an older request
         self._failed.add(node)
         if self._changing is None:
-            self._changing = asyncio.get_running_loop().create_task(self._change_ensemble())
+            self._changing = self._client._spawn(self._change_ensemble())
 
     async def _change_ensemble(self) -> None:
         try:
@@ -235,7 +271,7 @@ class LedgerHandle:
             for node in failed:
                 taken = set(ensemble) | set(replacements.values())
                 replacements[node] = choose_replacement(
-                    candidates, ensemble, node, self._client.rng, exclude=taken | self._failed
+                    candidates, ensemble, node, self._client.rng, exclude=taken | set(failed)
                 )
         except NotEnoughNodes as error:
             self._give_up(NO_REPLACEMENT, LedgerClosedError(f"ledger {self.id}: {error}"))
@@ -276,6 +312,7 @@ class LedgerHandle:
             )
             return
         old, self._meta, self._versioned = self._meta, meta, versioned
+        self._failed -= set(failed)  # replaced: a later choice may take them again
         self._changes += 1
         ENSEMBLE_CHANGES.inc()
         resend: dict[str, list[_PendingAdd]] = {}
@@ -285,7 +322,7 @@ class LedgerHandle:
             for node in set(now) - set(old.write_set(pending.entry_id)):
                 resend.setdefault(node, []).append(pending)
         for node, group in resend.items():
-            self._client._spawn(self._send(node, group))
+            self._send_all(node, group)
 
     async def close(self) -> LedgerMetadata:
         """Wait for the pending adds, then close the ledger at the LAC in the metadata (a CAS).

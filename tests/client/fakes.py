@@ -23,6 +23,9 @@ from node.client.protocol import (
 
 UNREACHABLE = "unreachable"
 IO_ERROR = "io_error"
+# The chance that a message straggles on a delaying network, and for how many turns at most.
+STRAGGLER = 0.05
+STRAGGLER_TURNS = 300
 
 
 @dataclass
@@ -39,9 +42,9 @@ class FakeNode:
         self.node_id = node_id
         self.ledgers: dict[int, FakeLedger] = {}
         self.down = False
-        self.read_errors: set[int] = (
-            set()
-        )  # entry ids whose reads fail with io_error (BookKeeper #2908)
+        # Entry ids whose reads fail with io_error (BookKeeper #2908).
+        self.read_errors: set[int] = set()
+        self.busy = 0  # adds still to refuse with 503 backpressure
 
     def _fail(self, code: str, status: int) -> ReplicaError:
         return ReplicaError(self.node_id, code, status)
@@ -55,6 +58,12 @@ class FakeNode:
         replication: Replication,
         recovery: bool,
     ) -> None:
+        if self.busy:
+            self.busy -= 1
+            raise self._fail("backpressure", 503)
+        if self.busy:
+            self.busy -= 1
+            raise self._fail("backpressure", 503)
         ledger = self.ledgers.setdefault(ledger_id, FakeLedger(replication))
         if ledger.fenced and not recovery:
             raise self._fail(LEDGER_FENCED, 409)
@@ -121,12 +130,21 @@ class Network:
     node, or its reply after the node applied it. Seeded: the same seed, the same run."""
 
     def __init__(
-        self, nodes: Sequence[FakeNode], seed: int = 0, max_delay: int = 0, drop: float = 0.0
+        self,
+        nodes: Sequence[FakeNode],
+        seed: int = 0,
+        max_delay: int = 0,
+        drop: float = 0.0,
+        slow_links: float = 0.0,
     ) -> None:
+        """``slow_links``: the chance that a (client, node) link is slow (up to 20x
+        ``max_delay`` turns a message), drawn once per link."""
         self.nodes = {n.node_id: n for n in nodes}
         self.rng = random.Random(seed)
         self.max_delay = max_delay
         self.drop = drop
+        self.slow_links = slow_links
+        self._links: dict[tuple[str, str], int] = {}
         self.gates: list[Gate] = []
         self.log: list[Sent] = []
 
@@ -135,8 +153,18 @@ class Network:
         self.gates.append(gate)
         return gate
 
+    def _link_delay(self, client: str, node: str) -> int:
+        link = (client, node)
+        if link not in self._links:
+            slow = self.rng.random() < self.slow_links
+            self._links[link] = self.max_delay * 20 if slow else self.max_delay
+        return self._links[link] if self.max_delay else 0
+
     async def _travel(self, client: str, node: str, kind: str, direction: str) -> None:
-        for _ in range(self.rng.randrange(self.max_delay + 1)):
+        turns = self.rng.randrange(self._link_delay(client, node) + 1)
+        if self.max_delay and self.rng.random() < STRAGGLER:
+            turns += self.rng.randrange(STRAGGLER_TURNS)  # overtaken by later messages
+        for _ in range(turns):
             await asyncio.sleep(0)
         for gate in list(self.gates):
             if not gate.opened.is_set() and gate.match(client, node, kind, direction):

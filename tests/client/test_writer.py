@@ -9,10 +9,10 @@ import random
 import pytest
 
 from node.client import (
+    AddFailed,
     AddOutcomeUnknown,
     Client,
     LedgerClosedElsewhere,
-    LedgerClosedError,
     LedgerFencedError,
     NoSuchLedger,
     NotEnoughNodes,
@@ -61,7 +61,7 @@ async def test_lifecycle_stripes_and_reads_back() -> None:
         got = [(e, p) async for e, p in reader.read(0, reader.last_entry_id)]
         assert got[:4] == [(0, b"zero"), (1, b"one"), (2, b"two"), (3, b"three")]
         assert [e for e, _ in got] == list(range(14))
-        with pytest.raises(LedgerClosedError):
+        with pytest.raises(AddFailed):
             await ledger.add(b"late")
         await c.delete_ledger(ledger.id)
         with pytest.raises(NoSuchLedger):
@@ -145,7 +145,7 @@ async def test_no_replacement_makes_pending_adds_unknown() -> None:
         with pytest.raises(AddOutcomeUnknown) as caught:
             await ledger.add(b"a")
         assert caught.value.reason == "no_replacement"
-        with pytest.raises(LedgerClosedError):
+        with pytest.raises(AddFailed):
             await ledger.add(b"b")
 
 
@@ -189,3 +189,76 @@ async def test_not_enough_nodes() -> None:
     async with client(store, net) as c:
         with pytest.raises(NotEnoughNodes):
             await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+
+
+async def test_a_busy_node_is_asked_again_not_replaced() -> None:
+    store, net = await cluster(4)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+        net.nodes[ledger.metadata.last_segment.ensemble[0]].busy = 3
+        assert await ledger.add(b"a") == 0
+        assert len(ledger.metadata.segments) == 1
+
+
+async def test_metrics_count_changes_unknown_adds_and_recoveries() -> None:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from node.client import metrics
+
+    def value(metric: MetricWrapperBase, name: str, **labels: str) -> float:
+        for family in metric.collect():  # not REGISTRY: its process collector reads /proc
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return sample.value
+        return 0.0
+
+    changes_total = "storage_client_ensemble_changes_total"
+    changes = value(metrics.ENSEMBLE_CHANGES, changes_total)
+    unknown = "storage_client_adds_unknown_total"
+    fenced = value(metrics.ADDS_UNKNOWN, unknown, reason="fenced")
+    recoveries = "storage_client_recoveries_total"
+    recovered = value(metrics.RECOVERIES, recoveries, outcome="closed")
+    store, net = await cluster(4)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+        net.nodes[ledger.metadata.last_segment.ensemble[0]].down = True
+        await ledger.add(b"a")
+        assert value(metrics.ENSEMBLE_CHANGES, changes_total) == changes + 1
+        await c.recover_ledger(ledger.id)
+        assert value(metrics.RECOVERIES, recoveries, outcome="closed") == recovered + 1
+        with pytest.raises(AddOutcomeUnknown):
+            await ledger.add(b"b")
+        assert value(metrics.ADDS_UNKNOWN, unknown, reason="fenced") == fenced + 1
+        node = ledger.metadata.last_segment.ensemble[1]
+        count = "storage_client_replica_add_seconds_count"
+        assert value(metrics.REPLICA_ADD_SECONDS, count, node=node) >= 1
+
+
+def test_sync_client_over_in_memory_nodes() -> None:
+    from node.client.sync import SyncClient
+
+    store = MemoryStore()
+    net = Network([FakeNode(n) for n in NODES[:3]])
+    with SyncClient(store, transport=FakeTransport(net, "s")) as c:
+        c._loop.run(register(store, NODES[:3]))
+        ledger = c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        assert ledger.add(b"a") == 0
+        assert ledger.add_batch([b"b", b"c"]) == (1, 2)
+        assert ledger.close().last_entry_id == 2
+        reader = c.open_ledger(ledger.id)
+        assert list(reader.read(0, reader.last_entry_id)) == [(0, b"a"), (1, b"b"), (2, b"c")]
+        assert c.ledger_metadata(ledger.id)["length"] == 3
+        assert c.ledgers() == [ledger.id]
+        c.delete_ledger(ledger.id)
+        assert c.ledgers() == []
+
+
+async def test_too_large_entries_are_not_sent_and_big_batches_are_split() -> None:
+    store, net = await cluster(3)
+    async with client(store, net, max_entry_size=100, max_request_bytes=250) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        with pytest.raises(AddFailed):
+            await ledger.add(b"x" * 101)
+        assert await ledger.add_batch([b"y" * 100] * 5) == (0, 4)  # no id taken by the refusal
+        sizes = sorted(len(s.detail["ids"]) for s in net.log if s.kind == "add")  # type: ignore[arg-type]
+        assert sizes == [1, 1, 1, 2, 2, 2, 2, 2, 2]
