@@ -331,14 +331,15 @@ async def readd(client: Client, args: argparse.Namespace) -> Outcome:
     from node.replication.cookie import retire
 
     retired = await retire(client.store, node)
+    what = f"cookie {retired.instance_id} retired" if retired else "it had no cookie"
     lines.append(
-        f"node {node}: {len(recovered)} open ledger(s) recovered, cookie retired; its next "
-        "start makes it a new, empty node"
+        f"node {node}: {len(recovered)} open ledger(s) recovered, {what}; its next start "
+        "makes it a new, empty node"
     )
     document = {
         "node": node,
         "recovered": recovered,
-        "retired": retired if isinstance(retired, dict | str | None) else str(retired),
+        "retiredInstance": retired.instance_id if retired else None,
     }
     return Outcome(document, lines)
 

@@ -376,7 +376,7 @@ def test_readd_lets_a_wiped_node_back_as_a_new_one(tmp_path: Any) -> None:
         result = shell("readd", "n2", "--json", "--metadata-url", url)
         assert result.returncode == 0, result.stdout + result.stderr
         done = json.loads(result.stdout)
-        assert done["node"] == "n2"
+        assert done["node"] == "n2" and done["retiredInstance"] == before["n2"]["instance"]
         assert [m["ledgerId"] for m in done["recovered"]] == [open_lid]
         assert done["recovered"][0]["state"] == "CLOSED"
         assert done["recovered"][0]["lastEntryId"] == 2
