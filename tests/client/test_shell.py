@@ -250,21 +250,21 @@ WRITER_TIMEOUT_S = 60
 def crashed_writer(metadata_url: str, entries: int) -> int:
     """A writer process that adds ``entries`` entries to a new ledger and is SIGKILLed before
     it closes it: the ledger's id."""
-    proc = subprocess.Popen(
+    with subprocess.Popen(
         [sys.executable, "-c", WRITER, metadata_url, str(entries)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.strip().isdigit(), (line, proc.stderr.read() if proc.poll() else "")
-        return int(line)
-    finally:
-        proc.kill()
-        proc.wait(WRITER_TIMEOUT_S)
+    ) as proc:
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            line = proc.stdout.readline()
+            assert line.strip().isdigit(), (line, "" if proc.poll() is None else proc.stderr.read())
+            return int(line)
+        finally:
+            proc.kill()
+            proc.wait(WRITER_TIMEOUT_S)
 
 
 def closed_ledger(metadata_url: str, payloads: list[bytes]) -> int:
@@ -417,6 +417,16 @@ def _devcluster(root: Any) -> tuple[subprocess.Popen[str], str]:
     return proc, urls[0]
 
 
+def _interrupt(proc: subprocess.Popen[str]) -> int:
+    """Ctrl-C: its exit status once it has stopped everything."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(DEVCLUSTER_READY_S)
+    finally:
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: Any) -> None:
     root = tmp_path / "cluster"
     proc, url = _devcluster(root)
@@ -425,8 +435,7 @@ def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: A
         assert [(n["id"], n["registered"]) for n in first] == [(f"n{i}", True) for i in range(3)]
         lid = closed_ledger(url, [b"survives a restart"])
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        assert proc.wait(DEVCLUSTER_READY_S) == 0
+        assert _interrupt(proc) == 0
     node_urls = [n["url"] for n in first]
     for node_url in node_urls:  # every node stopped with it
         with pytest.raises(OSError):
@@ -440,5 +449,4 @@ def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: A
         read = shell("readledger", str(lid), "--metadata-url", url)
         assert read.stdout == "0\tsurvives a restart\n", read.stderr
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(DEVCLUSTER_READY_S) == 0
+        assert _interrupt(proc) == 0
