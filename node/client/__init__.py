@@ -87,8 +87,13 @@ T = TypeVar("T")
 DEFAULT_ADD_TIMEOUT_S = 10.0
 # One replica's read (entry or LAC) before the reader tries the next one.
 DEFAULT_READ_TIMEOUT_S = 10.0
+# A replica's read unanswered this long: the next replica is asked too (BookKeeper's
+# speculative read timeout).
+DEFAULT_SPECULATIVE_READ_S = 2.0
 # Each step of a recovery (covering LAC answers, one entry's reads, one re-add).
 DEFAULT_RECOVERY_TIMEOUT_S = 15.0
+# Entries whose recovery reads go out ahead of the entry being decided.
+DEFAULT_RECOVERY_READ_WINDOW = 64
 # Ensemble changes one writer may make before it gives the ledger up.
 DEFAULT_MAX_ENSEMBLE_CHANGES = 50
 # Entries a reader has in flight ahead of the one it yields.
@@ -116,7 +121,9 @@ class Client:
         transport: Transport | None = None,
         add_timeout_s: float = DEFAULT_ADD_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        speculative_read_s: float = DEFAULT_SPECULATIVE_READ_S,
         recovery_timeout_s: float = DEFAULT_RECOVERY_TIMEOUT_S,
+        recovery_read_window: int = DEFAULT_RECOVERY_READ_WINDOW,
         max_ensemble_changes: int = DEFAULT_MAX_ENSEMBLE_CHANGES,
         read_window: int = DEFAULT_READ_WINDOW,
         max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
@@ -137,7 +144,9 @@ class Client:
         self.transport: Transport = transport or BookieClient(self.registry)
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
+        self.speculative_read_s = speculative_read_s
         self.recovery_timeout_s = recovery_timeout_s
+        self.recovery_read_window = recovery_read_window
         self.max_ensemble_changes = max_ensemble_changes
         self.read_window = read_window
         self.max_entry_size = max_entry_size

@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 
 import aiohttp
 
-from node.client.errors import ReplicaError
+from node.client.errors import MetadataError, ReplicaError
 from node.client.protocol import (
     BATCH_CONTENT_TYPE,
     ENTRY_ID_HEADER,
@@ -39,7 +39,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_CONNECTIONS_PER_NODE = 16
 
 UNREACHABLE = "unreachable"  # connection refused or reset, no answer
-UNREGISTERED = "unregistered"  # no URL for the node id
+UNREGISTERED = "unregistered"  # no URL for the node id (not registered, or no store)
 TIMEOUT = "timeout"  # no answer in the caller's time
 
 
@@ -124,7 +124,7 @@ class BookieClient:
     ) -> tuple[bytes, dict[str, str]]:
         try:
             base = await self._registry.url(node_id)
-        except UnknownNode as error:
+        except (UnknownNode, MetadataError) as error:  # no address: as unreachable
             raise ReplicaError(node_id, UNREGISTERED, 0, str(error)) from None
         headers[EXPECT_NODE_HEADER] = node_id
         try:
@@ -210,6 +210,7 @@ class BookieClient:
 async def within(node_id: str, call: Awaitable[T], timeout_s: float) -> T:
     """``call``'s answer, or a ReplicaError ``timeout`` (unknown) after ``timeout_s``."""
     try:
-        return await asyncio.wait_for(call, timeout_s)
+        async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
+            return await call
     except TimeoutError:
         raise ReplicaError(node_id, TIMEOUT, 0, f"no answer in {timeout_s} s") from None

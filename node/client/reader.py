@@ -87,17 +87,38 @@ def replica_order(client: Client, nodes: Sequence[str], prefer: Sequence[str] = 
 async def read_entry(
     client: Client, meta: LedgerMetadata, entry_id: int, prefer: Sequence[str] = ()
 ) -> bytes:
-    """``entry_id`` from the first replica of its write set that returns it."""
-    errors = []
-    for node in replica_order(client, meta.write_set(entry_id), prefer):
-        try:
-            return await within(
-                node,
-                client.transport.read_entry(node, meta.ledger_id, entry_id, fence=False),
-                client.read_timeout_s,
+    """``entry_id`` from the first replica of its write set that returns it: the next replica is
+    asked when one fails, and also when one has not answered in ``speculative_read_s`` (the
+    first answer wins, a paused node costs that delay, not the read timeout)."""
+    nodes = iter(replica_order(client, meta.write_set(entry_id), prefer))
+    asking: dict[asyncio.Task[bytes], str] = {}
+    errors: list[str] = []
+
+    def ask_next() -> None:
+        node = next(nodes, None)
+        if node is not None:
+            call = client.transport.read_entry(node, meta.ledger_id, entry_id, fence=False)
+            asking[client._spawn(within(node, call, client.read_timeout_s))] = node
+
+    ask_next()
+    try:
+        while asking:
+            done, _ = await asyncio.wait(
+                asking, timeout=client.speculative_read_s, return_when=asyncio.FIRST_COMPLETED
             )
-        except ReplicaError as error:
-            errors.append(f"{node}: {error.code}")
+            if not done:
+                ask_next()
+                continue
+            for task in done:
+                node = asking.pop(task)
+                error = task.exception()
+                if error is None:
+                    return task.result()
+                errors.append(f"{node}: {getattr(error, 'code', repr(error))}")
+                ask_next()
+    finally:
+        for task in asking:
+            task.cancel()
     raise ReadFailed(f"ledger {meta.ledger_id} entry {entry_id}: no replica returned it ({errors})")
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -112,18 +113,32 @@ async def _recover(
 
     last = start
     written = meta  # where recovered entries go: the last ensemble, failed nodes swapped out
-    while True:
-        entry_id = last + 1
-        await hook("entry", {"ledger_id": ledger_id, "entry_id": entry_id})
-        payload = await _decide(client, meta, entry_id)
-        if payload is None:
-            break
-        # The re-adds carry the LAC the replicas had, not the recovered one: a recovery that
-        # fails later (its segments unwritten) must leave no LAC claim that a rerun would trust
-        # over entries it re-added only on nodes the metadata does not name.
-        written = await _write_back(client, written, entry_id, payload, best.lac, best.lac_length)
-        length += len(payload)
-        last = entry_id
+    # Reads of the next entries go out ahead (a window), decisions are taken in order. With a
+    # hook, one entry at a time: the hook runs before that entry's reads.
+    window = 1 if hook is not _no_hook else client.recovery_read_window
+    ahead: deque[asyncio.Task[bytes | None]] = deque()
+    next_id = start + 1
+    try:
+        while True:
+            while len(ahead) < window:
+                await hook("entry", {"ledger_id": ledger_id, "entry_id": next_id})
+                ahead.append(client._spawn(_decide(client, meta, next_id)))
+                next_id += 1
+            payload = await ahead.popleft()
+            if payload is None:
+                break
+            entry_id = last + 1
+            # The re-adds carry the LAC the replicas had, not the recovered one: a recovery
+            # that fails later (its segments unwritten) must leave no LAC claim that a rerun
+            # would trust over entries it re-added only on nodes the metadata does not name.
+            written = await _write_back(
+                client, written, entry_id, payload, best.lac, best.lac_length
+            )
+            length += len(payload)
+            last = entry_id
+    finally:
+        for task in ahead:  # past the end: their answers no longer matter
+            task.cancel()
 
     await hook("close", {"ledger_id": ledger_id, "last_entry_id": last, "length": length})
 

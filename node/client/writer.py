@@ -15,6 +15,7 @@ each of them raises AddOutcomeUnknown, never a plain failure."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ from node.client.placement import choose_replacement
 if TYPE_CHECKING:
     from node.client import Client
 
+log = logging.getLogger(__name__)
+
 # Why a pending add's outcome became unknown (the label of storage_client_adds_unknown_total).
 FENCED = "fenced"
 IN_RECOVERY = "in_recovery"
@@ -61,12 +64,17 @@ BACKPRESSURE_PAUSE_S = 0.05
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "done", "entry_id", "future", "payload")
+    """One entry in flight. Only the last entry of an add or a batch has a future (one per
+    call, not per entry); ``batch_first`` is its call's first id."""
 
-    def __init__(self, entry_id: int, payload: bytes, future: asyncio.Future[int]) -> None:
+    __slots__ = ("acks", "batch_first", "done", "entry_id", "future", "payload", "write_set")
+
+    def __init__(self, entry_id: int, payload: bytes, write_set: list[str]) -> None:
         self.entry_id = entry_id
         self.payload = payload
-        self.future = future
+        self.write_set = write_set
+        self.future: asyncio.Future[int] | None = None
+        self.batch_first = entry_id
         self.acks: set[str] = set()
         self.done = False
 
@@ -107,21 +115,18 @@ class LedgerHandle:
         acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged
         (it may be in the ledger); AddFailed when nothing was sent (a closed or unusable
         handle, an entry over ``max_entry_size``)."""
-        (pending,) = self._submit([payload])
-        return await pending.future
+        _, last = self._submit([payload])
+        return await last
 
     async def add_batch(self, payloads: Sequence[bytes]) -> tuple[int, int]:
         """(first, last) ids of ``payloads``, consecutive, once all are acknowledged. One request
-        per node carries all the entries that node holds. The first failure in id order is
-        raised (every later entry of the batch then failed the same way or worse)."""
+        per node carries all the entries that node holds. On failure the first unacknowledged
+        entry's AddOutcomeUnknown is raised: acknowledgements go in id order, so the batch's
+        entries before its ``entry_id`` are acknowledged and the rest are unknown."""
         if not payloads:
             raise ValueError("add_batch needs at least one payload")
-        pendings = self._submit(payloads)
-        results = await asyncio.gather(*(p.future for p in pendings), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return pendings[0].entry_id, pendings[-1].entry_id
+        first, last = self._submit(payloads)
+        return first, await last
 
     def _check_sendable(self, payloads: Sequence[bytes]) -> None:
         """AddFailed (nothing sent, no id taken) unless these adds can go out."""
@@ -133,23 +138,28 @@ class LedgerHandle:
         if any(len(p) > limit for p in payloads):
             raise AddFailed(f"ledger {self.id}: an entry is larger than {limit} bytes")
 
-    def _submit(self, payloads: Sequence[bytes]) -> list[_PendingAdd]:
+    def _submit(self, payloads: Sequence[bytes]) -> tuple[int, asyncio.Future[int]]:
+        """Send ``payloads`` at the next ids: (first id, the future of the last one)."""
         self._check_sendable(payloads)
         loop = asyncio.get_running_loop()
+        first = self._next_id
         pendings = []
         for payload in payloads:
-            pending = _PendingAdd(self._next_id, bytes(payload), loop.create_future())
+            entry_id = self._next_id
+            pendings.append(_PendingAdd(entry_id, bytes(payload), self._meta.write_set(entry_id)))
             self._next_id += 1
-            pendings.append(pending)
+        last = pendings[-1]
+        future: asyncio.Future[int] = loop.create_future()
+        last.future, last.batch_first = future, first
         self._pending.extend(pendings)
         self._drained.clear()
         by_node: dict[str, list[_PendingAdd]] = {}
         for pending in pendings:
-            for node in self._meta.write_set(pending.entry_id):
+            for node in pending.write_set:
                 by_node.setdefault(node, []).append(pending)
         for node, group in by_node.items():
             self._send_all(node, group)
-        return pendings
+        return first, future
 
     def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
         """One request per ``max_request_bytes`` of ``group`` (most batches: one)."""
@@ -166,10 +176,12 @@ class LedgerHandle:
         started = time.monotonic()
         try:
             await self._add_on(node, group, started)
-        except ReplicaError as error:
-            if error.fenced:
+        except Exception as error:  # any failure is the node's: the add must not hang
+            if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
                 return
+            if not isinstance(error, ReplicaError):
+                log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
             if any(p.done for p in group):
                 UNDER_REPLICATED_ADDS.inc()
             self._node_failed(node)
@@ -177,7 +189,7 @@ class LedgerHandle:
         finally:
             REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
         for pending in group:
-            if not pending.done and node in self._meta.write_set(pending.entry_id):
+            if not pending.done and node in pending.write_set:
                 pending.acks.add(node)
         self._complete()
 
@@ -216,7 +228,7 @@ class LedgerHandle:
             pending.done = True
             self.lac = pending.entry_id
             self._lac_length += len(pending.payload)
-            if not pending.future.done():
+            if pending.future is not None and not pending.future.done():
                 pending.future.set_result(pending.entry_id)
         if not self._pending:
             self._drained.set()
@@ -225,17 +237,24 @@ class LedgerHandle:
         """The handle is unusable: every pending add's outcome is unknown."""
         if self._error is None:
             self._error = error
+        first_unknown = self._pending[0].entry_id if self._pending else 0
+        if self._pending:
+            ADDS_UNKNOWN.labels(reason).inc(len(self._pending))
         while self._pending:
             pending = self._pending.popleft()
-            ADDS_UNKNOWN.labels(reason).inc()
-            if not pending.future.done():
-                pending.future.set_exception(AddOutcomeUnknown(pending.entry_id, reason))
-                pending.future.exception()  # the caller may not await it: no warning then
+            future = pending.future
+            if future is not None and not future.done():
+                # The call's entries before the queue's head were acknowledged.
+                entry_id = max(pending.batch_first, first_unknown)
+                future.set_exception(AddOutcomeUnknown(entry_id, reason))
+                future.exception()  # the caller may not await it: no warning then
         self._drained.set()
 
     def _node_failed(self, node: str) -> None:
         if self._error is not None or self._closed is not None:
             return
+        if self._closing and not self._pending:
+            return  # every add is settled and the close is under way: no entry needs the node
         if node not in self._meta.last_segment.ensemble:
             return  # replaced already: a late answer of an older request
         self._failed.add(node)
@@ -311,7 +330,7 @@ class LedgerHandle:
                 reason, LedgerFencedError(f"ledger {self.id}: {meta.state.value} in the metadata")
             )
             return
-        old, self._meta, self._versioned = self._meta, meta, versioned
+        self._meta, self._versioned = meta, versioned
         self._failed -= set(failed)  # replaced: a later choice may take them again
         self._changes += 1
         ENSEMBLE_CHANGES.inc()
@@ -319,8 +338,9 @@ class LedgerHandle:
         for pending in self._pending:
             now = meta.write_set(pending.entry_id)
             pending.acks &= set(now)
-            for node in set(now) - set(old.write_set(pending.entry_id)):
+            for node in set(now) - set(pending.write_set):
                 resend.setdefault(node, []).append(pending)
+            pending.write_set = now
         for node, group in resend.items():
             self._send_all(node, group)
 

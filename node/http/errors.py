@@ -105,7 +105,9 @@ STATUSES: dict[int, Status] = {
         "a range whose from is after its to (invalid_range), an audit snapshot target outside "
         "the snapshot directory (invalid_target), an audit summary whose status disagrees "
         "with its counts, that finished ahead of the node's clock or that has no check "
-        "(invalid_summary)",
+        "(invalid_summary); a replica add whose X-Replicated breaks E >= Qw >= Qa >= 1 "
+        "(invalid_replication) or that lacks X-Lac or X-Entry-Id (missing_header); fence=1 "
+        "on a LAC read without replicated=1 (invalid_flags)",
         (stream_errors.InvalidPosition, stream_errors.ConflictingPolicies),
     ),
     421: Status(

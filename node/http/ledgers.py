@@ -9,6 +9,7 @@ once the metadata store says it is gone (``REPLICA_GUARD``)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -52,6 +53,7 @@ NEXT_ENTRY_HEADER = "X-Next-Entry-Id"  # a range reply cut short: the entry to r
 # Canonical decimal only: "00100" is not another name of ledger 100 (a cache or a log keyed by
 # the path would see two ledgers).
 _ID = re.compile(ID_DIGITS)
+REPLICATION_SHAPE = re.compile(r"[0-9]{1,9}/[0-9]{1,9}/[0-9]{1,9}")  # X-Replicated's E/Qw/Qa
 # The add replies, encoded without a model or json.dumps on the hot path; the OpenAPI
 # document describes them with models.AddResult and models.BatchResult (tests/http check
 # that the bytes validate against those).
@@ -118,7 +120,21 @@ def meta_json(meta: LedgerMeta) -> dict[str, Any]:
         properties=meta.properties,
         hasWriteToken=bool(meta.token_digest),
         offload=_offload(meta),
+        replication=_replication_of(meta),
     ).to_json()
+
+
+def _replication_of(meta: LedgerMeta) -> models.LedgerReplication | None:
+    if meta.replication is None:
+        return None
+    ensemble, write_quorum, ack_quorum = meta.replication
+    return models.LedgerReplication(
+        ensembleSize=ensemble,
+        writeQuorumSize=write_quorum,
+        ackQuorumSize=ack_quorum,
+        writerLac=meta.writer_lac,
+        writerLacLength=meta.writer_lac_length,
+    )
 
 
 def _offload(meta: LedgerMeta) -> models.LedgerOffload:
@@ -307,18 +323,28 @@ async def add(
     return ADD_REPLY % (ledger_id, entry_id, storage.ledger(ledger_id).lac)
 
 
+def parse_replication(text: str) -> tuple[int, int, int]:
+    """X-Replicated: 400 ``invalid_header`` when it is no E/Qw/Qa, 422
+    ``invalid_replication`` when its numbers break E >= Qw >= Qa >= 1 (a rule between
+    values, as the document's schemas cannot state)."""
+    try:
+        return protocol.parse_replication_header(text)
+    except ValueError as e:
+        status = 422 if REPLICATION_SHAPE.fullmatch(text) else 400
+        code = "invalid_replication" if status == 422 else "invalid_header"
+        raise ApiError(status, code, str(e)) from None
+
+
 def _replica_headers(header: HeaderGetter) -> tuple[int | None, ReplicaAdd]:
     """The replica add's first entry id (X-Entry-Id, None if not sent) and the rest of what
-    its headers say; 400 ``invalid_header`` when one is malformed."""
-    try:
-        replication = protocol.parse_replication_header(header(protocol.REPLICATED_HEADER) or "")
-    except ValueError as e:
-        raise ApiError(400, "invalid_header", str(e)) from None
+    its headers say; 400 ``invalid_header`` when one is malformed, 422 ``missing_header``
+    when X-Lac is not there."""
+    replication = parse_replication(header(protocol.REPLICATED_HEADER) or "")
     entry_text = header(protocol.ENTRY_ID_HEADER)
     first = None if entry_text is None else parse_id(entry_text, protocol.ENTRY_ID_HEADER)
     lac_text = header(protocol.LAC_HEADER)
     if lac_text is None:
-        raise ApiError(400, "invalid_header", f"a replica add carries {protocol.LAC_HEADER}")
+        raise ApiError(422, "missing_header", f"a replica add carries {protocol.LAC_HEADER}")
     lac = -1 if lac_text == "-1" else parse_id(lac_text, protocol.LAC_HEADER)
     length = parse_id(header(protocol.LAC_LENGTH_HEADER), protocol.LAC_LENGTH_HEADER, default=0)
     recovery = header(protocol.RECOVERY_ADD_HEADER)
@@ -330,7 +356,7 @@ def _replica_headers(header: HeaderGetter) -> tuple[int | None, ReplicaAdd]:
 def _first_id(first: int | None) -> int:
     if first is None:
         raise ApiError(
-            400, "invalid_header", f"{protocol.ENTRY_ID_HEADER} names the body's first entry"
+            422, "missing_header", f"{protocol.ENTRY_ID_HEADER} names the body's first entry"
         )
     return first
 
@@ -348,7 +374,8 @@ async def _replica_entries(
     if content_type == RANGE_CONTENT_TYPE:
         limit = app[SETTINGS].max_entries_per_batch
         try:
-            entries = list(protocol.decode_range(body))
+            # One past the limit is enough to refuse: the rest is never decoded.
+            entries = list(itertools.islice(protocol.decode_range(body), limit + 1))
         except ValueError as e:
             raise ApiError(400, "invalid_frame", f"bad range body: {e}") from None
         if not entries:
@@ -457,12 +484,13 @@ async def read_entry(request: web.Request) -> web.StreamResponse:
     entry_id = parse_id(request.match_info["eid"], "entry id")
     storage = _storage(request)
     fence = _flag(request, "fence")
+    replication = _replication(request)
     started = time.perf_counter()
     async with ReplyBytes(request.app, 0) as reply:
         try:
             if fence:  # the fence is durable before the lookup (see fencing_read)
                 request.app[METRICS].replica_fences.inc()
-                payload = await storage.fencing_read(ledger_id, entry_id, _replication(request))
+                payload = await storage.fencing_read(ledger_id, entry_id, replication)
             else:
                 payload = await storage.read_entry(ledger_id, entry_id)
         finally:
@@ -484,23 +512,11 @@ def _flag(request: web.Request, name: str) -> bool:
     return value == "1"
 
 
-async def _fence_replica(request: web.Request, ledger_id: int) -> LedgerMeta:
-    """A fencing read's fence (journaled and durable), the ledger created FENCED when the
-    node does not know it (with the quorums of X-Replicated when the reader sent them)."""
-    request.app[METRICS].replica_fences.inc()
-    return await _storage(request).fence_replica(ledger_id, _replication(request))
-
-
 def _replication(request: web.Request) -> tuple[int, int, int] | None:
     """E/Qw/Qa of X-Replicated when a reader sends it (then a ledger its fence creates
     knows its quorums), else None."""
     text = request.headers.get(protocol.REPLICATED_HEADER)
-    if text is None:
-        return None
-    try:
-        return protocol.parse_replication_header(text)
-    except ValueError as e:
-        raise ApiError(400, "invalid_header", str(e)) from None
+    return None if text is None else parse_replication(text)
 
 
 @routes.get("/api/v1/ledgers/{lid}/entries")
@@ -540,23 +556,30 @@ async def long_poll_lac(request: web.Request) -> web.Response:
     ledger_id = parse_id(request.match_info["lid"], "ledger id")
     storage = _storage(request)
     fence = _flag(request, "fence")
+    replication = _replication(request)
     if _flag(request, "replicated"):
-        return _replica_lac(
-            await _fence_replica(request, ledger_id) if fence else None, storage, ledger_id
-        )
+        if not fence:
+            return _replica_lac(None, storage, ledger_id)
+        request.app[METRICS].replica_fences.inc()
+        return _replica_lac(await storage.fence_replica(ledger_id, replication), storage, ledger_id)
     if fence:
-        raise ApiError(400, "invalid_query", "fence=1 is a replica's read: add replicated=1")
+        raise ApiError(422, "invalid_flags", "fence=1 is a replica's read: add replicated=1")
     timeout_ms = parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0)
     longest = request.app[SETTINGS].max_long_poll_ms
     if timeout_ms > longest:
         raise ApiError(400, "invalid_timeout", f"timeoutMs is at most {longest}")
-    if "after" in request.query:
+    meta = storage.ledger(ledger_id)
+    if meta.replication is not None:
+        # The writer's LAC, at once: a replica holds a stripe, whose local LAC no add moves,
+        # and readers of a replicated ledger learn its LAC from the metadata and the adds.
+        lac = meta.writer_lac
+    elif "after" in request.query:
         raw = request.query["after"]
         after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
         with cancelled_on_hangup(request):
             lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:
-        lac = storage.ledger(ledger_id).lac
+        lac = meta.lac
     return json_response(models.Lac(ledgerId=ledger_id, lac=lac).to_json())
 
 

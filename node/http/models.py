@@ -333,6 +333,18 @@ class LedgerOffload(Reply):
     localDeleted: bool
 
 
+class LedgerReplication(Reply):
+    """A replicated ledger's quorums (0/0/0: a fencing read created it before any add told
+    them) and its writer's LAC as the adds carried it (``lac`` is the local durable prefix,
+    which means nothing for a replica's stripe)."""
+
+    ensembleSize: Annotated[int, Field(ge=0)]
+    writeQuorumSize: Annotated[int, Field(ge=0)]
+    ackQuorumSize: Annotated[int, Field(ge=0)]
+    writerLac: Annotated[int, Field(ge=-1)]
+    writerLacLength: Annotated[int, Field(ge=0)]
+
+
 class Ledger(Reply):
     ledgerId: Id
     state: LedgerStateName
@@ -345,6 +357,7 @@ class Ledger(Reply):
     properties: dict[str, str]
     hasWriteToken: bool
     offload: LedgerOffload
+    replication: LedgerReplication | None = None  # None: a node-local ledger
 
 
 class LedgerList(Reply):
@@ -782,6 +795,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     AddResult,
     BatchResult,
     Lac,
+    ReplicaLac,
     Cursor,
     Stream,
     StreamList,

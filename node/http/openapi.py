@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from node import __version__
+from node.client import protocol
 from node.http import models
 from node.http.errors import STATUSES
 from node.http.frames import (
@@ -88,6 +89,48 @@ WRITE_TOKEN = {
     "schema": {"type": "string"},
 }
 MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
+
+
+# The bookie protocol of replicated ledgers (node/client/protocol.py names the headers). Its
+# request headers are described in words, not as parameters: their rules tie several
+# together (X-Lac comes with X-Replicated, E >= Qw >= Qa), which no parameter schema states.
+REPLICA_ADD_HEADERS = (
+    f"With `{protocol.REPLICATED_HEADER}: E/Qw/Qa` (E >= Qw >= Qa >= 1) the add is a replica "
+    "add of a replicated ledger at the writer's ids, the ledger created replicated (and "
+    f"journaled) by its first: `{protocol.ENTRY_ID_HEADER}` the body's first id (one entry, "
+    "or a batch's consecutive ids; a range body carries its own ids), "
+    f"`{protocol.LAC_HEADER}` the writer's last add confirmed (required), "
+    f"`{protocol.LAC_LENGTH_HEADER}` the ledger's bytes up to it, "
+    f"`{protocol.RECOVERY_ADD_HEADER}: 1` a recovery's re-add (taken on a fenced ledger, "
+    "never a closed or deleted one). The same bytes again at an id: 201; other bytes: 409 "
+    "entry_conflict; a fenced ledger: 409 ledger_fenced; a local ledger: 409 not_replicated; "
+    "a plain add to a replicated ledger: 409 replicated_ledger. A malformed header is 400, "
+    "a missing X-Lac or X-Entry-Id or quorums out of order 422."
+)
+EXPECT_NODE_TEXT = (
+    f"Any request may carry `{protocol.EXPECT_NODE_HEADER}: <node id>`: another node answers "
+    f"421 wrong_node. Every reply carries `{protocol.NODE_ID_HEADER}`."
+)
+NODE_ID_REPLY = {
+    protocol.NODE_ID_HEADER: _header("The id of the node that answered (on every reply)")
+}
+
+
+def _flag(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "query",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string", "enum": ["0", "1"]},
+    }
+
+
+FENCE = _flag(
+    "fence",
+    "1: a recovery's fencing read: the fence is journaled and durable before the answer "
+    "(an entry read: before the lookup); a ledger the node does not know is created fenced",
+)
 OFFLOAD_READ_ERRORS = (502, 503, 504)  # reads of an offloaded ledger: the object store
 
 
@@ -169,34 +212,54 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 },
             },
             "get": {
-                "summary": "The entry's payload",
+                "summary": "The entry's payload (404 entry_not_found or ledger_not_found "
+                "only when the index has no such key; an unreadable entry is 500)",
+                "description": "With fence=1 (a recovery's read) the reader may send "
+                f"`{protocol.REPLICATED_HEADER}: E/Qw/Qa`: a ledger the fence creates knows "
+                f"its quorums. A replicated ledger serves every id it holds. {EXPECT_NODE_TEXT}",
+                "parameters": [FENCE],
                 "responses": {
                     "200": {
                         "description": "Payload",
+                        "headers": {
+                            protocol.LAC_HEADER: _header(
+                                "The ledger's LAC: the writer's for a replicated ledger"
+                            ),
+                            **NODE_ID_REPLY,
+                        },
                         "content": {OCTET_CONTENT_TYPE: BINARY},
                     },
-                    **_errors(400, 404, 500, *OFFLOAD_READ_ERRORS),
+                    **_errors(400, 403, 404, 409, 421, 500, *OFFLOAD_READ_ERRORS, 507),
                 },
             },
         },
         "/api/v1/ledgers/{lid}/entries": {
             "parameters": [LID],
             "post": {
-                "summary": f"Append one entry, or a batch ({BATCH_LAYOUT}, repeated)",
+                "summary": f"Append one entry, or a batch ({BATCH_LAYOUT}, repeated); with "
+                f"{protocol.REPLICATED_HEADER}, a replica add at the writer's ids: one entry, "
+                f"a batch, or a range ({RANGE_LAYOUT}, repeated), the ledger created "
+                "replicated by its first",
+                "description": f"{REPLICA_ADD_HEADERS} {EXPECT_NODE_TEXT}",
                 "parameters": [WRITE_TOKEN],
                 "requestBody": {
                     "required": True,
                     "content": {
                         OCTET_CONTENT_TYPE: BINARY,
                         BATCH_CONTENT_TYPE: BINARY,
+                        RANGE_CONTENT_TYPE: BINARY,
                     },
                 },
                 "responses": {
-                    "201": _json(
-                        {"oneOf": [_ref("AddResult"), _ref("BatchResult")]},
-                        "Durable: the entry id, or every entry id of the batch",
-                    ),
-                    **_errors(*MUTATION_ERRORS),
+                    "201": {
+                        **_json(
+                            {"oneOf": [_ref("AddResult"), _ref("BatchResult")]},
+                            "Durable: the entry id, or every entry id of the batch (a replica "
+                            "add: its first and last, and the writer's LAC)",
+                        ),
+                        "headers": NODE_ID_REPLY,
+                    },
+                    **_errors(*MUTATION_ERRORS, 421, 422),
                 },
             },
             "get": {
@@ -227,15 +290,35 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
         "/api/v1/ledgers/{lid}/lac": {
             "parameters": [LID],
             "get": {
-                "summary": "The LAC; with `after`, wait until it passes `after`",
+                "summary": "The LAC; with `after`, wait until it passes `after`; with "
+                "`replicated=1`, a replica's view of a replicated ledger",
                 "parameters": [
                     _id("after", "query", "Wait for the LAC to pass this id", minimum=-1),
                     {
                         **_id("timeoutMs", "query", "At most this long"),
                         "schema": {"type": "integer", "minimum": 0, "maximum": max_long_poll_ms},
                     },
+                    _flag(
+                        "replicated",
+                        "1: the writer's LAC as the adds carried it, the highest entry id "
+                        "held here and whether the ledger is fenced (a recovery's LAC read)",
+                    ),
+                    FENCE,
                 ],
-                "responses": {"200": _json(_ref("Lac"), "The LAC"), **_errors(400, 404)},
+                "description": f"fence=1 needs replicated=1 (else 422 invalid_flags); with "
+                f"both, `{protocol.REPLICATED_HEADER}: E/Qw/Qa` gives the quorums of a ledger "
+                "the fence creates (it answers lac -1, lastEntryId -1, fenced). Without fence, "
+                f"an unknown ledger is 404 ledger_not_found. {EXPECT_NODE_TEXT}",
+                "responses": {
+                    "200": {
+                        **_json(
+                            {"oneOf": [_ref("Lac"), _ref("ReplicaLac")]},
+                            "The LAC (ReplicaLac with replicated=1)",
+                        ),
+                        "headers": NODE_ID_REPLY,
+                    },
+                    **_errors(400, 403, 404, 409, 421, 422, 503, 507),
+                },
             },
         },
     }
@@ -524,7 +607,9 @@ def document(settings: Settings) -> dict[str, Any]:
             "title": "storage-node",
             "version": __version__,
             "description": "Ledgers of append-only entries over HTTP (a BookKeeper-style "
-            "bookie), and its admin API at BookKeeper's paths.",
+            "bookie), and its admin API at BookKeeper's paths. Every reply names the node "
+            f"({protocol.NODE_ID_HEADER}); a request whose {protocol.EXPECT_NODE_HEADER} names "
+            "another node gets 421 wrong_node.",
         },
         "components": {
             "schemas": models.component_schemas(),
@@ -601,7 +686,12 @@ def _status_paths() -> dict[str, Any]:
                         "name": "offset",
                         "in": "query",
                         "required": False,
-                        "schema": {"type": "integer", "minimum": 0, "default": 0},
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 0,
+                            "maximum": MAX_ID,  # as the route parses it (parse_id)
+                            "default": 0,
+                        },
                     },
                     {
                         "name": "limit",

@@ -66,6 +66,7 @@ class PendingAdd:
     entry_id: int
     payload: bytes
     future: asyncio.Future[LogMark]
+    floor: int = -1  # a replica add's: the highest id the ledger held before it
 
 
 @dataclass(slots=True, frozen=True)
@@ -218,7 +219,9 @@ class AddPath:
         if meta is None or entry_id <= meta.last_entry_id or self._transitions.creating(ledger_id):
             return None
         self._replica_writable(meta, replica)
-        return PendingAdd(meta, entry_id, payload, self._append_now(meta, entry_id, payload))
+        floor = meta.last_entry_id
+        future = self._append_now(meta, entry_id, payload)
+        return PendingAdd(meta, entry_id, payload, future, floor)
 
     def finish_replica_add(self, add: PendingAdd) -> int:
         """``finish_add`` of a ``begin_replica_add``: no LAC to move."""
@@ -226,6 +229,7 @@ class AddPath:
         if error is not None:
             if isinstance(error, DiskFull | Backpressure):
                 self._settle.refused(add.meta, [(add.entry_id, add.payload, add.future)])
+                _keep_floor(add.meta, add.floor)
             raise error
         return add.entry_id
 
@@ -242,11 +246,13 @@ class AddPath:
             self._check_size(len(payload))
         if self._caches.current.size >= self._flush_at:
             await self._throttle()
+        self._read_only.check()  # before a creation that no entry could follow
         meta, _created = await self._transitions.open_replica(ledger_id, replica.replication)
         self._replica_writable(meta, replica)
         # Fresh ids (past the highest held) are appended at once, in one synchronous step;
         # the others are looked up first (a resend, or a recovery's re-add).
-        split = bisect.bisect_right(ids, meta.last_entry_id)
+        floor = meta.last_entry_id
+        split = bisect.bisect_right(ids, floor)
         appended = self._append_fresh(meta, entries[split:])
         resent = False
         try:
@@ -267,6 +273,7 @@ class AddPath:
                 await future
             except BaseException as error:
                 self._settle.failed(meta, appended[-1][2], error, lambda: appended)
+                _keep_floor(meta, floor)
                 raise
         if resent:
             await self._wal.sync_point()  # what the first send appended is durable now
@@ -398,3 +405,12 @@ class AddPath:
         check_open(meta)
         check_token(meta, write_token)
         return meta
+
+
+def _keep_floor(meta: LedgerMeta, floor: int) -> None:
+    """After the WAL refused a replica add: the settler recounts the last id from the local
+    LAC and the write cache, which a replica's stripe is not (its entries checkpointed
+    since are in neither). The ids held before the add stay counted, or a later add at one
+    of them would be taken for a fresh id and appended without the check for other bytes."""
+    if meta.last_entry_id < floor:
+        meta.last_entry_id = floor

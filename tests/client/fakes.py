@@ -161,6 +161,7 @@ class Network:
         return self._links[link] if self.max_delay else 0
 
     async def _travel(self, client: str, node: str, kind: str, direction: str) -> None:
+        await asyncio.sleep(0)  # a message takes a turn at least, as on any network
         turns = self.rng.randrange(self._link_delay(client, node) + 1)
         if self.max_delay and self.rng.random() < STRAGGLER:
             turns += self.rng.randrange(STRAGGLER_TURNS)  # overtaken by later messages

@@ -88,3 +88,17 @@ async def test_a_wrong_or_dead_address_is_unknown(registry: EtcdStore, nodes: Lo
     unregistered = await answer(bookie.read_entry("n7", LEDGER, 0, fence=False))
     assert not unregistered.absent
     await bookie.close()
+
+
+async def test_no_address_while_the_store_is_down_is_unknown() -> None:
+    from node.client.errors import StoreUnavailable
+    from node.client.metadata.memory import MemoryStore
+
+    class Down(MemoryStore):
+        async def range(self, prefix: str) -> list[tuple[str, object]]:  # type: ignore[override]
+            raise StoreUnavailable("no endpoint answers")
+
+    bookie = BookieClient(Registry(Down()))
+    down = await answer(bookie.read_entry("n0", LEDGER, 0, fence=False))
+    assert not down.absent and not down.fenced
+    await bookie.close()

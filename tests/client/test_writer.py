@@ -90,7 +90,9 @@ async def test_open_reader_stops_at_lac_without_fencing() -> None:
     async with client(store, net) as c:
         ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
         await ledger.add_batch([b"a", b"b", b"c"])
-        await ledger.add(b"d")  # carries LAC 2
+        # The third copy of d is held: the replicas know LAC 2 (d's adds carried it), not 3.
+        net.hold(lambda c, n, k, d: c == "w" and n == ledger.metadata.write_set(3)[2])
+        await ledger.add(b"d")
         async with client(store, net, "r") as r:
             reader = await r.open_ledger(ledger.id)
             assert reader.last_entry_id == 2
@@ -169,8 +171,6 @@ async def test_close_elsewhere_at_another_end() -> None:
     async with client(store, net) as c:
         ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
         await ledger.add(b"a")
-        other = await c.open_ledger(ledger.id)
-        assert other.last_entry_id == -1
         # Someone closed it at -1 (an operator's CAS straight into the store).
         from node.client.model import LedgerState, decode, encode, ledger_key
 
@@ -262,3 +262,23 @@ async def test_too_large_entries_are_not_sent_and_big_batches_are_split() -> Non
         assert await ledger.add_batch([b"y" * 100] * 5) == (0, 4)  # no id taken by the refusal
         sizes = sorted(len(s.detail["ids"]) for s in net.log if s.kind == "add")  # type: ignore[arg-type]
         assert sizes == [1, 1, 1, 2, 2, 2, 2, 2, 2]
+
+
+async def test_a_read_asks_the_next_replica_when_one_is_slow_or_fails() -> None:
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        await ledger.add_batch([b"a", b"b"])
+        await ledger.close()
+    # Two replicas pause on reads: the third answers within the speculative delays.
+    paused = net.hold(lambda c, n, k, d: k == "read" and n in ("n0", "n1"))
+    async with client(store, net, "r", speculative_read_s=0.01, read_timeout_s=30) as r:
+        reader = await r.open_ledger(ledger.id)
+        started = asyncio.get_running_loop().time()
+        assert [p async for _, p in reader.read(0, 1)] == [b"a", b"b"]
+        assert asyncio.get_running_loop().time() - started < 5
+        paused.release()
+    net.nodes["n2"].read_errors.add(0)  # io_error on one replica: another one answers
+    async with client(store, net, "r2") as r:
+        reader = await r.open_ledger(ledger.id)
+        assert [p async for _, p in reader.read(0, 0)] == [b"a"]

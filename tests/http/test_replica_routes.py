@@ -76,6 +76,16 @@ async def test_replica_add_creates_the_ledger_and_reads_serve_a_stripe(node: Cli
         }
     meta = node.app[STORAGE].ledger(LID)
     assert meta.replication == (3, 2, 2)
+    described = await _json(await node.get(f"/api/v1/ledgers/{LID}"), 200)
+    assert described["replication"] == {
+        "ensembleSize": 3,
+        "writeQuorumSize": 2,
+        "ackQuorumSize": 2,
+        "writerLac": 3,
+        "writerLacLength": 40,
+    }
+    local = await _json(await node.post("/api/v1/ledgers", json={}), 201)
+    assert local["replication"] is None
     read = await node.get(f"/api/v1/ledgers/{LID}/entries/3")
     assert read.status == 200 and await read.read() == b"e3"  # no "durable prefix" filter
     assert read.headers[protocol.LAC_HEADER] == "3"
@@ -84,6 +94,9 @@ async def test_replica_add_creates_the_ledger_and_reads_serve_a_stripe(node: Cli
     assert (await _json(missing, 404))["code"] == protocol.ENTRY_NOT_FOUND
     lac = await _json(await node.get(f"/api/v1/ledgers/{LID}/lac?replicated=1"), 200)
     assert lac == {"ledgerId": LID, "lac": 3, "lacLength": 40, "lastEntryId": 4, "fenced": False}
+    # A plain LAC read (a long poll too) answers the writer's LAC at once.
+    plain = await node.get(f"/api/v1/ledgers/{LID}/lac?after=3&timeoutMs=60000")
+    assert await _json(plain, 200) == {"ledgerId": LID, "lac": 3}
     # The range read serves the ids held here, nothing in between.
     ranged = await node.get(f"/api/v1/ledgers/{LID}/entries?from=0&to=10")
     assert ranged.status == 200
@@ -195,19 +208,27 @@ async def test_wrong_node_on_both_lanes(node: Client) -> None:
         assert (await node.get(path)).headers[protocol.NODE_ID_HEADER] == NODE
 
 
-async def test_bad_replica_headers_are_400(node: Client) -> None:
-    for bad in (
-        {protocol.REPLICATED_HEADER: "2/3/1"},
-        {protocol.LAC_HEADER: "x"},
-        {protocol.ENTRY_ID_HEADER: "-3"},
-        {protocol.RECOVERY_ADD_HEADER: "yes"},
+async def test_bad_replica_headers(node: Client) -> None:
+    """Malformed: 400. Well formed, but its numbers or companions break a rule: 422."""
+    for bad, status, code in (
+        ({protocol.REPLICATED_HEADER: "3-2-2"}, 400, "invalid_header"),
+        ({protocol.REPLICATED_HEADER: "2/3/1"}, 422, "invalid_replication"),
+        ({protocol.LAC_HEADER: "x"}, 400, "invalid_id"),
+        ({protocol.ENTRY_ID_HEADER: "-3"}, 400, "invalid_id"),
+        ({protocol.RECOVERY_ADD_HEADER: "yes"}, 400, "invalid_header"),
     ):
         response = await node.post(
             f"/api/v1/ledgers/{LID}/entries", data=b"x", headers={**_replica(0), **bad}
         )
-        assert response.status == 400, bad
+        assert (await _json(response, status))["code"] == code, bad
+    headers = _replica(0)
+    del headers[protocol.LAC_HEADER]
+    missing = await node.post(f"/api/v1/ledgers/{LID}/entries", data=b"x", headers=headers)
+    assert (await _json(missing, 422))["code"] == "missing_header"
     query = await node.get(f"/api/v1/ledgers/{LID}/lac?replicated=1&fence=yes")
     assert (await _json(query, 400))["code"] == "invalid_query"
+    flags = await node.get(f"/api/v1/ledgers/{LID}/lac?fence=1")
+    assert (await _json(flags, 422))["code"] == "invalid_flags"
     # Nothing was created by the refused adds.
     assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404
 
@@ -344,3 +365,48 @@ async def test_concurrent_first_adds_and_fencing_reads(node: Client) -> None:
                 assert read.status == 200 and added.status == 201
                 assert await read.read() == b"v%d" % eid
     assert seen == {200, 404}, seen  # both sides of the race ran
+
+
+async def test_the_document_describes_the_replica_protocol(node: Client) -> None:
+    document = await _json(await node.get("/openapi.json"), 200)
+    assert set(document["components"]["schemas"]["ReplicaLac"]["required"]) == {
+        "ledgerId",
+        "lac",
+        "lacLength",
+        "lastEntryId",
+        "fenced",
+    }
+    ledgers = document["paths"]["/api/v1/ledgers/{lid}/lac"]["get"]
+    assert {p["name"] for p in ledgers["parameters"]} >= {"replicated", "fence"}
+    assert {"409", "421", "422"} <= set(ledgers["responses"])
+    read = document["paths"]["/api/v1/ledgers/{lid}/entries/{eid}"]["get"]
+    assert {"fence"} <= {p["name"] for p in read["parameters"]}
+    assert set(read["responses"]["200"]["headers"]) == {
+        protocol.LAC_HEADER,
+        protocol.NODE_ID_HEADER,
+    }
+    assert {"404", "409", "421", "500"} <= set(read["responses"])
+    add = document["paths"]["/api/v1/ledgers/{lid}/entries"]["post"]
+    assert protocol.RANGE_CONTENT_TYPE in add["requestBody"]["content"]
+    for header in (protocol.REPLICATED_HEADER, protocol.LAC_HEADER, protocol.RECOVERY_ADD_HEADER):
+        assert header in add["description"]
+    assert "io_error" in read["responses"]["500"]["description"]
+
+
+async def test_range_bodies_are_bounded_and_ascend(tmp_path: Path, aiohttp_client: Any) -> None:
+    settings = make_settings(tmp_path / "data", id=NODE, max_entries_per_batch=4)
+    node: Client = await aiohttp_client(build_app(settings))
+    path = f"/api/v1/ledgers/{LID}/entries"
+    headers = {"Content-Type": protocol.RANGE_CONTENT_TYPE, **_replica(0)}
+    many = protocol.encode_range((eid, b"") for eid in range(5))
+    too_many = await node.post(path, data=many, headers=headers)
+    assert (await _json(too_many, 413))["code"] == "too_many_entries"
+    backwards = protocol.encode_range([(5, b"a"), (2, b"b")])
+    assert (await _json(await node.post(path, data=backwards, headers=headers), 400))[
+        "code"
+    ] == "invalid_argument"
+    cut = protocol.encode_range([(1, b"abc")])[:-1]
+    assert (await _json(await node.post(path, data=cut, headers=headers), 400))[
+        "code"
+    ] == "invalid_frame"
+    assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404  # nothing created

@@ -11,7 +11,9 @@ import pytest
 
 from node.settings import Settings
 from node.storage.adds import ReplicaAdd
+from node.storage.clock import SystemClock
 from node.storage.errors import (
+    DiskFull,
     EntryConflict,
     EntryNotFound,
     InvalidArgument,
@@ -20,6 +22,7 @@ from node.storage.errors import (
     NotReplicated,
     ReplicatedLedger,
 )
+from node.storage.faults import Faults
 from node.storage.index import (
     META_VERSION,
     META_VERSION_OFFLOAD,
@@ -30,7 +33,9 @@ from node.storage.index import (
     OffloadInfo,
     OffloadState,
 )
+from node.storage.journal import Journal
 from node.storage.ledgers import LedgerStorage
+from node.storage.wal import LogMark
 
 LID = 1 << 62  # the fleet's ids start here (node/client/metadata/store.py)
 E3 = ReplicaAdd((3, 2, 2), lac=-1)
@@ -224,5 +229,51 @@ async def test_replication_writer_lac_and_fences_survive_a_restart(
         assert await storage.read_entry(LID, 3) == b"b"
         local, _ = await storage.create_ledger()
         assert local.ledger_id < LID
+    finally:
+        await storage.close()
+
+
+REFUSED = b"no room for this one"
+
+
+class RefusingJournal(Journal):
+    """The real journal, but an append of REFUSED is refused as a full disk refuses it
+    (DiskFull: nothing of it written)."""
+
+    def append(
+        self, ledger_id: int, entry_id: int, crc: int, payload: bytes
+    ) -> asyncio.Future[LogMark]:
+        if payload != REFUSED:
+            return super().append(ledger_id, entry_id, crc, payload)
+        refused: asyncio.Future[LogMark] = asyncio.get_running_loop().create_future()
+        refused.set_exception(DiskFull("injected: no space for this append"))
+        return refused
+
+
+async def test_a_refused_replica_add_forgets_only_itself(settings: Settings) -> None:
+    """A replica add the WAL refused is forgotten, but the ids held before it stay counted:
+    another add at one of them is still checked against the stored bytes."""
+    wal = RefusingJournal(settings, SystemClock(), Faults())
+    storage = LedgerStorage(settings, wal=wal)
+    await storage.start()
+    try:
+        await storage.add_replica(LID, [(0, b"a"), (3, b"b")], E3)
+        await storage.checkpoint(force=True)  # the held ids leave the write cache
+        with pytest.raises(DiskFull):
+            await storage.add_replica(LID, [(6, REFUSED)], E3)
+        assert storage.ledger(LID).last_entry_id == 3
+        pending = storage.begin_replica_add(LID, 7, REFUSED, E3)  # the fast lane's path
+        assert pending is not None
+        await asyncio.wait([pending.future])
+        with pytest.raises(DiskFull):
+            storage.finish_replica_add(pending)
+        assert storage.ledger(LID).last_entry_id == 3
+        with pytest.raises(EntryConflict):
+            await storage.add_replica(LID, [(3, b"other")], E3)
+        with pytest.raises(EntryNotFound):
+            await storage.read_entry(LID, 6)
+        await storage.add_replica(LID, [(6, b"c")], E3)  # a retry is a fresh add
+        assert await storage.read_entry(LID, 6) == b"c"
+        assert storage.ledger(LID).entries == 3
     finally:
         await storage.close()
