@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli image image-tools cluster
+.PHONY: run test lint typecheck bench tools clean lock airflow airflow-cli image image-tools
 
 # Airflow in its own venv: its pins clash with the node's (requirements.lock constrains .venv),
 # so the DAG tests run it through subprocesses (tests/airflow/runner.py). Installed once.
@@ -132,9 +132,19 @@ lock:
 clean:
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .mypy_cache .ruff_cache
 
+## 200 seeded fault runs against etcd and five local nodes (node/jepsen): random writers, a
+## random nemesis (node kill or pause, a partition, a delay, held acks, etcd down, a writer
+## killed), recovery, then the checker's verdict; exit 1 on any violation. Not in `make test`
+## (about 20-30 minutes on 2 cores). JEPSEN_SEED picks the first run's seed.
+.PHONY: jepsen
+JEPSEN_SEED ?= 0
+jepsen: $(STAMP) tools
+	$(PY) -m node bench jepsen --runs 200 --seed $(JEPSEN_SEED) --seconds 2
+
 ## etcd and three nodes (n0, n1, n2) on loopback with their data under ./cluster/, in the
 ## foreground, to try replicated ledgers (docs/replication.md): it prints the metadata store's
 ## URL, the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them all.
 ## Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd (make tools).
+.PHONY: cluster
 cluster: $(STAMP)
 	@exec $(PY) -m node.devcluster

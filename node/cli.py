@@ -26,6 +26,7 @@ OFFLOAD_RANDOM_READS = 300
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
 DEFAULT_REPLAY_MIB = 256  # bench replay's journal
+JEPSEN_RUNS = 200  # bench jepsen's fault runs (make jepsen)
 WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
 
 
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
             "offload",
             "audit",
             "replay",
+            "jepsen",
             "replicated",
         ],
         help="write: the engine in-process; http: the live server over loopback; "
@@ -125,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         "against entry-log reads; "
         "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
         "replay: the start after a crash with a long journal, against reading it; "
+        "jepsen: seeded fault runs against a local cluster, then the checker's verdict; "
         "replicated: E=3/Qw=3/Qa=2 ledgers against single-copy ones on a local cluster",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
@@ -175,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
     )
+    bench.add_argument("--runs", type=int, default=JEPSEN_RUNS, help="jepsen: fault runs")
+    bench.add_argument("--seed", type=int, default=0, help="jepsen: seed of the first run")
     bench.set_defaults(func=_cmd_bench)
 
     inspect = sub.add_parser("inspect", help="print and check a journal, entry log, index or WAL")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from node.client.model import node_key
+
 ETCD_BINARY = "/usr/bin/etcd"  # Debian's etcd-server, installed by `make tools`
 READY_TIMEOUT_S = 30.0  # a node or etcd that has not answered by then failed to start
 READY_POLL_S = 0.05  # between two readiness probes
@@ -34,11 +37,28 @@ LOG_TAIL_CHARS = 3000  # of a log quoted in an error
 METADATA_PREFIX = "storage"  # the cluster's key prefix in etcd (NODE_METADATA_URL's path)
 
 
+# Ports of processes that are killed and restarted on the same port: below the kernel's
+# ephemeral range (32768-60999 by default), where a kernel-chosen port (bind to 0) and the
+# local end of any outgoing connection live. A port from there can be taken by a connection
+# while its process is down, and the restart then fails with "address already in use".
+PORTS = range(24000, 25000)
+_handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
+
+
 def free_port() -> int:
-    """A loopback port nobody listens on now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port of PORTS that nobody listens on now and this process has not handed
+    out before (another process may still take it: the range is outside the kernel's)."""
+    candidates = [p for p in PORTS if p not in _handed_out]
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def _tail(path: Path) -> str:
@@ -230,7 +250,7 @@ class LocalNode:
 
     def _registered(self, etcd: EtcdProcess, prefix: str) -> bool:
         try:
-            return etcd.get(f"/{prefix}/nodes/{self.id}") is not None
+            return etcd.get(f"/{prefix}/{node_key(self.id)}") is not None
         except (urllib.error.URLError, OSError):
             return False
 
@@ -314,6 +334,11 @@ class LocalCluster:
     def kill(self, node_id: str) -> None:
         """SIGKILL: a crash (what the node had not fsynced is gone)."""
         self.nodes[node_id].kill()
+
+    def terminate(self, node_id: str) -> None:
+        """SIGTERM and wait: a clean stop (the node flushes what it holds in memory to its
+        entry logs and revokes its registration)."""
+        self.nodes[node_id].stop()
 
     def stop(self, node_id: str) -> None:
         """SIGSTOP: the node keeps its sockets and answers nothing (a pause, a long GC)."""

@@ -11,7 +11,9 @@
 - ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]
   beside the single-threaded ``inspect`` CRC pass;
 - ``replicated`` (replicated.py): replicated ledgers against single-copy ones through the
-  client, on a local cluster (etcd and three nodes).
+  client, on a local cluster (etcd and three nodes);
+- ``jepsen`` (jepsen.py): seeded fault runs against etcd and five nodes on loopback, each
+  checked against its history (node/jepsen/).
 
 common.py holds what they all share; server.py what http and stream share (the node they
 start, the load process they drive it with). A benchmark's module is imported only when it

@@ -10,7 +10,9 @@ delay S    each chunk is delivered S seconds after it arrived (order kept)
 hold       chunks wait, in order, until the rule changes (``release``): a request that reached
            nobody yet, or an answer the client has not seen
 drop       chunks are read and thrown away (a partition); a connection that lost bytes is
-           reset when the rule changes, since its byte stream has a hole
+           reset when the rule changes, since its byte stream has a hole, or (``heal(
+           keep_cut=True)``) stays cut for good while new connections pass: its request is
+           never answered and never retried
 reset      every open connection is reset (RST) and new ones are reset at once
 =========  ===================================================================================
 
@@ -93,6 +95,7 @@ class _Pipe:
         self.client = client
         self.node = node
         self.lost_bytes = False
+        self.cut = False  # for good: whatever comes is dropped, the connection stays open
         self.tasks: list[asyncio.Task[None]] = []
         for direction, (src, dst) in {
             Direction.UP: (client[0], node[1]),
@@ -116,8 +119,9 @@ class _Pipe:
                 if direction is Direction.UP and data.startswith(HTTP_METHODS):
                     line = data.split(b"\r\n", 1)[0][:REQUEST_LINE_MAX]
                     counters.requests.append(line.decode("latin-1"))
+                    self.proxy._on_request(line)
                 rule = self.proxy.rules[direction]
-                if rule.action is Action.DROP:
+                if rule.action is Action.DROP or self.cut:
                     counters.dropped[direction] += len(data)
                     self.lost_bytes = True
                     continue
@@ -138,7 +142,7 @@ class _Pipe:
                 due, rule, data = await queue.get()
                 if rule.action is Action.HOLD:
                     await self.proxy.released(direction)
-                    if self.proxy.rules[direction].action is Action.DROP:
+                    if self.proxy.rules[direction].action is Action.DROP or self.cut:
                         self.proxy.counters.dropped[direction] += len(data)
                         self.lost_bytes = True
                         continue
@@ -177,6 +181,9 @@ class Proxy:
         self.counters = Counters()
         self._open: dict[Direction, asyncio.Event] = {}
         self._pipes: set[_Pipe] = set()
+        self._handlers: set[asyncio.Task[None]] = set()  # one per accepted connection
+        self._trigger: tuple[bytes, Rule, Direction | None] | None = None
+        self.triggered = asyncio.Event()
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -199,14 +206,18 @@ class Proxy:
             pipe.abort()
         for event in self._open.values():
             event.set()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
     async def released(self, direction: Direction) -> None:
         await self._open[direction].wait()
 
-    def set(self, rule: Rule, direction: Direction | None = None) -> None:
-        """``rule`` for one direction, or both when ``direction`` is None."""
+    def set(
+        self, rule: Rule, direction: Direction | None = None, *, keep_cut: bool = False
+    ) -> None:
+        """``rule`` for one direction, or both when ``direction`` is None. ``keep_cut``: when
+        no direction drops any more, connections that lost bytes stay cut instead of reset."""
         for d in [direction] if direction else list(Direction):
             self.rules[d] = rule
             if rule.action is Action.HOLD:
@@ -217,8 +228,24 @@ class Proxy:
             self.reset()
         elif all(r.action is not Action.DROP for r in self.rules.values()):
             for pipe in list(self._pipes):
-                if pipe.lost_bytes:
+                if pipe.lost_bytes and keep_cut:
+                    pipe.cut = True
+                elif pipe.lost_bytes and not pipe.cut:
                     self._reset_pipe(pipe)
+
+    def on_request(self, prefix: str, rule: Rule, direction: Direction | None = None) -> None:
+        """Once: when a request whose first line starts with ``prefix`` arrives, ``rule`` is
+        set before that request goes on (so its answer, or the request itself, is caught
+        exactly). ``triggered`` is set then."""
+        self.triggered.clear()
+        self._trigger = (prefix.encode("latin-1"), rule, direction)
+
+    def _on_request(self, line: bytes) -> None:
+        if self._trigger is not None and line.startswith(self._trigger[0]):
+            _, rule, direction = self._trigger
+            self._trigger = None
+            self.set(rule, direction)
+            self.triggered.set()
 
     def hold(self, direction: Direction | None = None) -> None:
         self.set(HOLD, direction)
@@ -233,9 +260,10 @@ class Proxy:
         """Back to pass: what was held is delivered, in order."""
         self.set(PASS, direction)
 
-    def heal(self) -> None:
-        """Both directions pass (connections that lost bytes are reset)."""
-        self.set(PASS)
+    def heal(self, *, keep_cut: bool = False) -> None:
+        """Both directions pass; connections that lost bytes are reset or, with ``keep_cut``,
+        stay cut (a request that vanished in a partition and is never retried)."""
+        self.set(PASS, keep_cut=keep_cut)
 
     def reset(self) -> None:
         """Resets every open connection (the rules stay)."""
@@ -251,6 +279,15 @@ class Proxy:
         return len(self._pipes)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        try:
+            await self._forward(reader, writer)
+        finally:
+            self._handlers.discard(handler)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.counters.connections += 1
         if Action.RESET in (self.rules[Direction.UP].action, self.rules[Direction.DOWN].action):
             self.counters.resets += 1

@@ -3,12 +3,16 @@ fault proxies between the test's clients and those nodes."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
-from node.jepsen.proxy import ProxyMesh
+from node.client import Client
+from node.jepsen.history import Op, load_async
+from node.jepsen.proxy import Direction, Proxy, ProxyMesh
+from node.jepsen.workload import ChildWriter, WriterConfig
 from node.localcluster import LocalCluster
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 
@@ -55,3 +59,49 @@ async def mesh(cluster: LocalCluster) -> AsyncIterator[ProxyMesh]:
     made = ProxyMesh({node_id: cluster.url(node_id) for node_id in cluster.node_ids})
     yield made
     await made.close()
+
+
+POLL_S = 0.02  # between two looks at a condition a test waits for
+
+
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
+    """Waits until ``condition()`` holds; fails naming ``what`` after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(POLL_S)
+
+
+def answered(proxy: Proxy) -> Callable[[], bool]:
+    """True once the node behind ``proxy`` has sent something more than it had so far (its
+    answer to the request just sent reached the proxy, whether or not the proxy passed it on)."""
+    before = proxy.counters.received[Direction.DOWN]
+    return lambda: proxy.counters.received[Direction.DOWN] > before
+
+
+async def last_ensemble(client: Client, ledger_id: int) -> list[str]:
+    meta = await client.ledger_metadata(ledger_id)
+    return list(meta["segments"][-1]["ensemble"])
+
+
+async def child_writer(
+    cluster: LocalCluster, mesh: ProxyMesh, tmp_path: Path, seed: int, process: str = "w"
+) -> tuple[ChildWriter, int]:
+    """A writer process behind its own proxies (client ``process`` of ``mesh``), its history
+    in ``tmp_path/<process>.jsonl``, started: (it, the id of the ledger it created). The test
+    kills it."""
+    config = WriterConfig(
+        metadata_url=cluster.metadata_url,
+        process=process,
+        history=str(tmp_path / f"{process}.jsonl"),
+        seed=seed,
+        address_override=await mesh.for_client(process),
+    )
+    child = ChildWriter(config, tmp_path / f"{process}.log")
+    return child, await child.start()
+
+
+async def writer_history(child: ChildWriter) -> list[Op]:
+    return await load_async([Path(child.config.history)])

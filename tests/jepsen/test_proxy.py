@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from node.jepsen.proxy import RESET, Direction, Proxy, ProxyMesh
+from node.jepsen.proxy import DROP, RESET, Direction, Proxy, ProxyMesh
 
 SETTLE_S = 0.2  # long enough for bytes that would flow to have flowed on loopback
 DELAY_S = 0.3
@@ -183,3 +183,44 @@ async def test_mesh_gives_each_client_its_own_way_to_each_node(upstream: Upstrea
         assert len(mesh.to_node("n0")) == 2
     finally:
         await mesh.close()
+
+
+async def test_healing_may_leave_a_cut_connection_cut_while_new_ones_pass(
+    proxy: Proxy, upstream: Upstream
+) -> None:
+    """The request in flight during a partition never arrives, not even later, and its
+    connection is not reset (a client would retry on a reset); new connections flow."""
+    reader, writer = await connect(proxy)
+    proxy.drop()
+    writer.write(b"fence")
+    await asyncio.sleep(SETTLE_S)
+    proxy.heal(keep_cut=True)
+    writer.write(b"more")
+    fresh_reader, fresh_writer = await connect(proxy)
+    fresh_writer.write(b"read")
+    assert await asyncio.wait_for(fresh_reader.readexactly(4), 5) == b"read"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readexactly(1), SETTLE_S)
+    assert upstream.received == b"read"
+    assert proxy.counters.resets == 0
+    writer.close()
+    fresh_writer.close()
+
+
+async def test_a_rule_armed_on_a_request_catches_exactly_its_answer(
+    proxy: Proxy, upstream: Upstream
+) -> None:
+    """The request that matches goes through; its answer, and what follows, is dropped."""
+    reader, writer = await connect(proxy)
+    proxy.on_request("POST /v3/kv/txn", DROP, Direction.DOWN)
+    read = b"POST /v3/kv/range HTTP/1.1\r\n"
+    writer.write(read)
+    assert await asyncio.wait_for(reader.readexactly(len(read)), 5) == read
+    assert not proxy.triggered.is_set()
+    writer.write(b"POST /v3/kv/txn HTTP/1.1\r\n")
+    await asyncio.wait_for(proxy.triggered.wait(), 5)
+    await asyncio.sleep(SETTLE_S)
+    assert upstream.received.endswith(b"POST /v3/kv/txn HTTP/1.1\r\n")
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reader.readexactly(1), SETTLE_S)
+    writer.close()

@@ -1,0 +1,257 @@
+"""What a fault run's history says must hold, checked against what fresh readers see.
+
+After a run every ledger is read back by fresh clients, one per node order (``observe``), each
+giving an ``Observation``; ``check`` compares them with the history and lists every violation:
+
+=============  ==============================================================================
+lost           an acknowledged (ok) entry is missing, or holds other bytes
+short          the ledger ends before an acknowledged entry (lastEntryId < its id)
+disagree       readers see different lastEntryIds (or a close/recovery ended elsewhere)
+past_end       a read past lastEntryId was served
+gap            an id in 0..lastEntryId could not be read as absent (no entry there)
+order          a reader got entries out of id order
+failed_present an add the client was told failed is in the ledger
+phantom        the ledger holds bytes no add of the history wrote
+read_mismatch  an entry a client read during the run differs from the final ledger
+not_closed     the metadata is not CLOSED after recovery
+unreadable     a reader could not read the ledger at all (the check could not be made)
+twice          two acknowledged adds of different bytes were given the same id
+=============  ==============================================================================
+
+``info`` operations (unknown outcomes), and adds invoked that never completed (their process
+was killed: ``unfinished`` in the counts), may be present or absent: no rule names them,
+except that their bytes are not phantoms.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from node.client import Client, ClientError
+from node.jepsen.history import Op, digest
+
+READERS = 3  # fresh clients that read every ledger back, each from its own node order
+PAST_END_PROBES = 2  # ids past lastEntryId a reader asks for (each must be refused)
+
+
+@dataclass
+class Observation:
+    """What one fresh reader saw of one ledger."""
+
+    reader: str
+    state: str = ""  # the metadata's state
+    last_entry_id: int | None = None  # None: the reader could not open the ledger
+    entries: list[tuple[int, str]] = field(default_factory=list)  # (id, digest) as read, in order
+    past_end: list[int] = field(default_factory=list)  # ids > lastEntryId a read served
+    error: str = ""  # why it could not read, when it could not
+
+    @staticmethod
+    def of(
+        reader: str, state: str, last_entry_id: int, entries: Iterable[tuple[int, bytes]]
+    ) -> Observation:
+        return Observation(
+            reader, state, last_entry_id, [(e, digest(payload)) for e, payload in entries]
+        )
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    ledger: int
+    entry: int | None
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"ledger {self.ledger}" + (f" entry {self.entry}" if self.entry is not None else "")
+        return f"{self.kind}: {where}: {self.detail}"
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # ok/fail/info operations, ledgers
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def kinds(self) -> set[str]:
+        return {v.kind for v in self.violations}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "counts": self.counts,
+            "violations": [str(v) for v in self.violations],
+        }
+
+    def __str__(self) -> str:
+        head = "clean" if self.ok else f"{len(self.violations)} violation(s)"
+        return "\n".join([f"{head}; {self.counts}", *(f"  {v}" for v in self.violations)])
+
+
+@dataclass
+class _Expected:
+    """The history of one ledger."""
+
+    acked: dict[int, str] = field(default_factory=dict)  # id -> digest of ok adds
+    failed: set[str] = field(default_factory=set)  # digests of failed adds
+    written: set[str] = field(default_factory=set)  # every digest any add carried
+    ends: list[tuple[str, int]] = field(default_factory=list)  # ok close/recover: (f, end)
+    reads: list[tuple[int, str]] = field(default_factory=list)  # ok reads: (id, digest)
+    twice: set[int] = field(default_factory=set)  # ids two ok adds of other bytes were given
+
+
+def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
+    ledgers: dict[int, _Expected] = {}
+    for op in history:
+        if op.ledger is None:
+            continue
+        exp = ledgers.setdefault(op.ledger, _Expected())
+        if op.f in ("add", "add_batch"):
+            exp.written.update(op.digests())
+            if op.type == "ok":
+                for entry, d in op.entries():
+                    if exp.acked.get(entry, d) != d:
+                        exp.twice.add(entry)
+                    exp.acked[entry] = d
+            elif op.type == "fail":
+                exp.failed.update(op.digests())
+        elif op.type == "ok" and op.f in ("close", "recover") and op.entry is not None:
+            exp.ends.append((op.f, op.entry))
+        elif op.type == "ok" and op.f == "read" and op.entry is not None:
+            exp.reads.extend((op.entry, d) for d in op.digests())
+    return ledgers
+
+
+def _unfinished(history: Iterable[Op]) -> int:
+    """Adds invoked that never completed (their process died first): unknown, like info."""
+    open_adds: set[tuple[str, ...]] = set()
+    for op in history:
+        if op.f in ("add", "add_batch"):
+            key = (op.p, *op.digests())
+            if op.type == "invoke":
+                open_adds.add(key)
+            else:
+                open_adds.discard(key)
+    return len(open_adds)
+
+
+def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) -> Verdict:
+    """Every ledger the history names must have been observed by at least one reader."""
+    verdict = Verdict()
+    types: dict[str, int] = {}
+    for op in history:
+        if op.type != "invoke":
+            types[op.type] = types.get(op.type, 0) + 1
+    verdict.counts = {**types, "unfinished": _unfinished(history), "ledgers": 0}
+    for ledger, exp in sorted(_expectations(history).items()):
+        verdict.counts["ledgers"] += 1
+        views = list(observed.get(ledger, []))
+        if not views:
+            verdict.violations.append(Violation("unreadable", ledger, None, "no reader saw it"))
+            continue
+        verdict.violations.extend(_check_ledger(ledger, exp, views))
+    return verdict
+
+
+def _check_ledger(ledger: int, exp: _Expected, views: list[Observation]) -> list[Violation]:
+    found: list[Violation] = []
+
+    def bad(kind: str, entry: int | None, detail: str) -> None:
+        found.append(Violation(kind, ledger, entry, detail))
+
+    for entry in sorted(exp.twice):
+        bad("twice", entry, "two acknowledged adds of different bytes got this id")
+    readable = [v for v in views if v.last_entry_id is not None]
+    for view in views:
+        if view.last_entry_id is None:
+            bad("unreadable", None, f"{view.reader}: {view.error}")
+    if not readable:
+        return found
+    ends = {v.last_entry_id for v in readable}
+    if len(ends) > 1:
+        seen = ", ".join(f"{v.reader}: {v.last_entry_id}" for v in readable)
+        bad("disagree", None, f"readers see different lastEntryIds ({seen})")
+    last = min(e for e in ends if e is not None)
+    for f, end in exp.ends:
+        if end != last:
+            bad("disagree", None, f"a {f} ended at {end}, readers see {last}")
+    for entry, _ in sorted(exp.acked.items()):
+        if entry > last:
+            bad("short", entry, f"acknowledged, but the ledger ends at {last}")
+    for view in readable:
+        _check_view(view, exp, bad)
+    return found
+
+
+def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
+    name = view.reader
+    last = view.last_entry_id
+    assert last is not None
+    if view.state != "CLOSED":
+        bad("not_closed", None, f"{name}: metadata state {view.state!r}")
+    for entry in view.past_end:
+        bad("past_end", entry, f"{name}: served past lastEntryId {last}")
+    ids = [e for e, _ in view.entries]
+    if ids != sorted(ids) or len(set(ids)) != len(ids):
+        bad("order", None, f"{name}: read ids {ids[:20]} out of order")
+    held = dict(view.entries)
+    for entry in range(last + 1):
+        if entry not in held:
+            bad("gap", entry, f"{name}: no entry at {entry} (lastEntryId {last})")
+    for entry, want in exp.acked.items():
+        got = held.get(entry)
+        if entry <= last and got != want:
+            bad("lost", entry, f"{name}: acknowledged {want}, read {got}")
+    for entry, want in exp.reads:
+        got = held.get(entry)
+        if entry <= last and got is not None and got != want:
+            bad("read_mismatch", entry, f"{name}: read {want} during the run, now {got}")
+    for entry, got in held.items():
+        if got in exp.failed:
+            bad("failed_present", entry, f"{name}: bytes of a failed add")
+        elif got not in exp.written:
+            bad("phantom", entry, f"{name}: bytes no add wrote")
+
+
+async def observe(client: Client, reader: str, ledger_id: int) -> Observation:
+    """What ``client`` reads of ``ledger_id``: its metadata's state, lastEntryId, every entry
+    up to it and whether ids past it are served. Nothing is fenced or recovered."""
+    try:
+        meta = await client.ledger_metadata(ledger_id)
+        handle = await client.open_ledger(ledger_id)
+        last = handle.last_entry_id
+        entries = [(e, payload) async for e, payload in handle.read(0, last)]
+    except ClientError as error:
+        return Observation(reader, error=f"{type(error).__name__}: {error}")
+    seen = Observation.of(reader, meta["state"], last, entries)
+    for entry in range(last + 1, last + 1 + PAST_END_PROBES):
+        try:
+            await handle.read_entry(entry, past_lac=True)
+        except (ClientError, ValueError):
+            continue  # refused: right
+        seen.past_end.append(entry)
+    return seen
+
+
+async def check_cluster(
+    history: Sequence[Op],
+    metadata_url: str,
+    readers: int = READERS,
+    address_override: Mapping[str, str] | None = None,
+) -> Verdict:
+    """Reads every ledger of ``history`` with ``readers`` fresh clients, each trying replicas
+    in its own seeded order, and checks what they saw against the history."""
+    ledgers = sorted({op.ledger for op in history if op.ledger is not None})
+    observed: dict[int, list[Observation]] = {lid: [] for lid in ledgers}
+    for i in range(readers):
+        async with Client(
+            metadata_url, address_override=address_override, rng=random.Random(i)
+        ) as client:
+            for lid in ledgers:
+                observed[lid].append(await observe(client, f"reader{i}", lid))
+    return check(history, observed)

@@ -1,0 +1,170 @@
+"""The checker against crafted histories and ledgers: a clean run passes, and each way a
+ledger can contradict its history is caught and named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.jepsen.checker import Observation, check
+from node.jepsen.history import History, Op, digest, load, read_ops
+
+LEDGER = 1 << 62
+
+
+def payload(i: int) -> bytes:
+    return f"w0-{i}".encode()
+
+
+def clean_history() -> History:
+    """w0 adds 0..2 (ok), a batch 3..4 (ok), an add whose outcome is unknown (info: it landed
+    at 5), an add that failed, then closes at 5."""
+    h = History("w0")
+    for i in range(3):
+        h.log("invoke", "add", LEDGER, None, digest(payload(i)))
+        h.log("ok", "add", LEDGER, i, digest(payload(i)))
+    batch = [digest(payload(3)), digest(payload(4))]
+    h.log("invoke", "add_batch", LEDGER, None, batch)
+    h.log("ok", "add_batch", LEDGER, 3, batch)
+    h.log("invoke", "add", LEDGER, None, digest(payload(5)))
+    h.log("info", "add", LEDGER, None, digest(payload(5)))
+    h.log("invoke", "add", LEDGER, None, digest(payload(99)))
+    h.log("fail", "add", LEDGER, None, digest(payload(99)))
+    h.log("ok", "read", LEDGER, 1, digest(payload(1)))
+    h.log("invoke", "recover", LEDGER)
+    h.log("ok", "recover", LEDGER, 5)
+    return h
+
+
+def view(name: str = "r0", last: int = 5, ids: list[int] | None = None) -> Observation:
+    ids = list(range(last + 1)) if ids is None else ids
+    return Observation.of(name, "CLOSED", last, [(i, payload(i)) for i in ids])
+
+
+def test_a_clean_run_is_clean() -> None:
+    verdict = check(clean_history().ops, {LEDGER: [view("r0"), view("r1"), view("r2")]})
+    assert verdict.ok, verdict
+    assert verdict.counts == {"ok": 6, "info": 1, "fail": 1, "unfinished": 0, "ledgers": 1}
+
+
+def test_info_may_be_absent() -> None:
+    """The unknown add at 5 did not land: the recovery closed at 4; still clean."""
+    ops = [op for op in clean_history().ops if not (op.f == "recover" and op.type == "ok")]
+    ops.append(Op("r", "ok", "recover", LEDGER, 4))
+    assert check(ops, {LEDGER: [view(last=4)]}).ok
+
+
+def test_a_lost_acknowledged_entry_is_caught() -> None:
+    """The ledger was closed before an acknowledged entry (#2614's outcome)."""
+    ops = [op for op in clean_history().ops if op.f != "recover"]
+    verdict = check(ops, {LEDGER: [view(last=1)]})
+    assert verdict.kinds() == {"short"}
+    assert sorted(v.entry for v in verdict.violations) == [2, 3, 4]
+
+
+def test_other_bytes_at_an_acknowledged_id_are_lost() -> None:
+    bad = view()
+    bad.entries[2] = (2, digest(b"something else"))
+    verdict = check(clean_history().ops, {LEDGER: [view("r0"), bad]})
+    assert {"lost", "phantom"} <= verdict.kinds()
+    assert {v.entry for v in verdict.violations if v.kind == "lost"} == {2}
+
+
+def test_readers_that_disagree_on_the_end() -> None:
+    verdict = check(clean_history().ops, {LEDGER: [view("r0", 5), view("r1", 4)]})
+    assert "disagree" in verdict.kinds()
+
+
+def test_a_close_elsewhere_than_the_readers_see() -> None:
+    verdict = check(clean_history().ops, {LEDGER: [view(last=4)]})
+    assert "disagree" in verdict.kinds()  # the recovery said 5
+
+
+def test_a_read_past_the_end() -> None:
+    bad = view()
+    bad.past_end.append(6)
+    assert check(clean_history().ops, {LEDGER: [bad]}).kinds() == {"past_end"}
+
+
+def test_a_gap() -> None:
+    verdict = check(clean_history().ops, {LEDGER: [view(ids=[0, 1, 2, 3, 5])]})
+    assert verdict.kinds() == {"gap", "lost"}  # 4 was acknowledged, too
+    assert {v.entry for v in verdict.violations} == {4}
+
+
+def test_entries_out_of_order() -> None:
+    verdict = check(clean_history().ops, {LEDGER: [view(ids=[0, 2, 1, 3, 4, 5])]})
+    assert verdict.kinds() == {"order"}
+
+
+def test_a_failed_add_that_is_there() -> None:
+    bad = Observation.of(
+        "r0", "CLOSED", 6, [(i, payload(i)) for i in range(6)] + [(6, payload(99))]
+    )
+    ops = [op for op in clean_history().ops if op.f != "recover"]
+    assert check(ops, {LEDGER: [bad]}).kinds() == {"failed_present"}
+
+
+def test_bytes_no_add_wrote() -> None:
+    bad = Observation.of("r0", "CLOSED", 6, [(i, payload(i)) for i in range(6)] + [(6, b"ghost")])
+    ops = [op for op in clean_history().ops if op.f != "recover"]
+    assert check(ops, {LEDGER: [bad]}).kinds() == {"phantom"}
+
+
+def test_a_read_during_the_run_that_the_ledger_contradicts() -> None:
+    h = clean_history()
+    h.log("ok", "read", LEDGER, 2, digest(payload(1)))  # read 2, got 1's bytes
+    assert check(h.ops, {LEDGER: [view()]}).kinds() == {"read_mismatch"}
+
+
+def test_a_ledger_not_closed() -> None:
+    bad = view()
+    bad.state = "IN_RECOVERY"
+    assert check(clean_history().ops, {LEDGER: [bad]}).kinds() == {"not_closed"}
+
+
+def test_a_ledger_nobody_could_read() -> None:
+    assert check(clean_history().ops, {}).kinds() == {"unreadable"}
+    failed = Observation("r0", error="RecoveryFailed: no quorum")
+    verdict = check(clean_history().ops, {LEDGER: [failed, view("r1")]})
+    assert verdict.kinds() == {"unreadable"}
+    assert "no quorum" in str(verdict)
+
+
+def test_history_files_of_several_processes_merge_and_a_torn_line_is_a_kill(
+    tmp_path: Path,
+) -> None:
+    writer = History("w0", tmp_path / "w0.jsonl")
+    writer.log("invoke", "add", LEDGER, None, "d0")
+    writer.log("ok", "add", LEDGER, 0, "d0")
+    writer.close()
+    with (tmp_path / "w0.jsonl").open("a") as f:
+        f.write('{"p":"w0","type":"inv')  # SIGKILL in the middle of a line
+    recoverer = History("r0")
+    recoverer.log("ok", "recover", LEDGER, 0)
+    recoverer.dump(tmp_path / "r0.jsonl")
+    ops = load([tmp_path / "w0.jsonl", tmp_path / "r0.jsonl"])
+    assert [(op.p, op.type, op.f) for op in ops] == [
+        ("w0", "invoke", "add"),
+        ("w0", "ok", "add"),
+        ("r0", "ok", "recover"),
+    ]
+    (tmp_path / "bad.jsonl").write_text('{"p":"w0","ty\n{"p":"w0"}\n')
+    with pytest.raises(ValueError):
+        list(read_ops(tmp_path / "bad.jsonl"))
+
+
+def test_an_add_whose_process_died_is_unfinished_and_may_be_there() -> None:
+    h = clean_history()
+    h.log("invoke", "add", LEDGER, None, digest(payload(6)))  # killed before the answer
+    ops = [op for op in h.ops if op.f != "recover"]
+    verdict = check(ops, {LEDGER: [view(last=6, ids=list(range(7)))]})
+    assert verdict.ok, verdict
+    assert verdict.counts["unfinished"] == 1
+
+
+def test_two_acknowledged_adds_at_one_id() -> None:
+    h = clean_history()
+    h.log("ok", "add", LEDGER, 2, digest(b"other"))
+    assert "twice" in check(h.ops, {LEDGER: [view()]}).kinds()
