@@ -141,3 +141,11 @@ clean:
 JEPSEN_SEED ?= 0
 jepsen: $(STAMP) tools
 	$(PY) -m node bench jepsen --runs 200 --seed $(JEPSEN_SEED) --seconds 2
+
+## etcd and three nodes (n0, n1, n2) on loopback with their data under ./cluster/, in the
+## foreground, to try replicated ledgers (docs/replication.md): it prints the metadata store's
+## URL, the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them all.
+## Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd (make tools).
+.PHONY: cluster
+cluster: $(STAMP)
+	@exec $(PY) -m node.devcluster

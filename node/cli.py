@@ -1,4 +1,4 @@
-"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit."""
+"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit, shell."""
 
 from __future__ import annotations
 
@@ -130,6 +130,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _cmd_shell(args: argparse.Namespace) -> int:
+    from node.client.shell import main as shell_main
+
+    return shell_main(args.shell_argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m node", description=__doc__)
     parser.add_argument("--log-level", help="debug, info, warning, error (NODE_LOG_LEVEL)")
@@ -146,7 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure the node against baselines on this disk")
     bench.add_argument(
         "what",
-        choices=["write", "http", "wal", "gc", "stream", "offload", "audit", "replay", "jepsen"],
+        choices=[
+            "write",
+            "http",
+            "wal",
+            "gc",
+            "stream",
+            "offload",
+            "audit",
+            "replay",
+            "jepsen",
+            "replicated",
+        ],
         help="write: the engine in-process; http: the live server over loopback; "
         "wal: the raw-device WAL against fio on a loop device and a file; "
         "gc: compaction throughput and its cost to concurrent adds; "
@@ -155,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
         "against entry-log reads; "
         "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
         "replay: the start after a crash with a long journal, against reading it; "
-        "jepsen: seeded fault runs against a local cluster, then the checker's verdict",
+        "jepsen: seeded fault runs against a local cluster, then the checker's verdict; "
+        "replicated: E=3/Qw=3/Qa=2 ledgers against single-copy ones on a local cluster",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
@@ -222,6 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     audit = sub.add_parser("audit", help="audit the data with Spark (docs/operations.md: Audit)")
     audit_arguments(audit)
     audit.set_defaults(func=_cmd_audit)
+
+    # The shell's own parser lives with it (node.client.shell): `serve` never loads the client.
+    shell = sub.add_parser(
+        "shell",
+        add_help=False,
+        help="replicated ledgers and nodes, for operators: listnodes, listledgers, "
+        "ledgermetadata, readledger, recover, deleteledger, readd (docs/replication.md)",
+    )
+    shell.add_argument("shell_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    shell.set_defaults(func=_cmd_shell)
     return parser
 
 
@@ -230,7 +258,12 @@ class StartRefused(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "shell":  # its options before its first word are its own, not unknown
+        args.shell_argv = unknown + args.shell_argv
+    elif unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logs.setup(args.log_level or "info", args.log_json)
     try:
         return int(args.func(args))

@@ -10,6 +10,8 @@
   beside entry-log reads of the same ledger, and the bytes a random read fetches;
 - ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]
   beside the single-threaded ``inspect`` CRC pass;
+- ``replicated`` (replicated.py): replicated ledgers against single-copy ones through the
+  client, on a local cluster (etcd and three nodes);
 - ``jepsen`` (jepsen.py): seeded fault runs against etcd and five nodes on loopback, each
   checked against its history (node/jepsen/).
 
