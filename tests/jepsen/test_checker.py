@@ -56,7 +56,7 @@ def test_info_may_be_absent() -> None:
 
 
 def test_a_lost_acknowledged_entry_is_caught() -> None:
-    """The ledger was closed before an acknowledged entry (#2614's outcome)."""
+    """The ledger was closed before an acknowledged entry (BookKeeper #2614's outcome)."""
     ops = [op for op in clean_history().ops if op.f != "recover"]
     verdict = check(ops, {LEDGER: [view(last=1)]})
     assert verdict.kinds() == {"short"}

@@ -1,6 +1,7 @@
 """Recovery against a writer that is still alive, on real processes, scripted through proxies
-and recovery's phases: BookKeeper's split brain (#2614, found with its TLA+ spec), recovery
-inside the last segment (#2615) and an I/O error that is not "no such entry" (#2908).
+and recovery's phases: the split brain of BookKeeper #2614 (found with its TLA+ spec),
+recovery inside the last segment (BookKeeper #2615) and an I/O error that is not
+"no such entry" (BookKeeper #2908).
 
 The split brain runs twice per seed: with fencing recovery reads the checker finds nothing;
 with ``_unsafe_unfenced_recovery_reads=True`` it must find the acknowledged entry the recovery
@@ -46,7 +47,8 @@ OUTCOME_TIMEOUT_S = 30.0  # for the old writer's add to end once its held traffi
 
 
 class SplitBrain:
-    """The schedule of #2614 with E=Qw=3, Qa=2 on B1, B2, B3 (a seeded order of the ensemble),
+    """The schedule of BookKeeper #2614 with E=Qw=3, Qa=2 on B1, B2, B3 (a seeded order of
+    the ensemble),
     the old writer W and the recoverer R each behind their own proxies:
 
     1. W adds entry k (after k ok entries): only B2 gets it (W->B1, W->B3 held) and acks.
@@ -191,7 +193,8 @@ async def segments_of(cluster: LocalCluster, ledger_id: int, count: int) -> None
 async def test_recovery_stays_in_the_last_segment(
     make_cluster: MakeCluster, tmp_path: Path, seed: int
 ) -> None:
-    """#2615: E=Qw=3, Qa=2 on four nodes. The writer adds 10 entries, a node of the ensemble is
+    """BookKeeper #2615: E=Qw=3, Qa=2 on four nodes. The writer adds 10 entries, a node of the
+    ensemble is
     killed, the writer goes on in a new segment at 10 and is SIGKILLed a few entries later
     (with one seed: as soon as the new segment is in the metadata, before entry 10 reached any
     node, so that every LAC answer is 8 and only the segment bound starts recovery at 9).
@@ -249,7 +252,8 @@ async def test_recovery_stays_in_the_last_segment(
 async def test_an_io_error_on_a_replica_is_not_no_such_entry(
     cluster: LocalCluster, mesh: ProxyMesh, tmp_path: Path, seed: int
 ) -> None:
-    """#2908: E=Qw=3, Qa=2 on X, Y, Z. Entries past k reach X and Y only (acknowledged). The
+    """BookKeeper #2908: E=Qw=3, Qa=2 on X, Y, Z. Entries past k reach X and Y only
+    (acknowledged). The
     writer is SIGKILLed; X restarts with every entry-log read failing (EIO), Y is down. For
     the last entries X's answer is an error, Z's is "no such entry", Y's none: recovery must
     fail (not close short: counting X's error as "absent" would make 2 = Qw-Qa+1). With Y back
