@@ -154,3 +154,32 @@ def test_what_the_walkthroughs_leave_behind_is_ignored_by_git() -> None:
         check=False,
     )
     assert sorted(checked.stdout.split()) == sorted(left), checked
+
+
+def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    """The README's Replication block against a fresh etcd and three nodes, laid out as
+    ``make cluster`` lays them out (``cluster/n1/node.lock`` is the node the block kills)."""
+    from node.localcluster import LocalCluster
+    from tests.harness.cluster import cluster_env
+
+    (tmp_path / ".venv").symlink_to(sys.prefix)
+    blocks = FENCED_SH.findall(_sections(README.read_text())["Replication"])
+    (block,) = [b for b in blocks if b.strip() != "make cluster"]
+    with LocalCluster(tmp_path / "cluster", env=cluster_env()) as cluster:
+        script = activation_block() + block.replace(
+            "etcd://127.0.0.1:2379/storage", cluster.metadata_url
+        )
+        result = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+            check=False,
+        )
+    assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    out = result.stdout
+    assert all(f"n{i}" in out for i in range(3)), out
+    assert '"state": "CLOSED"' in out and '"lastEntryId": 2' in out, out
+    assert out.endswith("0\thello\n1\treplicated\n2\tworld\n"), out[-500:]
