@@ -24,12 +24,7 @@ from node.jepsen.history import History
 from node.jepsen.proxy import DROP, HOLD, Direction, Proxy
 from node.jepsen.workload import Writer
 from node.localcluster import LocalCluster
-from tests.harness import cluster as cluster_fixtures
 from tests.harness.cluster import MakeCluster, last_ensemble
-
-# The cluster fixtures (tests/harness/cluster.py), here rather than in a conftest.py
-cluster = cluster_fixtures.cluster
-make_cluster = cluster_fixtures.make_cluster
 
 SEEDS = [1, 2, 3]
 WAYS = ["etcd killed", "answer lost"]

@@ -24,7 +24,6 @@ from node.jepsen.history import History, Op, merge
 from node.jepsen.proxy import RESET, Direction, ProxyMesh
 from node.jepsen.workload import Writer, recover
 from node.localcluster import LocalCluster
-from tests.harness import cluster as cluster_fixtures
 from tests.harness.cluster import (
     MakeCluster,
     answered,
@@ -33,11 +32,6 @@ from tests.harness.cluster import (
     until,
     writer_history,
 )
-
-# The cluster fixtures (tests/harness/cluster.py), here rather than in a conftest.py
-cluster = cluster_fixtures.cluster
-make_cluster = cluster_fixtures.make_cluster
-mesh = cluster_fixtures.mesh
 
 SEEDS = [1, 2, 3]
 MODES = {False: "fencing reads", True: "unfenced reads (the bug)"}

@@ -16,7 +16,6 @@ from node.jepsen.history import History, merge
 from node.jepsen.proxy import RESET, Direction, ProxyMesh
 from node.jepsen.workload import Writer, recover
 from node.localcluster import LocalCluster
-from tests.harness import cluster as cluster_fixtures
 from tests.harness.cluster import (
     MakeCluster,
     answered,
@@ -25,11 +24,6 @@ from tests.harness.cluster import (
     until,
     writer_history,
 )
-
-# The cluster fixtures (tests/harness/cluster.py), here rather than in a conftest.py
-cluster = cluster_fixtures.cluster
-make_cluster = cluster_fixtures.make_cluster
-mesh = cluster_fixtures.mesh
 
 SEEDS = [1, 2, 3]
 SHAPES = {1: (3, 3, 2), 2: (3, 2, 2), 3: (3, 3, 2)}  # (E, Qw, Qa) by seed: one striped
