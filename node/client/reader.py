@@ -17,7 +17,7 @@ from node.client.model import LedgerMetadata
 from node.client.schedule import CoverageSet
 
 if TYPE_CHECKING:
-    from node.client import Client
+    from node.client.client import Client
 
 ABSENT_LAC = LacAnswer(lac=-1, lac_length=0, last_entry_id=-1, fenced=False)
 

@@ -41,7 +41,7 @@ from node.client.placement import choose_replacement
 from node.client.reader import read_entry, read_lac_coverage
 
 if TYPE_CHECKING:
-    from node.client import Client
+    from node.client.client import Client
 
 # A test hook: awaited at "in_recovery", "lac_read", "entry" (before each entry's reads, info
 # has "entry_id") and "close", so a test can change the network between phases.

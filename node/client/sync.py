@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping, Sequenc
 from types import TracebackType
 from typing import Any, TypeVar
 
-from node.client import Client
+from node.client.client import Client
 from node.client.metadata.store import MetadataStore
 from node.client.model import LedgerMetadata
 from node.client.reader import ReadHandle

@@ -45,7 +45,7 @@ from node.client.model import LedgerMetadata, LedgerState, Segment, decode, enco
 from node.client.placement import choose_replacement
 
 if TYPE_CHECKING:
-    from node.client import Client
+    from node.client.client import Client
 
 log = logging.getLogger(__name__)
 

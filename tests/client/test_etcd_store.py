@@ -3,6 +3,7 @@ etcd stops, dies, or comes back."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import subprocess
 import sys
@@ -143,6 +144,26 @@ def test_the_client_imports_nothing_of_the_node() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert found.strip() == "[]"
+
+
+def test_a_node_without_a_metadata_store_loads_only_the_clients_wire_modules() -> None:
+    """The node's HTTP layer speaks the replica protocol on every start; the writer, reader
+    and recovery load only when something uses the client (``node.client`` is lazy)."""
+    code = (
+        "import sys, node.http.app; "
+        "print(sorted(m for m in sys.modules if m.startswith('node.client')))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    loaded = set(ast.literal_eval(found))
+    assert loaded, "node.http.app no longer imports the replica protocol?"
+    assert not loaded & {
+        "node.client.client",
+        "node.client.writer",
+        "node.client.reader",
+        "node.client.recovery",
+    }
 
 
 async def test_a_watch_ends_with_etcd_and_resumes_from_the_last_revision_seen(
