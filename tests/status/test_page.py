@@ -14,6 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
 
+from node.client.sync import SyncClient
 from node.storage.entrylog import read_ledgers_map
+from tests.client.conftest import etcd
+from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_source, launch
 
@@ -42,6 +46,8 @@ NODE_ENV = {
     "NODE_METRICS_MAX_STREAMS": "2",
 }
 OLD_S = 90 * 24 * 3600  # how old the test makes one log
+
+__all__ = ["etcd"]  # the session's etcd, for the replicated node's test
 
 
 @pytest.fixture(autouse=True)
@@ -290,6 +296,9 @@ def test_its_numbers_equal_the_json_apis(
         assert shown == expected, (name, shown, expected)
     adds = summary["counters"]["adds"]
     assert page.locator('[data-field="counters.adds"]').inner_text() == f"{adds:,}"
+    assert summary["replication"]["enabled"] is False
+    assert page.locator("#replication-off").is_visible()
+    assert page.locator("#replication-on").is_hidden()
     assert _field(page, '[data-src="entrylogs"][data-field="logs.length"]') == len(logs["logs"])
     for log in logs["logs"]:
         assert page.locator(f'#logmap [data-log="{log["logId"]}"]').count() == 1
@@ -576,3 +585,42 @@ def test_the_page_notices_a_node_that_stopped_answering(browser: Any, tmp_path: 
         page.context.close()
     finally:
         lonely.kill()
+
+
+def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
+    browser: Any, etcd: EtcdServer, tmp_path: Path
+) -> None:
+    env = {
+        "NODE_METADATA_URL": etcd.url(f"status-{uuid.uuid4().hex[:12]}"),
+        "NODE_ID": "status-n0",
+        "NODE_ZONE": "zone-a",
+        "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
+    }
+    replicated = NodeProcess(tmp_path / "data", env=env)
+    replicated.start()
+    try:
+        deadline = time.monotonic() + 15
+        while not replicated.get_json("/api/v1/status/summary")["replication"]["registered"]:
+            assert time.monotonic() < deadline, "the node did not register within 15 s"
+            time.sleep(0.05)
+        with SyncClient(env["NODE_METADATA_URL"]) as client:
+            for _ in range(2):
+                ledger = client.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
+                ledger.add(b"replicated")
+                ledger.close()
+        watched = _open(browser, replicated)
+        page = watched.page
+        assert page.locator("#replication-off").is_hidden()
+        page.wait_for_selector('[data-field="replication.replicatedLedgers"][data-value="2"]')
+        summary = replicated.get_json("/api/v1/status/summary")["replication"]
+        assert summary["registered"] and summary["replicatedLedgers"] == 2
+        assert page.locator("#replication-registered").inner_text() == "registered"
+        for name in ("nodeId", "zone", "url", "clusterId", "instanceId", "replicatedLedgers"):
+            shown = _field(page, f'[data-field="replication.{name}"]')
+            assert shown == summary[name], (name, shown, summary)
+        assert summary["nodeId"] == "status-n0" and summary["zone"] == "zone-a"
+        assert summary["instanceId"] in (tmp_path / "data" / "COOKIE").read_text()
+        _shot(page, "replication")
+        page.context.close()
+    finally:
+        replicated.kill()

@@ -204,6 +204,7 @@
     renderStreams(s.streams, s.streamTotals);
     renderLifecycle(s);
     renderAudit(s.audit);
+    renderReplication(s.replication);
     $("#token-hint").dataset.required = String(s.adminTokenRequired);
   }
 
@@ -520,6 +521,18 @@
       list.append(el("li", { class: n ? "bad" : "", text: `${check}: ${count(n)} violations` }));
     }
     box.append(list);
+  }
+
+  function renderReplication(r) {
+    $("#replication-off").hidden = r.enabled;
+    $("#replication-on").hidden = !r.enabled;
+    if (!r.enabled) return;
+    badge($("#replication-registered"), r.registered ? "registered" : "not registered",
+      r.registered ? "ok" : "bad");
+    const error = $("#replication-error");
+    error.hidden = !r.lastRegistrationError;
+    error.textContent = r.lastRegistrationError
+      ? "Last registration error: " + r.lastRegistrationError : "";
   }
 
   // --- admin actions ------------------------------------------------------------------------
