@@ -48,6 +48,16 @@ def _local(data_dir: Path) -> Cookie:
     return found
 
 
+def _started_once(tmp_path: Path, etcd: EtcdServer, **env: str) -> tuple[NodeProcess, str, Cookie]:
+    """Node n1 after one start against a fresh prefix (its cookie written) and a SIGKILL:
+    the node, its prefix and its cookie."""
+    prefix = fresh_prefix()
+    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1", **env)
+    node.start()
+    node.kill()
+    return node, prefix, _local(node.data_dir)
+
+
 def test_journal_header_carries_the_instance_and_old_headers_still_read() -> None:
     instance = uuid.uuid4().bytes
     header = journal.encode_header(instance)
@@ -90,11 +100,7 @@ def test_new_node_writes_its_cookie_in_three_places_and_keeps_it(
 def test_first_start_that_died_before_the_store_write_is_finished(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
-    local = _local(node.data_dir)
+    node, prefix, local = _started_once(tmp_path, etcd)
 
     async def drop() -> None:  # as if the first start died between its two writes
         store = EtcdStore(etcd.url(prefix))
@@ -112,11 +118,7 @@ def test_first_start_that_died_before_the_store_write_is_finished(
 def test_wiped_data_dir_under_the_same_id_is_refused_until_readd(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    old = _local(node.data_dir)
-    node.kill()
+    node, prefix, old = _started_once(tmp_path, etcd)
     shutil.rmtree(node.data_dir)
 
     log = refused(node)
@@ -142,11 +144,7 @@ def test_wiped_data_dir_under_the_same_id_is_refused_until_readd(
 def test_retired_instance_cannot_come_back(tmp_path: Path, etcd: EtcdServer) -> None:
     """`readd` recovered the node's ledgers without it: its old data directory, brought
     back afterwards (the volume was only detached), must not serve them."""
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    old = _local(node.data_dir)
-    node.kill()
+    node, prefix, old = _started_once(tmp_path, etcd)
 
     async def retire() -> None:
         store = EtcdStore(etcd.url(prefix))
@@ -162,11 +160,7 @@ def test_retired_instance_cannot_come_back(tmp_path: Path, etcd: EtcdServer) -> 
 def test_swapped_data_dir_is_refused_naming_both_instances(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
-    stored = _local(node.data_dir)
+    node, prefix, stored = _started_once(tmp_path, etcd)
     other = Cookie(stored.cluster_id, "n1", str(uuid.uuid4()), stored.created_ms, "journal")
     cookie.write_local(node.data_dir, other)
     # Its journals must agree with it, or the journal check would speak first.
@@ -180,11 +174,7 @@ def test_swapped_data_dir_is_refused_naming_both_instances(
 
 
 def test_journal_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
-    local = _local(node.data_dir)
+    node, _, local = _started_once(tmp_path, etcd)
     stranger = uuid.uuid4()
     ids = journal.list_journals(node.data_dir / "journal")
     path = journal.journal_path(node.data_dir / "journal", ids[-1] + 1)
@@ -197,11 +187,7 @@ def test_journal_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer
 def test_data_dir_with_a_cookie_is_refused_without_a_metadata_store(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
-    local = _local(node.data_dir)
+    node, _, local = _started_once(tmp_path, etcd)
 
     alone = NodeProcess(node.data_dir)
     log = refused(alone)
@@ -211,11 +197,7 @@ def test_data_dir_with_a_cookie_is_refused_without_a_metadata_store(
 def test_node_pointed_at_an_empty_prefix_refuses_and_writes_nothing_there(
     tmp_path: Path, etcd: EtcdServer
 ) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
-    local = _local(node.data_dir)
+    node, _, local = _started_once(tmp_path, etcd)
 
     empty = fresh_prefix()
     wrong = replicated_node(node.data_dir, etcd, empty, "n1")
@@ -226,10 +208,7 @@ def test_node_pointed_at_an_empty_prefix_refuses_and_writes_nothing_there(
 
 
 def test_data_dir_of_another_node_id_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
-    prefix = fresh_prefix()
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1")
-    node.start()
-    node.kill()
+    node, prefix, _ = _started_once(tmp_path, etcd)
     log = refused(replicated_node(node.data_dir, etcd, prefix, "n2"))
     assert "n1" in log and "n2" in log and "NODE_ID" in log
     assert store_cookie(etcd, prefix, "n2") is None
@@ -311,17 +290,14 @@ def test_ring_header_carries_the_instance_and_version_2_still_reads() -> None:
 def test_ring_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
     from node.storage import blockwal
 
-    prefix = fresh_prefix()
     ring = tmp_path / "wal.img"
-    env = {
-        "NODE_WAL_KIND": "blockdev",
-        "NODE_WAL_PATH": str(ring),
-        "NODE_WAL_CAPACITY": str(16 << 20),
-    }
-    node = replicated_node(tmp_path / "n1", etcd, prefix, "n1", **env)
-    node.start()
-    node.kill()
-    local = _local(node.data_dir)
+    node, _, local = _started_once(
+        tmp_path,
+        etcd,
+        NODE_WAL_KIND="blockdev",
+        NODE_WAL_PATH=str(ring),
+        NODE_WAL_CAPACITY=str(16 << 20),
+    )
     assert cookie.wal_instances(node_settings(node)) == [(str(ring), local.instance_id)]
 
     # The ring's newest header now names another instance (a volume of another pod).
