@@ -92,6 +92,9 @@ class LedgerHandle:
         self._lac_length = 0  # payload bytes up to and including the LAC
         self._next_id = 0
         self._pending: deque[_PendingAdd] = deque()
+        # Adds submitted in this turn of the event loop, by node: sent together at its end, so
+        # many single adds in flight cost one request per node rather than one per entry.
+        self._outbox: dict[str, list[_PendingAdd]] = {}
         self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
         self._changes = 0
@@ -153,17 +156,21 @@ class LedgerHandle:
         last.future, last.batch_first = future, first
         self._pending.extend(pendings)
         self._drained.clear()
-        by_node: dict[str, list[_PendingAdd]] = {}
+        if not self._outbox:
+            loop.call_soon(self._flush)
         for pending in pendings:
             for node in pending.write_set:
-                by_node.setdefault(node, []).append(pending)
-        for node, group in by_node.items():
-            self._send_all(node, group)
+                self._outbox.setdefault(node, []).append(pending)
         return first, future
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for node, group in outbox.items():
+            self._send_all(node, group)
 
     def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
         """One request per ``max_request_bytes`` or ``max_request_entries`` of ``group`` (most
-        batches: one)."""
+        turns of the loop: one)."""
         limit, count = self._client.max_request_bytes, self._client.max_request_entries
         start, size = 0, 0
         for index, pending in enumerate(group):

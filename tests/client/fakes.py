@@ -216,7 +216,11 @@ class FakeTransport:
         recovery: bool = False,
     ) -> None:
         entries = list(entries)
-        detail: dict[str, object] = {"ids": [e for e, _ in entries], "recovery": recovery}
+        detail: dict[str, object] = {
+            "ids": [e for e, _ in entries],
+            "lac": lac,
+            "recovery": recovery,
+        }
         await self._call(
             node_id,
             "add",

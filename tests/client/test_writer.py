@@ -85,6 +85,21 @@ async def test_batch_sends_one_request_per_node() -> None:
         assert sorted(len(s.detail["ids"]) for s in adds) == [20, 20, 20]  # type: ignore[arg-type]
 
 
+async def test_single_adds_of_one_turn_share_a_request_per_node() -> None:
+    """Adds made in the same turn of the event loop go out together (one request per node),
+    are acknowledged in order, and the next turn's adds carry the LAC the first ones made."""
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        ids = await asyncio.gather(*(ledger.add(b"%d" % i) for i in range(30)))
+        assert ids == list(range(30))
+        adds = [s for s in net.log if s.kind == "add"]
+        assert sorted(len(s.detail["ids"]) for s in adds) == [20, 20, 20]  # type: ignore[arg-type]
+        assert await ledger.add(b"next") == 30
+        latest = [s for s in net.log if s.kind == "add"][3:]
+        assert len(latest) == 2 and all(s.detail["lac"] == 29 for s in latest)
+
+
 async def test_open_reader_stops_at_lac_without_fencing() -> None:
     store, net = await cluster(3)
     async with client(store, net) as c:
