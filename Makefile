@@ -16,6 +16,11 @@ AIRFLOW_PKGS  := apache-airflow==3.3.2 apache-airflow-providers-http \
 	apache-airflow-providers-apache-spark apache-airflow-providers-cncf-kubernetes \
 	'pyspark==4.2.0' 'pandas<3' 'kubernetes<37'
 
+# Two pytest workers: most tests wait on processes, fsyncs and timers, so two share two cores
+# well. Whole files go to one worker (their module fixtures, a node or a cluster, start once).
+# `make test PYTEST_WORKERS=` runs in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
+
 # The runtime libraries at the versions of requirements.lock, as in the image (Dockerfile):
 # the tests run against what ships, and tests/deploy checks the lock against this venv.
 $(STAMP): pyproject.toml requirements.lock
@@ -110,7 +115,7 @@ test: $(STAMP) $(AIRFLOW_STAMP) tools $(AXE)
 	$(PY) -m ruff check node tests grafana dags tools
 	$(PY) -m mypy
 	$(PY) -m mypy dags
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=15 $(PYTEST_WORKERS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check node tests grafana dags tools
