@@ -57,6 +57,11 @@ CLOSED = "closed"
 NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
+UNAUTHORIZED = "unauthorized"
+
+# A node's answers that mean the client is misconfigured (no or another admin token): replacing
+# the node would only meet the same answer on the next one.
+REFUSED_CODES = frozenset({"unauthorized", "forbidden"})
 
 # A node's answers that mean "busy, ask again" rather than "failed": the writer retries the same
 # node after this pause while the add's time lasts, instead of replacing it.
@@ -188,6 +193,10 @@ class LedgerHandle:
         except Exception as error:  # any failure is the node's: the add must not hang
             if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
+                return
+            if isinstance(error, ReplicaError) and error.code in REFUSED_CODES:
+                message = f"node {node} refused the add ({error.code}): pass its admin token"
+                self._give_up(UNAUTHORIZED, ClientError(message))
                 return
             if not isinstance(error, ReplicaError):
                 log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
