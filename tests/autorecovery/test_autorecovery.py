@@ -1,0 +1,382 @@
+"""Autorecovery on real processes (etcd and four nodes on loopback): a node lost with its data,
+a worker killed mid-copy, a live node decommissioned under readers, a node back within the
+delay, the replicas check, and two workers on one marker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from node import autorecovery
+from node.autorecovery import markers
+from node.autorecovery.auditor import audit
+from node.autorecovery.decommission import still_needed
+from node.autorecovery.markers import Marker, Reason
+from node.autorecovery.worker import DONE, GONE, LOCKED, rereplicate
+from node.client import Client
+from node.client.errors import ClientError
+from node.client.model import (
+    LedgerMetadata,
+    LedgerState,
+    Segment,
+    decode,
+    encode,
+    ledger_key,
+    node_key,
+)
+from node.localcluster import LocalCluster
+from node.settings import Settings
+from tests.harness.cluster import MakeCluster, until
+
+REPO = Path(__file__).resolve().parents[2]
+# A killed node's registration ends with its lease: short, so the tests do not wait 10 s.
+FAST_ENV = {"NODE_REGISTRATION_TTL_S": "2"}
+SHAPE = (3, 3, 2)
+
+
+def payloads(rng: random.Random, count: int) -> list[bytes]:
+    return [rng.randbytes(rng.randint(1, 600)) for _ in range(count)]
+
+
+async def write_ledger(client: Client, data: list[bytes], *, close: bool = True) -> int:
+    ledger = await client.create_ledger(*SHAPE)
+    for start in range(0, len(data), 10):
+        await ledger.add_batch(data[start : start + 10])
+    if close:
+        await ledger.close()
+    return ledger.id
+
+
+async def metadata(client: Client, ledger_id: int) -> LedgerMetadata:
+    found = await client.store.get(ledger_key(ledger_id))
+    assert found is not None
+    return decode(found.value)
+
+
+async def assert_fully_replicated(
+    client: Client, written: dict[int, list[bytes]], gone: str | None = None
+) -> None:
+    """Every entry of every ledger is on each node of its write set, byte for byte (each
+    replica read directly), no segment names ``gone``, and a reader sees everything."""
+    for ledger_id, data in written.items():
+        meta = await metadata(client, ledger_id)
+        assert meta.closed, f"ledger {ledger_id} is {meta.state}"
+        assert meta.last_entry_id >= len(data) - 1
+        assert all(gone not in s.ensemble for s in meta.segments), meta.segments
+        for entry_id, payload in enumerate(data):
+            for node in meta.write_set(entry_id):
+                stored = await client.transport.read_entry(node, ledger_id, entry_id, fence=False)
+                assert stored == payload, f"ledger {ledger_id} entry {entry_id} on {node}"
+        reader = await client.open_ledger(ledger_id)
+        seen = [bytes(p) async for _e, p in reader.read(0, len(data) - 1)]
+        assert seen == data
+
+
+async def gone_from_registry(client: Client, node: str) -> None:
+    deadline = time.monotonic() + 15
+    while await client.store.get(node_key(node)) is not None:
+        assert time.monotonic() < deadline, f"{node} still registered"
+        await asyncio.sleep(0.1)
+
+
+async def rereplicate_all(client: Client, ledger_ids: list[int], grace_s: float = 0) -> list[str]:
+    outcomes = []
+    for ledger_id in ledger_ids:
+        result = await rereplicate(
+            client, ledger_id, worker_id="test", open_ledger_grace_s=grace_s, lock_ttl_s=5
+        )
+        outcomes.append(result.outcome)
+    return outcomes
+
+
+async def test_a_lost_node_s_fragments_are_re_replicated_and_every_entry_is_on_qw_nodes(
+    make_cluster: MakeCluster,
+) -> None:
+    """Three closed ledgers and one left OPEN by its writer; the node of the open ledger's
+    ensemble is SIGKILLed and its data directory deleted. The first audit only notes it; once
+    the lost-node delay has passed, markers name it; the workers copy, recover the open ledger
+    and end with no marker; every replica then holds every entry of its write sets."""
+    rng = random.Random(32)
+    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    written: dict[int, list[bytes]] = {}
+    async with Client(cluster.metadata_url, rng=random.Random(1)) as client:
+        for _ in range(3):
+            data = payloads(rng, 40)
+            written[await write_ledger(client, data)] = data
+        async with Client(cluster.metadata_url) as writer:  # the writer that dies
+            data = payloads(rng, 25)
+            open_id = await write_ledger(writer, data, close=False)
+        written[open_id] = data
+        victim = (await metadata(client, open_id)).segments[0].ensemble[0]
+        await asyncio.to_thread(cluster.wipe, victim)
+        await gone_from_registry(client, victim)
+
+        first = await audit(client, lost_node_delay_s=1)
+        assert first.lost_nodes == [] and first.markers == []
+        assert await client.store.get(markers.lost_key(victim)) is not None
+        await asyncio.sleep(1.1)
+        report = await audit(client, lost_node_delay_s=1)
+        assert report.lost_nodes == [victim]
+        naming = [
+            lid
+            for lid in written
+            if any(victim in s.ensemble for s in (await metadata(client, lid)).segments)
+        ]
+        assert sorted(report.markers) == sorted(naming) and open_id in naming
+        assert report.under_replicated_ledgers == len(naming)
+        for lid in report.markers:
+            marker = Marker.decode((await client.store.get(markers.marker_key(lid))).value)  # type: ignore[union-attr]
+            assert marker.nodes == {victim: Reason.LOST}
+
+        assert await rereplicate_all(client, report.markers) == [DONE] * len(naming)
+        assert await markers.read_markers(client.store) == []
+        after = await audit(client, lost_node_delay_s=1)
+        assert after.markers == [] and after.under_replicated_ledgers == 0
+        stored = await markers.read_report(client.store)
+        assert stored is not None and stored.under_replicated_ledgers == 0
+        totals = await markers.read_totals(client.store)
+        assert totals.fragments >= len(naming)
+        assert totals.size > 0 and totals.entries > 0
+        await assert_fully_replicated(client, written, gone=victim)
+        # A rerun finds nothing to do.
+        assert await rereplicate_all(client, naming) == [GONE] * len(naming)
+        assert await markers.read_totals(client.store) == totals
+
+
+def shell_command(cluster: LocalCluster, *argv: str) -> list[str]:
+    return [
+        sys.executable, "-m", "node", "shell", "--json",
+        "--metadata-url", cluster.metadata_url, *argv,
+    ]  # fmt: skip
+
+
+def shell_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+async def holds(client: Client, node: str, ledger_id: int) -> int:
+    """The highest entry id ``node`` stores of the ledger (-1: none, or no such ledger)."""
+    try:
+        answer = await client.transport.read_lac(node, ledger_id, fence=False, replication=SHAPE)
+    except ClientError:
+        return -1
+    return answer.last_entry_id
+
+
+async def test_a_worker_killed_mid_copy_and_run_again_counts_each_fragment_once(
+    make_cluster: MakeCluster,
+) -> None:
+    """``shell rereplicate`` is SIGKILLed once its replacement holds part of the fragment: the
+    metadata is untouched and nothing is counted. Once its lock's lease ends, a second run
+    copies it again (the same bytes again are accepted), CASes once and counts it once."""
+    rng = random.Random(7)
+    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    async with Client(cluster.metadata_url) as client:
+        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(1000)]
+        ledger_id = await write_ledger(client, data)
+        before = await client.store.get(ledger_key(ledger_id))
+        assert before is not None
+        ensemble = decode(before.value).segments[0].ensemble
+        victim = ensemble[1]
+        (replacement,) = set(cluster.node_ids) - set(ensemble)
+        await asyncio.to_thread(cluster.wipe, victim)
+        await gone_from_registry(client, victim)
+        assert (await audit(client, lost_node_delay_s=0)).markers == [ledger_id]
+
+        proc = await asyncio.create_subprocess_exec(
+            *shell_command(cluster, "rereplicate", str(ledger_id), "--lock-ttl", "2"),
+            env=shell_env(),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while (copied := await holds(client, replacement, ledger_id)) < 0:
+                assert proc.returncode is None, await proc.communicate()
+                assert time.monotonic() < deadline, "the copy never started"
+                await asyncio.sleep(0.01)
+        finally:
+            proc.kill()
+            await proc.communicate()
+        assert copied < len(data) - 1, "killed after the whole copy: not mid-copy"
+        assert await client.store.get(ledger_key(ledger_id)) == before, "metadata changed"
+        assert await markers.read_totals(client.store) == markers.Totals()
+        assert await client.store.get(markers.marker_key(ledger_id)) is not None
+
+        # The dead worker's lock lasts until its lease ends; meanwhile a run is refused.
+        locked = await rereplicate(
+            client, ledger_id, worker_id="second", open_ledger_grace_s=0, lock_ttl_s=5
+        )
+        assert locked.outcome == LOCKED
+        deadline = time.monotonic() + 10
+        while await client.store.get(markers.lock_key(ledger_id)) is not None:
+            assert time.monotonic() < deadline, "the dead worker's lock outlived its lease"
+            await asyncio.sleep(0.1)
+        rerun = await asyncio.to_thread(
+            subprocess.run,
+            shell_command(cluster, "rereplicate", str(ledger_id)),
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert rerun.returncode == 0, rerun.stderr
+        assert json.loads(rerun.stdout)["outcome"] == DONE
+        assert await markers.read_markers(client.store) == []
+        totals = await markers.read_totals(client.store)
+        size = sum(len(p) for p in data)
+        assert totals == markers.Totals(fragments=1, entries=len(data), size=size)
+        meta = await metadata(client, ledger_id)
+        assert meta.segments[0].ensemble == tuple(
+            replacement if n == victim else n for n in ensemble
+        )
+        await assert_fully_replicated(client, {ledger_id: data}, gone=victim)
+
+
+async def test_a_live_node_is_decommissioned_while_readers_read_and_no_read_fails(
+    make_cluster: MakeCluster,
+) -> None:
+    """``shell decommission NODE --wait`` on a live node, readers reading all along: it exits 0
+    once no ledger names the node, and not one read failed."""
+    rng = random.Random(3)
+    cluster = await asyncio.to_thread(make_cluster, 4)
+    written: dict[int, list[bytes]] = {}
+    async with Client(cluster.metadata_url) as client:
+        for _ in range(3):
+            data = payloads(rng, 60)
+            written[await write_ledger(client, data)] = data
+        counts = {n: len(await still_needed(client, n)) for n in cluster.node_ids}
+        node = max(counts, key=lambda n: counts[n])
+        reads, failures = 0, []
+        stop = asyncio.Event()
+
+        async def reader() -> None:
+            nonlocal reads
+            async with Client(cluster.metadata_url) as own:
+                while not stop.is_set():
+                    for ledger_id, data in written.items():
+                        try:
+                            handle = await own.open_ledger(ledger_id)
+                            seen = [bytes(p) async for _e, p in handle.read(0, len(data) - 1)]
+                            assert seen == data
+                            reads += 1
+                        except Exception as error:  # every failure is the test's finding
+                            failures.append(repr(error))
+
+        task = asyncio.create_task(reader())
+        await until(lambda: reads >= 3, "the readers read")
+        done = await asyncio.to_thread(
+            subprocess.run,
+            shell_command(cluster, "decommission", node, "--wait", "--grace", "0"),
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        before_stop = reads
+        await until(lambda: reads >= before_stop + 3, "reads after the decommission")
+        stop.set()
+        await task
+        assert done.returncode == 0, done.stderr + done.stdout
+        assert json.loads(done.stdout) == {"node": node, "stillNeeded": []}
+        assert failures == []
+        assert await still_needed(client, node) == []
+        assert await client.store.get(markers.decommissioning_key(node)) is not None
+        assert await markers.read_markers(client.store) == []
+        await assert_fully_replicated(client, written, gone=node)
+        # A node being decommissioned is never chosen as a replacement: n/a with 4 nodes.
+
+
+async def test_a_node_back_before_the_delay_triggers_nothing(make_cluster: MakeCluster) -> None:
+    """Killed, unregistered, audited at the default delay and at a short one not yet over,
+    restarted: no marker ever, and its lost mark is gone once it is back."""
+    assert Settings().lost_node_recovery_delay_s == autorecovery.DEFAULT_LOST_NODE_DELAY_S
+    assert Settings().open_ledger_rereplication_grace_s == autorecovery.DEFAULT_OPEN_LEDGER_GRACE_S
+    assert Settings().autorecovery_lock_ttl_s == autorecovery.DEFAULT_LOCK_TTL_S
+    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    async with Client(cluster.metadata_url) as client:
+        ledger_id = await write_ledger(client, payloads(random.Random(5), 20))
+        node = (await metadata(client, ledger_id)).segments[0].ensemble[0]
+        await asyncio.to_thread(cluster.kill, node)
+        await gone_from_registry(client, node)
+        default = await audit(client, lost_node_delay_s=Settings().lost_node_recovery_delay_s)
+        assert default.markers == [] and default.lost_nodes == []
+        short = await audit(client, lost_node_delay_s=30)
+        assert short.markers == [] and short.lost_nodes == []
+        assert await client.store.get(markers.lost_key(node)) is not None
+        await asyncio.to_thread(cluster.start, node)
+        back = await audit(client, lost_node_delay_s=0)
+        assert back.markers == [] and back.lost_nodes == []
+        assert await client.store.get(markers.lost_key(node)) is None
+        assert await markers.read_markers(client.store) == []
+
+
+async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
+    make_cluster: MakeCluster,
+) -> None:
+    """Two test ledgers put on n0, n1, n2 through the replica API: one where n2 holds other
+    bytes at entry 1, one where n1 lacks entry 2. The replicas check marks exactly those
+    nodes (and nothing on clean data); the workers move them to n3; the check is then clean.
+    Then two workers race on one marker: one copies, the other is refused."""
+    rng = random.Random(11)
+    cluster = await asyncio.to_thread(make_cluster, 4)
+    async with Client(cluster.metadata_url) as client:
+        clean = {await write_ledger(client, data := payloads(rng, 30)): data}
+        assert (await audit(client, lost_node_delay_s=600, check_replicas=True)).markers == []
+
+        async def planted(skip: dict[str, int], flip: dict[str, int]) -> tuple[int, list[bytes]]:
+            ledger_id = await client.store.next_id()
+            data = payloads(rng, 4)
+            for node in ("n0", "n1", "n2"):
+                for entry_id, payload in enumerate(data):
+                    if skip.get(node) == entry_id:
+                        continue
+                    if flip.get(node) == entry_id:
+                        payload = bytes([payload[0] ^ 0x01]) + payload[1:]
+                    await client.transport.add(
+                        node, ledger_id, [(entry_id, payload)], lac=-1, lac_length=0,
+                        replication=SHAPE,
+                    )  # fmt: skip
+            meta = LedgerMetadata(
+                ledger_id=ledger_id,
+                ensemble_size=3,
+                write_quorum=3,
+                ack_quorum=2,
+                segments=(Segment(0, ("n0", "n1", "n2")),),
+                state=LedgerState.CLOSED,
+                last_entry_id=len(data) - 1,
+                length=sum(len(p) for p in data),
+            )
+            await client.store.create(ledger_key(ledger_id), encode(meta))
+            return ledger_id, data
+
+        flipped, flipped_data = await planted({}, {"n2": 1})
+        missing, missing_data = await planted({"n1": 2}, {})
+        report = await audit(client, lost_node_delay_s=600, check_replicas=True)
+        assert sorted(report.markers) == sorted([flipped, missing])
+        assert report.replicas_checked == 30 + 4 + 4
+        found = {m.ledger_id: m.nodes for m, _v in await markers.read_markers(client.store)}
+        assert found == {flipped: {"n2": Reason.REPLICAS}, missing: {"n1": Reason.REPLICAS}}
+
+        # Two workers at once on one marker: one copies, the other is told it is locked.
+        racing = await asyncio.gather(
+            *(
+                rereplicate(client, flipped, worker_id=w, open_ledger_grace_s=0, lock_ttl_s=5)
+                for w in ("a", "b")
+            )
+        )
+        assert sorted(r.outcome for r in racing) == [DONE, LOCKED]
+        assert sum(r.fragments for r in racing) == 1
+        assert await rereplicate_all(client, [missing]) == [DONE]
+        after = await audit(client, lost_node_delay_s=600, check_replicas=True)
+        assert after.markers == []
+        assert (await markers.read_totals(client.store)).fragments == 2
+        await assert_fully_replicated(
+            client, {**clean, flipped: flipped_data, missing: missing_data}
+        )
