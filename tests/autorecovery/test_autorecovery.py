@@ -12,6 +12,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+import aiohttp
 
 from node import autorecovery
 from node.autorecovery import markers
@@ -30,9 +33,12 @@ from node.client.model import (
     ledger_key,
     node_key,
 )
+from node.http.app import build_app
 from node.localcluster import LocalCluster
 from node.settings import Settings
 from tests.harness.cluster import MakeCluster, until
+from tests.harness.ports import free_port
+from tests.harness.settings import make_settings
 
 REPO = Path(__file__).resolve().parents[2]
 # A killed node's registration ends with its lease: short, so the tests do not wait 10 s.
@@ -380,3 +386,74 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
         await assert_fully_replicated(
             client, {**clean, flipped: flipped_data, missing: missing_data}
         )
+
+
+async def test_the_admin_routes_audit_rereplicate_decommission_and_report(
+    make_cluster: MakeCluster,
+) -> None:
+    """The DAG's view: a node's routes refuse another fleet's store (another prefix, or other
+    endpoints whose cluster differs) and act on their own one (the same cluster under another
+    endpoint spelling is the same store). The admin token's guard: the next test."""
+    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    url = cluster.metadata_url
+    port = cluster.etcd.client_port
+    async with Client(url) as client, aiohttp.ClientSession() as http:
+        ledger_id = await write_ledger(client, payloads(random.Random(9), 30))
+        ensemble = (await metadata(client, ledger_id)).segments[0].ensemble
+        leaving = ensemble[0]
+        caller = next(n for n in cluster.node_ids if n != leaving)
+        base = f"{cluster.url(caller)}/api/v1/autorecovery"
+
+        async def post(route: str, body: object) -> tuple[int, Any]:
+            async with http.post(f"{base}/{route}", json=body) as resp:
+                return resp.status, await resp.json()
+
+        status, answer = await post("audit", {"metadataUrl": url.rsplit("/", 1)[0] + "/other"})
+        assert (status, answer["code"]) == (409, "metadata_mismatch")
+        elsewhere = f"etcd://127.0.0.1:{free_port()}/{cluster.prefix}"
+        status, answer = await post("audit", {"metadataUrl": elsewhere})
+        assert (status, answer["code"]) == (409, "metadata_mismatch")
+        status, answer = await post("audit", {"metadataUrl": url, "checkReplicas": "yes"})
+        assert (status, answer["code"]) == (400, "invalid_body")
+
+        spelled = f"etcd://localhost:{port}/{cluster.prefix}"  # the same cluster
+        status, answer = await post("audit", {"metadataUrl": spelled, "checkReplicas": True})
+        assert status == 200 and answer["markers"] == [] and answer["replicasChecked"] == 30
+        status, answer = await post("decommission", {"metadataUrl": url, "nodeId": leaving})
+        assert (status, answer) == (200, {"nodeId": leaving, "stillNeeded": [ledger_id]})
+        status, answer = await post("audit", {"metadataUrl": url})
+        assert status == 200 and answer["markers"] == [ledger_id]
+        assert answer["decommissioningNodes"] == [leaving]
+        status, answer = await post("rereplicate", {"metadataUrl": url, "ledgerId": ledger_id})
+        assert status == 200, answer
+        assert answer["outcome"] == DONE and answer["fragments"] == 1
+        assert answer["entries"] == 30 and answer["bytes"] > 0
+        async with http.get(f"{base}/status") as resp:
+            assert resp.status == 200
+            state = await resp.json()
+        assert state["markers"] == 0 and state["totals"]["fragments"] == 1
+        assert state["lastAudit"]["underReplicatedLedgers"] == 1  # as the last audit saw it
+        status, answer = await post(
+            "audit", {"metadataUrl": url, "lostNodeRecoveryDelaySeconds": 0}
+        )
+        assert status == 200 and answer["markers"] == []
+        async with http.get(f"{base}/status") as resp:
+            assert (await resp.json())["lastAudit"]["underReplicatedLedgers"] == 0
+        assert await still_needed(client, leaving) == []
+
+
+async def test_a_node_without_a_metadata_store_answers_replication_off(
+    client: Any, aiohttp_client: Any, tmp_path: Path
+) -> None:
+    guarded = await aiohttp_client(build_app(make_settings(tmp_path / "t", admin_token="s3")))
+    resp = await guarded.post("/api/v1/autorecovery/audit", json={"metadataUrl": "etcd://h:1/x"})
+    assert resp.status == 401, "the routes are admin routes"
+    for route, body in [
+        ("audit", {"metadataUrl": "etcd://127.0.0.1:2379/x"}),
+        ("rereplicate", {"metadataUrl": "etcd://127.0.0.1:2379/x", "ledgerId": 1}),
+        ("decommission", {"metadataUrl": "etcd://127.0.0.1:2379/x", "nodeId": "n0"}),
+    ]:
+        resp = await client.post(f"/api/v1/autorecovery/{route}", json=body)
+        assert resp.status == 404 and (await resp.json())["code"] == "replication_off"
+    resp = await client.get("/api/v1/autorecovery/status")
+    assert resp.status == 404 and (await resp.json())["code"] == "replication_off"
