@@ -99,13 +99,19 @@ class _Lease:
         self.lost = asyncio.Event()
 
     async def keep(self) -> None:
+        """Renew the lease and look at the lock's key: an operator who deletes it (or a lease
+        that ended) stops the copy within a third of the TTL."""
         renewed = time.monotonic()
+        key = m.lock_key(self.ledger_id)
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
                 if not await self.client.store.keepalive(self.lease):
                     break
                 renewed = time.monotonic()
+                found = await self.client.store.get(key)
+                if found is None or Lock.decode(found.value).worker != self.worker_id:
+                    break
             except MetadataError:
                 if time.monotonic() - renewed >= self.ttl_s:
                     break
@@ -194,19 +200,21 @@ async def _work(
             await lease.check()
             await _unmark(client, ledger_id, marker.nodes.keys())
             return result
-        if not meta.closed and any(n in meta.last_segment.ensemble for n in marker.nodes):
-            remaining_s = marker.created_ms / 1000 + grace_s - time.time()
-            if remaining_s > 0 and not recovered:
-                if not wait:
-                    result.outcome = WAITING
-                    return result
-                await asyncio.sleep(remaining_s)
-            await lease.check()
-            await client.recover_ledger(ledger_id)  # fence and close: its end is settled
-            recovered = True
+        last = len(meta.segments) - 1
+        settled = [(i, n) for i, n in todo if meta.closed or i != last]
+        if settled:  # an open ledger's older segments first: they need no fence
+            index, node = settled[0]
+            await _move(client, lease, meta, index, node, marker, result)
             continue
-        index, node = todo[0]
-        await _move(client, lease, meta, index, node, marker, result)
+        remaining_s = marker.created_ms / 1000 + grace_s - time.time()
+        if remaining_s > 0 and not recovered:
+            if not wait:
+                result.outcome = WAITING
+                return result
+            await asyncio.sleep(remaining_s)
+        await lease.check()
+        await client.recover_ledger(ledger_id)  # fence and close: its end is settled
+        recovered = True
 
 
 async def _unmark(client: Client, ledger_id: int, nodes: Collection[str]) -> None:

@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from node import autorecovery
 from node.autorecovery import markers
 from node.autorecovery.auditor import audit
 from node.autorecovery.decommission import still_needed
 from node.autorecovery.markers import Marker, Reason
-from node.autorecovery.worker import DONE, GONE, LOCKED, rereplicate
+from node.autorecovery.worker import DONE, GONE, LOCKED, WAITING, LockLost, rereplicate
 from node.client import Client
 from node.client.errors import ClientError
 from node.client.model import (
@@ -140,6 +141,13 @@ async def test_a_lost_node_s_fragments_are_re_replicated_and_every_entry_is_on_q
             marker = Marker.decode((await client.store.get(markers.marker_key(lid))).value)  # type: ignore[union-attr]
             assert marker.nodes == {victim: Reason.LOST}
 
+        # Within its grace the open ledger is left to its writer (here: told, not slept).
+        waiting = await rereplicate(
+            client, open_id, worker_id="w", open_ledger_grace_s=600, lock_ttl_s=5, wait=False
+        )
+        assert waiting.outcome == WAITING
+        assert not (await metadata(client, open_id)).closed
+        assert await client.store.get(markers.lock_key(open_id)) is None, "lock left behind"
         assert await rereplicate_all(client, report.markers) == [DONE] * len(naming)
         assert await markers.read_markers(client.store) == []
         after = await audit(client, lost_node_delay_s=1)
@@ -184,7 +192,7 @@ async def test_a_worker_killed_mid_copy_and_run_again_counts_each_fragment_once(
     rng = random.Random(7)
     cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
     async with Client(cluster.metadata_url) as client:
-        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(1000)]
+        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
         ledger_id = await write_ledger(client, data)
         before = await client.store.get(ledger_key(ledger_id))
         assert before is not None
@@ -369,6 +377,18 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
         assert report.replicas_checked == 30 + 4 + 4
         found = {m.ledger_id: m.nodes for m, _v in await markers.read_markers(client.store)}
         assert found == {flipped: {"n2": Reason.REPLICAS}, missing: {"n1": Reason.REPLICAS}}
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            shell_command(cluster, "underreplicated"),
+            env=shell_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert [
+            (m["ledgerId"], m["nodes"], m["lockedBy"]) for m in json.loads(listed.stdout)["markers"]
+        ] == sorted([(flipped, {"n2": "replicas"}, None), (missing, {"n1": "replicas"}, None)])
 
         # Two workers at once on one marker: one copies, the other is told it is locked.
         racing = await asyncio.gather(
@@ -457,3 +477,41 @@ async def test_a_node_without_a_metadata_store_answers_replication_off(
         assert resp.status == 404 and (await resp.json())["code"] == "replication_off"
     resp = await client.get("/api/v1/autorecovery/status")
     assert resp.status == 404 and (await resp.json())["code"] == "replication_off"
+
+
+async def test_a_worker_whose_lock_is_gone_stops_without_changing_the_metadata(
+    make_cluster: MakeCluster,
+) -> None:
+    """The lock's key deleted mid-copy (as a lease that ends deletes it): the worker raises
+    LockLost within a third of its TTL, the metadata and the totals are untouched, and the
+    marker is still there for the next worker, which finishes it."""
+    rng = random.Random(21)
+    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    async with Client(cluster.metadata_url) as client:
+        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
+        ledger_id = await write_ledger(client, data)
+        before = await client.store.get(ledger_key(ledger_id))
+        assert before is not None
+        ensemble = decode(before.value).segments[0].ensemble
+        (replacement,) = set(cluster.node_ids) - set(ensemble)
+        await asyncio.to_thread(cluster.wipe, ensemble[2])
+        await gone_from_registry(client, ensemble[2])
+        assert (await audit(client, lost_node_delay_s=0)).markers == [ledger_id]
+        worker = asyncio.create_task(
+            rereplicate(client, ledger_id, worker_id="w", open_ledger_grace_s=0, lock_ttl_s=3)
+        )
+        deadline = time.monotonic() + 30
+        while await holds(client, replacement, ledger_id) < 0:
+            assert not worker.done(), worker.result()
+            assert time.monotonic() < deadline, "the copy never started"
+            await asyncio.sleep(0.01)
+        lock = await client.store.get(markers.lock_key(ledger_id))
+        assert lock is not None
+        await client.store.delete(markers.lock_key(ledger_id), lock.revision)
+        with pytest.raises(LockLost):
+            await asyncio.wait_for(worker, timeout=5)
+        assert await client.store.get(ledger_key(ledger_id)) == before
+        assert await markers.read_totals(client.store) == markers.Totals()
+        assert await client.store.get(markers.marker_key(ledger_id)) is not None
+        assert await rereplicate_all(client, [ledger_id]) == [DONE]
+        await assert_fully_replicated(client, {ledger_id: data}, gone=ensemble[2])
