@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from node.autorecovery.markers import Marker, Reason
 from node.autorecovery.worker import DONE, GONE, LOCKED, WAITING, LockLost, rereplicate
 from node.client import Client
 from node.client.errors import ClientError
+from node.client.metadata.store import Versioned
 from node.client.model import (
     LedgerMetadata,
     LedgerState,
@@ -183,25 +185,46 @@ async def holds(client: Client, node: str, ledger_id: int) -> int:
     return answer.last_entry_id
 
 
+@dataclass
+class LostFragment:
+    ledger_id: int
+    data: list[bytes]
+    before: Versioned  # the ledger's metadata before any worker ran
+    victim: str
+    replacement: str  # the one node outside the ensemble: where the fragment must go
+
+
+async def lose_a_fragment(
+    cluster: LocalCluster, client: Client, seed: int, position: int
+) -> LostFragment:
+    """A closed ledger of 600 entries (a copy long enough to interrupt), the node at
+    ``position`` of its ensemble wiped, unregistered, and marked by an audit."""
+    rng = random.Random(seed)
+    data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
+    ledger_id = await write_ledger(client, data)
+    before = await client.store.get(ledger_key(ledger_id))
+    assert before is not None
+    ensemble = decode(before.value).segments[0].ensemble
+    victim = ensemble[position]
+    (replacement,) = set(cluster.node_ids) - set(ensemble)
+    await asyncio.to_thread(cluster.wipe, victim)
+    await gone_from_registry(client, victim)
+    assert (await audit(client, lost_node_delay_s=0)).markers == [ledger_id]
+    return LostFragment(ledger_id, data, before, victim, replacement)
+
+
 async def test_a_worker_killed_mid_copy_and_run_again_counts_each_fragment_once(
     make_cluster: MakeCluster,
 ) -> None:
     """``shell rereplicate`` is SIGKILLed once its replacement holds part of the fragment: the
     metadata is untouched and nothing is counted. Once its lock's lease ends, a second run
     copies it again (the same bytes again are accepted), CASes once and counts it once."""
-    rng = random.Random(7)
     cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
     async with Client(cluster.metadata_url) as client:
-        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
-        ledger_id = await write_ledger(client, data)
-        before = await client.store.get(ledger_key(ledger_id))
-        assert before is not None
+        lost = await lose_a_fragment(cluster, client, 7, 1)
+        ledger_id, data, before = lost.ledger_id, lost.data, lost.before
+        victim, replacement = lost.victim, lost.replacement
         ensemble = decode(before.value).segments[0].ensemble
-        victim = ensemble[1]
-        (replacement,) = set(cluster.node_ids) - set(ensemble)
-        await asyncio.to_thread(cluster.wipe, victim)
-        await gone_from_registry(client, victim)
-        assert (await audit(client, lost_node_delay_s=0)).markers == [ledger_id]
 
         proc = await asyncio.create_subprocess_exec(
             *shell_command(cluster, "rereplicate", str(ledger_id), "--lock-ttl", "2"),
@@ -485,18 +508,12 @@ async def test_a_worker_whose_lock_is_gone_stops_without_changing_the_metadata(
     """The lock's key deleted mid-copy (as a lease that ends deletes it): the worker raises
     LockLost within a third of its TTL, the metadata and the totals are untouched, and the
     marker is still there for the next worker, which finishes it."""
-    rng = random.Random(21)
     cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
     async with Client(cluster.metadata_url) as client:
-        data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
-        ledger_id = await write_ledger(client, data)
-        before = await client.store.get(ledger_key(ledger_id))
-        assert before is not None
-        ensemble = decode(before.value).segments[0].ensemble
-        (replacement,) = set(cluster.node_ids) - set(ensemble)
-        await asyncio.to_thread(cluster.wipe, ensemble[2])
-        await gone_from_registry(client, ensemble[2])
-        assert (await audit(client, lost_node_delay_s=0)).markers == [ledger_id]
+        lost = await lose_a_fragment(cluster, client, 21, 2)
+        ledger_id, data, before, replacement = (
+            lost.ledger_id, lost.data, lost.before, lost.replacement,
+        )  # fmt: skip
         worker = asyncio.create_task(
             rereplicate(client, ledger_id, worker_id="w", open_ledger_grace_s=0, lock_ttl_s=3)
         )
@@ -514,4 +531,4 @@ async def test_a_worker_whose_lock_is_gone_stops_without_changing_the_metadata(
         assert await markers.read_totals(client.store) == markers.Totals()
         assert await client.store.get(markers.marker_key(ledger_id)) is not None
         assert await rereplicate_all(client, [ledger_id]) == [DONE]
-        await assert_fully_replicated(client, {ledger_id: data}, gone=ensemble[2])
+        await assert_fully_replicated(client, {ledger_id: data}, gone=lost.victim)
