@@ -38,13 +38,13 @@ from typing import Any
 from node.client.errors import CasConflict, NoSuchKey
 from node.client.metadata.loop import update
 from node.client.metadata.store import MetadataStore, Versioned
+from node.client.model import DECOMMISSIONING_PREFIX as DECOMMISSIONING_PREFIX
 from node.client.model import MetadataFormatError
 
 VERSION = 1
 MARKERS_PREFIX = "underreplicated/"
 LOCKS_PREFIX = "underreplicated-locks/"
 LOST_PREFIX = "lost/"
-DECOMMISSIONING_PREFIX = "decommissioning/"
 AUDITOR_KEY = "autorecovery/auditor"
 TOTALS_KEY = "autorecovery/totals"
 

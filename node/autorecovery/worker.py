@@ -298,7 +298,7 @@ async def _move(
     segment = meta.segments[index]
     position = segment.ensemble.index(node)
     replacement = choose_replacement(
-        await client.registry.nodes(),
+        await client.registry.candidates(),
         segment.ensemble,
         node,
         client.rng,

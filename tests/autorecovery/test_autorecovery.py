@@ -327,7 +327,11 @@ async def test_a_live_node_is_decommissioned_while_readers_read_and_no_read_fail
         assert await client.store.get(markers.decommissioning_key(node)) is not None
         assert await markers.read_markers(client.store) == []
         await assert_fully_replicated(client, written, gone=node)
-        # A node being decommissioned is never chosen as a replacement: n/a with 4 nodes.
+        # Placement skips it from now on: a new ledger takes the three others.
+        for _ in range(5):  # by chance each would name it 3 times in 4
+            fresh = await client.create_ledger(*SHAPE)
+            assert node not in fresh.metadata.last_segment.ensemble
+            await fresh.close()
 
 
 async def test_a_node_back_before_the_delay_triggers_nothing(make_cluster: MakeCluster) -> None:
