@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.client.conftest import etcd
 from tests.harness.cluster import make_cluster
 
-__all__ = ["make_cluster"]
+__all__ = ["etcd", "make_cluster"]

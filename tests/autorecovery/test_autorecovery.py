@@ -336,7 +336,8 @@ async def test_a_live_node_is_decommissioned_while_readers_read_and_no_read_fail
 
 async def test_a_node_back_before_the_delay_triggers_nothing(make_cluster: MakeCluster) -> None:
     """Killed, unregistered, audited at the default delay and at a short one not yet over,
-    restarted: no marker ever, and its lost mark is gone once it is back."""
+    restarted: no marker, and its lost mark is gone once it is back. Killed again and marked,
+    then back before any worker ran: the next audit removes the marker."""
     assert Settings().lost_node_recovery_delay_s == autorecovery.DEFAULT_LOST_NODE_DELAY_S
     assert Settings().open_ledger_rereplication_grace_s == autorecovery.DEFAULT_OPEN_LEDGER_GRACE_S
     assert Settings().autorecovery_lock_ttl_s == autorecovery.DEFAULT_LOCK_TTL_S
@@ -356,6 +357,14 @@ async def test_a_node_back_before_the_delay_triggers_nothing(make_cluster: MakeC
         assert back.markers == [] and back.lost_nodes == []
         assert await client.store.get(markers.lost_key(node)) is None
         assert await markers.read_markers(client.store) == []
+        # Marked once its delay passed, then back before a worker ran: the marker goes.
+        await asyncio.to_thread(cluster.kill, node)
+        await gone_from_registry(client, node)
+        marked = await audit(client, lost_node_delay_s=0)
+        assert marked.markers == [ledger_id] and marked.lost_nodes == [node]
+        await asyncio.to_thread(cluster.start, node)
+        pruned = await audit(client, lost_node_delay_s=0)
+        assert pruned.markers == [] and pruned.markers_removed == 1
 
 
 async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
