@@ -204,7 +204,8 @@ async def _work(
         settled = [(i, n) for i, n in todo if meta.closed or i != last]
         if settled:  # an open ledger's older segments first: they need no fence
             index, node = settled[0]
-            await _move(client, lease, meta, index, node, marker, result)
+            with contextlib.suppress(NoSuchKey):  # deleted meanwhile: the next turn sees it
+                await _move(client, lease, meta, index, node, marker, result)
             continue
         remaining_s = marker.created_ms / 1000 + grace_s - time.time()
         if remaining_s > 0 and not recovered:

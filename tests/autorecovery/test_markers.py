@@ -76,3 +76,23 @@ def test_the_shell_s_auditor_wants_once_and_a_number() -> None:
         with pytest.raises(SystemExit) as exited:
             main(["--metadata-url", url, *argv])
         assert exited.value.code == 2
+
+
+async def test_a_marker_of_a_deleted_ledger_is_dropped_by_the_worker_and_the_auditor() -> None:
+    from node.autorecovery.auditor import audit
+    from node.autorecovery.worker import GONE, rereplicate
+    from node.client import Client
+
+    store = MemoryStore()
+    async with Client(store) as client:
+        for ledger_id in (2**62 + 1, 2**62 + 2):
+            marker = Marker(ledger_id, {"n0": Reason.LOST}, 0)
+            await store.create(markers.marker_key(ledger_id), marker.encode())
+        result = await rereplicate(
+            client, 2**62 + 1, worker_id="w", open_ledger_grace_s=0, lock_ttl_s=5
+        )
+        assert result.outcome == GONE
+        assert await store.get(markers.lock_key(2**62 + 1)) is None
+        report = await audit(client, lost_node_delay_s=0)
+        assert report.markers_removed == 1 and report.markers == []
+        assert await markers.read_markers(store) == []
