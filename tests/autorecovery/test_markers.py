@@ -96,3 +96,43 @@ async def test_a_marker_of_a_deleted_ledger_is_dropped_by_the_worker_and_the_aud
         report = await audit(client, lost_node_delay_s=0)
         assert report.markers_removed == 1 and report.markers == []
         assert await markers.read_markers(store) == []
+
+
+async def test_a_worker_whose_lease_ends_mid_copy_stops_before_its_cas() -> None:
+    """In-memory nodes and store, the store's clock in the test's hands: the replacement's add
+    is held, the lease's time passes, the keeper finds it expired: LockLost, the metadata
+    untouched, and the add let through afterwards changes nothing of it either."""
+    from node.autorecovery.worker import LockLost, rereplicate
+    from node.client import Client
+    from node.client.model import ledger_key
+    from tests.client.fakes import FakeNode, FakeTransport, Network, register
+    from tests.harness.cluster import until
+
+    now = [0.0]
+    store = MemoryStore(monotonic=lambda: now[0])
+    await register(store, ["n0", "n1", "n2", "n3"])
+    net = Network([FakeNode(n) for n in ("n0", "n1", "n2", "n3")])
+    async with Client(store, transport=FakeTransport(net, "w")) as client:  # type: ignore[arg-type]
+        ledger = await client.create_ledger(3, 3, 2)
+        await ledger.add_batch([b"a", b"b", b"c"])
+        meta = await ledger.close()
+        lost = meta.segments[0].ensemble[0]
+        (spare,) = {"n0", "n1", "n2", "n3"} - set(meta.segments[0].ensemble)
+        net.nodes[lost].down = True
+        await store.create(
+            markers.marker_key(ledger.id), Marker(ledger.id, {lost: Reason.LOST}, 0).encode()
+        )
+        before = await store.get(ledger_key(ledger.id))
+        gate = net.hold(lambda _c, node, kind, _d: node == spare and kind == "add")
+        worker = asyncio.create_task(
+            rereplicate(client, ledger.id, worker_id="w", open_ledger_grace_s=0, lock_ttl_s=1)
+        )
+        await until(lambda: gate.waiting > 0, "the replacement's add is held")
+        now[0] += 5  # the lease's TTL is long past
+        with pytest.raises(LockLost):
+            await asyncio.wait_for(worker, timeout=5)
+        gate.release()
+        await asyncio.sleep(0.05)
+        assert await store.get(ledger_key(ledger.id)) == before
+        assert await markers.read_totals(store) == Totals()
+        assert await store.get(markers.marker_key(ledger.id)) is not None
