@@ -68,6 +68,39 @@ async def metadata(client: Client, ledger_id: int) -> LedgerMetadata:
     return decode(found.value)
 
 
+# A writer process: writes ``count`` payloads of ``payloads(Random(seed), count)`` to a new
+# ledger, prints its id once all are acknowledged, and waits to be killed.
+WRITER = """
+import asyncio, random, sys
+from node.client import Client
+from tests.autorecovery.test_autorecovery import payloads, write_ledger
+
+async def main():
+    async with Client(sys.argv[1]) as client:
+        data = payloads(random.Random(int(sys.argv[2])), int(sys.argv[3]))
+        print(await write_ledger(client, data, close=False), flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def killed_writer(cluster: LocalCluster, seed: int, count: int) -> tuple[int, list[bytes]]:
+    """An OPEN ledger whose writer process was SIGKILLed after its last acknowledgement."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WRITER, cluster.metadata_url, str(seed), str(count),
+        env=shell_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+        assert line.strip().isdigit(), (line, await proc.communicate())
+    finally:
+        proc.kill()
+        await proc.communicate()
+    return int(line), payloads(random.Random(seed), count)
+
+
 async def assert_fully_replicated(
     client: Client, written: dict[int, list[bytes]], gone: str | None = None
 ) -> None:
@@ -107,10 +140,11 @@ async def rereplicate_all(client: Client, ledger_ids: list[int], grace_s: float 
 async def test_a_lost_node_s_fragments_are_re_replicated_and_every_entry_is_on_qw_nodes(
     make_cluster: MakeCluster,
 ) -> None:
-    """Three closed ledgers and one left OPEN by its writer; the node of the open ledger's
-    ensemble is SIGKILLed and its data directory deleted. The first audit only notes it; once
-    the lost-node delay has passed, markers name it; the workers copy, recover the open ledger
-    and end with no marker; every replica then holds every entry of its write sets."""
+    """Three closed ledgers and one left OPEN by its SIGKILLed writer process; a node of the
+    open ledger's ensemble is SIGKILLed and its data directory deleted. The first audit only
+    notes it; once the lost-node delay has passed, markers name it; the workers copy, recover
+    the open ledger and end with no marker; every replica then holds every entry of its write
+    sets."""
     rng = random.Random(32)
     cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
     written: dict[int, list[bytes]] = {}
@@ -118,9 +152,7 @@ async def test_a_lost_node_s_fragments_are_re_replicated_and_every_entry_is_on_q
         for _ in range(3):
             data = payloads(rng, 40)
             written[await write_ledger(client, data)] = data
-        async with Client(cluster.metadata_url) as writer:  # the writer that dies
-            data = payloads(rng, 25)
-            open_id = await write_ledger(writer, data, close=False)
+        open_id, data = await killed_writer(cluster, seed=5, count=25)
         written[open_id] = data
         victim = (await metadata(client, open_id)).segments[0].ensemble[0]
         await asyncio.to_thread(cluster.wipe, victim)
