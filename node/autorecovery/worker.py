@@ -152,6 +152,10 @@ async def rereplicate(
         with contextlib.suppress(MetadataError):
             await store.revoke(lease_id)
         return ReplicationResult(ledger_id, LOCKED)
+    except BaseException:  # a lost answer may have put the lock: it goes with the lease
+        with contextlib.suppress(MetadataError):
+            await store.revoke(lease_id)
+        raise
     lease = _Lease(client, ledger_id, worker_id, lease_id, lock_ttl_s)
     keeper = asyncio.create_task(lease.keep())
     result = ReplicationResult(ledger_id, DONE)
