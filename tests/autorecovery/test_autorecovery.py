@@ -229,10 +229,10 @@ class LostFragment:
 async def lose_a_fragment(
     cluster: LocalCluster, client: Client, seed: int, position: int
 ) -> LostFragment:
-    """A closed ledger of 600 entries (a copy long enough to interrupt), the node at
+    """A closed ledger of 400 entries (a copy long enough to interrupt), the node at
     ``position`` of its ensemble wiped, unregistered, and marked by an audit."""
     rng = random.Random(seed)
-    data = [rng.randbytes(rng.randint(50, 300)) for _ in range(600)]
+    data = [rng.randbytes(rng.randint(50, 300)) for _ in range(400)]
     ledger_id = await write_ledger(client, data)
     before = await client.store.get(ledger_key(ledger_id))
     assert before is not None
