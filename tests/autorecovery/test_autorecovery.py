@@ -490,11 +490,19 @@ async def test_the_admin_routes_audit_rereplicate_decommission_and_report(
 ) -> None:
     """The DAG's view: a node's routes refuse another fleet's store (another prefix, or other
     endpoints whose cluster differs) and act on their own one (the same cluster under another
-    endpoint spelling is the same store). The admin token's guard: the next test."""
-    cluster = await asyncio.to_thread(make_cluster, 4, None, FAST_ENV)
+    endpoint spelling is the same store). The fleet has an admin token: the routes need it, and
+    the node's own copies (replica adds) send it."""
+    token = "autorecovery-secret"
+    cluster = await asyncio.to_thread(
+        make_cluster, 4, None, {**FAST_ENV, "NODE_ADMIN_TOKEN": token}
+    )
     url = cluster.metadata_url
     port = cluster.etcd.client_port
-    async with Client(url) as client, aiohttp.ClientSession() as http:
+    auth = {"Authorization": f"Bearer {token}"}
+    async with (
+        Client(url, token=token) as client,
+        aiohttp.ClientSession(headers=auth) as http,
+    ):
         ledger_id = await write_ledger(client, payloads(random.Random(9), 30))
         ensemble = (await metadata(client, ledger_id)).segments[0].ensemble
         leaving = ensemble[0]
