@@ -27,6 +27,7 @@ from node.storage.index import (
     find_run,
 )
 from node.storage.ledgers import LedgerStorage
+from node.storage.wal import record_crc
 from node.streams.manager import StreamManager
 from node.streams.model import STREAM_PREFIX, Position, Stream
 from tests.harness.settings import make_settings
@@ -293,3 +294,39 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 FAULTS = ("flip", "unindexed", "moved", "orphan", "pinned", "retention", "offload", "hole")
+
+
+def delete_ledger_replica(data_dir: Path, ledger_id: int) -> int:
+    """The node forgets a ledger (its metadata and every index entry; the records stay in
+    the logs, unreferenced): a replica lost as a wrong reclaim would lose it. Returns how
+    many index runs went."""
+    db = _open_index(data_dir)
+    try:
+        cf = db.get_column_family("locations")
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
+        keys = []
+        for key in cf.keys(from_key=LOCATION_KEY.pack(ledger_id, 0), read_opt=read_options):
+            if LOCATION_KEY.unpack(cast(bytes, key)[: LOCATION_KEY.size])[0] != ledger_id:
+                break
+            keys.append(cast(bytes, key))
+        del cf, read_options
+    finally:
+        db.close()
+    _update(data_dir, "locations", dict.fromkeys(keys))
+    _update(data_dir, "ledgers", {LEDGER_KEY.pack(ledger_id): None})
+    return len(keys)
+
+
+def rewrite_payload_byte(data_dir: Path, ledger_id: int, entry_id: int) -> None:
+    """Another byte in the copy and a CRC32C that matches it: a copy that passes its own
+    check but is not the entry the other replicas hold."""
+    log_id, offset = logformat.split_location(_location(data_dir, ledger_id, entry_id))
+    path = logformat.log_path(data_dir / "ledgers", log_id)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        head = f.read(logformat.RECORD_OVERHEAD)
+        length, lid, eid, _crc = logformat.decode_record_header(head)
+        payload = bytearray(f.read(length))
+        payload[len(payload) // 2] ^= 0xFF
+        f.seek(offset)
+        f.write(logformat.encode_record(lid, eid, record_crc(lid, eid, payload), bytes(payload)))
