@@ -39,7 +39,7 @@ def _ranges(plan: fleet.Plan) -> set[tuple[str, int, int]]:
 
 def test_a_closed_ledger_is_checked_segment_by_segment_on_the_nodes_with_a_snapshot() -> None:
     meta = _ledger([(0, ("a", "b", "c")), (5, ("a", "b", "d"))], closed_at=9)
-    plan = fleet.expected_ranges(dict.fromkeys(SNAPSHOTS, [meta]), SNAPSHOTS, {})
+    plan = fleet.expected_ranges({name: [meta] for name in SNAPSHOTS}, SNAPSHOTS, {})
     assert _ranges(plan) == {("a", 0, 4), ("b", 0, 4), ("c", 0, 4), ("a", 5, 9), ("b", 5, 9)}
     assert plan.nodes_without_snapshot == {"d"}  # d's copies are not checked: said so
     assert plan.ledgers == 3 and plan.open_tail_skipped == 0
@@ -48,13 +48,13 @@ def test_a_closed_ledger_is_checked_segment_by_segment_on_the_nodes_with_a_snaps
 def test_an_open_ledger_stops_at_the_lowest_writer_lac_of_its_last_ensemble() -> None:
     meta = _ledger([(0, ("a", "b", "c")), (4, ("a", "b", "c"))], closed_at=None)
     lacs = {("a", LID): 9, ("b", LID): 7, ("c", LID): 8}
-    plan = fleet.expected_ranges(dict.fromkeys(SNAPSHOTS, [meta]), SNAPSHOTS, lacs)
+    plan = fleet.expected_ranges({name: [meta] for name in SNAPSHOTS}, SNAPSHOTS, lacs)
     # The first segment in full (sealed by the ensemble change), the last up to 7.
     assert _ranges(plan) == {(n, 0, 3) for n in "abc"} | {(n, 4, 7) for n in "abc"}
     assert plan.open_tail_skipped == 3
     # A replica that holds nothing of the ledger (no writer LAC): the tail is not checked.
     del lacs[("c", LID)]
-    plan = fleet.expected_ranges(dict.fromkeys(SNAPSHOTS, [meta]), SNAPSHOTS, lacs)
+    plan = fleet.expected_ranges({name: [meta] for name in SNAPSHOTS}, SNAPSHOTS, lacs)
     assert _ranges(plan) == {(n, 0, 3) for n in "abc"}
 
 
