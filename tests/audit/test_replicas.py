@@ -9,9 +9,6 @@ theirs (the flipped byte, in ``crc``)."""
 from __future__ import annotations
 
 import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from node.audit import CHECKS, fleet, job, snapshot
-from node.client.model import LedgerMetadata, LedgerState
-from node.client.sync import SyncClient
+from node.client.model import LedgerState
 from node.localcluster import LocalCluster
 from tests.audit import world as w
 from tests.harness.cluster import cluster_env
@@ -34,8 +30,6 @@ SPLIT_BYTES = 16 * 1024
 FLIPPED = 3  # entry of the 3/3/2 ledger whose copy on FLIP_NODE gets a flipped byte
 REWRITTEN = 5  # entry of the same ledger rewritten (consistently) on REWRITE_NODE
 FLIP_NODE, REWRITE_NODE, DELETE_NODE = "n1", "n0", "n2"
-ARRIVAL_TIMEOUT_S = 30.0  # the copies beyond the ack quorum arrive after the add returned
-POLL_S = 0.1
 
 
 @dataclass
@@ -46,62 +40,14 @@ class Fleet:
     open33: int
 
 
-def _get(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
-def _post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return dict(json.loads(reply.read()))
-
-
-def _metadata(cluster: LocalCluster) -> dict[int, LedgerMetadata]:
-    doc = fleet.dump_url(cluster.metadata_url)
-    return {m.ledger_id: m for m in fleet.parse(doc, "etcd")}
-
-
-def _wait_every_copy(cluster: LocalCluster, metas: dict[int, LedgerMetadata], last: int) -> None:
-    """Every node of every entry's write set answers it: the clean fleet is clean."""
-    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
-    for meta in metas.values():
-        for entry in range(last + 1):
-            for node in meta.write_set(entry):
-                url = f"{cluster.url(node)}/api/v1/ledgers/{meta.ledger_id}/entries/{entry}"
-                while _get(url) != 200:
-                    assert time.monotonic() < deadline, f"{url} never answered 200"
-                    time.sleep(POLL_S)
-
-
 @pytest.fixture(scope="module")
 def fleet_of_three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("replicas") / "cluster"
     cluster = LocalCluster(root, nodes=3, env=cluster_env())
     try:
-        with SyncClient(cluster.metadata_url) as client:
-            ids = []
-            for ensemble, write_quorum, ack_quorum, close in (
-                (3, 3, 2, True),
-                (3, 2, 2, True),
-                (3, 3, 2, False),
-            ):
-                ledger = client.create_ledger(ensemble, write_quorum, ack_quorum)
-                lid = ledger.metadata.ledger_id
-                for entry in range(ENTRIES):
-                    assert ledger.add(w.payload(lid, entry)) == entry
-                if close:
-                    ledger.close()
-                ids.append(lid)
-            _wait_every_copy(cluster, _metadata(cluster), ENTRIES - 1)
+        ids = w.write_ledgers(
+            cluster, [(3, 3, 2, True), (3, 2, 2, True), (3, 3, 2, False)], ENTRIES
+        )
         yield Fleet(cluster, *ids)
     finally:
         cluster.close()
@@ -125,7 +71,7 @@ def test_live_snapshots_of_a_clean_fleet_report_nothing(
     cluster = fleet_of_three.cluster
     uris = []
     for node in cluster.node_ids:
-        taken = _post_json(f"{cluster.url(node)}/api/v1/audit/snapshot", {})
+        taken = w.post_json(f"{cluster.url(node)}/api/v1/audit/snapshot", {})
         directory = snapshot.fetch(taken["uri"])
         meta = json.loads((directory / "snapshot.json").read_text())
         assert meta["nodeId"] == node
@@ -148,12 +94,35 @@ def test_live_snapshots_of_a_clean_fleet_report_nothing(
     assert _rows(tmp_path / "out", "replicas") == []
 
 
+def test_a_snapshot_the_store_could_not_serve_says_so(
+    fleet_of_three: Fleet, spark: Any, tmp_path: Path
+) -> None:
+    """etcd down while one node snapshots: its snapshot comes without the metadata (and says
+    why); the check still runs over the others and names the node it could not check."""
+    cluster = fleet_of_three.cluster
+    cluster.kill_etcd()
+    try:
+        blind = w.post_json(f"{cluster.url('n0')}/api/v1/audit/snapshot", {})
+    finally:
+        cluster.restart_etcd()
+    meta = json.loads((snapshot.fetch(blind["uri"]) / "snapshot.json").read_text())
+    assert meta["nodeId"] == "n0" and meta["ledgersFile"] is None and meta["ledgersError"]
+    uris = [blind["uri"]]
+    for node in ("n1", "n2"):
+        uris.append(w.post_json(f"{cluster.url(node)}/api/v1/audit/snapshot", {})["uri"])
+    args = [p for u in uris for p in ("--snapshot", u)]
+    status, summary = _audit(spark, tmp_path / "out", "--checks", "replicas", *args)
+    assert status == job.EXIT_CLEAN
+    assert summary["replicas"]["nodesWithoutLedgers"] == ["n0"]
+    assert summary["replicas"]["ranges"] == 6  # n1 and n2: three ledgers each
+
+
 def test_flipped_rewritten_and_missing_copies_are_named(
     fleet_of_three: Fleet, spark: Any, tmp_path: Path
 ) -> None:
     f = fleet_of_three
     cluster = f.cluster
-    metas = _metadata(cluster)
+    metas = w.ledger_metadata(cluster)
     assert metas[f.closed33].state is LedgerState.CLOSED
     assert metas[f.open33].state is LedgerState.OPEN
     for node in cluster.node_ids:

@@ -7,12 +7,19 @@ import asyncio
 import json
 import os
 import shutil
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions
 
+from node.audit import fleet
+from node.client.model import LedgerMetadata
+from node.client.sync import SyncClient
+from node.localcluster import LocalCluster
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
 from node.offload.service import OffloadService
 from node.storage import entrylog, logformat
@@ -291,6 +298,72 @@ def copy(world: World, target: Path) -> World:
 
 def read_json(path: Path) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(path.read_text()))
+
+
+# --- replicated fleets (tests/audit/test_replicas.py, tests/airflow) --------------------------
+
+ARRIVAL_TIMEOUT_S = 30.0  # the copies beyond the ack quorum arrive after the add returned
+POLL_S = 0.1
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return dict(json.loads(reply.read()))
+
+
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return dict(json.loads(reply.read()))
+
+
+def ledger_metadata(cluster: LocalCluster) -> dict[int, LedgerMetadata]:
+    doc = fleet.dump_url(cluster.metadata_url)
+    return {m.ledger_id: m for m in fleet.parse(doc, "etcd")}
+
+
+def wait_every_copy(cluster: LocalCluster, metas: dict[int, LedgerMetadata], last: int) -> None:
+    """Every node of every entry's write set answers it: the clean fleet is clean."""
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    for meta in metas.values():
+        for entry in range(last + 1):
+            for node in meta.write_set(entry):
+                url = f"{cluster.url(node)}/api/v1/ledgers/{meta.ledger_id}/entries/{entry}"
+                while _get(url) != 200:
+                    assert time.monotonic() < deadline, f"{url} never answered 200"
+                    time.sleep(POLL_S)
+
+
+def write_ledgers(
+    cluster: LocalCluster, shapes: list[tuple[int, int, int, bool]], entries: int
+) -> list[int]:
+    """One replicated ledger per (E, Qw, Qa, close?) with ``entries`` entries each, written
+    through the client; returns once every copy is on its node."""
+    ids = []
+    with SyncClient(cluster.metadata_url) as client:
+        for ensemble, write_quorum, ack_quorum, close in shapes:
+            ledger = client.create_ledger(ensemble, write_quorum, ack_quorum)
+            lid = ledger.metadata.ledger_id
+            for entry in range(entries):
+                assert ledger.add(payload(lid, entry)) == entry
+            if close:
+                ledger.close()
+            ids.append(lid)
+        wait_every_copy(cluster, ledger_metadata(cluster), entries - 1)
+    return ids
 
 
 FAULTS = ("flip", "unindexed", "moved", "orphan", "pinned", "retention", "offload", "hole")
