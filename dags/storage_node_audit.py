@@ -1,7 +1,10 @@
 """Daily audit of every node's data with Spark (node/audit/job.py): each node writes a snapshot
 consistent with one checkpoint (POST /api/v1/audit/snapshot, answering its URI), one
 spark-submit audits all the snapshots together, and the summary is posted back to every node
-(POST /api/v1/audit/result), which keeps it and exports it as metrics.
+(POST /api/v1/audit/result), which keeps it and exports it as metrics. A node with a metadata
+store puts its fleet id and the replicated ledgers' metadata (read just before) into its
+snapshot, so the same job also runs the fleet-wide replicas check over all of them: every node
+of an entry's write set holds the entry, with the same CRC32C.
 
 Spark runs through the connection spark_default: local[*] unless the connection names a
 cluster. spark-submit is run by bare name from the worker's PATH; the job's driver and its

@@ -5,4 +5,16 @@ import pyspark and are imported only by ``python -m node audit`` and ``spark-sub
 """
 
 # The checks' names, here (no pyspark) so that the node can validate a posted summary.
-CHECKS = ("index", "crc", "unindexed", "garbage", "pinned", "retention", "offload", "holes")
+CHECKS = (
+    "index",
+    "crc",
+    "unindexed",
+    "garbage",
+    "pinned",
+    "retention",
+    "offload",
+    "holes",
+    "replicas",
+)
+# Checks that need the replicated ledgers' metadata (node.audit.fleet) besides the snapshots.
+FLEET_CHECKS = ("replicas",)

@@ -18,6 +18,13 @@ disjoint by construction, so that one fault shows in one check:
                more than ``grace`` ago and that is still there; backlog whose ledger is gone.
 ``offload``    an offloaded ledger whose objects disagree with its metadata.
 ``holes``      an entry id at or below a ledger's LAC that is neither indexed nor in any log.
+``replicas``   fleet-wide, for replicated ledgers (their metadata from the metadata store,
+               ``node.audit.fleet``): every node of an entry's write set must hold it, with
+               the CRC32C the other copies have. ``missing``: no indexed copy on that node
+               (or the node deleted the ledger); ``crc_mismatch``: its copy differs from
+               the one most copies hold (a copy that fails its own CRC32C counts as
+               different; with no majority every copy is named). Its table has two more
+               columns, ``node_id`` (the fleet id) and ``kind``.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from node.audit import offloadcheck
@@ -54,9 +61,21 @@ class Inputs:
     metas: list[dict[str, Any]]  # snapshot.json of each node
     now_ms: int
     retention_grace_ms: int
+    # The replicas check's input: what each node must hold (EXPECTED_SCHEMA rows, from
+    # node.audit.fleet.expected_ranges); None when no ledger metadata was given.
+    expected: DataFrame | None = None
 
 
-def _violations(df: DataFrame, what: Column) -> DataFrame:
+EXPECTED_SCHEMA = (
+    "node string, node_id string, ledger_id long, first long, last long, "
+    "ensemble array<string>, ensemble_size int, write_quorum int"
+)
+REPLICAS_SCHEMA = f"{VIOLATION_SCHEMA}, node_id string, kind string"
+MISSING = "missing"
+CRC_MISMATCH = "crc_mismatch"
+
+
+def _violations(df: DataFrame, what: Column, *extra: Column) -> DataFrame:
     return df.select(
         F.col("node"),
         F.col("ledger_id").cast("long"),
@@ -64,6 +83,7 @@ def _violations(df: DataFrame, what: Column) -> DataFrame:
         F.col("log_id").cast("long"),
         F.col("offset").cast("long"),
         what.alias("what"),
+        *extra,
     )
 
 
@@ -377,3 +397,115 @@ def check_holes(i: Inputs) -> DataFrame:
         missing,
         F.format_string("entry at or below LAC %d is neither indexed nor in any log", F.col("lac")),
     )
+
+
+def check_replicas(i: Inputs) -> DataFrame:
+    if i.expected is None:
+        return i.spark.createDataFrame([], REPLICAS_SCHEMA)
+    # Entries of each node's ranges whose write set holds the node: the node at position p
+    # of the ensemble holds entry e when (p - e) mod E < Qw (e's write set is Qw consecutive
+    # nodes from e mod E).
+    position = F.array_position("ensemble", F.col("node_id")) - 1
+    expected = (
+        i.expected.select(
+            "node",
+            "node_id",
+            "ledger_id",
+            "first",
+            "ensemble",
+            "ensemble_size",
+            "write_quorum",
+            F.explode(F.sequence("first", "last")).alias("entry_id"),
+        )
+        .withColumn("position", position)
+        .filter(
+            F.pmod(F.col("position") - F.col("entry_id"), F.col("ensemble_size"))
+            < F.col("write_quorum")
+        )
+    )
+    live = i.tables["ledgers"].filter(F.col("state") != "DELETED").select("node", "ledger_id")
+    held = (
+        _referenced(i)
+        .join(live, ["node", "ledger_id"], "left_semi")
+        .select("node", "ledger_id", "entry_id", "log_id", "offset", "crc", "crc_ok")
+    )
+    copies = expected.join(held, ["node", "ledger_id", "entry_id"], "left")
+    write_set = F.expr(
+        "concat_ws(',', transform(sequence(0, write_quorum - 1), "
+        "k -> ensemble[cast(pmod(entry_id + k, ensemble_size) as int)]))"
+    )
+    missing = _replica_violations(
+        copies.filter(F.col("crc").isNull()),
+        F.format_string(
+            "missing: node %s holds no copy (write set %s of the segment from entry %d)",
+            F.col("node_id"),
+            write_set,
+            F.col("first"),
+        ),
+        MISSING,
+    )
+    present = copies.filter(F.col("crc").isNotNull())
+    # The reference copy of each entry: the CRC most copies that pass their own CRC32C
+    # have; a tie between the first two is no reference at all.
+    groups = present.groupBy("ledger_id", "entry_id", "crc").agg(
+        F.count("*").alias("n"), F.max(F.col("crc_ok").cast("int")).alias("ok")
+    )
+    entry = Window.partitionBy("ledger_id", "entry_id")
+    ranked = entry.orderBy(F.desc("ok"), F.desc("n"), "crc")
+    reference = (
+        groups.withColumn("rank", F.row_number().over(ranked))
+        .withColumn("copies", F.sum("n").over(entry))
+        .withColumn(
+            "tie",
+            F.coalesce(
+                (F.lead("ok").over(ranked) == F.col("ok"))
+                & (F.lead("n").over(ranked) == F.col("n")),
+                F.lit(False),
+            ),
+        )
+        .filter(F.col("rank") == 1)
+        .select(
+            "ledger_id",
+            "entry_id",
+            "copies",
+            "tie",
+            F.col("crc").alias("ref_crc"),
+            F.col("n").alias("ref_n"),
+        )
+    )
+    bad = present.join(reference, ["ledger_id", "entry_id"]).filter(
+        (F.col("crc") != F.col("ref_crc")) | F.col("tie") | ~F.col("crc_ok")
+    )
+    detail = (
+        F.when(
+            F.col("tie"),
+            F.format_string("copies disagree with no majority (%d copies)", F.col("copies")),
+        )
+        .when(
+            F.col("crc") != F.col("ref_crc"),
+            F.format_string(
+                "%d of %d copies have CRC32C %08x",
+                F.col("ref_n"),
+                F.col("copies"),
+                F.col("ref_crc"),
+            ),
+        )
+        .otherwise(F.lit("the other copies agree with it"))
+    )
+    mismatch = _replica_violations(
+        bad,
+        F.format_string(
+            "crc_mismatch: node %s's copy has CRC32C %08x%s; %s",
+            F.col("node_id"),
+            F.col("crc"),
+            F.when(F.col("crc_ok"), F.lit("")).otherwise(F.lit(" and fails its own check")),
+            detail,
+        ),
+        CRC_MISMATCH,
+    )
+    return missing.unionByName(mismatch)
+
+
+def _replica_violations(df: DataFrame, what: Column, kind: str) -> DataFrame:
+    """VIOLATION_SCHEMA's columns, then the node's fleet id and the kind."""
+    return _violations(df, what, F.col("node_id"), F.lit(kind).alias("kind"))

@@ -7,6 +7,9 @@
     --out DIR          <out>/summary.json, <out>/<check>.parquet per check, log_usage.parquet
     --master M         Spark master (default: what spark-submit set, else local[*])
     --checks a,b       a subset of the checks (node.audit.CHECKS)
+    --ledgers FILE     the replicated ledgers' metadata (node.audit.fleet's ledgers.json) for
+                       snapshots that carry none (a stopped node's directory)
+    --metadata-url U   dump it from the metadata store first (etcd://host:port/prefix)
     --post-to URL      then POST summary.json to URL/api/v1/audit/result (a node; the
                        bearer token from NODE_ADMIN_TOKEN when set)
 
@@ -74,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--now-ms", type=int, help="the audit's clock (default: now)")
     parser.add_argument(
+        "--ledgers", type=Path, help="ledgers.json: replicated ledgers' metadata (replicas check)"
+    )
+    parser.add_argument(
+        "--metadata-url", help="metadata store to dump the ledgers from first (replicas check)"
+    )
+    parser.add_argument(
         "--post-to", help="node URL (http://node:8080): POST the summary to its audit result"
     )
 
@@ -107,11 +116,12 @@ def spark_session(master: str | None) -> Any:
     return builder.getOrCreate()
 
 
-def _wanted(text: str | None) -> list[str]:
+def _wanted(text: str | None) -> list[str] | None:
+    """The checks asked for; None: every check that can run."""
     from node.audit import CHECKS
 
     if not text:
-        return list(CHECKS)
+        return None
     wanted = [c.strip() for c in text.split(",") if c.strip()]
     if not wanted:  # a summary of no check is no audit: the node refuses it
         raise CannotRun(f"--checks names no check; known: {', '.join(CHECKS)}")
@@ -143,9 +153,10 @@ def run(args: argparse.Namespace, spark: Any | None = None) -> int:
         print(f"audit could not run: {e}", file=sys.stderr)
         return EXIT_CANNOT_RUN
     except Exception as e:
+        from node.audit.fleet import FleetError
         from node.audit.snapshot import SnapshotError
 
-        if not isinstance(e, SnapshotError | OSError):
+        if not isinstance(e, SnapshotError | FleetError | OSError):
             traceback.print_exc()
         print(f"audit could not run: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_CANNOT_RUN
@@ -167,27 +178,56 @@ def _own_data_dir(args: argparse.Namespace) -> contextlib.AbstractContextManager
         ) from None
 
 
-def _run(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
+def _run(args: argparse.Namespace, wanted: list[str] | None, spark: Any | None) -> int:
     with _own_data_dir(args):
         return _run_owned(args, wanted, spark)
 
 
-def _run_owned(args: argparse.Namespace, wanted: list[str], spark: Any | None) -> int:
-    from node.audit import checks, kept, snapshot, source
+def _ledgers_file(args: argparse.Namespace, out: Path) -> Path | None:
+    """--ledgers, or the dump of --metadata-url into OUT/ledgers.json (taken before a
+    --data-dir snapshot, so that a ledger CLOSED in it was closed before)."""
+    from node.audit import fleet
+
+    if args.ledgers is not None:
+        return Path(args.ledgers)
+    if not args.metadata_url:
+        return None
+    try:
+        doc = fleet.dump_url(args.metadata_url)
+    except Exception as e:  # the store's errors: the audit cannot run as asked
+        raise CannotRun(f"cannot read the ledgers from {args.metadata_url}: {e}") from None
+    path = out / fleet.LEDGERS_FILE
+    path.write_bytes(fleet.encode(doc))
+    return path
+
+
+def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | None) -> int:
+    from node.audit import CHECKS, FLEET_CHECKS, checks, kept, snapshot, source
 
     started_ms = time.time_ns() // NS_PER_MS
     now_ms = args.now_ms if args.now_ms is not None else started_ms
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
+    ledgers_file = _ledgers_file(args, out)
     scratch = out / "_snapshots"
     dirs = _snapshot_dirs(args, scratch, now_ms)
     metas = [kept.read_meta(d) for d in dirs]
     if args.data_dir is not None and len(metas) == 1:
         # The logs are read where this machine sees them (a copied snapshot, a mount).
         metas[0]["ledgersDir"] = str((args.data_dir / "ledgers").resolve())
+    has_metadata = ledgers_file is not None or any(m.get("ledgersFile") for m in metas)
+    wanted = asked or [c for c in CHECKS if has_metadata or c not in FLEET_CHECKS]
+    if not has_metadata and set(wanted) & set(FLEET_CHECKS):
+        raise CannotRun(
+            "the replicas check needs the ledgers' metadata: --ledgers FILE, --metadata-url, "
+            "or snapshots of nodes with a metadata store"
+        )
     spark = spark or spark_session(args.master)
     tables = {
-        name: spark.read.parquet(*[str(d / f"{name}{snapshot.PARQUET_SUFFIX}") for d in dirs])
+        # mergeSchema: a snapshot from before a column was added reads it as null
+        name: spark.read.option("mergeSchema", "true").parquet(
+            *[str(d / f"{name}{snapshot.PARQUET_SUFFIX}") for d in dirs]
+        )
         for name in snapshot.SCHEMAS
     }
     records = source.read_records(spark, _snapshot_logs(tables["logs"], metas), args.split_bytes)
@@ -197,6 +237,10 @@ def _run_owned(args: argparse.Namespace, wanted: list[str], spark: Any | None) -
     )
     results: dict[str, dict[str, Any]] = {}
     extra: dict[str, Any] = {}
+    if "replicas" in wanted:
+        inputs.expected, extra["replicas"] = _expected(spark, dirs, metas, tables, ledgers_file)
+    else:
+        print("replicas: not run (no ledger metadata: --ledgers or --metadata-url)")
     for name in wanted:
         if name == "garbage":
             df, usage = checks.check_garbage(inputs)
@@ -241,6 +285,68 @@ def _run_owned(args: argparse.Namespace, wanted: list[str], spark: Any | None) -
     if args.post_to:
         post_summary(args.post_to, summary)
     return EXIT_VIOLATIONS if violations else EXIT_CLEAN
+
+
+def _expected(
+    spark: Any,
+    dirs: list[Path],
+    metas: list[dict[str, Any]],
+    tables: dict[str, Any],
+    ledgers_file: Path | None,
+) -> tuple[Any, dict[str, Any]]:
+    """The replicas check's input (what each node must hold, as a DataFrame) and what the
+    summary says of it. Each snapshot's own ledgers.json first (read before it was taken),
+    else the one given."""
+    from pyspark.sql import functions as F
+
+    from node.audit import checks, fleet
+
+    given = fleet.read(ledgers_file) if ledgers_file is not None else None
+    snapshots = {m["node"]: m["nodeId"] for m in metas if m.get("nodeId")}
+    metadata: dict[str, list[Any]] = {}
+    without: list[str] = []
+    for directory, meta in zip(dirs, metas, strict=True):
+        if not meta.get("nodeId"):
+            continue  # a node without a metadata store holds no replica
+        if meta.get("ledgersFile"):
+            metadata[meta["node"]] = fleet.read(directory / meta["ledgersFile"])
+        elif given is not None:
+            metadata[meta["node"]] = given
+        else:
+            without.append(meta["nodeId"])
+    ids = spark.createDataFrame(list(snapshots.items()), "node string, node_id string")
+    ledgers = tables["ledgers"]
+    if "writer_lac" not in ledgers.columns:
+        ledgers = ledgers.withColumn("writer_lac", F.lit(-1))
+    lacs = {
+        (r["node_id"], r["ledger_id"]): r["writer_lac"]
+        for r in ledgers.filter("writer_lac >= 0")
+        .join(ids, "node")
+        .select("node_id", "ledger_id", "writer_lac")
+        .collect()
+    }
+    plan = fleet.expected_ranges(metadata, snapshots, lacs)
+    rows = [
+        (
+            r.node,
+            r.node_id,
+            r.ledger_id,
+            r.first,
+            r.last,
+            list(r.ensemble),
+            r.ensemble_size,
+            r.write_quorum,
+        )
+        for r in plan.ranges
+    ]
+    summary = {
+        "ledgers": plan.ledgers,
+        "ranges": len(rows),
+        "openTailsCut": plan.open_tail_skipped,
+        "nodesWithoutSnapshot": sorted(plan.nodes_without_snapshot),
+        "nodesWithoutLedgers": sorted(without),
+    }
+    return spark.createDataFrame(rows, checks.EXPECTED_SCHEMA), summary
 
 
 def _snapshot_logs(logs: Any, metas: list[dict[str, Any]]) -> list[tuple[str, str, int, int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 META_FILE = "snapshot.json"  # a snapshot's description, written last
+LEDGERS_FILE = "ledgers.json"  # a replicated node's: the store's ledgers (node.audit.fleet)
 LOGS_DIR = "logs"  # in a live node's snapshot directory: hard links to the logs it lists
 
 

@@ -12,7 +12,8 @@ need a run of plausible headers whose CRC32C checks out by chance. The range bef
 walks record by record with the sizes, so both agree where one range's last record ends.
 
 Rows are Arrow record batches: (node, log id, offset, ledger id, entry id, size of the
-whole record, CRC ok). No payload byte leaves the function.
+whole record, CRC ok, the CRC32C of the record as it is on disk: what the replicas check
+compares across nodes). No payload byte leaves the function.
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ SCHEMA = pa.schema(
         ("entry_id", pa.int64()),
         ("size", pa.int64()),
         ("crc_ok", pa.bool_()),
+        ("crc", pa.int64()),
     ]
 )
 SPARK_SCHEMA = (
     "node string, log_id long, offset long, ledger_id long, entry_id long, size long, "
-    "crc_ok boolean"
+    "crc_ok boolean, crc long"
 )
+
+
+Columns = tuple[list[int], list[int], list[int], list[int], list[bool], list[int]]
 
 
 def plan_ranges(size: int, split_bytes: int) -> list[tuple[int, int]]:
@@ -162,14 +167,8 @@ def scan_range(
         offset: int | None = start
         if start != logformat.HEADER_SIZE:
             offset = resync(window, start, end, max_record)
-        columns: tuple[list[int], list[int], list[int], list[int], list[bool]] = (
-            [],
-            [],
-            [],
-            [],
-            [],
-        )
-        offsets, ledgers, entries, sizes, oks = columns
+        columns: Columns = ([], [], [], [], [], [])
+        offsets, ledgers, entries, sizes, oks, crcs = columns
         unpack = logformat.RECORD_HEADER.unpack_from
         while offset is not None and offset < end:
             head = window.get(offset, OVERHEAD)
@@ -182,7 +181,9 @@ def scan_range(
             record = window.get(offset, total)
             if record is None:
                 break  # a record cut by the end of the file
-            ok = record_crc(ledger_id, entry_id, record[OVERHEAD:]) == crc
+            actual = record_crc(ledger_id, entry_id, record[OVERHEAD:])
+            ok = actual == crc
+            crcs.append(actual)
             offsets.append(offset)
             ledgers.append(ledger_id)
             entries.append(entry_id)
@@ -199,12 +200,8 @@ def scan_range(
         os.close(fd)
 
 
-def _batch(
-    node: str,
-    log_id: int,
-    columns: tuple[list[int], list[int], list[int], list[int], list[bool]],
-) -> pa.RecordBatch:
-    offsets, ledgers, entries, sizes, oks = columns
+def _batch(node: str, log_id: int, columns: Columns) -> pa.RecordBatch:
+    offsets, ledgers, entries, sizes, oks, crcs = columns
     rows = len(offsets)
     return pa.RecordBatch.from_arrays(
         [
@@ -215,6 +212,7 @@ def _batch(
             pa.array(entries, pa.int64()),
             pa.array(sizes, pa.int64()),
             pa.array(oks, pa.bool_()),
+            pa.array(crcs, pa.int64()),
         ],
         schema=SCHEMA,
     )

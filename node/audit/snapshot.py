@@ -13,15 +13,18 @@ Tables (every one has a ``node`` column, so that snapshots of a fleet stack up):
     locations      node, ledger_id, entry_id, log_id, offset
     ledgers        node, ledger_id, state, lac, last_entry_id, entries, payload_bytes,
                    created_ms, closed_ms, stream, offload_state, offload_attempt,
-                   offload_data_bytes, offload_local_deleted
+                   offload_data_bytes, offload_local_deleted, writer_lac
     logs           node, log_id, size_bytes, mtime_ms, error       (error: unreadable log)
     log_ledgers    node, log_id, ledger_id, bytes                  (what GC counts per log)
     streams        node, stream, record                            (the stream record, JSON)
     cursors        node, stream, cursor, mark_ledger, mark_entry
     doomed         node, ledger_id, stream
 
-plus ``snapshot.json`` (node name, directories, time taken, the settings the checks need,
-the offload store's URL). Only pyarrow here: the node imports this module, never pyspark.
+plus ``snapshot.json`` (node name, the node's fleet id when it has a metadata store,
+directories, time taken, the settings the checks need, the offload store's URL) and, for a
+node with a metadata store, ``ledgers.json``: the replicated ledgers' metadata read just
+before the snapshot (``node.audit.fleet``; the ``replicas`` check). Only pyarrow here: the
+node imports this module, never pyspark.
 
 A live node's snapshot **holds its logs**: hard links to them in its ``logs/`` directory,
 which ``ledgersDir`` names, so that GC deleting a log, or compaction moving its records
@@ -50,7 +53,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rocksdict import AccessType, Options, Rdict
 
-from node.audit.kept import LOGS_DIR, META_FILE, read_meta
+from node.audit.kept import LEDGERS_FILE, LOGS_DIR, META_FILE, read_meta
+from node.replication.cookie import read_local
 from node.settings import Settings
 from node.storage import entrylog, logformat
 from node.storage.errors import CorruptRecord
@@ -97,6 +101,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("offload_attempt", pa.string()),
             ("offload_data_bytes", pa.int64()),
             ("offload_local_deleted", pa.bool_()),
+            ("writer_lac", pa.int64()),  # a replica: the highest LAC the writer sent it
         ]
     ),
     "logs": pa.schema(
@@ -144,11 +149,17 @@ class Snapshot:
     settings: dict[str, Any]
     offload_store: str | None
     tables: dict[str, pa.Table] = field(default_factory=dict)
+    node_id: str | None = None  # the fleet id (settings.id) of a node with a metadata store
+    ledgers: bytes | None = None  # ledgers.json: the store's ledgers, read before the snapshot
+    ledgers_error: str | None = None  # why there is none although the node has a store
 
     def meta(self) -> dict[str, Any]:
         return {
             "version": FORMAT_VERSION,
             "node": self.node,
+            "nodeId": self.node_id,
+            "ledgersFile": None if self.ledgers is None else LEDGERS_FILE,
+            "ledgersError": self.ledgers_error,
             "ledgersDir": self.ledgers_dir,
             "takenMs": self.taken_ms,
             "settings": self.settings,
@@ -233,6 +244,7 @@ class _Builder:
             offload_attempt=None if offload is None else offload.attempt,
             offload_data_bytes=None if offload is None else offload.data_bytes,
             offload_local_deleted=None if offload is None else offload.local_deleted,
+            writer_lac=meta.writer_lac,
         )
 
     def add_records(self, records: dict[bytes, bytes]) -> None:
@@ -303,8 +315,10 @@ def from_data_dir(
     settings: dict[str, Any] | None = None,
     offload_store: str | None = None,
     now_ms: int | None = None,
+    node_id: str | None = None,
 ) -> Snapshot:
-    """The snapshot of a stopped node's data directory (``ledgers/`` and ``index/``)."""
+    """The snapshot of a stopped node's data directory (``ledgers/`` and ``index/``); its
+    fleet id from ``node_id`` or else the directory's cookie (a replicated node's)."""
     ledgers_dir = data_dir / "ledgers"
     if not ledgers_dir.is_dir():
         raise SnapshotError(f"{data_dir}: no entry log directory {ledgers_dir}")
@@ -326,6 +340,9 @@ def from_data_dir(
     builder.add_logs(ledgers_dir, entrylog.list_logs(ledgers_dir))
     if offload_store is None and (data_dir / "offload").is_dir():
         offload_store = (data_dir / "offload").resolve().as_uri()
+    if node_id is None:
+        cookie = read_local(data_dir)
+        node_id = None if cookie is None else cookie.node_id
     return Snapshot(
         name,
         str(ledgers_dir.resolve()),
@@ -333,6 +350,7 @@ def from_data_dir(
         settings or default_check_settings(),
         offload_store,
         builder.tables(),
+        node_id,
     )
 
 
@@ -439,6 +457,8 @@ def write_dir(snapshot: Snapshot, directory: Path) -> str:
 def snapshot_files(snapshot: Snapshot) -> dict[str, bytes]:
     """The snapshot's files by name, ``snapshot.json`` last (what marks one complete)."""
     files = {f"{n}{PARQUET_SUFFIX}": table_bytes(t) for n, t in snapshot.tables.items()}
+    if snapshot.ledgers is not None:
+        files[LEDGERS_FILE] = snapshot.ledgers
     files[META_FILE] = json.dumps(snapshot.meta(), indent=2).encode()
     return files
 
@@ -471,6 +491,9 @@ def _download(uri: str, scratch: Path | None) -> Path:
     try:
         for name in names:
             (target / name).write_bytes(bytes(obstore.get(store, name).bytes()))
+        ledgers = read_meta(target).get("ledgersFile")
+        if ledgers:
+            (target / ledgers).write_bytes(bytes(obstore.get(store, ledgers).bytes()))
     except Exception as e:  # obstore's errors: missing object, refused credentials
         raise SnapshotError(f"{uri}: cannot read the snapshot: {e}") from None
     return target

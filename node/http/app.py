@@ -36,6 +36,7 @@ from node.http.frames import JSON_CONTENT_TYPE
 from node.http.middleware import install_node_id, request_context, require_admin_token
 from node.http.state import (
     AUDIT,
+    AUDIT_LEDGER_SOURCE,
     BUDGET,
     METRICS,
     READ_BUDGET,
@@ -116,6 +117,7 @@ def build_app(
         app[status.REPLICATION_SUMMARY] = replication.summary
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
+        app[AUDIT_LEDGER_SOURCE] = replication.store
         app.cleanup_ctx.append(_replication_identity)
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     if settings.metadata_url:

@@ -21,7 +21,7 @@ from node.http import models
 from node.http.bodies import limited_by
 from node.http.errors import ApiError
 from node.http.jsonreply import json_response
-from node.http.state import AUDIT, METRICS, SETTINGS, STORAGE, WORK
+from node.http.state import AUDIT, AUDIT_LEDGER_SOURCE, METRICS, SETTINGS, STORAGE, WORK
 from node.offload.format import AUDIT_PREFIX
 from node.offload.store import ObjectStore
 from node.settings import Settings
@@ -91,7 +91,11 @@ async def take_snapshot(request: web.Request) -> web.Response:
             _target_dir, settings, "local" if target == "offload" else target, name
         )
         try:
-            snap, uri = await _write_snapshot(request.app, directory, name, now_ms, target)
+            fleet = await _fleet_part(request.app)
+            # Every entry acknowledged so far into the logs: a snapshot holds what the last
+            # checkpoint wrote, and the replicas check compares the nodes' snapshots.
+            await storage.checkpoint()
+            snap, uri = await _write_snapshot(request.app, directory, name, now_ms, target, fleet)
         except Exception as e:
             await asyncio.to_thread(shutil.rmtree, directory, True)
             if is_no_space(e):
@@ -105,8 +109,35 @@ async def take_snapshot(request: web.Request) -> web.Response:
     return json_response(reply.to_json(), status=201)
 
 
+FleetPart = tuple[str | None, bytes | None, str | None]  # node id, ledgers.json, why none
+
+
+async def _fleet_part(app: web.Application) -> FleetPart:
+    """A node with a metadata store: its fleet id and the replicated ledgers' metadata,
+    read before the snapshot (a ledger CLOSED in it had every entry acknowledged before).
+    A store that does not answer leaves the snapshot without it, saying why: the other
+    checks need no store."""
+    source = app.get(AUDIT_LEDGER_SOURCE)
+    if source is None:
+        return None, None, None
+    from node.audit import fleet
+
+    settings = app[SETTINGS]
+    try:
+        doc = await asyncio.wait_for(fleet.dump(source), settings.metadata_timeout_s * 2)
+    except Exception as e:  # the store's errors, a timeout: the snapshot goes on without
+        log.warning("audit snapshot without the ledgers' metadata: %s", e)
+        return settings.id, None, f"{type(e).__name__}: {e}"
+    return settings.id, fleet.encode(doc), None
+
+
 async def _write_snapshot(
-    app: web.Application, directory: Path, name: str, now_ms: int, target: str
+    app: web.Application,
+    directory: Path,
+    name: str,
+    now_ms: int,
+    target: str,
+    fleet: FleetPart = (None, None, None),
 ) -> tuple[snapshot.Snapshot, str]:
     """Prune, then take the snapshot into ``directory`` (and the store); its URI."""
     settings = app[SETTINGS]
@@ -118,6 +149,7 @@ async def _write_snapshot(
     snap = await asyncio.to_thread(
         lambda: snapshot.from_live_storage(storage, node_name(settings), now_ms, directory)
     )
+    snap.node_id, snap.ledgers, snap.ledgers_error = fleet
     uri = await asyncio.to_thread(snapshot.write_dir, snap, directory)
     if target == "offload":
         store = app[WORK].offload.store

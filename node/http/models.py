@@ -291,6 +291,24 @@ class AuditGarbage(TypedDict):
 
 
 @with_config(REQUEST)
+class AuditReplicas(TypedDict):
+    """What the replicas check looked at (node/audit/fleet.py)."""
+
+    ledgers: Annotated[Counted, Field(description="Replicated ledgers, over every node's view")]
+    ranges: Annotated[Counted, Field(description="(node, segment) ranges of entries checked")]
+    openTailsCut: Annotated[
+        Counted,
+        Field(description="Open ledgers' last segments checked only up to the writer's LAC"),
+    ]
+    nodesWithoutSnapshot: Annotated[
+        list[str], Field(description="Nodes that segments name but the audit had no snapshot of")
+    ]
+    nodesWithoutLedgers: Annotated[
+        list[str], Field(description="Nodes whose snapshot came without the ledgers' metadata")
+    ]
+
+
+@with_config(REQUEST)
 class AuditSummary(TypedDict):
     """The audit job's summary.json, as it writes it."""
 
@@ -308,6 +326,7 @@ class AuditSummary(TypedDict):
     ]
     garbage: NotRequired[AuditGarbage]
     logAges: NotRequired[Annotated[dict[str, Counted], Field(description="Logs by age")]]
+    replicas: NotRequired[AuditReplicas]
 
 
 CREATE_LEDGER = Body(CreateLedger)

@@ -731,8 +731,10 @@ def _audit_paths() -> dict[str, Any]:
     return {
         "/api/v1/audit/snapshot": {
             "post": {
-                "summary": "Write a snapshot of the index and metadata, consistent with one "
-                "checkpoint, as Parquet (a directory or the offload store) for the audit job",
+                "summary": "Checkpoint, then write a snapshot of the index and metadata, "
+                "consistent with that checkpoint, as Parquet (a directory or the offload store) "
+                "for the audit job; with a metadata store, the node's fleet id and the "
+                "replicated ledgers' metadata too (the replicas check)",
                 "requestBody": _body("AuditSnapshotRequest", required=False),
                 "responses": {
                     "201": _json(_ref("AuditSnapshot"), "Its URI (the job's --snapshot)"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -52,6 +52,16 @@ class ReplicaGuard(Protocol):
 
     async def confirm_deleted(self, ledger_id: int) -> bool: ...
 
+
+class LedgerSource(Protocol):
+    """The metadata store, as an audit snapshot reads it (``node.audit.fleet.dump``)."""
+
+    async def range(self, prefix: str) -> list[tuple[str, Any]]: ...
+
+
+# The node's metadata store when it has one (metadata_url): each audit snapshot carries the
+# replicated ledgers' metadata, read from it just before, for the replicas check.
+AUDIT_LEDGER_SOURCE: web.AppKey[LedgerSource] = web.AppKey("audit_ledger_source")
 
 # Installed when the node has a metadata store (metadata_url); absent or None: a replicated
 # ledger is never deleted through the HTTP API.

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.airflow.conftest import REPO, Airflow
+from tests.airflow.conftest import REPO, Airflow, Run
 from tests.harness.hostdisk import as_env
 from tests.harness.moto import new_bucket, s3_client, s3_settings
 from tests.harness.node import NodeProcess
@@ -182,6 +182,23 @@ def project_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
+def run_audit(airflow: Airflow, urls: list[str], out_dir: Path, connection: dict[str, Any]) -> Run:
+    """A dag.test() run of the audit DAG over ``urls``, the job writing under ``out_dir``."""
+    conf = {
+        "application": str(REPO / "node" / "audit" / "job.py"),
+        "outDir": str(out_dir),
+        "python": project_python(),
+        "pythonPath": str(REPO),
+    }
+    return airflow.run(
+        "test",
+        "storage_node_audit",
+        json.dumps(conf),
+        variables={"storage_node_discovery": {"kind": "static", "urls": urls}},
+        connections={"storage_node": connection, "spark_default": SPARK},
+    )
+
+
 def test_audit_on_two_nodes_stores_the_result_on_each(airflow: Airflow, tmp_path: Path) -> None:
     """Snapshots, one spark-submit over both (local Spark, spark-submit from the Airflow
     venv's PATH, the job's Python the node's), and the summary posted back to each node."""
@@ -189,20 +206,7 @@ def test_audit_on_two_nodes_stores_the_result_on_each(airflow: Airflow, tmp_path
     ledgers = {node.url: rolling_stream(node, 3) for node in nodes}
     urls = sorted(ledgers)
     out_dir = tmp_path / "audit-out"
-    conf = {
-        "application": str(REPO / "node" / "audit" / "job.py"),
-        "outDir": str(out_dir),
-        "python": project_python(),
-        "pythonPath": str(REPO),
-    }
-
-    run = airflow.run(
-        "test",
-        "storage_node_audit",
-        json.dumps(conf),
-        variables={"storage_node_discovery": {"kind": "static", "urls": urls}},
-        connections={"storage_node": CONNECTION, "spark_default": SPARK},
-    )
+    run = run_audit(airflow, urls, out_dir, CONNECTION)
     assert run.result["state"] == "success", run.output[-8000:]
     states = {(t["taskId"], t["mapIndex"]): t["state"] for t in run.result["tasks"]}
     assert set(states.values()) == {"success"}, states

@@ -14,13 +14,16 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from node.audit import CHECKS, job, ranges, snapshot, source
+from node.audit import CHECKS, FLEET_CHECKS, job, ranges, snapshot, source
 from node.storage import entrylog, logformat
 from tests.audit import world as w
 
 pytestmark = pytest.mark.timeout(600)
 
 REPO = Path(__file__).resolve().parents[2]
+# These copies are of a node without a metadata store: no replicated ledger, no metadata for
+# the replicas check (tests/audit/test_replicas.py), which therefore does not run.
+NODE_CHECKS = [c for c in CHECKS if c not in FLEET_CHECKS]
 SPLIT_BYTES = 16 * 1024  # several tasks per 64 KiB log: ranges start mid-record
 VENV_BIN = Path(sys.executable).parent
 WHOLE_LOG_BYTES = 1 << 30  # one range per (64 KiB) log
@@ -92,7 +95,7 @@ def test_each_check_finds_exactly_its_fault(
     fleet: tuple[dict[str, Any], dict[str, Any], Path], node: str
 ) -> None:
     _summary, expected, out = fleet
-    for check in CHECKS:
+    for check in NODE_CHECKS:
         assert found(out, check).get(node, set()) == expected[node].get(check, set()), check
 
 
@@ -100,7 +103,9 @@ def test_summary_counts_and_exit_status(fleet: tuple[dict[str, Any], dict[str, A
     summary, expected, _out = fleet
     assert summary["exit"] == job.EXIT_VIOLATIONS
     assert summary["status"] == "violations"
-    for check in CHECKS:
+    assert sorted(summary["checks"]) == sorted(NODE_CHECKS)  # replicas: no metadata given
+    assert "replicas" not in summary
+    for check in NODE_CHECKS:
         want = sum(len(e.get(check, ())) for e in expected.values())
         assert summary["checks"][check]["violations"] == want, check
     # GC's view: the orphan copy is bytes GC counts live that nothing references
@@ -124,6 +129,10 @@ def test_clean_data_exits_zero_and_bad_input_exits_two(
         ["--data-dir", str(base.data_dir), "--out", str(tmp_path / "o3"), "--checks", "nope"]
     )
     assert job.run(unknown, spark) == job.EXIT_CANNOT_RUN
+    no_metadata = job.build_parser().parse_args(
+        ["--data-dir", str(base.data_dir), "--out", str(tmp_path / "o4"), "--checks", "replicas"]
+    )
+    assert job.run(no_metadata, spark) == job.EXIT_CANNOT_RUN
 
 
 def test_spark_submit_runs_the_same_job(base: w.World, tmp_path: Path) -> None:
@@ -182,5 +191,5 @@ def test_spark_runs_one_task_per_planned_range_and_they_agree_with_whole_logs(
     assert split.rdd.getNumPartitions() == planned
     whole = source.read_records(spark, logs, WHOLE_LOG_BYTES)
     assert whole.rdd.getNumPartitions() == len(logs)
-    columns = ("log_id", "offset", "ledger_id", "entry_id", "size", "crc_ok")
+    columns = ("log_id", "offset", "ledger_id", "entry_id", "size", "crc_ok", "crc")
     assert sorted(split.select(*columns).collect()) == sorted(whole.select(*columns).collect())

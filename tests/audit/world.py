@@ -7,12 +7,19 @@ import asyncio
 import json
 import os
 import shutil
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from rocksdict import AccessType, Options, Rdict, ReadOptions
 
+from node.audit import fleet
+from node.client.model import LedgerMetadata
+from node.client.sync import SyncClient
+from node.localcluster import LocalCluster
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
 from node.offload.service import OffloadService
 from node.storage import entrylog, logformat
@@ -27,6 +34,7 @@ from node.storage.index import (
     find_run,
 )
 from node.storage.ledgers import LedgerStorage
+from node.storage.wal import record_crc
 from node.streams.manager import StreamManager
 from node.streams.model import STREAM_PREFIX, Position, Stream
 from tests.harness.settings import make_settings
@@ -292,4 +300,106 @@ def read_json(path: Path) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(path.read_text()))
 
 
+# --- replicated fleets (tests/audit/test_replicas.py, tests/airflow) --------------------------
+
+ARRIVAL_TIMEOUT_S = 30.0  # the copies beyond the ack quorum arrive after the add returned
+POLL_S = 0.1
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def get_json(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        return dict(json.loads(reply.read()))
+
+
+def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return dict(json.loads(reply.read()))
+
+
+def ledger_metadata(cluster: LocalCluster) -> dict[int, LedgerMetadata]:
+    doc = fleet.dump_url(cluster.metadata_url)
+    return {m.ledger_id: m for m in fleet.parse(doc, "etcd")}
+
+
+def wait_every_copy(cluster: LocalCluster, metas: dict[int, LedgerMetadata], last: int) -> None:
+    """Every node of every entry's write set answers it: the clean fleet is clean."""
+    deadline = time.monotonic() + ARRIVAL_TIMEOUT_S
+    for meta in metas.values():
+        for entry in range(last + 1):
+            for node in meta.write_set(entry):
+                url = f"{cluster.url(node)}/api/v1/ledgers/{meta.ledger_id}/entries/{entry}"
+                while _get(url) != 200:
+                    assert time.monotonic() < deadline, f"{url} never answered 200"
+                    time.sleep(POLL_S)
+
+
+def write_ledgers(
+    cluster: LocalCluster, shapes: list[tuple[int, int, int, bool]], entries: int
+) -> list[int]:
+    """One replicated ledger per (E, Qw, Qa, close?) with ``entries`` entries each, written
+    through the client; returns once every copy is on its node."""
+    ids = []
+    with SyncClient(cluster.metadata_url) as client:
+        for ensemble, write_quorum, ack_quorum, close in shapes:
+            ledger = client.create_ledger(ensemble, write_quorum, ack_quorum)
+            lid = ledger.metadata.ledger_id
+            for entry in range(entries):
+                assert ledger.add(payload(lid, entry)) == entry
+            if close:
+                ledger.close()
+            ids.append(lid)
+        wait_every_copy(cluster, ledger_metadata(cluster), entries - 1)
+    return ids
+
+
 FAULTS = ("flip", "unindexed", "moved", "orphan", "pinned", "retention", "offload", "hole")
+
+
+def delete_ledger_replica(data_dir: Path, ledger_id: int) -> int:
+    """The node forgets a ledger (its metadata and every index entry; the records stay in
+    the logs, unreferenced): a replica lost as a wrong reclaim would lose it. Returns how
+    many index runs went."""
+    db = _open_index(data_dir)
+    try:
+        cf = db.get_column_family("locations")
+        read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
+        keys = []
+        for key in cf.keys(from_key=LOCATION_KEY.pack(ledger_id, 0), read_opt=read_options):
+            if LOCATION_KEY.unpack(cast(bytes, key)[: LOCATION_KEY.size])[0] != ledger_id:
+                break
+            keys.append(cast(bytes, key))
+        del cf, read_options
+    finally:
+        db.close()
+    _update(data_dir, "locations", dict.fromkeys(keys))
+    _update(data_dir, "ledgers", {LEDGER_KEY.pack(ledger_id): None})
+    return len(keys)
+
+
+def rewrite_payload_byte(data_dir: Path, ledger_id: int, entry_id: int) -> None:
+    """Another byte in the copy and a CRC32C that matches it: a copy that passes its own
+    check but is not the entry the other replicas hold."""
+    log_id, offset = logformat.split_location(_location(data_dir, ledger_id, entry_id))
+    path = logformat.log_path(data_dir / "ledgers", log_id)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        head = f.read(logformat.RECORD_OVERHEAD)
+        length, lid, eid, _crc = logformat.decode_record_header(head)
+        payload = bytearray(f.read(length))
+        payload[len(payload) // 2] ^= 0xFF
+        f.seek(offset)
+        f.write(logformat.encode_record(lid, eid, record_crc(lid, eid, payload), bytes(payload)))
