@@ -2,6 +2,12 @@
 node (raw-device WAL on a file, so the ring's panels have data too) after a small workload
 with a forced GC, a retention run and an offload; promtool on the rule file.
 
+The node has a metadata store (a real etcd), as every replicated fleet's nodes do, so the
+replication series are its own: registration, and the autorecovery figures it reads from the
+store. The autorecovery audit's report and totals are written into the store as the auditor
+and the workers write them (a clean audit: nothing under-replicated), which is all a node
+reads to export them.
+
 The point is the usual failure of hand-written dashboards: queries naming metrics the node
 does not export, or that do not parse, found only when someone looks at an empty panel."""
 
@@ -13,6 +19,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grafana import generate
 from node.audit import CHECKS
+from node.replication.fleet import AUDITOR_KEY, TOTALS_KEY
+from tests.client.conftest import etcd
+from tests.harness.etcd import EtcdServer, store_write
 from tests.harness.node import NodeProcess
 from tests.monitoring.prometheus import JOB, Prometheus
 
@@ -39,6 +49,9 @@ MiB = 1024 * 1024
 # Alerts on this machine's disk speed, not the node's health: on 2 shared cores a few slow
 # syncs of the workload can pass 100 ms at p99. promtool's unit test proves when it fires.
 MACHINE_BOUND = {"StorageNodeWalSyncSlow"}
+PREFIX = "monitoring"
+
+__all__ = ["etcd"]  # the session's etcd: the node's metadata store
 
 
 @dataclass
@@ -99,17 +112,38 @@ def _workload(node: NodeProcess) -> None:
     _call(node, "POST", "/api/v1/audit/result", summary)  # what the audit DAG posts
 
 
+def _autorecovery_ran(etcd: EtcdServer, prefix: str) -> None:
+    """What a clean autorecovery audit and earlier re-replications leave in the store."""
+    now_ms = int(time.time() * 1000)
+    report = {
+        "version": 1,
+        "finishedMs": now_ms,
+        "underReplicatedLedgers": 0,
+        "underReplicatedFragments": 0,
+        "lostNodes": 0,
+        "decommissioningNodes": 0,
+    }
+    totals = {"version": 1, "fragments": 2, "entries": 20, "bytes": 2000}
+    for key, value in ((AUDITOR_KEY, report), (TOTALS_KEY, totals)):
+        store_write(etcd, prefix, key, value)
+
+
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("monitoring")
+    prefix = f"{PREFIX}-{uuid.uuid4().hex[:12]}"
     node = NodeProcess(
         work / "data",
         {
             "NODE_WAL_KIND": "blockdev",
             "NODE_WAL_PATH": str(work / "wal.ring"),
             "NODE_WAL_CAPACITY": str(64 * MiB),
+            "NODE_METADATA_URL": etcd.url(prefix),
+            "NODE_ID": "monitored",
+            "NODE_AUTORECOVERY_POLL_S": "1",
         },
     )
+    _autorecovery_ran(etcd, prefix)
     prometheus = Prometheus(work, [f"127.0.0.1:{node.port}"], [ALERTS])
     node.start()
     try:
@@ -118,6 +152,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             _workload(node)
             # Two scrapes after the workload at least, so rates over 10 s see it.
             prometheus.wait_for(f"storage_node_gc_runs_total{{job='{JOB}'}} >= 2")
+            prometheus.wait_for(f"storage_node_registration_up{{job='{JOB}'}} == 1")
+            prometheus.wait_for(
+                f"storage_node_autorecovery_last_run_timestamp_seconds{{job='{JOB}'}} > 0"
+            )
             time.sleep(3)
             for _ in range(3):  # traffic inside the last rate window too
                 _call(node, "POST", "/api/v1/streams/orders/entries", b"order")

@@ -7,8 +7,6 @@ the last values."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,31 +14,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.client.metadata.etcd import EtcdStore
 from node.replication.fleet import AUDITOR_KEY, TOTALS_KEY
 from node.settings import Settings
-from tests.harness.etcd import EtcdServer
+from tests.harness.etcd import EtcdServer, store_write
 from tests.harness.node import NodeProcess
 from tests.replication._identity import fresh_prefix, replicated_node
 
 POLL = {"NODE_AUTORECOVERY_POLL_S": "0.2", "NODE_METADATA_TIMEOUT_S": "1"}
-
-
-async def _write(etcd: EtcdServer, prefix: str, key: str, value: bytes) -> None:
-    store = EtcdStore(etcd.url(prefix))
-    try:
-        found = await store.get(key)
-        if found is None:
-            await store.create(key, value)
-        else:
-            await store.cas(key, value, found.revision)
-    finally:
-        await store.close()
-
-
-def write(etcd: EtcdServer, prefix: str, key: str, value: dict[str, Any] | bytes) -> None:
-    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-    asyncio.run(_write(etcd, prefix, key, raw))
 
 
 def metrics(node: NodeProcess) -> dict[str, tuple[str, float]]:
@@ -98,8 +78,10 @@ def test_figures_follow_the_store_and_survive_bad_values(tmp_path: Path, etcd: E
         "decommissioningNodes": 1,
         "checkedLedgers": 12,
     }
-    write(etcd, prefix, AUDITOR_KEY, report)
-    write(etcd, prefix, TOTALS_KEY, {"version": 1, "fragments": 4, "entries": 40, "bytes": 4000})
+    store_write(etcd, prefix, AUDITOR_KEY, report)
+    store_write(
+        etcd, prefix, TOTALS_KEY, {"version": 1, "fragments": 4, "entries": 40, "bytes": 4000}
+    )
     wait(lambda: metrics(node)["storage_node_under_replicated_ledgers"][1] == 3, "the report")
     wait(lambda: metrics(node)["storage_node_rereplicated_bytes_total"][1] == 4000, "the totals")
     after = metrics(node)
@@ -120,21 +102,21 @@ def test_figures_follow_the_store_and_survive_bad_values(tmp_path: Path, etcd: E
 
     # A report without some fields (another version): those figures keep their values.
     later_ms = finished_ms + 1000
-    write(etcd, prefix, AUDITOR_KEY, {"finishedMs": later_ms, "underReplicatedLedgers": 0})
+    store_write(etcd, prefix, AUDITOR_KEY, {"finishedMs": later_ms, "underReplicatedLedgers": 0})
     wait(lambda: replication(node)["lastAuditorRunMs"] == later_ms, "the partial report")
     block = replication(node)
     assert block["underReplicatedLedgers"] == 0 and block["underReplicatedFragments"] == 5
     assert block["lostNodes"] == 2 and block["autorecoveryPollErrors"] == 0
 
     # A value that does not decode: an error counted, every figure kept.
-    write(etcd, prefix, AUDITOR_KEY, b"{not json")
+    store_write(etcd, prefix, AUDITOR_KEY, b"{not json")
     wait(lambda: replication(node)["autorecoveryPollErrors"] > 0, "the bad value counted")
     block = replication(node)
     assert block["lastAutorecoveryPollError"] and block["lastAuditorRunMs"] == later_ms
     assert block["underReplicatedFragments"] == 5 and block["rereplicatedBytes"] == 4000
     errors = metrics(node)["storage_node_autorecovery_poll_errors_total"]
     assert errors[0] == "counter" and errors[1] >= 1
-    write(etcd, prefix, AUDITOR_KEY, report)
+    store_write(etcd, prefix, AUDITOR_KEY, report)
     wait(lambda: replication(node)["lastAutorecoveryPollError"] is None, "a good read again")
     assert replication(node)["underReplicatedLedgers"] == 3
     node.terminate()
@@ -144,8 +126,10 @@ def test_an_unreachable_store_keeps_the_last_figures(tmp_path: Path, own_etcd: E
     prefix = fresh_prefix()
     node = replicated_node(tmp_path / "n1", own_etcd, prefix, "n1", **POLL)
     node.start()
-    write(own_etcd, prefix, AUDITOR_KEY, {"finishedMs": 1_000_000, "underReplicatedLedgers": 7})
-    write(own_etcd, prefix, TOTALS_KEY, {"fragments": 1, "entries": 2, "bytes": 3})
+    store_write(
+        own_etcd, prefix, AUDITOR_KEY, {"finishedMs": 1_000_000, "underReplicatedLedgers": 7}
+    )
+    store_write(own_etcd, prefix, TOTALS_KEY, {"fragments": 1, "entries": 2, "bytes": 3})
     wait(lambda: replication(node)["underReplicatedLedgers"] == 7, "the report")
     wait(lambda: replication(node)["rereplicatedBytes"] == 3, "the totals")
     own_etcd.pause()  # accepts connections, answers nothing: every read times out
