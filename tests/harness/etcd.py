@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,4 +43,6 @@ def store_write(etcd: EtcdServer, prefix: str, key: str, value: dict[str, Any] |
     """Put ``key`` under ``prefix`` (JSON for a dict), as another process of the fleet would:
     through the client's store, created or replaced by a CAS."""
     raw = value if isinstance(value, bytes) else json.dumps(value).encode()
-    asyncio.run(_write(etcd, prefix, key, raw))
+    # A thread of its own: the caller's thread may run an event loop already (Playwright's).
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _write(etcd, prefix, key, raw)).result()
