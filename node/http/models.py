@@ -695,6 +695,10 @@ class StatusReplication(Reply):
         Count | None, Field(description="Nodes gone longer than the lost-node delay")
     ] = None
     decommissioningNodes: Count | None = None
+    lostNodeIds: Annotated[
+        list[str] | None, Field(description="When the last audit report listed them")
+    ] = None
+    decommissioningNodeIds: list[str] | None = None
     lastAuditorRunMs: Annotated[
         Millis | None, Field(description="When the last audit finished; null: none yet")
     ] = None

@@ -58,6 +58,9 @@ class FleetPoller:
         self._task: asyncio.Task[None] | None = None
         self.nodes: list[FleetNode] | None = None  # None until nodes/ was read once
         self.decommissioning_nodes = 0
+        # Their ids, when the report lists them (the auditor's does): None until then.
+        self.lost_node_ids: list[str] | None = None
+        self.decommissioning_node_ids: list[str] | None = None
         self.polls = 0
         self.last_poll_ms: int | None = None  # the last read that succeeded
         self.last_error: str | None = None  # of the last read, None when it succeeded
@@ -117,6 +120,10 @@ class FleetPoller:
         self.decommissioning_nodes = _count(
             report, "decommissioningNodes", self.decommissioning_nodes
         )
+        self.lost_node_ids = _ids(report, "lostNodes", self.lost_node_ids)
+        self.decommissioning_node_ids = _ids(
+            report, "decommissioningNodes", self.decommissioning_node_ids
+        )
         finished = report.get("finishedMs")
         if isinstance(finished, int | float) and not isinstance(finished, bool):
             f.last_run_s = finished / MS_PER_S
@@ -134,6 +141,8 @@ class FleetPoller:
             "underReplicatedFragments": f.under_replicated_fragments,
             "lostNodes": f.lost_nodes,
             "decommissioningNodes": self.decommissioning_nodes,
+            "lostNodeIds": self.lost_node_ids,
+            "decommissioningNodeIds": self.decommissioning_node_ids,
             "lastAuditorRunMs": round(f.last_run_s * MS_PER_S)
             if f.last_run_s is not None
             else None,
@@ -171,6 +180,14 @@ def _count(raw: dict[str, Any], field: str, previous: int) -> int:
         return value
     if isinstance(value, list):
         return len(value)
+    return previous
+
+
+def _ids(raw: dict[str, Any], field: str, previous: list[str] | None) -> list[str] | None:
+    """A field that lists node ids; a count (or nothing) keeps the previous list."""
+    value = raw.get(field)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return sorted(value)
     return previous
 
 

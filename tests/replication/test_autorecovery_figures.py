@@ -96,6 +96,8 @@ def test_figures_follow_the_store_and_survive_bad_values(tmp_path: Path, etcd: E
     block = replication(node)
     assert (block["underReplicatedLedgers"], block["underReplicatedFragments"]) == (3, 5)
     assert (block["lostNodes"], block["decommissioningNodes"]) == (2, 1)
+    # Listed ids are kept (sorted); a count gives none.
+    assert block["lostNodeIds"] == ["n7", "n9"] and block["decommissioningNodeIds"] is None
     assert block["lastAuditorRunMs"] == finished_ms
     assert (block["rereplicatedFragments"], block["rereplicatedEntries"]) == (4, 40)
     assert block["rereplicatedBytes"] == 4000 and block["autorecoveryPollErrors"] == 0
@@ -107,6 +109,7 @@ def test_figures_follow_the_store_and_survive_bad_values(tmp_path: Path, etcd: E
     block = replication(node)
     assert block["underReplicatedLedgers"] == 0 and block["underReplicatedFragments"] == 5
     assert block["lostNodes"] == 2 and block["autorecoveryPollErrors"] == 0
+    assert block["lostNodeIds"] == ["n7", "n9"]
 
     # A value that does not decode: an error counted, every figure kept.
     store_write(etcd, prefix, AUDITOR_KEY, b"{not json")

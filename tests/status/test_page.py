@@ -639,7 +639,8 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
             "finishedMs": finished_ms,
             "underReplicatedLedgers": 2,
             "underReplicatedFragments": 3,
-            "lostNodes": 1,
+            "lostNodes": ["status-n7"],
+            "decommissioningNodes": [],
         }
         store_write(etcd, prefix, AUDITOR_KEY, report)
         store_write(etcd, prefix, TOTALS_KEY, {"fragments": 5, "entries": 50, "bytes": 5 << 20})
@@ -662,6 +663,7 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         note = page.locator("#fleet-note").inner_text()
         assert "2 nodes registered in 2 zones" in note and "5.0 MiB" in note
         assert page.locator("#fleet-error").is_hidden()
+        assert page.locator("#fleet-gone").inner_text() == "At the last audit, lost: status-n7."
         _shot(page, "replication")
         page.context.close()
     finally:

@@ -550,6 +550,10 @@
     if (r.nodes === null) {
       rows.append(el("tr", {}, el("td", { colSpan: 3, text: "Not read from the store yet." })));
     }
+    const gone = [["lost", r.lostNodeIds], ["decommissioning", r.decommissioningNodeIds]]
+      .filter(([, ids]) => ids && ids.length).map(([what, ids]) => `${what}: ${ids.join(", ")}`);
+    $("#fleet-gone").hidden = !gone.length;
+    $("#fleet-gone").textContent = gone.length ? "At the last audit, " + gone.join("; ") + "." : "";
     const zones = new Set((r.nodes || []).map((n) => n.zone));
     $("#fleet-note").textContent = `${count((r.nodes || []).length)} nodes registered in ` +
       `${count(zones.size)} zones; re-replicated since the cluster began: ` +
