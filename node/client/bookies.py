@@ -101,8 +101,11 @@ class BookieClient:
         *,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         connections_per_node: int = DEFAULT_CONNECTIONS_PER_NODE,
+        token: str | None = None,
     ) -> None:
         self._registry = registry
+        # Nodes with an admin token refuse every write without it, replica adds included.
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._per_host = connections_per_node
         self._session: aiohttp.ClientSession | None = None
@@ -127,6 +130,7 @@ class BookieClient:
         except (UnknownNode, MetadataError) as error:  # no address: as unreachable
             raise ReplicaError(node_id, UNREGISTERED, 0, str(error)) from None
         headers[EXPECT_NODE_HEADER] = node_id
+        headers.update(self._auth)
         try:
             async with self._open().request(
                 method, base + path, headers=headers, data=data

@@ -74,7 +74,8 @@ CREATE_ATTEMPTS = 5
 class Client:
     """A client of replicated ledgers: ``store`` is an ``etcd://`` URL (the client opens and
     closes it) or a MetadataStore (the caller's). ``address_override`` maps node ids to base
-    URLs used instead of the registered ones; ``transport`` replaces HTTP (the simulation)."""
+    URLs used instead of the registered ones; ``transport`` replaces HTTP (the simulation);
+    ``token`` is the nodes' admin token (NODE_ADMIN_TOKEN), sent with every request."""
 
     def __init__(
         self,
@@ -94,6 +95,7 @@ class Client:
         max_request_entries: int = DEFAULT_MAX_REQUEST_ENTRIES,
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
+        token: str | None = None,
         _unsafe_unfenced_recovery_reads: bool = False,
     ) -> None:
         if isinstance(store, str):
@@ -105,7 +107,7 @@ class Client:
             self.store = store
             self._owns_store = False
         self.registry = Registry(self.store, address_override)
-        self.transport: Transport = transport or BookieClient(self.registry)
+        self.transport: Transport = transport or BookieClient(self.registry, token=token)
         self.add_timeout_s = add_timeout_s
         self.read_timeout_s = read_timeout_s
         self.speculative_read_s = speculative_read_s

@@ -1,6 +1,6 @@
 """``python -m node shell COMMAND``: an operator's view of replicated ledgers, in the spirit of
 BookKeeper's shell. It talks to the metadata store (``--metadata-url`` or NODE_METADATA_URL) and,
-through the client, to the nodes.
+through the client, to the nodes (with their admin token from NODE_ADMIN_TOKEN when they have one).
 
 =====================  =========================================================================
 command                what it does
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 METADATA_URL_ENV = "NODE_METADATA_URL"
+TOKEN_ENV = "NODE_ADMIN_TOKEN"  # the nodes' admin token: the shell's writes and fences send it
 NONE = "-"  # a cell without a value: a node known only by its cookie, an open ledger's end
 LEDGER_NOT_FOUND = "ledger_not_found"  # the nodes' code for the same condition
 NODE_REGISTERED = "node_registered"  # readd refused: the node is alive (or its lease lingers)
@@ -359,7 +360,7 @@ COMMANDS: dict[str, Command] = {
 async def _run(args: argparse.Namespace) -> Outcome:
     from node.client import Client
 
-    async with Client(args.metadata_url) as client:
+    async with Client(args.metadata_url, token=os.environ.get(TOKEN_ENV) or None) as client:
         return await COMMANDS[args.shell_command](client, args)
 
 

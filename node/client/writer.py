@@ -1,12 +1,13 @@
 """The writer of one replicated ledger (BookKeeper's LedgerHandle and PendingAddOp).
 
-Entry e goes at once to the Qw nodes of its write set, carrying the writer's LAC; it is
-acknowledged once Qa of them stored it durably, and acknowledgements (so the LAC) advance strictly
-in entry order. A node that fails (an error, no answer in time) is replaced by an ensemble change:
-a compare-and-set of the metadata that starts a new segment at LAC+1 with the replacement, after
-which every unacknowledged add is resent to it. Acknowledgements stop while a change is under
-way, so no entry is confirmed under an ensemble the metadata does not name. A failure after an
-entry was acknowledged still changes the ensemble (BookKeeper #1390).
+Entry e goes to the Qw nodes of its write set, carrying the writer's LAC, in one request per
+node with every add made in the same turn of the event loop; it is acknowledged once Qa of them
+stored it durably, and acknowledgements (so the LAC) advance strictly in entry order. A node that
+fails (an error, no answer in time) is replaced by an ensemble change: a compare-and-set of the
+metadata that starts a new segment at LAC+1 with the replacement, after which every
+unacknowledged add is resent to it. Acknowledgements stop while a change is under way, so no
+entry is confirmed under an ensemble the metadata does not name. A failure after an entry was
+acknowledged still changes the ensemble (BookKeeper #1390).
 
 A writer that finds the ledger fenced (a node says ``ledger_fenced``, or the metadata is
 IN_RECOVERY or CLOSED) cannot know whether its unacknowledged adds will be kept by the recovery:
@@ -56,6 +57,11 @@ CLOSED = "closed"
 NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
+UNAUTHORIZED = "unauthorized"
+
+# A node's answers that mean the client is misconfigured (no or another admin token): replacing
+# the node would only meet the same answer on the next one.
+REFUSED_CODES = frozenset({"unauthorized", "forbidden"})
 
 # A node's answers that mean "busy, ask again" rather than "failed": the writer retries the same
 # node after this pause while the add's time lasts, instead of replacing it.
@@ -187,6 +193,10 @@ class LedgerHandle:
         except Exception as error:  # any failure is the node's: the add must not hang
             if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
+                return
+            if isinstance(error, ReplicaError) and error.code in REFUSED_CODES:
+                message = f"node {node} refused the add ({error.code}): pass its admin token"
+                self._give_up(UNAUTHORIZED, ClientError(message))
                 return
             if not isinstance(error, ReplicaError):
                 log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)

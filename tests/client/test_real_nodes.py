@@ -15,6 +15,7 @@ import pytest
 from node.client import AddOutcomeUnknown, Client, LedgerFencedError, NoSuchLedger
 from node.localcluster import LocalCluster
 from tests.client.realnodes import running_cluster
+from tests.harness.cluster import cluster_env
 
 NODES = 4
 
@@ -144,3 +145,27 @@ async def test_a_batch_larger_than_a_node_takes_in_one_request(client: Client) -
     reader = await client.open_ledger(ledger.id)
     tail = [(e, p) async for e, p in reader.read(9_990, 10_010)]
     assert tail == [(e, payloads[e]) for e in range(9_990, 10_011)]
+
+
+async def test_nodes_with_an_admin_token_take_replica_adds_only_with_it(tmp_path: Path) -> None:
+    """With NODE_ADMIN_TOKEN set, every write needs it, replica adds and fences included: a
+    client given the token writes, recovers and reads; one without it gets a clear refusal
+    (the outcome unknown, never a silent loss) and cannot fence the ledger."""
+    env = {**cluster_env(), "NODE_ADMIN_TOKEN": "replication-secret"}
+    made = await asyncio.to_thread(LocalCluster, tmp_path, nodes=3, env=env)
+    try:
+        async with Client(made.metadata_url, token="replication-secret") as client:
+            ledger = await client.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+            assert await ledger.add_batch([b"a", b"b"]) == (0, 1)
+            async with Client(made.metadata_url) as stranger:
+                refused = await stranger.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+                with pytest.raises(AddOutcomeUnknown) as unknown:
+                    await refused.add(b"never")
+                assert unknown.value.reason == "unauthorized"
+                assert await stranger.ledgers() == sorted([ledger.id, refused.id])
+            assert await ledger.add(b"c") == 2  # the refusals fenced nothing
+            recovered = await client.recover_ledger(ledger.id)
+            assert (recovered["state"], recovered["lastEntryId"]) == ("CLOSED", 2)
+            assert await read_all(client, ledger.id) == [b"a", b"b", b"c"]
+    finally:
+        await asyncio.to_thread(made.close)
