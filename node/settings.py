@@ -193,6 +193,9 @@ class Settings(BaseSettings):
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica
+    lost_node_recovery_delay_s: float = Field(600, ge=0)  # unregistered this long: a lost node
+    open_ledger_rereplication_grace_s: float = Field(30, ge=0)  # an open ledger's writer's time
+    autorecovery_lock_ttl_s: int = Field(30, gt=0)  # lease of a marker's lock (worker dies: freed)
     autorecovery_poll_s: float = Field(30.0, gt=0)  # re-read the auditor's report and totals
 
     # --- journal (BookKeeper) ------------------------------------------------------------

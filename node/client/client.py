@@ -168,7 +168,7 @@ class Client:
     ) -> LedgerHandle:
         """A new OPEN ledger on ``ensemble`` distinct writable nodes (distinct zones when there
         are enough), written by the returned handle."""
-        nodes = choose_ensemble(await self.registry.nodes(), ensemble, self.rng)
+        nodes = choose_ensemble(await self.registry.candidates(), ensemble, self.rng)
         ledger_id = await self._retry(self.store.next_id)
         meta = LedgerMetadata(
             ledger_id=ledger_id,

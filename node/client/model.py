@@ -32,6 +32,8 @@ FORMAT_VERSION = 1
 LEDGERS_PREFIX = "ledgers/"
 NODES_PREFIX = "nodes/"
 COOKIES_PREFIX = "cookies/"
+# Nodes an operator is taking out (node/autorecovery/decommission.py): placement skips them.
+DECOMMISSIONING_PREFIX = "decommissioning/"
 CLUSTER_KEY = "cluster"
 
 

@@ -256,7 +256,7 @@ async def _swap(
 ) -> LedgerMetadata:
     """``meta`` with a last segment from ``entry_id`` on whose ensemble ``failed`` are
     replaced (the last segment itself when it starts there)."""
-    candidates = await client.registry.nodes()
+    candidates = await client.registry.candidates()
     last = meta.last_segment
     swapped = list(last.ensemble)
     for node in failed:

@@ -5,10 +5,17 @@ names nodes by id, never by address, so a node that moves is found again here.""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from node.client.errors import ClientError
 from node.client.metadata.store import MetadataStore
-from node.client.model import NODES_PREFIX, MetadataFormatError, NodeInfo
+from node.client.model import (
+    DECOMMISSIONING_PREFIX,
+    NODES_PREFIX,
+    MetadataFormatError,
+    NodeInfo,
+    NodeState,
+)
 
 
 class UnknownNode(ClientError):
@@ -35,6 +42,19 @@ class Registry:
                 continue
         self._urls = {n.node_id: n.url.rstrip("/") for n in found}
         return found
+
+    async def candidates(self) -> list[NodeInfo]:
+        """The registered nodes as placement sees them: one being decommissioned counts as
+        read-only, so that no new ensemble, ensemble change or re-replication chooses it
+        while its fragments move away (it still serves reads)."""
+        leaving = {
+            key.removeprefix(DECOMMISSIONING_PREFIX)
+            for key, _v in await self._store.range(DECOMMISSIONING_PREFIX)
+        }
+        return [
+            replace(n, state=NodeState.READONLY) if n.node_id in leaving else n
+            for n in await self.nodes()
+        ]
 
     async def url(self, node_id: str) -> str:
         """The base URL of ``node_id``: the override, else its registration (re-read on a miss)."""

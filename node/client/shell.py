@@ -16,6 +16,15 @@ deleteledger LID       delete its metadata; the replicas reclaim their copies on
 readd NODE             before a wiped node may come back under its id: recover every ledger
                        that is not CLOSED and whose last segment names NODE, then retire the
                        node's cookie, so that its next start is a new, empty node
+auditor --once         one pass of the auditor: nodes lost (unregistered longer than
+                       ``--lost-node-delay``, default 600 s) or decommissioning, and with
+                       ``--check-replicas`` every replica's entries read and compared; writes
+                       the under-replicated markers and prints the report
+rereplicate LID        move what the ledger's marker names to replacements (locks the marker;
+                       ``locked`` when another worker holds it; exit 0 either way)
+underreplicated        the markers: ledger, nodes and why, since when, locked by whom
+decommission NODE      mark the node decommissioning and print the ledgers that still name it;
+                       ``--wait``: audit and re-replicate until none does (exit 0 then)
 =====================  =========================================================================
 
 Every command takes ``--json`` (one JSON document on stdout; a failure is
@@ -36,6 +45,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from node.autorecovery import (
+    DEFAULT_LOCK_TTL_S,
+    DEFAULT_LOST_NODE_DELAY_S,
+    DEFAULT_OPEN_LEDGER_GRACE_S,
+)
 from node.client.errors import ClientError, MetadataUrlError, NoSuchLedger
 from node.client.model import (
     COOKIES_PREFIX,
@@ -158,6 +172,62 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="even while the node is registered (its lease may linger after a crash)",
+    )
+    auditor = command("auditor", "one pass of the auditor: write the under-replicated markers")
+    auditor.add_argument(
+        "--once", action="store_true", required=True, help="one pass, then exit (required)"
+    )
+    auditor.add_argument(
+        "--lost-node-delay",
+        type=float,
+        default=DEFAULT_LOST_NODE_DELAY_S,
+        metavar="S",
+        help="seconds a node is unregistered before it counts as lost (default: %(default)s)",
+    )
+    auditor.add_argument(
+        "--check-replicas",
+        action="store_true",
+        help="also read every settled entry from each replica and compare CRC32C",
+    )
+    rereplicate = command("rereplicate", "re-replicate what a ledger's marker names")
+    rereplicate.add_argument("ledger", type=ledger_id)
+    rereplicate.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_OPEN_LEDGER_GRACE_S,
+        metavar="S",
+        help="an open ledger waits this long from its marker before it is recovered "
+        "(default: %(default)s)",
+    )
+    rereplicate.add_argument(
+        "--lock-ttl",
+        type=int,
+        default=DEFAULT_LOCK_TTL_S,
+        metavar="S",
+        help="the marker lock's lease: a worker that dies frees it after this "
+        "(default: %(default)s)",
+    )
+    command("underreplicated", "the under-replicated markers")
+    decommission = command("decommission", "move everything a node holds elsewhere")
+    decommission.add_argument("node", help="the node's id (NODE_ID)")
+    decommission.add_argument(
+        "--wait",
+        action="store_true",
+        help="audit and re-replicate until no ledger names the node",
+    )
+    decommission.add_argument(
+        "--lost-node-delay",
+        type=float,
+        default=DEFAULT_LOST_NODE_DELAY_S,
+        metavar="S",
+        help="the audits' lost-node delay with --wait (default: %(default)s)",
+    )
+    decommission.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_OPEN_LEDGER_GRACE_S,
+        metavar="S",
+        help="open-ledger grace of the re-replication with --wait (default: %(default)s)",
     )
     return parser
 
@@ -345,6 +415,114 @@ async def readd(client: Client, args: argparse.Namespace) -> Outcome:
     return Outcome(document, lines)
 
 
+def worker_id() -> str:
+    """Who holds a marker's lock: this host and process, and a nonce for this run."""
+    import socket
+    import uuid
+
+    return f"{socket.gethostname()}/pid {os.getpid()}/{uuid.uuid4().hex[:12]}"
+
+
+async def auditor(client: Client, args: argparse.Namespace) -> Outcome:
+    from node.autorecovery.auditor import audit
+
+    report = await audit(
+        client, lost_node_delay_s=args.lost_node_delay, check_replicas=args.check_replicas
+    )
+    document = {**report.to_json(), "markers": report.markers}
+    lines = [
+        f"{report.checked_ledgers} ledger(s) audited, {report.under_replicated_ledgers} "
+        f"under-replicated ({report.under_replicated_fragments} fragment(s)); markers "
+        f"created {report.markers_created}, removed {report.markers_removed}",
+        f"lost: {', '.join(report.lost_nodes) or NONE}; decommissioning: "
+        f"{', '.join(report.decommissioning_nodes) or NONE}",
+    ]
+    if args.check_replicas:
+        lines.append(f"replicas check: {report.replicas_checked} entries read")
+    return Outcome(document, lines)
+
+
+async def rereplicate(client: Client, args: argparse.Namespace) -> Outcome:
+    from node.autorecovery.worker import rereplicate as run
+
+    result = await run(
+        client,
+        args.ledger,
+        worker_id=worker_id(),
+        open_ledger_grace_s=args.grace,
+        lock_ttl_s=args.lock_ttl,
+    )
+    line = (
+        f"ledger {args.ledger}: {result.outcome}, {result.fragments} fragment(s), "
+        f"{result.entries} entries, {result.size} bytes copied"
+    )
+    return Outcome(result.to_json(), [line])
+
+
+async def underreplicated(client: Client, _: argparse.Namespace) -> Outcome:
+    from node.autorecovery import markers
+
+    locks = {
+        key.removeprefix(markers.LOCKS_PREFIX): markers.Lock.decode(v.value).worker
+        for key, v in await client.store.range(markers.LOCKS_PREFIX)
+    }
+    found: list[dict[str, Any]] = []
+    for marker, _versioned in await markers.read_markers(client.store):
+        found.append(
+            {
+                "ledgerId": marker.ledger_id,
+                "nodes": {n: r.value for n, r in sorted(marker.nodes.items())},
+                "createdMs": marker.created_ms,
+                "lockedBy": locks.get(f"{marker.ledger_id:019d}"),
+            }
+        )
+    rows = [
+        [
+            f["ledgerId"],
+            ",".join(f"{n}:{r}" for n, r in f["nodes"].items()),
+            f["createdMs"],
+            f["lockedBy"] or NONE,
+        ]
+        for f in found
+    ]
+    return Outcome({"markers": found}, table(("ledger", "nodes", "createdMs", "locked by"), rows))
+
+
+# Between two rounds of ``decommission --wait`` (a marker locked by another worker, a node
+# still registered): long enough not to spin, short next to a copy.
+DECOMMISSION_POLL_S = 1.0
+
+
+async def decommission(client: Client, args: argparse.Namespace) -> Outcome:
+    from node.autorecovery.auditor import audit
+    from node.autorecovery.decommission import decommission as mark
+    from node.autorecovery.decommission import still_needed
+    from node.autorecovery.worker import rereplicate as run
+
+    await mark(client, args.node)
+    needed = await still_needed(client, args.node)
+    me = worker_id()
+    while args.wait and needed:
+        report = await audit(client, lost_node_delay_s=args.lost_node_delay)
+        for lid in set(report.markers) & set(needed):
+            await run(
+                client,
+                lid,
+                worker_id=me,
+                open_ledger_grace_s=args.grace,
+                lock_ttl_s=DEFAULT_LOCK_TTL_S,
+            )
+        needed = await still_needed(client, args.node)
+        if needed:
+            await asyncio.sleep(DECOMMISSION_POLL_S)
+    line = (
+        f"node {args.node}: decommissioning; {len(needed)} ledger(s) still name it"
+        if needed
+        else f"node {args.node}: decommissioning; no ledger names it, it may go"
+    )
+    return Outcome({"node": args.node, "stillNeeded": needed}, [line])
+
+
 Command = Callable[["Client", argparse.Namespace], Awaitable[Outcome]]
 COMMANDS: dict[str, Command] = {
     "listnodes": list_nodes,
@@ -354,6 +532,10 @@ COMMANDS: dict[str, Command] = {
     "recover": recover,
     "deleteledger": delete_ledger,
     "readd": readd,
+    "auditor": auditor,
+    "rereplicate": rereplicate,
+    "underreplicated": underreplicated,
+    "decommission": decommission,
 }
 
 

@@ -303,7 +303,7 @@ class LedgerHandle:
 
     async def _replace(self, ensemble: tuple[str, ...], failed: list[str]) -> None:
         try:
-            candidates = await self._client.registry.nodes()
+            candidates = await self._client.registry.candidates()
             replacements: dict[str, str] = {}
             for node in failed:
                 taken = set(ensemble) | set(replacements.values())

@@ -16,7 +16,17 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from node import runtime
-from node.http import admin, audit, crosssite, ledgers, offload, openapi, status, streams
+from node.http import (
+    admin,
+    audit,
+    autorecovery,
+    crosssite,
+    ledgers,
+    offload,
+    openapi,
+    status,
+    streams,
+)
 from node.http.bodies import bounded_body
 from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
@@ -105,6 +115,7 @@ def build_app(
         )
         app[status.REPLICATION_SUMMARY] = replication.summary
         app[REPLICA_GUARD] = replication.guard
+        autorecovery.install(app, replication)
         app.cleanup_ctx.append(_replication_identity)
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     if settings.metadata_url:
@@ -115,6 +126,7 @@ def build_app(
     app.add_routes(streams.routes)
     app.add_routes(offload.routes)
     app.add_routes(audit.routes)
+    app.add_routes(autorecovery.routes)
     app.add_routes(openapi.routes)
     status.install(app, clock)
     crosssite.install(app)

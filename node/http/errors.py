@@ -57,7 +57,8 @@ STATUSES: dict[int, Status] = {
         "forbidden",
     ),
     404: Status(
-        "No such ledger, entry or route",
+        "No such ledger, entry or route; an autorecovery route on a node without a metadata "
+        "store (replication_off)",
         (
             storage_errors.LedgerNotFound,
             storage_errors.EntryNotFound,
@@ -76,7 +77,9 @@ STATUSES: dict[int, Status] = {
         "stream, which only the stream API changes (owned_by_stream); an append past entry id "
         "2^63 - 1 (ledger_full: nothing of it is added); an audit snapshot directory that is "
         "not empty (snapshot_exists); a plain add, a close or a delete of a replicated ledger "
-        "(replicated_ledger); a replica add to a local ledger (not_replicated)",
+        "(replicated_ledger); a replica add to a local ledger (not_replicated); an "
+        "autorecovery call naming another metadata store (metadata_mismatch), or refused by "
+        "the cluster's state (replicas_disagree, copy_mismatch, lock_lost, not_enough_nodes)",
         (
             storage_errors.ReplicatedLedger,
             storage_errors.NotReplicated,
@@ -135,7 +138,9 @@ STATUSES: dict[int, Status] = {
         "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
         "overloaded, max_connections connections open (too_many_connections), or the object "
         "store unreachable (offload_store_unavailable), or the metadata store unreachable "
-        "when a replicated ledger's deletion asks it (metadata_unavailable); see Retry-After",
+        "when a replicated ledger's deletion or autorecovery asks it (metadata_unavailable), "
+        "an autorecovery step the nodes did not answer (entry_unavailable, recovery_failed); "
+        "see Retry-After",
         (
             storage_errors.Backpressure,
             storage_errors.StorageClosed,

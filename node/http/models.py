@@ -212,6 +212,48 @@ class OffloadRun(TypedDict, total=False):
     ]
 
 
+MetadataUrl = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=2048,
+        description="The metadata store the caller means (etcd://host:port[,...]/prefix): a "
+        "node of another store refuses (409 metadata_mismatch)",
+    ),
+]
+
+
+@with_config(REQUEST)
+class AutorecoveryAudit(TypedDict):
+    metadataUrl: MetadataUrl
+    lostNodeRecoveryDelaySeconds: NotRequired[
+        Annotated[
+            float,
+            Field(
+                ge=0,
+                le=10**9,
+                description="A node unregistered this long is lost (default: the node's "
+                "lost_node_recovery_delay_s)",
+            ),
+        ]
+    ]
+    checkReplicas: NotRequired[
+        Annotated[bool, Field(description="Also read every settled entry from each replica")]
+    ]
+
+
+@with_config(REQUEST)
+class AutorecoveryRereplicate(TypedDict):
+    metadataUrl: MetadataUrl
+    ledgerId: Annotated[int, Field(ge=0, le=MAX_ID), INTEGRAL]
+
+
+@with_config(REQUEST)
+class AutorecoveryDecommission(TypedDict):
+    metadataUrl: MetadataUrl
+    nodeId: Annotated[str, Field(min_length=1, max_length=253, description="The node's id")]
+
+
 SNAPSHOT_TARGET_PATTERN = "^(local|offload|file:///.*)$"
 CHECK_NAME_PATTERN = f"^({'|'.join(CHECKS)})$"
 AUDIT_SUMMARY_VERSION = 1  # node.audit.job.SUMMARY_VERSION (that module imports pyspark)
@@ -279,6 +321,9 @@ SUSPEND = Body(SuspendCompaction, nonempty=True)
 RESUME = Body(ResumeCompaction, nonempty=True)
 AUDIT_SNAPSHOT = Body(AuditSnapshotRequest, pattern_code="invalid_target")
 AUDIT_SUMMARY = Body(AuditSummary, required=True, code="invalid_summary")
+AUTORECOVERY_AUDIT = Body(AutorecoveryAudit, required=True)
+AUTORECOVERY_REREPLICATE = Body(AutorecoveryRereplicate, required=True)
+AUTORECOVERY_DECOMMISSION = Body(AutorecoveryDecommission, required=True)
 REQUEST_BODIES: tuple[Body[Any], ...] = (
     CREATE_LEDGER,
     STREAM_POLICIES,
@@ -291,6 +336,9 @@ REQUEST_BODIES: tuple[Body[Any], ...] = (
     OFFLOAD_RUN,
     AUDIT_SNAPSHOT,
     AUDIT_SUMMARY,
+    AUTORECOVERY_AUDIT,
+    AUTORECOVERY_REREPLICATE,
+    AUTORECOVERY_DECOMMISSION,
 )
 
 

@@ -621,6 +621,7 @@ def document(settings: Settings) -> dict[str, Any]:
             **_admin_paths(),
             **_offload_paths(),
             **_audit_paths(),
+            **_autorecovery_paths(),
             **_status_paths(),
         },
     }
@@ -801,6 +802,107 @@ def _offload_paths() -> dict[str, Any]:
                 "responses": {
                     "200": _json({"type": "object"}, "The keys removed, the uploads aborted"),
                     **_errors(401, 403, *OFFLOAD_READ_ERRORS),
+                },
+            }
+        },
+    }
+
+
+def _autorecovery_paths() -> dict[str, Any]:
+    counted = {"type": "integer", "minimum": 0}
+    nodes = {"type": "array", "items": {"type": "string"}}
+    report_properties = {
+        "finishedMs": counted,
+        "underReplicatedLedgers": counted,
+        "underReplicatedFragments": counted,
+        "lostNodes": nodes,
+        "decommissioningNodes": nodes,
+        "checkedLedgers": counted,
+        "replicasChecked": counted,
+        "markersCreated": counted,
+        "markersRemoved": counted,
+    }
+    report = {
+        "type": "object",
+        "required": sorted(report_properties),
+        "properties": report_properties,
+    }
+    audited = {
+        **report,
+        "required": [*report["required"], "markers"],
+        "properties": {**report_properties, "markers": {"type": "array", "items": counted}},
+    }
+    result = {
+        "type": "object",
+        "required": ["ledgerId", "outcome", "fragments", "entries", "bytes"],
+        "properties": {
+            "ledgerId": counted,
+            "outcome": {"type": "string", "enum": ["done", "locked", "waiting", "gone"]},
+            "fragments": counted,
+            "entries": counted,
+            "bytes": counted,
+        },
+    }
+    decommissioned = {
+        "type": "object",
+        "required": ["nodeId", "stillNeeded"],
+        "properties": {
+            "nodeId": {"type": "string"},
+            "stillNeeded": {"type": "array", "items": counted},
+        },
+    }
+    totals = {
+        "type": "object",
+        "required": ["fragments", "entries", "bytes"],
+        "properties": {"fragments": counted, "entries": counted, "bytes": counted},
+    }
+    status_reply = {
+        "type": "object",
+        "required": ["lastAudit", "totals", "markers"],
+        "properties": {
+            "lastAudit": {"anyOf": [report, {"type": "null"}]},
+            "totals": totals,
+            "markers": counted,
+        },
+    }
+    refusals = _errors(400, 401, 403, 404, 409, 503)
+    return {
+        "/api/v1/autorecovery/audit": {
+            "post": {
+                "summary": "One pass of the auditor: lost nodes (unregistered longer than the "
+                "delay), decommissioning nodes and, with checkReplicas, replicas that lack an "
+                "entry or hold other bytes, written as under-replicated markers",
+                "requestBody": _body("AutorecoveryAudit", required=True),
+                "responses": {
+                    "200": _json(audited, "The audit's report, the markers after it"),
+                    **refusals,
+                },
+            }
+        },
+        "/api/v1/autorecovery/rereplicate": {
+            "post": {
+                "summary": "Re-replicate what one ledger's marker names (under the marker's "
+                "lock: locked when another worker holds it)",
+                "requestBody": _body("AutorecoveryRereplicate", required=True),
+                "responses": {"200": _json(result, "What this run copied"), **refusals},
+            }
+        },
+        "/api/v1/autorecovery/decommission": {
+            "post": {
+                "summary": "Mark a node decommissioning; the ledgers that still name it",
+                "requestBody": _body("AutorecoveryDecommission", required=True),
+                "responses": {
+                    "200": _json(decommissioned, "The ledgers still naming it"),
+                    **refusals,
+                },
+            }
+        },
+        "/api/v1/autorecovery/status": {
+            "get": {
+                "summary": "The last audit's report, the totals re-replicated, the markers",
+                "responses": {
+                    "200": _json(status_reply, "Autorecovery's state in the metadata store"),
+                    **_errors(404, 503),
                 },
             }
         },

@@ -1,0 +1,199 @@
+"""The auditor (BookKeeper's Auditor, one pass): which nodes are lost or being decommissioned,
+which ledgers name them (and, with ``check_replicas``, which replicas are missing an entry or
+hold other bytes), written as under-replicated markers for the workers; then the report under
+``autorecovery/auditor``.
+
+A node is lost when it holds a cookie (``cookies/<id>``: it served once) but no registration
+(``nodes/<id>``) and has been so for ``lost_node_delay_s``: the first audit that sees it gone
+writes ``lost/<id>`` with that time, and a later audit that sees it registered again deletes it,
+so a node restarted within the delay (a deploy, a reboot) costs no copying. The delay is counted
+from the first audit that noticed, not from the crash: audits must run more often than the delay
+is long for it to mean what it says.
+
+A pass is idempotent: markers are created or CAS-merged (nodes added, never a reason replaced),
+and a marker's node is removed when it is back (registered and not decommissioning, for
+"lost"), no longer decommissioning, or no longer in any segment of the ledger; a marker left
+without nodes, or whose ledger is gone, is deleted."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from node.autorecovery import markers as m
+from node.autorecovery.markers import AuditReport, Marker, Reason
+from node.autorecovery.replicas import check_ledger
+from node.client.errors import CasConflict, NoSuchKey
+from node.client.metadata.loop import update
+from node.client.metadata.store import Versioned
+from node.client.model import COOKIES_PREFIX, LEDGERS_PREFIX, NODES_PREFIX, LedgerMetadata, decode
+
+if TYPE_CHECKING:
+    from node.client.client import Client
+
+
+def _names(pairs: list[tuple[str, Versioned]], prefix: str) -> dict[str, Versioned]:
+    return {key.removeprefix(prefix): versioned for key, versioned in pairs}
+
+
+def _nodes_of(meta: LedgerMetadata) -> set[str]:
+    return {n for segment in meta.segments for n in segment.ensemble}
+
+
+def _fragments(meta: LedgerMetadata, nodes: set[str]) -> int:
+    return sum(1 for s in meta.segments for n in s.ensemble if n in nodes)
+
+
+async def _lost_nodes(client: Client, now_ms: int, delay_s: float) -> list[str]:
+    """Record first sightings of known nodes gone, forget the ones back; those gone long enough."""
+    store = client.store
+    registered = _names(await store.range(NODES_PREFIX), NODES_PREFIX)
+    cookies = _names(await store.range(COOKIES_PREFIX), COOKIES_PREFIX)
+    marks = _names(await store.range(m.LOST_PREFIX), m.LOST_PREFIX)
+    lost = []
+    for node, seen in marks.items():
+        if node in registered or node not in cookies:
+            await m.delete_if(store, m.lost_key(node), seen)
+    for node in sorted(cookies.keys() - registered.keys()):
+        mark: Versioned | None = marks.get(node)
+        if mark is None:
+            try:
+                mark = await store.create(m.lost_key(node), m.encode_since(now_ms))
+            except CasConflict as conflict:  # another auditor saw it first: its time holds
+                mark = conflict.current or await store.get(m.lost_key(node))
+        if mark is None:
+            continue
+        if now_ms - m.decode_since(mark.value) >= delay_s * 1000:
+            lost.append(node)
+    return lost
+
+
+async def _merge(client: Client, ledger_id: int, wanted: dict[str, Reason], now_ms: int) -> bool:
+    """Create the marker or add the nodes it lacks; True when this call created it."""
+    key = m.marker_key(ledger_id)
+    while True:
+        try:
+            await client.store.create(key, Marker(ledger_id, wanted, now_ms).encode())
+            return True
+        except CasConflict as conflict:
+            current = conflict.current
+
+        def needs(raw: bytes) -> bool:
+            return bool(wanted.keys() - Marker.decode(raw).nodes.keys())
+
+        def transform(raw: bytes) -> bytes:
+            old = Marker.decode(raw)
+            return Marker(ledger_id, {**wanted, **old.nodes}, old.created_ms).encode()
+
+        try:
+            await update(client.store, key, current, needs, transform)
+            return False
+        except NoSuchKey:
+            continue  # a worker finished it meanwhile: create it again
+
+
+async def _prune(
+    client: Client,
+    marker: Marker,
+    versioned: Versioned,
+    meta: LedgerMetadata | None,
+    registered: set[str],
+    decommissioning: set[str],
+) -> Marker | None:
+    """The marker without the nodes that need nothing any more (None: deleted, or gone)."""
+    key = m.marker_key(marker.ledger_id)
+
+    def keep(node: str, reason: Reason, current: LedgerMetadata | None) -> bool:
+        if current is None or node not in _nodes_of(current):
+            return False
+        if reason is Reason.LOST:
+            return node not in registered or node in decommissioning
+        if reason is Reason.DECOMMISSIONING:
+            return node in decommissioning
+        return True  # "replicas": until a worker moved it (or the node left the ledger)
+
+    kept = {n: r for n, r in marker.nodes.items() if keep(n, r, meta)}
+    if kept == marker.nodes:
+        return marker
+    if not kept:
+        return None if await m.delete_if(client.store, key, versioned) else marker
+
+    def needs(raw: bytes) -> bool:
+        return any(n not in kept for n in Marker.decode(raw).nodes)
+
+    def transform(raw: bytes) -> bytes:
+        old = Marker.decode(raw)
+        return Marker(
+            old.ledger_id, {n: r for n, r in old.nodes.items() if n in kept}, old.created_ms
+        ).encode()
+
+    try:
+        return Marker.decode((await update(client.store, key, versioned, needs, transform)).value)
+    except NoSuchKey:
+        return None
+
+
+async def audit(
+    client: Client,
+    *,
+    lost_node_delay_s: float,
+    check_replicas: bool = False,
+    now_ms: int | None = None,
+) -> AuditReport:
+    """One pass of the auditor; its report is also written to ``autorecovery/auditor``."""
+    store = client.store
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    lost = await _lost_nodes(client, now, lost_node_delay_s)
+    registered = set(_names(await store.range(NODES_PREFIX), NODES_PREFIX))
+    decommissioning = set(
+        _names(await store.range(m.DECOMMISSIONING_PREFIX), m.DECOMMISSIONING_PREFIX)
+    )
+    ledgers = {
+        decode(v.value).ledger_id: decode(v.value) for _k, v in await store.range(LEDGERS_PREFIX)
+    }
+
+    created = removed = replicas_checked = 0
+    wanted: dict[int, dict[str, Reason]] = {}
+    for ledger_id, meta in ledgers.items():
+        nodes = _nodes_of(meta)
+        need = {n: Reason.DECOMMISSIONING for n in nodes & decommissioning}
+        need |= {n: Reason.LOST for n in nodes & set(lost) if n not in need}
+        if check_replicas:
+            findings, checked = await check_ledger(client, meta, skip=need.keys())
+            replicas_checked += checked
+            for finding in findings:
+                need.setdefault(finding.node, Reason.REPLICAS)
+        if need:
+            wanted[ledger_id] = need
+
+    existing = {marker.ledger_id: (marker, v) for marker, v in await m.read_markers(store)}
+    for ledger_id, (marker, versioned) in existing.items():
+        pruned = await _prune(
+            client, marker, versioned, ledgers.get(ledger_id), registered, decommissioning
+        )
+        if pruned is None:
+            removed += 1
+    for ledger_id, need in wanted.items():
+        if await _merge(client, ledger_id, need, now):
+            created += 1
+
+    after = await m.read_markers(store)
+    fragments = 0
+    for marker, _v in after:
+        marked = ledgers.get(marker.ledger_id)
+        if marked is not None:
+            fragments += _fragments(marked, set(marker.nodes))
+    report = AuditReport(
+        finished_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        under_replicated_ledgers=len(after),
+        under_replicated_fragments=fragments,
+        lost_nodes=sorted(lost),
+        decommissioning_nodes=sorted(decommissioning),
+        checked_ledgers=len(ledgers),
+        replicas_checked=replicas_checked,
+        markers_created=created,
+        markers_removed=removed,
+        markers=[marker.ledger_id for marker, _v in after],
+    )
+    await m.put(store, m.AUDITOR_KEY, report.encode())
+    return report
