@@ -37,16 +37,18 @@ class Autorecovery:
     """The node's Client for autorecovery, over the store its replication service holds
     (made on first use, closed with the application)."""
 
-    def __init__(self, replication: Replication, node_id: str) -> None:
+    def __init__(self, replication: Replication, node_id: str, token: str | None) -> None:
         self.replication = replication
         self._client: Client | None = None
         self.worker_prefix = f"{node_id}/pid {os.getpid()}"  # the lock's holder, with a nonce
+        # The fleet's nodes share one admin token: copies to a replacement are writes there.
+        self._token = token
 
     def client(self) -> Client:
         if self._client is None:
             from node.client import Client
 
-            self._client = Client(self.replication.store)
+            self._client = Client(self.replication.store, token=self._token)
         return self._client
 
     @property
@@ -62,7 +64,9 @@ AUTORECOVERY: web.AppKey[Autorecovery] = web.AppKey("autorecovery")
 
 
 def install(app: web.Application, replication: Replication) -> None:
-    app[AUTORECOVERY] = Autorecovery(replication, app[SETTINGS].id)
+    settings = app[SETTINGS]
+    token = settings.admin_token.get_secret_value() if settings.admin_token else None
+    app[AUTORECOVERY] = Autorecovery(replication, settings.id, token)
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield

@@ -23,16 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
 from node.client.errors import ClientError
 from node.client.metadata.store import MetadataStore
 from node.client.model import NODES_PREFIX, MetadataFormatError, NodeInfo
 from node.metrics import MS_PER_S, FleetFigures
 
 log = logging.getLogger(__name__)
-
-# The keys the auditor and the workers write (node/autorecovery), read here only.
-AUDITOR_KEY = "autorecovery/auditor"
-TOTALS_KEY = "autorecovery/totals"
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,8 @@ with a forced GC, a retention run and an offload; promtool on the rule file.
 
 The node has a metadata store (a real etcd), as every replicated fleet's nodes do, so the
 replication series are its own: registration, and the autorecovery figures it reads from the
-store. The autorecovery audit's report and totals are written into the store as the auditor
-and the workers write them (a clean audit: nothing under-replicated), which is all a node
-reads to export them.
+store. The workload ends with an autorecovery audit through the node's route, as the DAG runs
+it (a clean fleet: nothing under-replicated); the node exports what it then reads back.
 
 The point is the usual failure of hand-written dashboards: queries naming metrics the node
 does not export, or that do not parse, found only when someone looks at an empty panel."""
@@ -31,9 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grafana import generate
 from node.audit import CHECKS
-from node.replication.fleet import AUDITOR_KEY, TOTALS_KEY
 from tests.client.conftest import etcd
-from tests.harness.etcd import EtcdServer, store_write
+from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.monitoring.prometheus import JOB, Prometheus
 
@@ -112,22 +110,6 @@ def _workload(node: NodeProcess) -> None:
     _call(node, "POST", "/api/v1/audit/result", summary)  # what the audit DAG posts
 
 
-def _autorecovery_ran(etcd: EtcdServer, prefix: str) -> None:
-    """What a clean autorecovery audit and earlier re-replications leave in the store."""
-    now_ms = int(time.time() * 1000)
-    report = {
-        "version": 1,
-        "finishedMs": now_ms,
-        "underReplicatedLedgers": 0,
-        "underReplicatedFragments": 0,
-        "lostNodes": 0,
-        "decommissioningNodes": 0,
-    }
-    totals = {"version": 1, "fragments": 2, "entries": 20, "bytes": 2000}
-    for key, value in ((AUDITOR_KEY, report), (TOTALS_KEY, totals)):
-        store_write(etcd, prefix, key, value)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("monitoring")
@@ -143,13 +125,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterato
             "NODE_AUTORECOVERY_POLL_S": "1",
         },
     )
-    _autorecovery_ran(etcd, prefix)
     prometheus = Prometheus(work, [f"127.0.0.1:{node.port}"], [ALERTS])
     node.start()
     try:
         prometheus.start()
         try:
             _workload(node)
+            report = _call(
+                node, "POST", "/api/v1/autorecovery/audit", {"metadataUrl": etcd.url(prefix)}
+            )
+            assert report["underReplicatedLedgers"] == 0 and report["markers"] == [], report
             # Two scrapes after the workload at least, so rates over 10 s see it.
             prometheus.wait_for(f"storage_node_gc_runs_total{{job='{JOB}'}} >= 2")
             prometheus.wait_for(f"storage_node_registration_up{{job='{JOB}'}} == 1")

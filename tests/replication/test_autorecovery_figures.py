@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.replication.fleet import AUDITOR_KEY, TOTALS_KEY
+from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
 from node.settings import Settings
 from tests.harness.etcd import EtcdServer, store_write
 from tests.harness.node import NodeProcess

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
 
+from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
 from node.client.model import NodeInfo, node_key
 from node.client.sync import SyncClient
-from node.replication.fleet import AUDITOR_KEY, TOTALS_KEY
 from node.storage.entrylog import read_ledgers_map
 from tests.client.conftest import etcd
 from tests.harness.etcd import EtcdServer, store_write
