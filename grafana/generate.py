@@ -703,12 +703,56 @@ def lifecycle() -> Dashboard:
             ),
         ],
     )
+    # Every node with a metadata store exports the fleet's figures (the store's audit report
+    # and totals): max() over the chosen instances is the fleet's, whichever of them answer.
+    replication = Row(
+        "Replication",
+        [
+            Panel(
+                "Under-replicated",
+                "none",
+                [
+                    q(f"max({sel('under_replicated_ledgers')})", "ledgers"),
+                    q(f"max({sel('under_replicated_fragments')})", "fragments"),
+                ],
+                "After the last autorecovery audit (fleet-wide); alert "
+                "StorageNodeUnderReplicated past 30 minutes.",
+                width=6,
+                thresholds=RED_AT_1,
+            ),
+            Panel(
+                "Nodes registered and lost",
+                "none",
+                [
+                    q(f"sum({sel('registration_up')})", "registered (scraped)"),
+                    q(f"max({sel('lost_nodes')})", "lost (past the delay)"),
+                ],
+                "Registered: nodes/<id> held under a lease. Lost: unregistered longer than "
+                "the lost-node delay at the last audit.",
+                width=6,
+            ),
+            Panel(
+                "Re-replicated",
+                "Bps",
+                [q(f"max(rate({sel('rereplicated_bytes_total')}{RATE}))", "bytes copied")],
+                "Payload bytes the autorecovery workers copied to replacement nodes.",
+                width=6,
+            ),
+            Panel(
+                "Time since the last autorecovery audit",
+                "s",
+                [q(f"time() - max({sel('autorecovery_last_run_timestamp_seconds')})", "audit")],
+                "The storage_node_autorecovery DAG audits every 10 minutes.",
+                width=6,
+            ),
+        ],
+    )
     return Dashboard(
         "storage-node-lifecycle",
         "Storage node / Lifecycle",
-        "GC and compaction, retention, offload, disks and the audit: where the space goes "
-        "and whether the data is what the node claims.",
-        [gc, retention, offload, disks, audit],
+        "GC and compaction, retention, offload, disks, the audit and replication: where the "
+        "space goes, whether the data is what the node claims and has its copies.",
+        [gc, retention, offload, disks, audit, replication],
     )
 
 

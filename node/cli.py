@@ -1,4 +1,5 @@
-"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit, shell."""
+"""``python -m node`` (also the ``storage-node`` script): serve, bench, inspect, audit, shell,
+zone."""
 
 from __future__ import annotations
 
@@ -136,6 +137,12 @@ def _cmd_shell(args: argparse.Namespace) -> int:
     return shell_main(args.shell_argv)
 
 
+def _cmd_zone(args: argparse.Namespace) -> int:
+    from node.kubezone import run
+
+    return run(args.node, args.output, args.api_url, args.token_dir)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m node", description=__doc__)
     parser.add_argument("--log-level", help="debug, info, warning, error (NODE_LOG_LEVEL)")
@@ -250,6 +257,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shell.add_argument("shell_argv", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     shell.set_defaults(func=_cmd_shell)
+
+    zone = sub.add_parser(
+        "zone",
+        help="write the Kubernetes node's topology.kubernetes.io/zone label to a file (the "
+        "StatefulSet's init container; the node reads it as NODE_ZONE_FILE)",
+    )
+    zone.add_argument("--node", required=True, help="the node's name (the pod's spec.nodeName)")
+    zone.add_argument("--output", type=Path, required=True, help="the file to write")
+    zone.add_argument("--api-url", help="the API server (default: the in-cluster one)")
+    zone.add_argument(
+        "--token-dir",
+        type=Path,
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+        help="the service account's token and ca.crt",
+    )
+    zone.set_defaults(func=_cmd_zone)
     return parser
 
 

@@ -74,6 +74,23 @@ class AuditFigures:
 
 
 @dataclass(slots=True)
+class FleetFigures:
+    """The fleet's autorecovery as the metadata store says (node/replication/fleet.py reads
+    ``autorecovery/auditor`` and ``autorecovery/totals`` every autorecovery_poll_s). Every node
+    with a store exports the same figures: whichever Prometheus scrapes, ``max()`` over the
+    fleet is the store's view, and it survives the loss of any one node."""
+
+    under_replicated_ledgers: int = 0
+    under_replicated_fragments: int = 0
+    lost_nodes: int = 0
+    last_run_s: float | None = None  # the last audit's finishedMs; None until one is read
+    rereplicated_fragments: int = 0
+    rereplicated_entries: int = 0
+    rereplicated_bytes: int = 0
+    poll_errors: int = 0  # reads that failed (unreachable store, a value that does not decode)
+
+
+@dataclass(slots=True)
 class CursorSnapshot:
     name: str
     mark_delete: Position | None  # as the API shows it (Stream.shown_mark)
@@ -226,10 +243,13 @@ class Metrics:
         )
         # Replicated ledgers (node/replication): only a node with a metadata store has them.
         self.registration_up: Gauge | None = None
+        self.fleet: FleetFigures | None = None  # set with a store: the autorecovery figures
         self.registrations: Counter | None = None
         self.replication_gc_skipped: Counter | None = None
         self.replication_gc_reclaimed: Counter | None = None
         if settings.metadata_url:
+            self.fleet = FleetFigures()
+            self.registry.register(_FleetCollector(self.fleet))
             self.registration_up = Gauge(
                 f"{PREFIX}_registration_up",
                 "1 while nodes/<id> is held under a live lease in the metadata store, else 0.",
@@ -570,6 +590,56 @@ class _StateCollector(Collector):
         )
         if self._metrics.audit is not None:
             yield from _audit_metrics(self._metrics.audit)
+
+
+class _FleetCollector(Collector):
+    """The autorecovery figures read from the store. A collector rather than Gauge/Counter
+    objects: the totals are the fleet's counters kept in ``autorecovery/totals`` (workers add
+    to them after each fragment), so the node sets them rather than increments them, and a
+    prometheus_client Counter can only be incremented; exported as counter families they keep
+    the counter type that rate() and increase() expect (a Gauge named ``..._total`` would be
+    typed gauge). The last run's timestamp is absent until a first audit report is read."""
+
+    def __init__(self, fleet: FleetFigures) -> None:
+        self._fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        f = self._fleet
+        for name, value, doc in (
+            (
+                "under_replicated_ledgers",
+                f.under_replicated_ledgers,
+                "Ledgers with an under-replicated marker after the last audit (fleet-wide).",
+            ),
+            (
+                "under_replicated_fragments",
+                f.under_replicated_fragments,
+                "Fragments (ledger, segment, node) to re-replicate after the last audit.",
+            ),
+            (
+                "lost_nodes",
+                f.lost_nodes,
+                "Known nodes unregistered longer than the lost-node delay (last audit).",
+            ),
+        ):
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        if f.last_run_s is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_autorecovery_last_run_timestamp_seconds",
+                "When the last autorecovery audit finished (its report in the store).",
+                value=f.last_run_s,
+            )
+        for name, value, doc in (
+            ("fragments", f.rereplicated_fragments, "Fragments re-replicated by the fleet."),
+            ("entries", f.rereplicated_entries, "Entries copied by re-replication (fleet)."),
+            ("bytes", f.rereplicated_bytes, "Payload bytes copied by re-replication (fleet)."),
+        ):
+            yield CounterMetricFamily(f"{PREFIX}_rereplicated_{name}", doc, value=value)
+        yield CounterMetricFamily(
+            f"{PREFIX}_autorecovery_poll_errors",
+            "Reads of the autorecovery keys that failed (the figures keep their last values).",
+            value=f.poll_errors,
+        )
 
 
 def _audit_metrics(audit: AuditFigures) -> Iterator[Metric]:

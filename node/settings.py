@@ -188,6 +188,7 @@ class Settings(BaseSettings):
     id: str = Field(default_factory=socket.gethostname)  # fleet id: pod name; default host
     advertised_url: str = ""  # URL peers and clients reach this node at; "": http://host:port
     zone: str = ""  # failure domain for placement (the k8s node's topology.kubernetes.io/zone)
+    zone_file: Path | None = None  # zone read from this file when zone is "" (k8s init container)
     registration_ttl_s: int = Field(10, gt=0)  # lease of nodes/<id>: a dead node vanishes after it
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
@@ -195,6 +196,7 @@ class Settings(BaseSettings):
     lost_node_recovery_delay_s: float = Field(600, ge=0)  # unregistered this long: a lost node
     open_ledger_rereplication_grace_s: float = Field(30, ge=0)  # an open ledger's writer's time
     autorecovery_lock_ttl_s: int = Field(30, gt=0)  # lease of a marker's lock (worker dies: freed)
+    autorecovery_poll_s: float = Field(30.0, gt=0)  # re-read the auditor's report and totals
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     # group commit: max age of a group; eager (below): the writer's longest wait after a write
@@ -313,6 +315,17 @@ class Settings(BaseSettings):
     def deprecations(self) -> tuple[str, ...]:
         """A warning for each old setting name (RENAMED) that load() was given."""
         return self._deprecations
+
+    @model_validator(mode="after")
+    def _zone_from_file(self) -> Settings:
+        """On Kubernetes the zone is a label of the node the pod runs on, which the downward
+        API cannot give: an init container writes it to a file (python -m node zone)."""
+        if self.zone_file is not None and not self.zone:
+            try:
+                self.zone = self.zone_file.read_text().strip()
+            except OSError as error:
+                raise ValueError(f"zone_file {self.zone_file}: {error.strerror}") from None
+        return self
 
     @model_validator(mode="after")
     def _check_relations(self) -> Settings:

@@ -723,6 +723,13 @@ class StatusAudit(Reply):
     violations: dict[str, Count]
 
 
+class StatusFleetNode(Reply):
+    id: str
+    zone: str
+    state: Literal["writable", "readonly"]
+    url: str
+
+
 class StatusReplication(Reply):
     """Replicated ledgers: only ``enabled`` (false) on a node without a metadata store."""
 
@@ -745,6 +752,36 @@ class StatusReplication(Reply):
     ] = None
     gcSkipped: Annotated[
         Count | None, Field(description="Replicas kept: the store could not confirm")
+    ] = None
+    # The fleet's autorecovery, as the store said at the last poll (autorecovery_poll_s).
+    underReplicatedLedgers: Annotated[
+        Count | None, Field(description="Ledgers with a marker after the last audit (fleet)")
+    ] = None
+    underReplicatedFragments: Count | None = None
+    lostNodes: Annotated[
+        Count | None, Field(description="Nodes gone longer than the lost-node delay")
+    ] = None
+    decommissioningNodes: Count | None = None
+    lostNodeIds: Annotated[
+        list[str] | None, Field(description="When the last audit report listed them")
+    ] = None
+    decommissioningNodeIds: list[str] | None = None
+    lastAuditorRunMs: Annotated[
+        Millis | None, Field(description="When the last audit finished; null: none yet")
+    ] = None
+    rereplicatedFragments: Count | None = None
+    rereplicatedEntries: Count | None = None
+    rereplicatedBytes: Count | None = None
+    nodes: Annotated[
+        list[StatusFleetNode] | None,
+        Field(description="The registered nodes (nodes/ in the store); null until read once"),
+    ] = None
+    lastAutorecoveryPollMs: Annotated[
+        Millis | None, Field(description="The last read of the store that succeeded")
+    ] = None
+    autorecoveryPollErrors: Count | None = None
+    lastAutorecoveryPollError: Annotated[
+        str | None, Field(description="Why the last read failed; null when it succeeded")
     ] = None
 
 

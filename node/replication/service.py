@@ -15,6 +15,7 @@ from node.client.model import NodeInfo
 from node.metrics import Metrics
 from node.replication import cookie as cookies
 from node.replication.cookie import Cookie
+from node.replication.fleet import FleetPoller
 from node.replication.reconcile import StoreGuard, Sweep
 from node.replication.registration import Registration
 from node.settings import Settings
@@ -54,6 +55,10 @@ class Replication:
         )
         self.registration: Registration | None = None
         self.sweep: Sweep | None = None
+        assert metrics.fleet is not None  # made with the store's other metrics
+        self.fleet = FleetPoller(
+            self.store, metrics.fleet, settings.autorecovery_poll_s, settings.metadata_timeout_s
+        )
         self._started_ms = int(time.time() * 1000)
         if metrics.registration_up is not None:
             metrics.registration_up.set(0)
@@ -71,8 +76,9 @@ class Replication:
         return self.cookie
 
     async def start(self) -> None:
-        """After the storage started: the replica GC sweep (registration waits for the
-        listening sockets, ``register``)."""
+        """After the storage started: the autorecovery figures' polls and the replica GC
+        sweep (registration waits for the listening sockets, ``register``)."""
+        self.fleet.start()  # read-only: runs without the cookie too
         if await self.check_cookie(required=False) is None:
             return  # the guard refuses to confirm anything without the cookie's cluster
         skipped, reclaimed = (
@@ -119,6 +125,7 @@ class Replication:
             await self.registration.stop()
         if self.sweep is not None:
             await self.sweep.stop()
+        await self.fleet.stop()
         await self.store.close()
 
     def summary(self) -> dict[str, Any]:
@@ -136,4 +143,5 @@ class Replication:
             "gcSweeps": sweep.passes if sweep else 0,
             "gcReclaimed": sweep.reclaimed if sweep else 0,
             "gcSkipped": self.guard.errors + (sweep.skipped if sweep else 0),
+            **self.fleet.summary(),
         }

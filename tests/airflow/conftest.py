@@ -40,7 +40,11 @@ class Airflow:
             PATH=f"{AIRFLOW_VENV / 'bin'}:{env.get('PATH', '')}",
         )
         for name, value in variables.items():
-            env[f"AIRFLOW_VAR_{name.upper()}"] = json.dumps(value)
+            # A string as Airflow stores one (Variable.get returns it as is); others as JSON
+            # (Variable.get(..., deserialize_json=True)).
+            env[f"AIRFLOW_VAR_{name.upper()}"] = (
+                value if isinstance(value, str) else json.dumps(value)
+            )
         for name, value in connections.items():
             env[f"AIRFLOW_CONN_{name.upper()}"] = json.dumps(value)
         return env

@@ -41,6 +41,10 @@ def describe() -> None:
             "timeouts": {t.task_id: str(t.execution_timeout) for t in dag.tasks},
             "backoff": {t.task_id: t.retry_exponential_backoff for t in dag.tasks},
             "tasks": sorted(t.task_id for t in dag.tasks),
+            "maxActiveRuns": dag.max_active_runs,
+            "params": dag.params.dump(),
+            "upstream": {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
+            "perRun": {t.task_id: t.max_active_tis_per_dagrun for t in dag.tasks},
         }
     emit({"importErrors": dict(bag.import_errors), "dags": dags})
 

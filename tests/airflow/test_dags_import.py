@@ -10,6 +10,7 @@ EXPECTED = {
     "storage_node_compaction": ("@hourly", {"compaction"}),
     "storage_node_offload": ("@hourly", {"offload"}),
     "storage_node_audit": ("@daily", {"audit", "spark"}),
+    "storage_node_autorecovery": ("*/10 * * * *", {"autorecovery", "replication"}),
 }
 
 
@@ -26,7 +27,9 @@ def test_dags_import_with_their_schedules_tags_and_retries(airflow: Airflow) -> 
         assert set(dag["retries"].values()) == {3}, dag_id
         assert all(dag["backoff"].values()), dag_id
         assert set(dag["timeouts"].values()) == {"0:30:00"}, dag_id
-        assert "discover_nodes" in dag["tasks"], dag_id
+        if dag_id != "storage_node_autorecovery":  # it needs one live node: live_nodes
+            assert "discover_nodes" in dag["tasks"], dag_id
+        assert dag["maxActiveRuns"] == 1, dag_id
     assert dags["storage_node_audit"]["tasks"] == [
         "audit",
         "audit_arguments",
@@ -39,3 +42,14 @@ def test_dags_import_with_their_schedules_tags_and_retries(airflow: Airflow) -> 
         "discover_nodes",
         "run_compaction",
     ]
+    recovery = dags["storage_node_autorecovery"]
+    assert recovery["params"] == {"lost_node_recovery_delay_s": 600, "decommission": ""}
+    assert recovery["tasks"] == ["audit", "decommission", "live_nodes", "rereplicate"]
+    # The audit sees the decommission's mark; one re-replication per marker the audit found.
+    assert recovery["upstream"] == {
+        "live_nodes": [],
+        "decommission": ["live_nodes"],
+        "audit": ["decommission", "live_nodes"],
+        "rereplicate": ["audit", "live_nodes"],
+    }
+    assert recovery["perRun"]["rereplicate"] == 4

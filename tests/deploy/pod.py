@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from node.kubezone import write_zone
 from node.settings import Settings
 from tests.deploy.render import Obj, container, only, quantity_bytes
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
@@ -22,6 +23,7 @@ from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 LOSETUP_TIMEOUT_S = 30.0
 POD_INDEX = "0"  # the first pod of the StatefulSet
 ADMIN_TOKEN = "token-from-the-secret"
+POD_ZONE = "zone-of-the-pod"  # what the zone init container would have written
 # The pod's network (a namespace of its own, podman's) reaches no etcd here: these tests run
 # the node without its metadata store. The manifests' identity and store wiring is checked in
 # test_manifests.py; the node's with a real etcd in tests/replication/.
@@ -119,6 +121,10 @@ def pod_environment(
                 # The root file system is read-only: a path the node writes must be a volume.
                 assert any(_under(value, m) for m in mounts), f"{key}={value} is on no volume"
                 env[key] = str(root / value.lstrip("/"))
+        # What the zone init container writes before the node starts (tests/deploy/test_zone.py
+        # runs it against an API server; the pod's network here reaches none).
+        if "NODE_ZONE_FILE" in env:
+            write_zone(Path(env["NODE_ZONE_FILE"]), POD_ZONE)
         # This machine's disk may be nearly full; the watermarks must not turn a probe test
         # read-only. Only settings the manifests leave at their defaults are moved.
         for key, value in as_env(HOST_DISK_NEUTRAL).items():

@@ -260,10 +260,13 @@ def test_service_monitor_scrapes_one_service_on_a_named_port(overlay: str) -> No
         assert endpoint["port"] in port_names
 
 
-def _allows(objects: tuple[Obj, ...], subject: str, verb: str, resource: str) -> bool:
-    """Whether a RoleBinding gives service account ``subject`` ``verb`` on ``resource``."""
-    roles = {r["metadata"]["name"]: r for r in of_kind(objects, "Role")}
-    for binding in of_kind(objects, "RoleBinding"):
+def _allows(
+    objects: tuple[Obj, ...], subject: str, verb: str, resource: str, scope: str = ""
+) -> bool:
+    """Whether a RoleBinding (``scope="Cluster"``: a ClusterRoleBinding) gives service
+    account ``subject`` ``verb`` on ``resource``."""
+    roles = {r["metadata"]["name"]: r for r in of_kind(objects, f"{scope}Role")}
+    for binding in of_kind(objects, f"{scope}RoleBinding"):
         if not any(
             s["kind"] == "ServiceAccount" and s["name"] == subject for s in binding["subjects"]
         ):
@@ -341,3 +344,56 @@ def test_identity_and_metadata_store_are_wired(overlay: str) -> None:
     for i in range(replicas):
         assert f"{members['metadata']['name']}-{i}=http://" in args
     assert only(etcd, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_zone_reader_may_get_nodes_and_nothing_more(overlay: str) -> None:
+    """The pods' service account may get a Node (the zone init container's one GET), bound
+    in the namespace the pods run in; it may not list nodes nor touch anything else."""
+    objects = render(overlay)
+    account = only(objects, "ServiceAccount")
+    name = account["metadata"]["name"]
+    assert only(objects, "StatefulSet")["spec"]["template"]["spec"]["serviceAccountName"] == name
+    assert _allows(objects, name, "get", "nodes", scope="Cluster")
+    for verb in ("list", "watch", "patch", "update", "delete"):
+        assert not _allows(objects, name, verb, "nodes", scope="Cluster"), verb
+    for resource in ("pods", "secrets", "configmaps"):
+        assert not _allows(objects, name, "get", resource, scope="Cluster"), resource
+        assert not _allows(objects, name, "get", resource), resource
+    (binding,) = of_kind(objects, "ClusterRoleBinding")
+    (subject,) = binding["subjects"]
+    assert subject["namespace"] == account["metadata"]["namespace"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_only_the_zone_init_container_holds_a_token(overlay: str) -> None:
+    """The node serves HTTP for as long as it runs: it gets no Kubernetes credential. The
+    init container mounts the token explicitly, and shares the zone file with the node."""
+    objects = render(overlay)
+    statefulset = only(objects, "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert only(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    (init,) = pod["initContainers"]
+    node = container(statefulset)
+    assert init["image"] == node["image"]  # the node's own code: python -m node zone
+    token_volumes = {
+        v["name"]
+        for v in pod["volumes"]
+        if any(
+            "serviceAccountToken" in source for source in v.get("projected", {}).get("sources", [])
+        )
+    }
+    assert {m["name"] for m in init["volumeMounts"]} & token_volumes
+    assert not {m["name"] for m in node["volumeMounts"]} & token_volumes
+    env = {v["name"]: v for v in init["env"]}
+    assert env["K8S_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "$(K8S_NODE_NAME)" in init["args"]
+    output = init["args"][init["args"].index("--output") + 1]
+    assert node_variables(objects)["NODE_ZONE_FILE"] == output
+    # The same emptyDir in both, read-only in the node.
+    (written,) = [m for m in init["volumeMounts"] if output.startswith(m["mountPath"] + "/")]
+    (read,) = [m for m in node["volumeMounts"] if output.startswith(m["mountPath"] + "/")]
+    assert written["name"] == read["name"] and read["readOnly"] is True
+    volume = {v["name"]: v for v in pod["volumes"]}[read["name"]]
+    assert "emptyDir" in volume

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from dockerfile_parse import DockerfileParser
 
-from tests.deploy.pod import ADMIN_TOKEN, NO_METADATA_STORE, pod_environment
+from tests.deploy.pod import ADMIN_TOKEN, NO_METADATA_STORE, POD_ZONE, pod_environment
 from tests.deploy.podrun import POD_IP, PROBE_OK, PodSpec, Probe, run_pod
 from tests.deploy.render import OVERLAYS, REPO, container, of_kind, only, render, resolve_port
 
@@ -125,6 +125,7 @@ def test_node_answers_every_probe_the_manifests_name(overlay: str, tmp_path: Pat
         assert config["node_id"] == int(env["NODE_NODE_ID"])
         assert config["id"] == f"{statefulset['metadata']['name']}-0" == env["NODE_ID"]
         assert config["metadata_url"] == env["NODE_METADATA_URL"]
+        assert config["zone"] == POD_ZONE  # read from the init container's file
         assert config["admin_token"] == "******"
         assert config["offload_store"] == env.get("NODE_OFFLOAD_STORE", "local")
         # The Secret's token guards writes; with it they succeed.

@@ -2,6 +2,11 @@
 node (raw-device WAL on a file, so the ring's panels have data too) after a small workload
 with a forced GC, a retention run and an offload; promtool on the rule file.
 
+The node has a metadata store (a real etcd), as every replicated fleet's nodes do, so the
+replication series are its own: registration, and the autorecovery figures it reads from the
+store. The workload ends with an autorecovery audit through the node's route, as the DAG runs
+it (a clean fleet: nothing under-replicated); the node exports what it then reads back.
+
 The point is the usual failure of hand-written dashboards: queries naming metrics the node
 does not export, or that do not parse, found only when someone looks at an empty panel."""
 
@@ -13,6 +18,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from grafana import generate
 from node.audit import CHECKS
+from tests.client.conftest import etcd
+from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.monitoring.prometheus import JOB, Prometheus
 
@@ -39,6 +47,9 @@ MiB = 1024 * 1024
 # Alerts on this machine's disk speed, not the node's health: on 2 shared cores a few slow
 # syncs of the workload can pass 100 ms at p99. promtool's unit test proves when it fires.
 MACHINE_BOUND = {"StorageNodeWalSyncSlow"}
+PREFIX = "monitoring"
+
+__all__ = ["etcd"]  # the session's etcd: the node's metadata store
 
 
 @dataclass
@@ -100,14 +111,18 @@ def _workload(node: NodeProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(tmp_path_factory: pytest.TempPathFactory, etcd: EtcdServer) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("monitoring")
+    prefix = f"{PREFIX}-{uuid.uuid4().hex[:12]}"
     node = NodeProcess(
         work / "data",
         {
             "NODE_WAL_KIND": "blockdev",
             "NODE_WAL_PATH": str(work / "wal.ring"),
             "NODE_WAL_CAPACITY": str(64 * MiB),
+            "NODE_METADATA_URL": etcd.url(prefix),
+            "NODE_ID": "monitored",
+            "NODE_AUTORECOVERY_POLL_S": "1",
         },
     )
     prometheus = Prometheus(work, [f"127.0.0.1:{node.port}"], [ALERTS])
@@ -116,8 +131,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prometheus.start()
         try:
             _workload(node)
+            report = _call(
+                node, "POST", "/api/v1/autorecovery/audit", {"metadataUrl": etcd.url(prefix)}
+            )
+            assert report["underReplicatedLedgers"] == 0 and report["markers"] == [], report
             # Two scrapes after the workload at least, so rates over 10 s see it.
             prometheus.wait_for(f"storage_node_gc_runs_total{{job='{JOB}'}} >= 2")
+            prometheus.wait_for(f"storage_node_registration_up{{job='{JOB}'}} == 1")
+            prometheus.wait_for(
+                f"storage_node_autorecovery_last_run_timestamp_seconds{{job='{JOB}'}} > 0"
+            )
             time.sleep(3)
             for _ in range(3):  # traffic inside the last rate window too
                 _call(node, "POST", "/api/v1/streams/orders/entries", b"order")

@@ -22,10 +22,12 @@ from typing import Any
 import pytest
 from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
 
+from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
+from node.client.model import NodeInfo, node_key
 from node.client.sync import SyncClient
 from node.storage.entrylog import read_ledgers_map
 from tests.client.conftest import etcd
-from tests.harness.etcd import EtcdServer
+from tests.harness.etcd import EtcdServer, store_write
 from tests.harness.node import NodeProcess
 from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_source, launch
 
@@ -590,11 +592,15 @@ def test_the_page_notices_a_node_that_stopped_answering(browser: Any, tmp_path: 
 def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
     browser: Any, etcd: EtcdServer, tmp_path: Path
 ) -> None:
+    """And the fleet as the store says: the registered nodes and their zones, the
+    under-replicated ledgers and the last auditor run (none, then the report an audit wrote)."""
+    prefix = f"status-{uuid.uuid4().hex[:12]}"
     env = {
-        "NODE_METADATA_URL": etcd.url(f"status-{uuid.uuid4().hex[:12]}"),
+        "NODE_METADATA_URL": etcd.url(prefix),
         "NODE_ID": "status-n0",
         "NODE_ZONE": "zone-a",
         "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
+        "NODE_AUTORECOVERY_POLL_S": "0.3",
     }
     replicated = NodeProcess(tmp_path / "data", env=env)
     replicated.start()
@@ -620,6 +626,44 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
             assert shown == summary[name], (name, shown, summary)
         assert summary["nodeId"] == "status-n0" and summary["zone"] == "zone-a"
         assert summary["instanceId"] in (tmp_path / "data" / "COOKIE").read_text()
+
+        # No audit yet: said so, not shown as zero under-replicated.
+        assert page.locator("#replication-last-audit").inner_text() == "none yet"
+        assert _field(page, "#replication-last-audit") is None
+        # Another node of the fleet registers in another zone; an audit reports 2 ledgers.
+        other = NodeInfo(node_id="status-n1", url="http://n1.example:8080", zone="zone-b")
+        store_write(etcd, prefix, node_key("status-n1"), other.encode())
+        finished_ms = int(time.time() * 1000) - 60_000
+        report = {
+            "version": 1,
+            "finishedMs": finished_ms,
+            "underReplicatedLedgers": 2,
+            "underReplicatedFragments": 3,
+            "lostNodes": ["status-n7"],
+            "decommissioningNodes": [],
+        }
+        store_write(etcd, prefix, AUDITOR_KEY, report)
+        store_write(etcd, prefix, TOTALS_KEY, {"fragments": 5, "entries": 50, "bytes": 5 << 20})
+        page.wait_for_selector('#replication-under[data-value="2"]')
+        page.wait_for_selector('#fleet-nodes tr[data-node="status-n1"]')
+        summary = replicated.get_json("/api/v1/status/summary")["replication"]
+        for name in ("underReplicatedLedgers", "underReplicatedFragments", "lostNodes"):
+            assert _field(page, f'[data-field="replication.{name}"]') == summary[name], name
+        assert "bad" in (page.locator("#replication-under").get_attribute("class") or "")
+        assert _field(page, "#replication-last-audit") == finished_ms
+        assert "(1 min ago)" in page.locator("#replication-last-audit").inner_text()
+        rows = {
+            row.get_attribute("data-node"): (
+                row.locator('[data-field="zone"]').inner_text(),
+                row.locator('[data-field="state"]').inner_text(),
+            )
+            for row in page.locator("#fleet-nodes tbody tr").all()
+        }
+        assert rows == {"status-n0": ("zone-a", "writable"), "status-n1": ("zone-b", "writable")}
+        note = page.locator("#fleet-note").inner_text()
+        assert "2 nodes registered in 2 zones" in note and "5.0 MiB" in note
+        assert page.locator("#fleet-error").is_hidden()
+        assert page.locator("#fleet-gone").inner_text() == "At the last audit, lost: status-n7."
         _shot(page, "replication")
         page.context.close()
     finally:

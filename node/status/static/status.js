@@ -533,6 +533,37 @@
     error.hidden = !r.lastRegistrationError;
     error.textContent = r.lastRegistrationError
       ? "Last registration error: " + r.lastRegistrationError : "";
+    $("#replication-under").classList.toggle("bad", r.underReplicatedLedgers > 0);
+    // No audit yet is not "0 under-replicated": nobody has looked.
+    const audit = $("#replication-last-audit");
+    audit.textContent = r.lastAuditorRunMs === null ? "none yet"
+      : `${time(r.lastAuditorRunMs)} (${duration(Math.max(0, Date.now() - r.lastAuditorRunMs) / 1000)} ago)`;
+    audit.dataset.value = JSON.stringify(r.lastAuditorRunMs);
+    const rows = $("#fleet-nodes tbody");
+    rows.replaceChildren();
+    for (const node of r.nodes || []) {
+      rows.append(el("tr", { "data-node": node.id },
+        el("td", {}, el("code", { text: node.id })),
+        el("td", { "data-field": "zone", text: node.zone || "(none)" }),
+        el("td", { "data-field": "state", text: node.state })));
+    }
+    if (r.nodes === null) {
+      rows.append(el("tr", {}, el("td", { colSpan: 3, text: "Not read from the store yet." })));
+    }
+    const gone = [["lost", r.lostNodeIds], ["decommissioning", r.decommissioningNodeIds]]
+      .filter(([, ids]) => ids && ids.length).map(([what, ids]) => `${what}: ${ids.join(", ")}`);
+    $("#fleet-gone").hidden = !gone.length;
+    $("#fleet-gone").textContent = gone.length ? "At the last audit, " + gone.join("; ") + "." : "";
+    const zones = new Set((r.nodes || []).map((n) => n.zone));
+    $("#fleet-note").textContent = `${count((r.nodes || []).length)} nodes registered in ` +
+      `${count(zones.size)} zones; re-replicated since the cluster began: ` +
+      `${count(r.rereplicatedFragments)} fragments, ${count(r.rereplicatedEntries)} entries, ` +
+      `${bytes(r.rereplicatedBytes)}. Read from the store ${time(r.lastAutorecoveryPollMs)}.`;
+    const failed = $("#fleet-error");
+    failed.hidden = !r.lastAutorecoveryPollError;
+    failed.textContent = r.lastAutorecoveryPollError ? "The last read of the store failed " +
+      `(${count(r.autorecoveryPollErrors)} so far; the figures are the last read's): ` +
+      r.lastAutorecoveryPollError : "";
   }
 
   // --- admin actions ------------------------------------------------------------------------

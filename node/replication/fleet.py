@@ -1,0 +1,199 @@
+"""The fleet's autorecovery seen from one node: every ``autorecovery_poll_s`` the node reads
+the auditor's last report (``autorecovery/auditor``), the re-replication totals
+(``autorecovery/totals``) and the registered nodes (``nodes/``) from its metadata store, for
+its metrics and its status page.
+
+The figures are the store's, not this node's: every node exports the same values, so the
+metrics stay right whichever node Prometheus scrapes and whichever node the DAG's tasks ran
+on, and they change only when an audit or a worker changes the keys (BookKeeper #4563: an
+auditor's gauges that only its own process updated went stale when another bookie became
+auditor). A read that fails (unreachable store, timeout, a value that does not decode) keeps
+the last values and counts ``storage_node_autorecovery_poll_errors_total``; a key or field
+that is absent (no audit has run yet, a report of another version) leaves its figures as
+they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
+from node.client.errors import ClientError
+from node.client.metadata.store import MetadataStore
+from node.client.model import NODES_PREFIX, MetadataFormatError, NodeInfo
+from node.metrics import MS_PER_S, FleetFigures
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetNode:
+    node_id: str
+    zone: str
+    state: str
+    url: str
+
+
+class FleetPoller:
+    def __init__(
+        self,
+        store: MetadataStore,
+        figures: FleetFigures,
+        interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self._store = store
+        self.figures = figures
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._task: asyncio.Task[None] | None = None
+        self.nodes: list[FleetNode] | None = None  # None until nodes/ was read once
+        self.decommissioning_nodes = 0
+        # Their ids, when the report lists them (the auditor's does): None until then.
+        self.lost_node_ids: list[str] | None = None
+        self.decommissioning_node_ids: list[str] | None = None
+        self.polls = 0
+        self.last_poll_ms: int | None = None  # the last read that succeeded
+        self.last_error: str | None = None  # of the last read, None when it succeeded
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="autorecovery-poll")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:  # a bug must not end the polls: the next one tries again
+                log.exception("reading the autorecovery keys failed")
+            await asyncio.sleep(self._interval_s)
+
+    async def poll(self) -> bool:
+        """One read of the three; True when it succeeded (the figures are then current)."""
+        self.polls += 1
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                report = await self._store.get(AUDITOR_KEY)
+                totals = await self._store.get(TOTALS_KEY)
+                nodes = await self._store.range(NODES_PREFIX)
+            parsed_report = _json(report.value) if report is not None else None
+            parsed_totals = _json(totals.value) if totals is not None else None
+        except (ClientError, TimeoutError, ValueError) as error:
+            self.figures.poll_errors += 1
+            self.last_error = str(error) or type(error).__name__
+            log.warning("autorecovery figures kept (%s)", self.last_error)
+            return False
+        # Decoded whole before anything is set: a bad value changes no figure.
+        if parsed_report is not None:
+            self._report(parsed_report)
+        if parsed_totals is not None:
+            self._totals(parsed_totals)
+        self.nodes = sorted(_nodes(nodes), key=lambda n: n.node_id)
+        self.last_error = None
+        self.last_poll_ms = int(time.time() * 1000)
+        return True
+
+    def _report(self, report: dict[str, Any]) -> None:
+        f = self.figures
+        f.under_replicated_ledgers = _count(
+            report, "underReplicatedLedgers", f.under_replicated_ledgers
+        )
+        f.under_replicated_fragments = _count(
+            report, "underReplicatedFragments", f.under_replicated_fragments
+        )
+        f.lost_nodes = _count(report, "lostNodes", f.lost_nodes)
+        self.decommissioning_nodes = _count(
+            report, "decommissioningNodes", self.decommissioning_nodes
+        )
+        self.lost_node_ids = _ids(report, "lostNodes", self.lost_node_ids)
+        self.decommissioning_node_ids = _ids(
+            report, "decommissioningNodes", self.decommissioning_node_ids
+        )
+        finished = report.get("finishedMs")
+        if isinstance(finished, int | float) and not isinstance(finished, bool):
+            f.last_run_s = finished / MS_PER_S
+
+    def _totals(self, totals: dict[str, Any]) -> None:
+        f = self.figures
+        f.rereplicated_fragments = _count(totals, "fragments", f.rereplicated_fragments)
+        f.rereplicated_entries = _count(totals, "entries", f.rereplicated_entries)
+        f.rereplicated_bytes = _count(totals, "bytes", f.rereplicated_bytes)
+
+    def summary(self) -> dict[str, Any]:
+        f = self.figures
+        return {
+            "underReplicatedLedgers": f.under_replicated_ledgers,
+            "underReplicatedFragments": f.under_replicated_fragments,
+            "lostNodes": f.lost_nodes,
+            "decommissioningNodes": self.decommissioning_nodes,
+            "lostNodeIds": self.lost_node_ids,
+            "decommissioningNodeIds": self.decommissioning_node_ids,
+            "lastAuditorRunMs": round(f.last_run_s * MS_PER_S)
+            if f.last_run_s is not None
+            else None,
+            "rereplicatedFragments": f.rereplicated_fragments,
+            "rereplicatedEntries": f.rereplicated_entries,
+            "rereplicatedBytes": f.rereplicated_bytes,
+            "nodes": (
+                None
+                if self.nodes is None
+                else [
+                    {"id": n.node_id, "zone": n.zone, "state": n.state, "url": n.url}
+                    for n in self.nodes
+                ]
+            ),
+            "lastAutorecoveryPollMs": self.last_poll_ms,
+            "autorecoveryPollErrors": f.poll_errors,
+            "lastAutorecoveryPollError": self.last_error,
+        }
+
+
+def _json(value: bytes) -> dict[str, Any]:
+    parsed = json.loads(value)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"not a JSON object: {value[:80]!r}")
+    return parsed
+
+
+def _count(raw: dict[str, Any], field: str, previous: int) -> int:
+    """A count field: an integer, or a list (its length: the auditor may list the nodes);
+    absent or of another type: the previous value."""
+    value = raw.get(field)
+    if isinstance(value, bool):
+        return previous
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, list):
+        return len(value)
+    return previous
+
+
+def _ids(raw: dict[str, Any], field: str, previous: list[str] | None) -> list[str] | None:
+    """A field that lists node ids; a count (or nothing) keeps the previous list."""
+    value = raw.get(field)
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return sorted(value)
+    return previous
+
+
+def _nodes(found: list[tuple[str, Any]]) -> list[FleetNode]:
+    nodes = []
+    for _key, versioned in found:
+        try:
+            info = NodeInfo.decode(versioned.value)
+        except MetadataFormatError:
+            continue  # the registry skips it too: not a node a client would choose
+        nodes.append(FleetNode(info.node_id, info.zone, info.state.value, info.url))
+    return nodes

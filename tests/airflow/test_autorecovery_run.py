@@ -1,0 +1,195 @@
+"""dag.test() runs of storage_node_autorecovery against a real fleet: etcd and four node
+processes (node/localcluster.py), 3-replica ledgers written through the client, one node
+killed and its data directory deleted. The DAG's audit marks the ledgers it held, its mapped
+tasks re-replicate them through the live nodes, and afterwards every entry is on the Qw nodes
+of its segment (read from each replica's ledger API directly) and no segment names the lost
+node; a second run finds nothing to do; the nodes' metrics say so from the store. The
+``decommission`` param moves a live node's ledgers away while a reader reads them all.
+
+The nodes have an admin token, as deployed: the DAG's calls carry it (the Airflow connection
+storage_node), and so must the copies a node makes to other nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from node.client.metadata.etcd import EtcdStore
+from node.client.model import LEDGERS_PREFIX, LedgerMetadata, decode
+from node.client.sync import SyncClient
+from node.localcluster import LocalCluster
+from tests.airflow.conftest import Airflow
+from tests.harness.cluster import MakeCluster, make_cluster
+
+__all__ = ["make_cluster"]  # the fixture: etcd and node processes under the test's tmp_path
+
+ENTRIES = 12
+LEDGERS = 6
+LOST = "n1"
+TOKEN = "autorecovery-test-token"
+FAST = {
+    "NODE_REGISTRATION_TTL_S": "2",  # the killed node's registration goes within 2 s
+    "NODE_AUTORECOVERY_POLL_S": "0.5",
+    "NODE_ADMIN_TOKEN": TOKEN,
+}
+
+
+def run(airflow: Airflow, cluster: LocalCluster, urls: list[str], **conf: Any) -> dict[str, Any]:
+    done = airflow.run(
+        "test",
+        "storage_node_autorecovery",
+        json.dumps(conf),
+        variables={
+            "storage_node_discovery": {"kind": "static", "urls": urls},
+            "storage_node_metadata": cluster.metadata_url,
+        },
+        connections={"storage_node": {"conn_type": "http", "password": TOKEN}},
+    )
+    result: dict[str, Any] = done.result
+    assert result["state"] == "success", done.output[-6000:]
+    return result
+
+
+def xcom(result: dict[str, Any], task_id: str) -> list[Any]:
+    return [t["xcom"] for t in result["tasks"] if t["taskId"] == task_id and t["xcom"] is not None]
+
+
+async def _ledgers(url: str) -> dict[int, LedgerMetadata]:
+    store = EtcdStore(url)
+    try:
+        found = await store.range(LEDGERS_PREFIX)
+    finally:
+        await store.close()
+    metas = [decode(versioned.value) for _key, versioned in found]
+    return {m.ledger_id: m for m in metas}
+
+
+def ledgers(cluster: LocalCluster) -> dict[int, LedgerMetadata]:
+    return asyncio.run(_ledgers(cluster.metadata_url))
+
+
+def replica_entry(cluster: LocalCluster, node_id: str, ledger_id: int, entry_id: int) -> bytes:
+    url = f"{cluster.url(node_id)}/api/v1/ledgers/{ledger_id}/entries/{entry_id}"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        body: bytes = reply.read()
+    return body
+
+
+def metric(cluster: LocalCluster, node_id: str, name: str) -> float | None:
+    with urllib.request.urlopen(f"{cluster.url(node_id)}/metrics", timeout=10) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def write_ledgers(cluster: LocalCluster, write_quorum: int) -> dict[int, list[bytes]]:
+    """LEDGERS closed ledgers (E=3, Qa=2) of ENTRIES entries each: id -> payloads."""
+    written = {}
+    with SyncClient(cluster.metadata_url, token=TOKEN) as client:
+        for n in range(LEDGERS):
+            ledger = client.create_ledger(ensemble=3, write_quorum=write_quorum, ack_quorum=2)
+            payloads = [f"ledger {n} entry {e} ".encode() * 40 for e in range(ENTRIES)]
+            for payload in payloads:
+                ledger.add(payload)
+            ledger.close()
+            written[ledger.id] = payloads
+    return written
+
+
+def test_a_lost_node_is_rereplicated_by_the_dag(
+    airflow: Airflow, make_cluster: MakeCluster
+) -> None:
+    cluster = make_cluster(nodes=4, env=FAST)
+    written = write_ledgers(cluster, write_quorum=3)
+    held = [i for i, m in ledgers(cluster).items() if LOST in m.segments[0].ensemble]
+    assert held, "no ledger has the node to lose: the test would prove nothing"
+    urls = [cluster.url(node_id) for node_id in cluster.node_ids]  # the lost one's too
+
+    cluster.wipe(LOST)
+    time.sleep(3)  # its registration's lease runs out
+    first = run(airflow, cluster, urls, lost_node_recovery_delay_s=0)
+    (markers,) = xcom(first, "audit")
+    assert sorted(markers) == sorted(held)
+    outcomes = xcom(first, "rereplicate")
+    assert len(outcomes) == len(held)
+    assert {o["outcome"] for o in outcomes} == {"done"}, outcomes
+    assert LOST not in {o["node"] for o in outcomes}  # left out: it does not answer
+    assert sum(o["entries"] for o in outcomes) == ENTRIES * len(held)
+
+    # Every entry on the Qw nodes of its segment, none of them the lost node, and equal to
+    # what was written (each replica read directly, not through the client).
+    for ledger_id, meta in ledgers(cluster).items():
+        assert all(LOST not in s.ensemble for s in meta.segments), meta
+        for entry_id, payload in enumerate(written[ledger_id]):
+            for node_id in meta.write_set(entry_id):
+                assert replica_entry(cluster, node_id, ledger_id, entry_id) == payload
+    with SyncClient(cluster.metadata_url, token=TOKEN) as client:
+        for ledger_id, payloads in written.items():
+            reader = client.open_ledger(ledger_id)
+            assert [p for _, p in reader.read(0, ENTRIES - 1)] == payloads
+
+    # A second run: nothing under-replicated, nothing to copy; every node's metrics say so.
+    second = run(airflow, cluster, urls, lost_node_recovery_delay_s=0)
+    assert xcom(second, "audit") == [[]] and xcom(second, "rereplicate") == []
+    deadline = time.monotonic() + 10
+    for node_id in ("n0", "n2", "n3"):
+        while metric(cluster, node_id, "storage_node_under_replicated_ledgers") != 0:
+            assert time.monotonic() < deadline, f"{node_id} still reports under-replication"
+            time.sleep(0.2)
+        copied = metric(cluster, node_id, "storage_node_rereplicated_entries_total")
+        assert copied == ENTRIES * len(held), (node_id, copied)
+
+
+def test_the_decommission_param_moves_a_live_nodes_ledgers_away(
+    airflow: Airflow, make_cluster: MakeCluster
+) -> None:
+    cluster = make_cluster(nodes=4, env=FAST)
+    leaving = "n3"
+    written = write_ledgers(cluster, write_quorum=2)
+    held = [i for i, m in ledgers(cluster).items() if leaving in m.segments[0].ensemble]
+    assert held, "no ledger names the node to decommission: the test would prove nothing"
+    urls = [cluster.url(node_id) for node_id in cluster.node_ids]
+
+    # A reader reads every ledger whole, over and over, while the DAG moves them: no read may
+    # fail (the old ensemble serves until the CAS, the new one after).
+    reads, failures, stop = [0], [], threading.Event()
+
+    def reader() -> None:
+        with SyncClient(cluster.metadata_url, token=TOKEN) as client:
+            while not stop.is_set():
+                for ledger_id, payloads in written.items():
+                    try:
+                        got = [p for _, p in client.open_ledger(ledger_id).read(0, ENTRIES - 1)]
+                    except Exception as error:  # any failure is the finding
+                        failures.append(f"ledger {ledger_id}: {error!r}")
+                        continue
+                    if got != payloads:
+                        failures.append(f"ledger {ledger_id}: other bytes")
+                    reads[0] += 1
+
+    thread = threading.Thread(target=reader, name="reader", daemon=True)
+    thread.start()
+    try:
+        result = run(airflow, cluster, urls, decommission=leaving)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert not failures, failures[:5]
+    assert reads[0] >= LEDGERS, reads  # it read during the run, not only before
+    assert xcom(result, "decommission") == [leaving]
+    (markers,) = xcom(result, "audit")
+    assert sorted(markers) == sorted(held)
+    assert {o["outcome"] for o in xcom(result, "rereplicate")} == {"done"}
+    # It holds nothing needed now; it still runs (the scale-down comes next), and every
+    # ledger reads whole from the others.
+    for ledger_id, meta in ledgers(cluster).items():
+        assert all(leaving not in s.ensemble for s in meta.segments), meta
+        for entry_id, payload in enumerate(written[ledger_id]):
+            for node_id in meta.write_set(entry_id):
+                assert replica_entry(cluster, node_id, ledger_id, entry_id) == payload
+    assert cluster.node(leaving).alive()
