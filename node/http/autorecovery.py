@@ -42,8 +42,6 @@ class Autorecovery:
         self._token = token  # its copies are replica adds: the fleet's admin token, if any
         self._client: Client | None = None
         self.worker_prefix = f"{node_id}/pid {os.getpid()}"  # the lock's holder, with a nonce
-        # The fleet's nodes share one admin token: copies to a replacement are writes there.
-        self._token = token
 
     def client(self) -> Client:
         if self._client is None:
