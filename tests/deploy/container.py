@@ -94,7 +94,8 @@ def security_options(pod_spec: Obj, cont: Obj) -> list[str]:
 @dataclass
 class Volumes:
     """Host stand-ins for the pod's volumes: a directory per file-system claim (owned by
-    fsGroup, as the kubelet makes it), tmpfs per emptyDir, a loop device per raw claim."""
+    fsGroup, as the kubelet makes it), tmpfs per emptyDir unless a directory stands for it
+    (one an init container fills), a loop device per raw claim."""
 
     directories: dict[str, Path]  # mount path -> host directory
     devices: dict[str, Path]  # device path in the container -> loop device
@@ -106,11 +107,12 @@ class Volumes:
         empty_dirs = {v["name"]: v["emptyDir"] for v in spec["volumes"] if "emptyDir" in v}
         for mount in cont["volumeMounts"]:
             path = mount["mountPath"]
-            if mount["name"] in empty_dirs:
+            if mount["name"] in empty_dirs and path not in self.directories:
                 size = quantity_bytes(empty_dirs[mount["name"]]["sizeLimit"])
                 options.append(f"--tmpfs={path}:rw,size={size}")
             else:
-                options.append(f"--volume={self.directories[path]}:{path}:rw")
+                access = "ro" if mount.get("readOnly") else "rw"
+                options.append(f"--volume={self.directories[path]}:{path}:{access}")
         options += [f"--device={loop}:{path}" for path, loop in self.devices.items()]
         return options
 
@@ -242,7 +244,9 @@ def statefulset_parts(objects: tuple[Obj, ...]) -> tuple[Obj, Obj, Obj]:
     return statefulset, statefulset["spec"]["template"]["spec"], container(statefulset)
 
 
-def playable_pod(objects: tuple[Obj, ...], image: str, env: dict[str, str], port: int) -> list[Obj]:
+def playable_pod(
+    objects: tuple[Obj, ...], image: str, env: dict[str, str], port: int, zone_dir: Path
+) -> list[Obj]:
     """The first pod of ``objects``' StatefulSet with its ConfigMap and claims, as podman
     4.3's `kube play` can play them. What it cannot, changed here (docs/deploying.md):
 
@@ -254,7 +258,10 @@ def playable_pod(objects: tuple[Obj, ...], image: str, env: dict[str, str], port
       ``port`` of the host's loopback;
     - an ``httpGet`` probe becomes a ``curl`` check on port 0 (a named port is not resolved,
       and the image has no curl): the probes go, and the test calls their paths. Without
-      them the image's HEALTHCHECK is dropped too: a played pod has no health check.
+      them the image's HEALTHCHECK is dropped too: a played pod has no health check;
+    - the zone init container asks the Kubernetes API for its node's label, and its token is a
+      projected volume: both go, and its emptyDir becomes ``zone_dir``, where the test wrote
+      what it would have (tests/deploy/test_zone.py runs the init container's command).
     """
     statefulset = only(objects, "StatefulSet")
     template = copy.deepcopy(statefulset["spec"]["template"])
@@ -270,6 +277,12 @@ def playable_pod(objects: tuple[Obj, ...], image: str, env: dict[str, str], port
         cont.pop(probe)
     for container_port in cont["ports"]:
         container_port.update(hostPort=port, hostIP="127.0.0.1")
+    spec.pop("initContainers", None)
+    spec["volumes"] = [v for v in spec["volumes"] if "projected" not in v]
+    for volume in spec["volumes"]:
+        if volume["name"] == "zone":
+            volume.pop("emptyDir")
+            volume["hostPath"] = {"path": str(zone_dir), "type": "Directory"}
     claims = []
     for claim in statefulset["spec"]["volumeClaimTemplates"]:
         name = f"{claim['metadata']['name']}-{pod_name}"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from node.kubezone import write_zone
 from tests.deploy.container import (
     PODMAN_TIMEOUT_S,
     Running,
@@ -31,7 +32,13 @@ from tests.deploy.container import (
     statefulset_parts,
 )
 from tests.deploy.lockfile import LOCK, dev_only_names, read_lock
-from tests.deploy.pod import ADMIN_TOKEN, NO_METADATA_STORE, container_env, sparse_loop_device
+from tests.deploy.pod import (
+    ADMIN_TOKEN,
+    NO_METADATA_STORE,
+    POD_ZONE,
+    container_env,
+    sparse_loop_device,
+)
 from tests.deploy.render import Obj, of_kind, quantity_bytes, render
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env
 from tests.harness.ports import free_port
@@ -131,7 +138,8 @@ def _check_as_the_pod_says(node: Running, pod_spec: Obj, cont: Obj, env: dict[st
     assert status["Seccomp"] == "2", "no seccomp filter (RuntimeDefault)"
     assert "ro" in node.mount_options("/"), "the root file system is writable"
     for mount in cont["volumeMounts"]:
-        assert "rw" in node.mount_options(mount["mountPath"]), mount
+        expected = "ro" if mount.get("readOnly") else "rw"
+        assert expected in node.mount_options(mount["mountPath"]), mount
     memory = quantity_bytes(cont["resources"]["limits"]["memory"])
     assert node.inspect()["HostConfig"]["Memory"] == memory
     environ = node.environ()
@@ -166,6 +174,17 @@ def _stop_within_the_grace_period(node: Running, pod_spec: Obj, stop: list[str])
     assert "stopped cleanly" in node.logs()
 
 
+def _zone_written(tmp_path: Path, cont: Obj) -> tuple[str, Path]:
+    """The zone volume's mount path, and a host directory holding what the zone init container
+    would write there (it needs an API server: tests/deploy/test_zone.py runs it)."""
+    mount = next(m["mountPath"] for m in cont["volumeMounts"] if m["name"] == "zone")
+    directory = tmp_path / "zone"
+    directory.mkdir()
+    write_zone(directory / "zone", POD_ZONE)
+    directory.chmod(0o755)
+    return mount, directory
+
+
 def test_container_runs_as_the_statefulset_and_keeps_what_it_acknowledged(
     image: str, raw_wal: Path, tmp_path: Path
 ) -> None:
@@ -183,7 +202,8 @@ def test_container_runs_as_the_statefulset_and_keeps_what_it_acknowledged(
     data.chmod(0o2775)
     wal_path = cont["volumeDevices"][0]["devicePath"]
     assert env["NODE_WAL_PATH"] == wal_path
-    volumes = Volumes({"/data": data}, {wal_path: raw_wal})
+    zone_dir = _zone_written(tmp_path, cont)
+    volumes = Volumes({"/data": data, zone_dir[0]: zone_dir[1]}, {wal_path: raw_wal})
     options = [
         *security_options(pod_spec, cont),
         *volumes.options(statefulset),
@@ -240,7 +260,7 @@ def test_kube_play_of_the_local_overlay(image: str, tmp_path: Path) -> None:
     _, pod_spec, cont = statefulset_parts(objects)
     env = container_env(objects, {})
     port = free_port()
-    docs = playable_pod(objects, image, env, port)
+    docs = playable_pod(objects, image, env, port, _zone_written(tmp_path, cont)[1])
     # Unset rather than empty: podman's kube play drops an `env` entry whose value is empty.
     for key in NO_METADATA_STORE:
         env.pop(key, None)
