@@ -16,7 +16,6 @@ they were.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -28,6 +27,7 @@ from node.client.errors import ClientError
 from node.client.metadata.store import MetadataStore
 from node.client.model import NODES_PREFIX, MetadataFormatError, NodeInfo
 from node.metrics import MS_PER_S, FleetFigures
+from node.replication.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,8 @@ class FleetPoller:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="autorecovery-poll")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -17,7 +17,6 @@ errors, whichever path asked, and deletes the storage refused).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Protocol
 from node.client.errors import ClientError, MetadataError
 from node.client.metadata.store import MetadataStore
 from node.client.model import CLUSTER_KEY, ledger_key
+from node.replication.tasks import cancel_and_wait
 from node.storage.errors import LedgerNotFound, StorageError
 
 log = logging.getLogger(__name__)
@@ -125,11 +125,8 @@ class Sweep:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replication-gc")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

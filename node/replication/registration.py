@@ -12,7 +12,6 @@ leaves ``nodes/`` at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from node.client.errors import ClientError
 from node.client.metadata.store import MetadataStore
 from node.client.model import NodeInfo, NodeState, node_key
+from node.replication.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -136,11 +136,8 @@ class Registration:
 
     async def stop(self) -> None:
         """Stop keeping the lease and revoke it: the node leaves nodes/ now."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         lease, self._lease = self._lease, None
         if lease is not None:
             try:
