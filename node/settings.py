@@ -190,6 +190,7 @@ class Settings(BaseSettings):
     zone: str = ""  # failure domain for placement (the k8s node's topology.kubernetes.io/zone)
     zone_file: Path | None = None  # zone read from this file when zone is "" (k8s init container)
     registration_ttl_s: int = Field(10, gt=0)  # lease of nodes/<id>: a dead node vanishes after it
+    stream_owner_ttl_s: int = Field(10, gt=0)  # owner lease: a dead node's streams move after it
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica
