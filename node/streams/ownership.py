@@ -154,7 +154,7 @@ class Ownership:
     async def owner(self, name: str) -> Owner | None:
         """Who owns ``name`` now (a linearizable read), or None. It may name this node for a
         stream it does not own: a key of a lease this node gave up, until etcd ends it (an
-        acquire here replaces it)."""
+        acquire here replaces it). OwnerFormatError for a value that is not an owner's."""
         found = await self._store.get(owner_key(name))
         return None if found is None else Owner.decode(found.value, found.revision)
 

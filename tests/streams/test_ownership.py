@@ -17,7 +17,7 @@ from node.client.errors import CasConflict, StoreUnavailable
 from node.client.metadata.etcd import EtcdStore
 from node.client.metadata.store import MetadataStore
 from node.settings import Settings
-from node.streams.ownership import NotOwner, Owner, Ownership, owner_key
+from node.streams.ownership import NotOwner, Owner, OwnerFormatError, Ownership, owner_key
 from tests.harness.etcd import EtcdServer
 
 TTL_S = 2  # etcd's minimum lease TTL with its default election timeout (shorter is rounded up)
@@ -334,3 +334,17 @@ async def test_the_default_ttl_frees_a_dead_owners_streams_after_ten_seconds(
         await a.ownership.stop()
         await b.ownership.stop()
         await store.close()
+
+
+async def test_a_malformed_owner_value_is_nobody_s_to_take(
+    store: MetadataStore, nodes: Callable[..., Awaitable[Node]]
+) -> None:
+    """Not an owner's value (a bug, a hand-written key): refused as such, never taken over
+    (it may be a newer format's owner)."""
+    a = await nodes("a")
+    for raw in [b"not json", b'{"v": 2, "node": "a", "url": "u", "sinceMs": 1}', b'{"v": 1}']:
+        await store.commit({}, {owner_key("s"): raw})
+        with pytest.raises(OwnerFormatError):
+            await a.ownership.owner("s")
+        assert await a.ownership.acquire("s") is None
+    assert a.ownership.owned == {}
