@@ -198,6 +198,9 @@ class Settings(BaseSettings):
     open_ledger_rereplication_grace_s: float = Field(30, ge=0)  # an open ledger's writer's time
     autorecovery_lock_ttl_s: int = Field(30, gt=0)  # lease of a marker's lock (worker dies: freed)
     autorecovery_poll_s: float = Field(30.0, gt=0)  # re-read the auditor's report and totals
+    # a stream request forwarded to its owner: its longest silence, beyond a long poll's waitMs
+    stream_forward_timeout_s: float = Field(30.0, gt=0)
+    stream_forward_connect_timeout_s: float = Field(5.0, gt=0)  # connecting to a stream's owner
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     # group commit: max age of a group; eager (below): the writer's longest wait after a write

@@ -139,7 +139,10 @@ STATUSES: dict[int, Status] = {
         "overloaded, max_connections connections open (too_many_connections), or the object "
         "store unreachable (offload_store_unavailable), or the metadata store unreachable "
         "when a replicated ledger's deletion or autorecovery asks it (metadata_unavailable), "
-        "an autorecovery step the nodes did not answer (entry_unavailable, recovery_failed); "
+        "an autorecovery step the nodes did not answer (entry_unavailable, recovery_failed), "
+        "a stream's owner that did not answer a forwarded request (owner_unreachable) or "
+        "an append (append_outcome_unknown: it may or may not be in the stream), a "
+        "forwarded request that reached a node which does not own the stream (not_owner); "
         "see Retry-After",
         (
             storage_errors.Backpressure,
