@@ -80,7 +80,15 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             if url is None:
                 return await handler(request)
             _not_twice(request, url)
-            return await request.app[FORWARDER].forward(request, url)
+            router = request.app[STREAM_ROUTER]
+            try:
+                reply = await request.app[FORWARDER].forward(request, url)
+            except ApiError:
+                router.forget_owner(_name(request))
+                raise
+            if reply.status == 503:  # not_owner: it moved while the owner was remembered
+                router.forget_owner(_name(request))
+            return reply
 
         return route
 
