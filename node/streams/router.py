@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import weakref
+from collections.abc import Callable
 
 from node.client import Client
 from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, NoSuchLedger
@@ -72,6 +73,7 @@ class StreamRouter:
         # does not read the owner key first (etcd's linearizable read is most of a hop)
         self._owners: dict[str, tuple[str, float]] = {}
         self._owner_cache_s = owner_cache_s
+        self.on_takeover: Callable[[], None] = lambda: None  # the metric's increment
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -163,6 +165,7 @@ class StreamRouter:
                 await self._ownership.release(name)
             raise
         self.takeovers += 1
+        self.on_takeover()
         log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
         return None
 
