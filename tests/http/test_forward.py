@@ -30,6 +30,7 @@ from node.http.forward import FORWARDED_BY, FORWARDER, Forwarder
 from node.http.frames import decode_stream_frames
 from node.http.state import METRICS
 from node.settings import Settings
+from tests.harness.node import NodeProcess
 from tests.harness.ports import free_port
 from tests.harness.settings import make_settings
 
@@ -582,8 +583,19 @@ async def test_a_real_owner_node_serves_the_forwarded_stream(
         "POST", owner_url, "/api/v1/streams/orders/entries", octet, b"three"
     )
     assert status == 201 and json.loads(body)["position"]
+
+    # 200 appends forwarded at once: each acknowledged once, at its own position.
+    async def append(i: int) -> str:
+        response = await client.post(
+            "/api/v1/streams/orders/entries", data=b"%d" % i, headers=octet
+        )
+        assert response.status == 201, await response.text()
+        return str((await response.json())["position"])
+
+    positions = await _staggered([functools.partial(append, i) for i in range(IN_FLIGHT)])
+    assert len(set(positions)) == IN_FLIGHT
     response = await owner_client.get("/api/v1/streams/orders")
-    assert (await response.json())["entries"] == 3
+    assert (await response.json())["entries"] == 3 + IN_FLIGHT
     assert client.app[SEEN] and not owner_client.app.get(SEEN)
 
 
@@ -596,3 +608,36 @@ async def test_the_session_closes_with_the_app(tmp_path: Path) -> None:
     assert session is not None and not session.closed
     await server.close()
     assert session.closed and forwarder._session is None
+
+
+async def test_an_owner_process_killed_during_an_append_leaves_it_unknown(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A real owner node that SIGKILLs itself at the fsync of the forwarded append (its
+    first: the stream's creation needs none), after it read the body and wrote the entry,
+    before it answered. The client hears 503 append_outcome_unknown: whether the restarted
+    owner holds the entry depends on what of the journal's write the crash kept, which no
+    one on the client's side can tell."""
+    env = {"NODE_ID": "owner", "NODE_FAULTS": '["journal.fsync=crash,after=0"]'}
+    owner = NodeProcess(tmp_path / "owner", env=env)
+    await asyncio.to_thread(owner.start)
+    client = await aiohttp_client(_forwarding_app(_settings(tmp_path, NODE_ID), owner.url))
+    response = await client.put("/api/v1/streams/orders", json={})
+    assert response.status == 201, await response.text()
+    octet = {"Content-Type": "application/octet-stream"}
+    response = await client.post("/api/v1/streams/orders/entries", data=b"one", headers=octet)
+    body = await _error(response, "append_outcome_unknown")
+    assert owner.url in body["message"]
+    await asyncio.to_thread(owner.proc.wait, 10)  # type: ignore[union-attr]
+    assert owner.proc is not None and owner.proc.returncode == -9  # SIGKILL, as armed
+    # The owner gone for good: unreachable, for reads and appends alike (nothing was sent).
+    for method in ("GET", "POST"):
+        response = await client.request(
+            method, "/api/v1/streams/orders/entries", data=b"two", headers=octet
+        )
+        await _error(response, "owner_unreachable")
+    assert (_count(client, "unknown"), _count(client, "unreachable")) == (1, 2)
+    again = NodeProcess(tmp_path / "owner", env={"NODE_ID": "owner"})
+    await asyncio.to_thread(again.start)
+    stream = await asyncio.to_thread(again.get_json, "/api/v1/streams/orders")
+    assert stream["entries"] in (0, 1)  # either: that is what "unknown" says
