@@ -86,6 +86,8 @@ _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 # Idle pooled connections to owners are closed after this: well under the nodes'
 # keepalive_timeout_s (75 s), so that a node never reuses one its owner is closing.
 POOL_KEEPALIVE_S = 15.0
+POOL_IDLE_PER_OWNER = 64  # idle connections kept per owner for forward_bytes; more are closed
+POOL_OWNERS_KNOWN = 1024  # parsed owner URLs kept (nodes come and go)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -159,6 +161,7 @@ class Forwarder:
         self._settings = settings
         self._node_id = settings.id
         self._session: aiohttp.ClientSession | None = None
+        self._pool = _RawPool()  # forward_bytes's connections
         counter = metrics.stream_forwarded_requests
         # Every outcome's series from the start (0), on the nodes that forward: rate()
         # sees the first failure.
@@ -183,6 +186,7 @@ class Forwarder:
         )
 
     async def close(self) -> None:
+        self._pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -202,11 +206,15 @@ class Forwarder:
             raise RuntimeError("the Forwarder is not started (install(app) starts it)")
         return self._session
 
-    def _failure(self, error: BaseException, url: str, append: bool) -> ApiError:
-        """The 503 for an owner that did not answer, counted."""
-        connected = not isinstance(
-            error, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError
-        )
+    def _failure(
+        self, error: BaseException, url: str, append: bool, connected: bool | None = None
+    ) -> ApiError:
+        """The 503 for an owner that did not answer, counted. ``connected``: whether the
+        request may have reached it (by default, any aiohttp error but a failed connect)."""
+        if connected is None:
+            connected = not isinstance(
+                error, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError
+            )
         if append and connected:
             self._count("unknown")
             log.warning("append forwarded to %s: no answer (%r); outcome unknown", url, error)
@@ -300,26 +308,202 @@ class Forwarder:
         """The fast lane's forward (its requests are no aiohttp requests): the owner's
         status, headers (hop-by-hop ones left out) and body, read whole (the answers to
         appends are a few dozen bytes). ``path`` is the request target as received (query
-        string included); same errors as ``forward``."""
-        url = base_url.rstrip("/") + path
+        string included); same errors as ``forward``.
+
+        Written and read as bytes on keep-alive connections of its own (_RawPool), not
+        through aiohttp's client: that costs ~160 us of CPU per request against ~50 here,
+        which on loopback is the difference between a forwarded append at 2x the owner's
+        latency and one within 1.5x."""
         append = is_append(method, path)
-        sent = request_headers(headers.items(), self._node_id)
+        owner = _Owner.of(base_url)
+        request = owner.request(method, path, request_headers(headers.items(), self._node_id), body)
+        settings = self._settings
+        loop = asyncio.get_running_loop()
+        conn = self._pool.take(owner, loop.time())
+        connected = conn is not None  # a pooled connection may carry it to the owner at once
         try:
-            async with self._open().request(
-                method,
-                URL(url, encoded=True),
-                headers=sent,
-                data=body if body or method in _BODY_METHODS else None,
-                timeout=self._timeout(path),
-                allow_redirects=False,
-            ) as answer:
-                raw = await answer.read()
-                kept = response_headers(answer.headers.items())
-                status = answer.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise self._failure(error, base_url, append) from None
+            if conn is None:
+                async with asyncio.timeout(settings.stream_forward_connect_timeout_s):
+                    conn = _Conn(*await asyncio.open_connection(owner.host, owner.port))
+                connected = True
+            async with asyncio.timeout(settings.stream_forward_timeout_s + _wait_s(path, settings)):
+                status, answer_headers, answer, keep = await conn.exchange(request, method)
+        except (OSError, TimeoutError, EOFError, ValueError, asyncio.LimitOverrunError) as error:
+            if conn is not None:
+                conn.close()
+            raise self._failure(error, base_url, append, connected) from None
+        except BaseException:
+            if conn is not None:  # cancelled: the answer may still come, on no one's watch
+                conn.close()
+            raise
+        if keep:
+            self._pool.give_back(owner, conn, loop.time())
+        else:
+            conn.close()
         self._count("ok")
-        return status, {name: value for name, value in kept.items()}, raw
+        kept = response_headers(answer_headers)
+        return status, {name: value for name, value in kept.items()}, answer
+
+
+class _BadAnswer(ValueError):
+    """The owner's answer is no HTTP/1.x answer this client reads."""
+
+
+class _Owner:
+    """An owner's address, parsed once per URL: the raw client's connection key."""
+
+    __slots__ = ("host", "host_header", "key", "port")
+    _known: dict[str, _Owner] = {}
+
+    def __init__(self, base_url: str) -> None:
+        url = URL(base_url)
+        if url.scheme != "http" or not url.host or url.port is None:
+            raise ApiError(
+                503, OWNER_UNREACHABLE, f"the stream's owner has no http:// URL: {base_url!r}"
+            )
+        self.host = url.host
+        self.port = url.port
+        self.host_header = url.raw_authority
+        self.key = (self.host, self.port)
+
+    @classmethod
+    def of(cls, base_url: str) -> _Owner:
+        owner = cls._known.get(base_url)
+        if owner is None:
+            if len(cls._known) > POOL_OWNERS_KNOWN:
+                cls._known.clear()  # owners come and go with nodes: no unbounded growth
+            owner = cls._known[base_url] = cls(base_url)
+        return owner
+
+    def request(self, method: str, target: str, headers: CIMultiDict[str], body: bytes) -> bytes:
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host_header}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if body or method in _BODY_METHODS:
+            lines.append(f"Content-Length: {len(body)}")
+        if any("\r" in line or "\n" in line for line in lines):
+            raise ValueError("a header or the target holds a line break")
+        head = "\r\n".join(lines)
+        # Header values as the lane decoded them (UTF-8, undecodable bytes kept as
+        # surrogates): the owner gets the very bytes the client sent.
+        return head.encode("utf-8", "surrogateescape") + b"\r\n\r\n" + body
+
+
+class _Conn:
+    """One keep-alive connection of the raw client."""
+
+    __slots__ = ("idle_since", "reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_since = 0.0
+
+    def usable(self) -> bool:
+        # The owner closed it while it was idle (its keep-alive timeout, a restart).
+        return not self.reader.at_eof() and not self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()
+
+    async def exchange(
+        self, request: bytes, method: str
+    ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
+        """Send ``request``; the answer's status, headers, body, and whether the
+        connection may carry another request."""
+        self.writer.write(request)
+        await self.writer.drain()
+        reader = self.reader
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
+        version, _, rest = status_line.partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise _BadAnswer(f"not an HTTP/1.x answer: {status_line[:100]!r}")
+        status = int(rest[:3])
+        headers = []
+        length: int | None = None
+        chunked = False
+        keep = version == "HTTP/1.1"
+        for line in lines:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise _BadAnswer(f"a malformed header line: {line[:100]!r}")
+            name, value = name.strip(), value.strip()
+            key = name.lower()
+            if key == "content-length":
+                length = int(value)
+            elif key == "transfer-encoding":
+                chunked = "chunked" in value.lower()
+            elif key == "connection":
+                keep = keep and "close" not in value.lower()
+            headers.append((name, value))
+        if status < 200:
+            raise _BadAnswer(f"an interim answer ({status}) to a request that asked none")
+        if method == "HEAD" or status in (204, 304):
+            return status, headers, b"", keep
+        if chunked:
+            return status, headers, await self._chunked(), keep
+        if length is not None:
+            return status, headers, await reader.readexactly(length), keep
+        return status, headers, await reader.read(), False  # until the owner closes
+
+    async def _chunked(self) -> bytes:
+        body = bytearray()
+        while True:
+            size_line = await self.reader.readuntil(b"\r\n")
+            size = int(size_line.split(b";", 1)[0].strip(), 16)
+            if size == 0:
+                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                    pass  # trailers: none wanted
+                return bytes(body)
+            body += (await self.reader.readexactly(size + 2))[:-2]
+
+
+class _RawPool:
+    """Idle keep-alive connections of the raw client, by owner: reused newest first,
+    dropped once idle POOL_KEEPALIVE_S (well under the owner's keepalive_timeout_s)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._swept = 0.0
+
+    def take(self, owner: _Owner, now: float) -> _Conn | None:
+        idle = self._idle.get(owner.key)
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < POOL_KEEPALIVE_S and conn.usable():
+                return conn
+            conn.close()
+        return None
+
+    def give_back(self, owner: _Owner, conn: _Conn, now: float) -> None:
+        conn.idle_since = now
+        idle = self._idle.setdefault(owner.key, [])
+        if len(idle) >= POOL_IDLE_PER_OWNER:
+            conn.close()
+        else:
+            idle.append(conn)
+        if now - self._swept > POOL_KEEPALIVE_S:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Close what idled too long, for every owner: one that is gone is never asked
+        again, and its connections would sit half closed."""
+        self._swept = now
+        for key, idle in list(self._idle.items()):
+            kept = [c for c in idle if now - c.idle_since < POOL_KEEPALIVE_S and c.usable()]
+            for conn in idle:
+                if conn not in kept:
+                    conn.close()
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
 
 
 async def _chunks(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

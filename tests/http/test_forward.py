@@ -121,13 +121,28 @@ class Owner:
                 await asyncio.wait_for(self.all_in.wait(), 30)
             finally:
                 self.in_flight -= 1
+        if behave == "chunked-small":
+            reply = web.StreamResponse(status=201, headers={"Content-Type": "application/json"})
+            reply.enable_chunked_encoding()
+            await reply.prepare(request)
+            await reply.write(b'{"position": ')
+            await reply.write(b'"1:2"}')
+            await reply.write_eof()
+            return reply
+        assert request.transport is not None
+        if behave == "close-later":  # the owner drops the idle connection (keep-alive timeout)
+            asyncio.get_running_loop().call_later(0.05, request.transport.close)
         echo = {
+            "peer": request.transport.get_extra_info("peername")[1],
             "method": request.method,
             "target": request.raw_path,
             "headers": [[k.decode(), v.decode()] for k, v in request.raw_headers],
             "body": body.hex(),
         }
-        return web.json_response(echo, status=207, headers={"X-Owner": "yes"})
+        reply = web.json_response(echo, status=207, headers={"X-Owner": "yes"})
+        if behave == "close":
+            reply.force_close()  # Connection: close
+        return reply
 
 
 async def _forward_streams(
@@ -641,3 +656,70 @@ async def test_an_owner_process_killed_during_an_append_leaves_it_unknown(
     await asyncio.to_thread(again.start)
     stream = await asyncio.to_thread(again.get_json, "/api/v1/streams/orders")
     assert stream["entries"] in (0, 1)  # either: that is what "unknown" says
+
+
+async def test_forward_bytes_keeps_its_connections_alive(setup: Setup) -> None:
+    """forward_bytes's own client: one connection for requests in turn; a new one when the
+    owner closed the idle one or said Connection: close; chunked answers read whole."""
+    client, _ = setup
+    forwarder = client.app[FORWARDER]
+    owner_url = client.app[OWNER_URL][0]
+    path = "/api/v1/streams/orders/entries"
+
+    async def peer(**headers: str) -> int:
+        status, _, body = await forwarder.forward_bytes("POST", owner_url, path, headers, b"a")
+        assert status == 207
+        return int(json.loads(body)["peer"])
+
+    first = await peer()
+    assert {await peer() for _ in range(5)} == {first}
+    dropped = await peer(**{BEHAVE: "close-later"})
+    await asyncio.sleep(0.3)  # the owner closed it meanwhile: a new one, and no failure
+    assert dropped == first and await peer() != first
+    closing = await peer(**{BEHAVE: "close"})
+    assert await peer() != closing
+    status, headers, body = await forwarder.forward_bytes(
+        "POST", owner_url, path, {BEHAVE: "chunked-small"}, b"a"
+    )
+    assert (status, body) == (201, b'{"position": "1:2"}')
+    assert "Transfer-Encoding" not in headers
+    assert _count(client, "unknown") == _count(client, "unreachable") == 0
+
+
+async def test_forward_bytes_finds_a_silent_owner_within_the_timeout(setup: Setup) -> None:
+    client, owner = setup
+    forwarder = client.app[FORWARDER]
+    owner_url = client.app[OWNER_URL][0]
+    started = time.monotonic()
+    with pytest.raises(ApiError) as silent:
+        await forwarder.forward_bytes(
+            "POST", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b"a"
+        )
+    assert silent.value.code == "append_outcome_unknown"
+    assert 0.9 < time.monotonic() - started < 5  # stream_forward_timeout_s: 1 s
+    await asyncio.wait_for(owner.hung_up.wait(), 5)  # the connection is not kept
+    with pytest.raises(ApiError) as read:
+        await forwarder.forward_bytes(
+            "GET", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b""
+        )
+    assert read.value.code == "owner_unreachable"
+    # A long poll's waitMs is waited for on top.
+    status, _, _ = await forwarder.forward_bytes(
+        "GET",
+        owner_url,
+        "/api/v1/streams/o/entries?waitMs=2000",
+        {BEHAVE: "slow", "X-Test-Delay": "1.5"},
+        b"",
+    )
+    assert status == 207
+
+
+def test_forward_bytes_refuses_line_breaks_in_what_it_writes() -> None:
+    """The lane's headers come from a parsed head and cannot hold one; a caller's mistake
+    must not split the request in two on the wire."""
+    owner = forward._Owner("http://127.0.0.1:1")
+    for headers in ({"X-A": "b\r\nX-Injected: 1"}, {"X-A\n": "b"}):
+        with pytest.raises(ValueError, match="line break"):
+            owner.request("POST", "/p", forward.request_headers(headers.items(), "n"), b"")
+    with pytest.raises(ValueError, match="line break"):
+        owner.request("GET", "/p HTTP/1.1\r\nX: y", forward.request_headers([], "n"), b"")
