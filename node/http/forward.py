@@ -29,6 +29,15 @@ timed out after it was sent may have been appended by the owner: 503
 ``append_outcome_unknown``, never "failed" (a retry may append it twice). A break in the
 middle of the answer's body aborts the client's connection: the client sees a truncated
 answer, never a complete-looking wrong one.
+
+Timeouts: a connection within ``stream_forward_connect_timeout_s``; then the owner may be
+silent ``stream_forward_timeout_s``, plus a long poll's ``waitMs`` (at most
+``max_long_poll_ms``), before the head of its answer and between its chunks. Nothing bounds
+the whole: a large answer to a slow client is bounded by ``reply_write_timeout_s``.
+
+Two clients: ``forward`` (aiohttp's, for whatever aiohttp's routes serve: any size, streamed)
+and ``forward_bytes`` (the fast lane's appends: raw bytes on keep-alive connections of its
+own, at a third of the CPU per request).
 """
 
 from __future__ import annotations
@@ -154,8 +163,9 @@ class _OwnerSilent(Exception):
 
 
 class Forwarder:
-    """The client side of forwarding: one pooled session per node (made on the app's
-    startup, closed on its cleanup), shared by every forwarded request."""
+    """The client side of forwarding, one per node: aiohttp's pooled session and the raw
+    client's pool (made on the app's startup, closed on its cleanup), shared by every
+    forwarded request."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
