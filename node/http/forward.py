@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Final
@@ -98,6 +99,7 @@ POOL_KEEPALIVE_S = 15.0
 POOL_IDLE_PER_OWNER = 64  # idle connections kept per owner for forward_bytes; more are closed
 POOL_OWNERS_KNOWN = 1024  # parsed owner URLs kept (nodes come and go)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+ERROR_BODY_MAX = 64 * 1024  # a 503 up to this size is read to see whether it says not_owner
 
 
 def forwarded(request: web.BaseRequest) -> bool:
@@ -156,6 +158,26 @@ def _wait_s(target: str, settings: Settings) -> float:
     if given is None:
         return 0.0
     return min(int(given), settings.max_long_poll_ms) / 1000 if given.isdigit() else longest
+
+
+class OwnerMoved(Exception):
+    """The node a request was forwarded to answered 503 ``not_owner``: it does not own the
+    stream (any more), and did nothing with the request. Safe to send again, appends too,
+    once the owner is looked up afresh (a caller that caches owners forgets this one)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"{url} does not own the stream")
+        self.url = url
+
+
+def _code(body: bytes) -> str | None:
+    """The code of a JSON error body (the node's shape), or None."""
+    try:
+        found = json.loads(body)
+    except ValueError:
+        return None
+    code = found.get("code") if isinstance(found, dict) else None
+    return code if isinstance(code, str) else None
 
 
 class _OwnerSilent(Exception):
@@ -240,10 +262,14 @@ class Forwarder:
             503, OWNER_UNREACHABLE, f"the stream's owner at {url} did not answer ({error!r})"
         )
 
-    async def forward(self, request: web.Request, base_url: str) -> web.StreamResponse:
+    async def forward(
+        self, request: web.Request, base_url: str, *, raise_moved: bool = False
+    ) -> web.StreamResponse:
         """Send ``request`` to the owner at ``base_url`` (``http://host:port``) and stream
         its answer back; 503 ``owner_unreachable`` or ``append_outcome_unknown`` when it
-        does not answer."""
+        does not answer. ``raise_moved``: OwnerMoved when that node answers 503 not_owner
+        (instead of passing that answer on), for a caller that remembers owners to ask
+        again."""
         target = request.raw_path  # path and query string as received, still encoded
         url = base_url.rstrip("/") + target
         append = is_append(request.method, target)
@@ -269,7 +295,29 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._failure(error, base_url, append) from None
         async with answer:
+            if raise_moved and answer.status == 503:
+                return await self._not_owner_or_relay(request, answer, base_url)
             return await self._relay(request, answer, base_url)
+
+    async def _not_owner_or_relay(
+        self, request: web.Request, answer: aiohttp.ClientResponse, base_url: str
+    ) -> web.StreamResponse:
+        """A 503: OwnerMoved if it says not_owner, else passed on as it came."""
+        length = answer.content_length
+        if length is None or length > ERROR_BODY_MAX:
+            return await self._relay(request, answer, base_url)
+        try:
+            body = await answer.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._failure(error, base_url, False) from None
+        self._count("ok")
+        if _code(body) == NOT_OWNER:
+            raise OwnerMoved(base_url)
+        headers = response_headers(answer.headers.items())
+        rid = logs.request_id.get()
+        if rid:
+            headers[REQUEST_ID_HEADER] = rid
+        return web.Response(status=answer.status, reason=answer.reason, body=body, headers=headers)
 
     async def _relay(
         self, request: web.Request, answer: aiohttp.ClientResponse, base_url: str
@@ -313,12 +361,19 @@ class Forwarder:
         return reply
 
     async def forward_bytes(
-        self, method: str, base_url: str, path: str, headers: Mapping[str, str], body: bytes
+        self,
+        method: str,
+        base_url: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes,
+        *,
+        raise_moved: bool = False,
     ) -> tuple[int, dict[str, str], bytes]:
         """The fast lane's forward (its requests are no aiohttp requests): the owner's
         status, headers (hop-by-hop ones left out) and body, read whole (the answers to
         appends are a few dozen bytes). ``path`` is the request target as received (query
-        string included); same errors as ``forward``.
+        string included); same errors, and ``raise_moved``, as ``forward``.
 
         Written and read as bytes on keep-alive connections of its own (_RawPool), not
         through aiohttp's client: that costs ~160 us of CPU per request against ~50 here,
@@ -351,6 +406,8 @@ class Forwarder:
         else:
             conn.close()
         self._count("ok")
+        if raise_moved and status == 503 and _code(answer) == NOT_OWNER:
+            raise OwnerMoved(base_url)
         kept = response_headers(answer_headers)
         return status, {name: value for name, value in kept.items()}, answer
 

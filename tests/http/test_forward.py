@@ -63,13 +63,19 @@ class Owner:
         self.all_in = asyncio.Event()  # IN_FLIGHT requests held at once
         self.hung_up = asyncio.Event()  # a "silent" request's connection was closed
         self.bodies_read = 0
+        self.always: str | None = None  # a behaviour for every request, whatever it asks
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.bodies_read += 1
-        behave = request.headers.get(BEHAVE, "echo")
+        behave = self.always or request.headers.get(BEHAVE, "echo")
+        if behave in ("not-owner", "overloaded"):
+            code = behave.replace("-", "_")
+            return web.json_response(
+                {"code": code, "message": "no"}, status=503, headers={"Retry-After": "1"}
+            )
         if behave == "big":
             reply = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             reply.enable_chunked_encoding()
@@ -155,7 +161,15 @@ async def _forward_streams(
     if forward.forwarded(request):
         raise ApiError(503, forward.NOT_OWNER, "not the owner either")
     request.app[SEEN].append(request.raw_path)
-    return await request.app[FORWARDER].forward(request, request.app[OWNER_URL][0])
+    forwarder, urls = request.app[FORWARDER], request.app[OWNER_URL]
+    if len(urls) == 1:
+        return await forwarder.forward(request, urls[0])
+    # A caller that remembers owners: told the first moved on, it asks the next.
+    try:
+        return await forwarder.forward(request, urls[0], raise_moved=True)
+    except forward.OwnerMoved as moved:
+        request.app[SEEN].append(f"moved from {moved.url}")
+        return await forwarder.forward(request, urls[1], raise_moved=True)
 
 
 def _forwarding_app(settings: Settings, owner_url: str) -> web.Application:
@@ -723,3 +737,42 @@ def test_forward_bytes_refuses_line_breaks_in_what_it_writes() -> None:
             owner.request("POST", "/p", forward.request_headers(headers.items(), "n"), b"")
     with pytest.raises(ValueError, match="line break"):
         owner.request("GET", "/p HTTP/1.1\r\nX: y", forward.request_headers([], "n"), b"")
+
+
+async def test_an_owner_that_owns_the_stream_no_more(setup: Setup, aiohttp_server: Any) -> None:
+    """503 not_owner from the node asked: passed on as it came by default; with
+    raise_moved, OwnerMoved, and the caller asks again elsewhere (appends too: the node
+    that said not_owner did nothing). Any other 503 passes on as it came."""
+    client, owner = setup
+    first = client.app[OWNER_URL][0]
+    path = "/api/v1/streams/orders/entries"
+    octet = {"Content-Type": "application/octet-stream"}
+    owner.always = "not-owner"
+    response = await client.post(path, data=b"one", headers=octet)
+    await _error(response, "not_owner")
+    second = Owner()
+    client.app[OWNER_URL].append(str((await aiohttp_server(second.app)).make_url("")).rstrip("/"))
+    response = await client.post(path, data=b"one", headers=octet)
+    assert response.status == 207, await response.text()
+    echo = await response.json()
+    assert bytes.fromhex(echo["body"]) == b"one" and echo["method"] == "POST"
+    assert client.app[SEEN][-1] == f"moved from {first}"
+    owner.always = "overloaded"
+    response = await client.get(path, headers={"X-Request-Id": "rid-7"})
+    body = await _error(response, "overloaded")
+    assert body["message"] == "no" and response.headers["X-Request-Id"] == "rid-7"
+    assert client.app[SEEN][-1] == "/api/v1/streams/orders/entries"  # no move
+    forwarder = client.app[FORWARDER]
+    owner.always = "not-owner"
+    status, _, raw = await forwarder.forward_bytes("POST", first, path, octet, b"two")
+    assert status == 503 and json.loads(raw)["code"] == "not_owner"
+    with pytest.raises(forward.OwnerMoved) as moved:
+        await forwarder.forward_bytes("POST", first, path, octet, b"two", raise_moved=True)
+    assert moved.value.url == first
+    owner.always = "overloaded"
+    status, headers, raw = await forwarder.forward_bytes(
+        "POST", first, path, octet, b"two", raise_moved=True
+    )
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert json.loads(raw)["code"] == "overloaded"
+    assert _count(client, "unknown") == _count(client, "unreachable") == 0
