@@ -12,9 +12,10 @@ What goes to the owner: the method, the path and query string as they were recei
 re-encoded), the body, and the client's headers but the hop-by-hop ones (RFC 9110 7.6.1:
 Connection and the headers it names, Keep-Alive, Transfer-Encoding, TE, Trailer, Upgrade,
 Proxy-*), Host and Content-Length (the owner's, recomputed), ``X-Expect-Node`` (it named
-this node, which checked it; the owner would answer 421) and ``X-Request-Id`` (this node's
-id for the request, so that both nodes' logs name it alike). Authorization passes
-unchanged: the owner checks the admin token as this node did.
+this node, which checked it; the owner would answer 421), ``Expect`` (this node answered
+it and holds the body) and ``X-Request-Id`` (this node's id for the request, so that both
+nodes' logs name it alike). Authorization passes unchanged: the owner checks the admin
+token as this node did.
 
 What comes back: the owner's status, its headers but the hop-by-hop ones, and its body
 chunk by chunk as it arrives (a long-poll read answers after up to ``max_long_poll_ms`` and
@@ -86,9 +87,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 # This node's business, not the owner's: X-Expect-Node named this node (checked by the
-# middleware); X-Forwarded-By and X-Request-Id are set here.
+# middleware); Expect: 100-continue was answered here, and the body is in hand (sent on, it
+# would cost a round trip waiting for the owner's 100); X-Forwarded-By and X-Request-Id are
+# set here.
 _REQUEST_ONLY = frozenset(
-    {EXPECT_NODE_HEADER.lower(), FORWARDED_BY.lower(), REQUEST_ID_HEADER.lower()}
+    {EXPECT_NODE_HEADER.lower(), "expect", FORWARDED_BY.lower(), REQUEST_ID_HEADER.lower()}
 )
 # aiohttp's client adds these when absent: the owner must see what the client sent, no more
 # (a missing Content-Type is a 415 there, not an octet-stream append).

@@ -257,6 +257,7 @@ async def test_the_owner_gets_the_request_as_the_client_sent_it(setup: Setup) ->
             "Connection": "keep-alive, X-Hop",
             "X-Hop": "named by Connection: hop-by-hop",
             "X-Request-Id": "client-rid-1",
+            "Expect": "100-continue",
         },
     )
     assert response.status == 207, await response.text()  # the owner's status, as it was
@@ -278,7 +279,7 @@ async def test_the_owner_gets_the_request_as_the_client_sent_it(setup: Setup) ->
     assert headers["x-forwarded-by"] == [NODE_ID]
     assert headers["x-request-id"] == ["client-rid-1"]  # both nodes' logs name it alike
     assert headers["content-length"] == [str(len(payload))]
-    for gone in ("x-expect-node", "keep-alive", "proxy-authorization", "x-hop"):
+    for gone in ("x-expect-node", "keep-alive", "proxy-authorization", "x-hop", "expect"):
         assert gone not in headers, gone
     assert "x-test-behave" not in headers
     # Nothing the client did not send: aiohttp's automatic headers stay off.
