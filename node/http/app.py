@@ -122,7 +122,7 @@ def build_app(
             manager = app[STREAMS]
             metrics.streams_owned.set_function(lambda: len(manager.streams()))
             router.on_takeover = metrics.stream_takeovers.inc
-        app[status.REPLICATION_SUMMARY] = replication.summary
+        app[status.REPLICATION_SUMMARY] = lambda: {**replication.summary(), **router.summary()}
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store

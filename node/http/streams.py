@@ -81,6 +81,7 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
                 return await handler(request)
             _not_twice(request, url)
             router, name = request.app[STREAM_ROUTER], _name(request)
+            router.forwarded += 1
             try:
                 return await request.app[FORWARDER].forward(request, url, raise_moved=True)
             except OwnerMoved:

@@ -69,6 +69,7 @@ class StreamRouter:
         # One takeover at a time per name (weak: a name nobody asks for any more costs nothing)
         self._taking: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.takeovers = 0  # streams this node took over (not counting ones it created)
+        self.forwarded = 0  # requests the HTTP layer sent on to another node, the owner
         # name -> (owner's URL, monotonic time it stops being trusted): a forwarded request
         # does not read the owner key first (etcd's linearizable read is most of a hop)
         self._owners: dict[str, tuple[str, float]] = {}
@@ -187,6 +188,14 @@ class StreamRouter:
         last.closed_ms = int(time.time() * 1000)
         self._backend.remember_closed(last.ledger_id, meta["lastEntryId"], meta["length"])
         return True
+
+    def summary(self) -> dict[str, int]:
+        """The status page's figures of replicated streams on this node."""
+        return {
+            "streamsOwned": len(self._manager.streams()),
+            "streamTakeovers": self.takeovers,
+            "streamRequestsForwarded": self.forwarded,
+        }
 
     def forget_owner(self, name: str) -> None:
         """The owner read last did not serve the request (gone, or not the owner any more):
