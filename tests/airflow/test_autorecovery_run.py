@@ -1,10 +1,10 @@
 """dag.test() runs of storage_node_autorecovery against a real fleet: etcd and four node
 processes (node/localcluster.py), 3-replica ledgers written through the client and a
 replicated stream written over HTTP, one node killed and its data directory deleted. The
-DAG's audit marks the ledgers it held, its mapped
-tasks re-replicate them through the live nodes, and afterwards every entry is on the Qw nodes
-of its segment (read from each replica's ledger API directly) and no segment names the lost
-node; a second run finds nothing to do; the nodes' metrics say so from the store. The
+DAG's audit marks the ledgers it held, its mapped tasks re-replicate them through the live
+nodes, and afterwards every entry is on the Qw nodes of its segment (read from each
+replica's ledger API directly) and no segment names the lost node; the stream goes on; a
+second run finds nothing to do; the nodes' metrics say so from the store. The
 ``decommission`` param moves a live node's ledgers away while a reader reads them all.
 
 The nodes have an admin token, as deployed: the DAG's calls carry it (the Airflow connection
