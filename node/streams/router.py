@@ -131,10 +131,8 @@ class StreamRouter:
                         self._owners.clear()  # a bound, not an LRU: refilled at one read each
                     self._owners[name] = (url, time.monotonic() + self._owner_cache_s)
                     return url
-                if owner is not None:
-                    # This node's key from a lease it no longer holds (a restart): it expires
-                    # within the lease's TTL, then any node takes the stream over.
-                    raise NotOwner(f"stream {name}: an earlier lease of this node holds it")
+                # No owner, or this node's key from a lease it no longer holds (it restarted):
+                # acquire takes such a key back at once rather than waiting out its lease.
                 return await self._take_over(name, create)
             except MetadataError as error:
                 raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
