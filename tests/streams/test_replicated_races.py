@@ -1,8 +1,7 @@
-"""A replicated stream's owner that crashes and comes straight back, at the default owner
-lease (stream_owner_ttl_s, 10 s): its old key in etcd still names it, under a lease nobody
-keeps alive any more. The restarted node takes the stream back at its first request, without
-waiting for that lease to run out, and the stream goes on after the last acknowledged append
-(the fencing recovery of the open ledger runs as for any takeover)."""
+"""Races of replicated streams, at the default settings: an owner that crashes and comes
+straight back (its old key in etcd still names it, under a lease nobody keeps alive: it takes
+the stream back at its first request, without waiting out that lease, and the stream goes on
+after the last acknowledged append); one new stream created through every node at once."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ import json
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from node.localcluster import LocalCluster
@@ -70,3 +70,39 @@ def test_a_restarted_owner_takes_its_stream_back_before_its_old_lease_ends(
     ledgers = {item["ledgerId"]: item for item in stream["ledgers"]}
     # The old ledger ends at its last acknowledged append: nothing lost, nothing added.
     assert ledgers[old_ledger]["entries"] == len(before) and ledgers[old_ledger]["closedTime"]
+
+
+def test_a_stream_created_through_every_node_at_once_has_one_owner_and_one_record(
+    make_cluster: MakeCluster,
+) -> None:
+    """Four PUTs of one new stream, one per node, at the same moment, then appends through
+    every node at once: one 201 (the creator is the owner), three 200, and every append lands
+    in one ledger at distinct, consecutive positions."""
+    cluster = make_cluster(nodes=4)
+    body = json.dumps({"replication": {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}})
+    url = "{}/api/v1/streams/" + STREAM
+
+    def put(node_id: str) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            url.format(cluster.url(node_id)),
+            data=body.encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+
+    with ThreadPoolExecutor(len(cluster.node_ids)) as pool:
+        answers = list(pool.map(put, cluster.node_ids))
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [200, 200, 200, 201], answers
+        assert len({answer["owner"] for _, answer in answers}) == 1, answers
+        positions = list(
+            pool.map(
+                lambda n: append(cluster, cluster.node_ids[n % 4], f"append {n}".encode()),
+                range(40),
+            )
+        )
+    ledger_ids = {p.split(":")[0] for p in positions}
+    entries = sorted(int(p.split(":")[1]) for p in positions)
+    assert len(ledger_ids) == 1 and entries == list(range(40)), positions
