@@ -14,9 +14,10 @@ live owner, the node that was asked takes the stream over:
    one transaction guarded by the ownership key (the "ledgers to logs" order of BookKeeper's
    protocol: fence the last ledger before appending anywhere new).
 
-The old owner, paused or partitioned meanwhile, finds its adds fenced (their outcome is
-unknown) and its next metadata write refused by the guard; it drops the stream then, or
-when its lease is found expired.
+The old owner, paused or partitioned meanwhile, finds its adds fenced and settles each by
+the recovered end (node.streams.replicated: acknowledged where the recovery kept it, else
+never in the stream); its next metadata write is refused by the guard, and it drops the
+stream then, or when its lease is found expired.
 """
 
 from __future__ import annotations
@@ -138,6 +139,9 @@ class StreamRouter:
                 raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
 
     async def _take_over(self, name: str, create: bool) -> str | None:
+        # Already ours without the manager serving it: a PUT creating it is under way here.
+        # A failure below must not give up the ownership that creation relies on.
+        creating = name in self._ownership.owned
         if await self._ownership.acquire(name) is None:
             owner = await self._ownership.owner(name)
             if owner is None:
@@ -159,9 +163,10 @@ class StreamRouter:
             if recovered:
                 await self._manager.open_ledger(name)  # commits the recovered end with it
         except BaseException:
-            self._manager.drop(name)
-            with contextlib.suppress(Exception):
-                await self._ownership.release(name)
+            if not creating:
+                self._manager.drop(name)
+                with contextlib.suppress(Exception):
+                    await self._ownership.release(name)
             raise
         self.takeovers += 1
         self.on_takeover()
