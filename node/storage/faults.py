@@ -31,7 +31,9 @@ The points (a fault elsewhere is refused at start, as a name that would never fi
   ``entrylog.read`` and ``index.get`` (a read's entry log read and its index lookup, on a
   reader thread: an I/O error there must answer ``io_error``, never "not found").
 - Step points (``STEP_POINTS``, through ``hit``), ``eio``, ``delay`` and ``crash``: the
-  crash points, and ``checkpoint.mark`` (just before lastMark is written).
+  crash points, and ``checkpoint.mark`` (just before lastMark is written);
+  ``stream.rollover.after_record`` is a stream's record naming its new ledger written, the
+  old one not closed yet.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ STEP_POINTS = frozenset(
         "offload.after_attempt_recorded",
         "offload.mid_upload",
         "offload.after_upload",
+        "stream.rollover.after_record",
     }
 )
 Action = Literal["eio", "short", "short:crash", "delay", "crash"]

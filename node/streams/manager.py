@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from node.settings import MiB, Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
+from node.storage.faults import Faults
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
 from node.streams.backend import StreamBackend
 from node.streams.model import (
@@ -169,6 +170,7 @@ class StreamManager:
         self.default_replication: Replication | None = None
         self._moved: set[str] = set()  # streams dropped for another owner (replicated)
         self._settings: Settings = storage.settings
+        self._crash = Faults.from_settings(self._settings)  # tests' named crash points
         self._streams: dict[str, Stream] = {}
         self._cursors: dict[str, dict[str, Cursor]] = {}
         self._rolling: dict[str, asyncio.Lock] = {}
@@ -559,6 +561,8 @@ class StreamManager:
             if old is not None:
                 old.closed_ms = now
             stream.ledgers = [*stream.ledgers, fresh]
+        if old is not None:
+            self._crash.hit("stream.rollover.after_record")  # the old ledger closes after this
         self.rollovers += 1
         if last is not None:  # the stream's first ledger is no rollover
             count = self.rollovers_by_stream.get(stream.name, 0)

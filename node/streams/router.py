@@ -8,9 +8,10 @@ live owner, the node that was asked takes the stream over:
 1. create ``stream-owners/<name>`` under this node's lease (one node wins; the others
    forward to it);
 2. read the stream record and its cursors;
-3. if the last ledger is OPEN, fence and recover it (BookKeeper's recovery: no add of the old
-   owner can be acknowledged after this) and note where it ends;
-4. open a new ledger and commit the record naming it, with the recovered ledger's end, in
+3. fence and recover the last ledger, and the one before it (a rollover cut short leaves it
+   OPEN: see ``_settle_ends``), and take their ends from the recovery (BookKeeper's: no add
+   of the old owner can be acknowledged after this, every acknowledged one is kept);
+4. open a new ledger and commit the record naming it, with the recovered ledgers' ends, in
    one transaction guarded by the ownership key (the "ledgers to logs" order of BookKeeper's
    protocol: fence the last ledger before appending anywhere new).
 
@@ -158,10 +159,10 @@ class StreamRouter:
                 Cursor.decode(f"cursor/{name}\0{key.rsplit('/', 1)[1]}".encode(), value.value)
                 for key, value in await self._store.range(cursor_prefix(name))
             ]
-            recovered = await self._close_last(stream)
+            settled = await self._settle_ends(stream)
             self._manager.adopt(stream, cursors)
-            if recovered:
-                await self._manager.open_ledger(name)  # commits the recovered end with it
+            if settled:
+                await self._manager.open_ledger(name)  # commits the recovered ends with it
         except BaseException:
             if not creating:
                 self._manager.drop(name)
@@ -173,24 +174,34 @@ class StreamRouter:
         log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
         return None
 
-    async def _close_last(self, stream: Stream) -> bool:
-        """Fence and recover the stream's last ledger if it is OPEN; whether it was."""
-        if not stream.ledgers or stream.ledgers[-1].closed_ms:
-            return False
-        last = stream.ledgers[-1]
-        try:
-            meta = await self._client.recover_ledger(last.ledger_id)
-        except NoSuchLedger:
-            if last.entries:
-                raise
-            # A rollover whose record went in but whose ledger did not: it never took an add.
-            stream.ledgers.pop()
-            return True
-        last.entries = meta["lastEntryId"] + 1
-        last.size_bytes = meta["length"]
-        last.closed_ms = int(time.time() * 1000)
-        self._backend.remember_closed(last.ledger_id, meta["lastEntryId"], meta["length"])
-        return True
+    async def _settle_ends(self, stream: Stream) -> bool:
+        """Fence and recover the ledgers whose end the record may not hold, and take their
+        ends from the recovery; whether anything changed (the caller commits the record).
+
+        Those are the last ledger, when OPEN, and the one before it: a rollover writes the
+        record naming the new ledger first and closes the old one in the metadata store only
+        once its adds in flight settled, so an owner that dies between leaves the old ledger
+        OPEN there, with acknowledged entries past the count the record has. Rollovers are
+        one at a time per stream (the manager's rolling lock), so no earlier ledger can be
+        in that state. Recovering a CLOSED ledger only reads its metadata."""
+        changed = False
+        for info in stream.ledgers[-2:]:
+            try:
+                meta = await self._client.recover_ledger(info.ledger_id)
+            except NoSuchLedger:
+                if info.entries or info is not stream.ledgers[-1]:
+                    raise
+                # A rollover whose record went in but whose ledger did not: it took no add.
+                stream.ledgers.pop()
+                changed = True
+                continue
+            end = (meta["lastEntryId"] + 1, meta["length"])
+            if (info.entries, info.size_bytes) != end or not info.closed_ms:
+                info.entries, info.size_bytes = end
+                info.closed_ms = info.closed_ms or int(time.time() * 1000)
+                changed = True
+            self._backend.remember_closed(info.ledger_id, meta["lastEntryId"], meta["length"])
+        return changed
 
     def summary(self) -> dict[str, int]:
         """The status page's figures of replicated streams on this node."""
