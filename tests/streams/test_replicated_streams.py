@@ -1,0 +1,250 @@
+"""Replicated streams on etcd and four real node processes, through plain HTTP only: writers
+(node/jepsen/streams.py's workload) append through any node, a fresh cursor reads the whole
+stream back at the end, and the stream checker compares it with the history: every
+acknowledged append exactly once, where it was acknowledged, in order; nothing failed, nothing
+twice, nothing invented. The faults: the owner SIGKILLed while appends are in flight; the
+owner SIGSTOPped past its lease while another node takes over, then resumed; two nodes taking
+over at once; and the stream's deletion, which must leave nothing on any node or in etcd.
+
+The owner's lease is short here (conftest.py: OWNER_TTL_S), so a takeover comes within
+seconds of a loss."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from node.jepsen.checker import Verdict
+from node.jepsen.history import Op, merge
+from node.jepsen.streams import StreamWorkload, check_stream, read_back
+from node.localcluster import LocalCluster
+from tests.harness.streams import (
+    REPLICATED,
+    call,
+    etcd_keys,
+    leftovers,
+    node_ledger_ids,
+    owner,
+    put_stream,
+    stream_ledgers,
+    stream_record,
+    wait_owner,
+)
+from tests.streams.conftest import OWNER_TTL_S
+
+STREAM = "orders"
+ROLLOVER = {"maxEntriesPerLedger": 20, "minLedgerRolloverTimeMinutes": 0}
+TAKEOVER_TIMEOUT_S = 90.0  # a lease's end, a fencing recovery and a new ledger: well within
+RACED_STREAMS = 3  # streams two nodes take over at once, in one race each
+GONE_TIMEOUT_S = 60.0  # for every node's GC sweep to reclaim a deleted stream's replicas
+
+
+async def create(cluster: LocalCluster, via: str, name: str, **policies: int) -> None:
+    status, body = await put_stream(cluster.url(via), name, {"replication": REPLICATED, **policies})
+    assert status == 201, (status, body)
+    record = await stream_record(cluster, name)
+    assert record is not None and record["replication"] == REPLICATED, record
+
+
+def clean(history: list[Op], read: list[tuple[str, bytes]]) -> Verdict:
+    verdict = check_stream(history, read)
+    assert verdict.ok, str(verdict)
+    return verdict
+
+
+def in_flight_at(history: list[Op], moment: float) -> int:
+    """Operations invoked before ``moment`` that ended after it (or never)."""
+    started: dict[tuple[str, tuple[str, ...]], float] = {}
+    ended_after = 0
+    for op in history:
+        key = (op.p, tuple(op.digests()))
+        if op.type == "invoke":
+            started[key] = op.t
+        elif started.pop(key, op.t) < moment < op.t:
+            ended_after += 1
+    return ended_after + sum(1 for t in started.values() if t < moment)
+
+
+async def until_true(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        if await condition():
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.2)
+
+
+async def test_owner_killed_mid_append_loses_no_acknowledged_append(
+    stream_cluster: LocalCluster,
+) -> None:
+    """Appends (single and batches, rolling ledgers every 20 entries) through A; A is
+    SIGKILLed while some are in flight; the writers go on through B and C, which take the
+    stream over; a cursor reading through C sees every acknowledged append exactly once, in
+    order, positions strictly increasing across the takeover."""
+    c = stream_cluster
+    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    await create(c, "n0", STREAM, **ROLLOVER)
+    async with StreamWorkload([a], STREAM, writers=4, batch_max=3, seed=1) as load:
+        load.start()
+        await load.wait_acked(60)
+        assert await owner(c, STREAM) == "n0"
+        before = load.acked
+        killed_at = time.time()
+        c.node("n0").signal(signal.SIGKILL)  # now: the writers' current appends are in flight
+        load.urls[:] = [b, cc]  # before the loop runs again: no later append goes to A
+        await asyncio.to_thread(c.kill, "n0")  # reaped
+        await load.wait_acked(before + 60, timeout_s=TAKEOVER_TIMEOUT_S)
+        await load.stop()
+    history = load.history()
+    assert in_flight_at(history, killed_at) >= 1  # the kill did hit appends in flight
+    assert await owner(c, STREAM) in {"n1", "n2"}
+    read = await read_back(cc, STREAM)
+    verdict = clean(history, read)
+    assert verdict.counts["acked_entries"] >= 120, verdict
+    acked = [op for op in history if op.type == "ok"]
+    before_kill = {op.ledger for op in acked if op.t < killed_at}
+    after_kill = {op.ledger for op in acked if op.t > killed_at and op.ledger not in before_kill}
+    assert after_kill and max(before_kill) < min(after_kill)  # type: ignore[type-var]
+    ledgers = await stream_ledgers(c, STREAM)
+    assert [info["id"] for info in ledgers] == sorted(info["id"] for info in ledgers)
+    assert all(info["closed"] for info in ledgers[:-1]), ledgers  # only the last takes appends
+    per_ledger = Counter(int(p.split(":")[0]) for p, _ in read)
+    assert set(per_ledger) <= {info["id"] for info in ledgers}
+    for info in ledgers[:-1]:  # a closed ledger's counts are final in its record
+        assert info["entries"] == per_ledger[info["id"]], (info, per_ledger)
+
+
+async def test_paused_owner_acknowledges_nothing_after_its_lease(
+    stream_cluster: LocalCluster,
+) -> None:
+    """A owns the stream and is SIGSTOPped; appends sent to A meanwhile wait in its socket;
+    B and C take the stream over once A's lease is gone. A resumed: none of the appends it
+    held is acknowledged in a ledger A owned (they are fenced: unknown; or forwarded to the new
+    owner), nothing acknowledged before the pause is lost, and A, having lost its lease,
+    forwards what it gets from then on."""
+    c = stream_cluster
+    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    await create(c, "n0", STREAM)
+    async with StreamWorkload([a], STREAM, writers=2, batch_max=2, prefix="w") as first:
+        first.start(operations=10)
+        await first.join()
+    assert first.acked == 20, first.outcomes
+    assert await owner(c, STREAM) == "n0"
+    owned_by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    c.stop("n0")
+    try:
+        async with (
+            StreamWorkload([a], STREAM, writers=2, prefix="p", timeout_s=300) as paused,
+            StreamWorkload([b, cc], STREAM, writers=2, batch_max=2, prefix="t") as others,
+        ):
+            paused.start(operations=2)  # held by the paused A
+            others.start()
+            await wait_owner(c, STREAM, {"n1", "n2"}, TAKEOVER_TIMEOUT_S)
+            await others.wait_acked(10, TAKEOVER_TIMEOUT_S)
+            c.cont("n0")
+            await paused.join()
+            await others.wait_acked(others.acked + 10, TAKEOVER_TIMEOUT_S)
+            await others.stop()
+    finally:
+        c.cont("n0")
+    late = [op for op in paused.history() if op.type == "ok" and op.ledger in owned_by_a]
+    assert not late, late
+    assert await owner(c, STREAM) in {"n1", "n2"}  # A did not take it back
+    await asyncio.sleep(OWNER_TTL_S)  # A's keepalive has found its lease gone by now
+    async with StreamWorkload([a], STREAM, writers=1, prefix="r") as resumed:
+        resumed.start(operations=3)
+        await resumed.join()
+    assert resumed.acked == 3, resumed.outcomes  # forwarded to the new owner
+    assert all(op.ledger not in owned_by_a for op in resumed.history() if op.type == "ok")
+    history = merge(first.history(), paused.history(), others.history(), resumed.history())
+    clean(history, await read_back(b, STREAM))
+
+
+async def test_concurrent_takeovers_make_one_owner_and_one_ledger(
+    stream_cluster: LocalCluster,
+) -> None:
+    """A owns several streams and is killed; once its lease is gone, appends reach B and C at
+    the same moment for each stream. Per stream: one owner (B or C), exactly one new ledger
+    after A's (closed), every append answered ok (the loser forwards to the winner), and the
+    checker finds the stream clean."""
+    c = stream_cluster
+    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    names = [f"race{i}" for i in range(RACED_STREAMS)]
+    firsts = []
+    for name in names:
+        await create(c, "n0", name)
+        load = StreamWorkload([a], name, writers=1, prefix="a")
+        async with load:
+            load.start(operations=5)
+            await load.join()
+        assert load.acked == 5, load.outcomes
+        firsts.append(load)
+        assert await owner(c, name) == "n0"
+    await asyncio.to_thread(c.kill, "n0")
+    for name in names:
+        await wait_owner(c, name, {None}, TAKEOVER_TIMEOUT_S)  # the lease ended
+    before = {name: await stream_ledgers(c, name) for name in names}
+    writers, operations = 4, 3
+    races = [
+        StreamWorkload([b, cc], name, writers=writers, prefix="r", seed=i)
+        for i, name in enumerate(names)
+    ]
+    try:
+        for race in races:
+            race.start(operations=operations)  # every first append at once, half to B
+        await asyncio.gather(*(race.join() for race in races))
+    finally:
+        for race in races:
+            await race.close()
+    for name, first, race in zip(names, firsts, races, strict=True):
+        assert race.acked == writers * operations, (name, race.outcomes)
+        assert await owner(c, name) in {"n1", "n2"}
+        after = await stream_ledgers(c, name)
+        old = [info["id"] for info in before[name]]
+        assert [info["id"] for info in after[: len(old)]] == old, (before[name], after)
+        assert len(after) == len(old) + 1, (name, before[name], after)
+        assert all(info["closed"] for info in after[:-1]), after
+        assert after[-1]["id"] > old[-1]
+        assert {op.ledger for op in race.history() if op.type == "ok"} == {after[-1]["id"]}
+        clean(merge(first.history(), race.history()), await read_back(cc, name))
+
+
+async def test_deleting_a_stream_leaves_nothing_anywhere(stream_cluster: LocalCluster) -> None:
+    """A stream with several ledgers (rollover every 20 entries) and a cursor, deleted through a
+    node that does not own it: every node answers 404 for it, and soon neither etcd
+    (record, cursors, owner, doomed ledgers, ledger metadata) nor any node's ledger list holds
+    anything of it."""
+    c = stream_cluster
+    urls = [c.url(n) for n in c.node_ids]
+    await create(c, "n0", STREAM, **ROLLOVER)
+    async with StreamWorkload(urls, STREAM, writers=2, batch_max=5) as load:
+        load.start(operations=20)
+        await load.join()
+    assert load.acked == 40, load.outcomes
+    status, body = await call(
+        "PUT", f"{urls[3]}/api/v1/streams/{STREAM}/cursors/billing", {"start": "earliest"}
+    )
+    assert status == 201, body
+    ledger_ids = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    assert len(ledger_ids) >= 3
+    assert await etcd_keys(c, f"stream-cursors/{STREAM}/")
+    held = set().union(*[await node_ledger_ids(url) for url in urls])
+    assert ledger_ids <= held  # replicas exist before the deletion
+    stream_owner = await owner(c, STREAM)
+    via = next(n for n in c.node_ids if n != stream_owner)
+    status, body = await call("DELETE", f"{c.url(via)}/api/v1/streams/{STREAM}")
+    assert status == 204, body
+    for url in urls:
+        status, body = await call("GET", f"{url}/api/v1/streams/{STREAM}")
+        assert status == 404 and body["code"] == "not_found", (url, status, body)
+    assert await stream_record(c, STREAM) is None
+
+    async def nothing_left() -> bool:
+        return not await leftovers(c, STREAM, ledger_ids)
+
+    await until_true(nothing_left, "the deleted stream's replicas reclaimed", GONE_TIMEOUT_S)
