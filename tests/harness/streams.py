@@ -112,6 +112,13 @@ async def leftovers(cluster: LocalCluster, name: str, ledger_ids: set[int]) -> l
         keys = await etcd_keys(cluster, f"{prefix}{name}")
         # streams/<name> is a prefix of streams/<name>-other as well: only this stream's.
         left += [k for k in keys if k == f"{prefix}{name}" or k.startswith(f"{prefix}{name}/")]
+    return left + await ledger_leftovers(cluster, ledger_ids)
+
+
+async def ledger_leftovers(cluster: LocalCluster, ledger_ids: set[int]) -> list[str]:
+    """What is left of ledgers a stream dropped: their doomed and metadata keys in etcd, and
+    each running node's replicas of them."""
+    left = []
     for ledger_id in sorted(ledger_ids):
         for key in (f"{DOOMED}{ledger_id:019d}", ledger_key(ledger_id)):
             if await etcd_get(cluster, key) is not None:

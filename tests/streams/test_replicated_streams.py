@@ -4,7 +4,8 @@ stream back at the end, and the stream checker compares it with the history: eve
 acknowledged append exactly once, where it was acknowledged, in order; nothing failed, nothing
 twice, nothing invented. The faults: the owner SIGKILLed while appends are in flight; the
 owner SIGSTOPped past its lease while another node takes over, then resumed; two nodes taking
-over at once; and the stream's deletion, which must leave nothing on any node or in etcd.
+over at once; rollover and retention across a takeover; and the stream's deletion, which must
+leave nothing on any node or in etcd.
 
 The owner's lease is short here (conftest.py: OWNER_TTL_S), so a takeover comes within
 seconds of a loss."""
@@ -25,6 +26,7 @@ from tests.harness.streams import (
     REPLICATED,
     call,
     etcd_keys,
+    ledger_leftovers,
     leftovers,
     node_ledger_ids,
     owner,
@@ -248,3 +250,59 @@ async def test_deleting_a_stream_leaves_nothing_anywhere(stream_cluster: LocalCl
         return not await leftovers(c, STREAM, ledger_ids)
 
     await until_true(nothing_left, "the deleted stream's replicas reclaimed", GONE_TIMEOUT_S)
+
+
+async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywhere(
+    stream_cluster: LocalCluster,
+) -> None:
+    """Ledgers rolled by A, A killed, more rolled by the new owner; a cursor consumes it all.
+    A retention run on the new owner deletes every closed ledger, A's included: they leave the
+    stream's record, their metadata and every running node's replicas; the stream goes on."""
+    c = stream_cluster
+    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    await create(c, "n0", STREAM, retentionTimeInMinutes=0, **ROLLOVER)
+    async with StreamWorkload([a], STREAM, writers=2, batch_max=3, prefix="a") as first:
+        first.start(operations=15)
+        await first.join()
+    assert first.acked == 30, first.outcomes
+    by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    assert len(by_a) >= 2
+    await asyncio.to_thread(c.kill, "n0")
+    async with StreamWorkload([b, cc], STREAM, writers=2, batch_max=3, prefix="b") as second:
+        second.start()
+        await second.wait_acked(30, TAKEOVER_TIMEOUT_S)
+        await second.stop()
+    new_owner = await owner(c, STREAM)
+    assert new_owner in {"n1", "n2"}
+    clean(merge(first.history(), second.history()), await read_back(b, STREAM))
+    ledgers = await stream_ledgers(c, STREAM)
+    assert len(ledgers) > len(by_a) + 1  # the new owner rolled over too
+    closed = {info["id"] for info in ledgers if info["closed"]}
+    status, body = await call("POST", f"{c.url(new_owner)}/api/v1/retention/run")
+    assert status == 200, body
+    dropped = {entry["ledgerId"] for entry in body["streams"][STREAM]}
+    assert by_a <= closed <= dropped, (by_a, closed, body)
+    remaining = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    assert remaining and not remaining & dropped
+
+    async def reclaimed() -> bool:
+        return not await ledger_leftovers(c, dropped)
+
+    await until_true(reclaimed, "the dropped ledgers' metadata and replicas gone", GONE_TIMEOUT_S)
+    async with StreamWorkload([cc, b], STREAM, writers=1, prefix="c") as third:
+        third.start(operations=3)
+        await third.join()
+    assert third.acked == 3, third.outcomes
+    read = await read_back(cc, STREAM, cursor="after")
+    assert {int(p.split(":")[0]) for p, _ in read} <= remaining | {
+        op.ledger for op in third.history() if op.ledger is not None
+    }
+    # The rest holds what the history says of the ledgers that remain: the acknowledgments
+    # into dropped ledgers are left out (retention deleted them; their invocations stay, as
+    # appends of unknown outcome that are now absent).
+    kept = [
+        op
+        for op in merge(first.history(), second.history(), third.history())
+        if op.type != "ok" or op.ledger not in dropped
+    ]
+    clean(kept, read)
