@@ -18,6 +18,9 @@ A retry is a new operation with new payloads, so a payload names its operation.
 
 ``check_stream`` lists every violation (``KINDS``); ``info`` appends, and appends whose
 process died before the answer (``unfinished``), may be present (once) or absent.
+``check_stream_ledgers`` goes one level down: the closed ledgers of the stream, read from
+their replicas by fresh clients, are checked by the replicated ledgers' checker (checker.py)
+against the acknowledged appends and what the cursor read.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import asyncio
 import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -37,7 +40,7 @@ from node.http.frames import (
     decode_stream_frames,
     encode_batch,
 )
-from node.jepsen.checker import Verdict, Violation
+from node.jepsen.checker import Verdict, Violation, check_cluster
 from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
 from node.streams.model import Position
 
@@ -49,6 +52,7 @@ READ_ATTEMPTS = 20  # a read or ack of ``read_back`` answered 503 or cut is trie
 READ_RETRY_S = 0.5  # ... after this pause (an owner being replaced answers 503 for a while)
 READ_TIMEOUT_S = 30.0  # one read or ack of ``read_back``
 POLL_S = 0.02  # between two looks at the acknowledged count (``wait_acked``)
+READ_BACK = "read-back"  # the process of check_stream_ledgers' adds of what the cursor read
 
 KINDS = {
     "lost": "an acknowledged append is not in the stream",
@@ -413,3 +417,34 @@ def _check_realtime(acked: list[_Append], bad: Any) -> None:
                 first,
                 f"{a.op.p}'s append invoked after {before.p}'s was acknowledged at {highest[0]}",
             )
+
+
+def as_ledger_history(
+    history: Iterable[Op], read_back: Iterable[tuple[str | Position, bytes]], ledgers: set[int]
+) -> list[Op]:
+    """The stream's history as the ledger checker's, for ``ledgers``: each acknowledged append
+    an ok add at its position, and each entry the cursor read an add of unknown outcome into
+    its ledger (so its bytes are no phantom there, and no rule requires it)."""
+    ops = [
+        Op(READ_BACK, "info", "add", position.ledger_id, None, digest(payload))
+        for position, payload in (
+            (p if isinstance(p, Position) else _position(p), payload) for p, payload in read_back
+        )
+        if position.ledger_id in ledgers
+    ]
+    for op in history:
+        if op.type == "ok" and op.ledger in ledgers:
+            ops.append(replace(op, f="add" if op.f == "append" else "add_batch"))
+    return ops
+
+
+async def check_stream_ledgers(
+    history: Sequence[Op],
+    read_back: Sequence[tuple[str | Position, bytes]],
+    metadata_url: str,
+    closed: set[int],
+) -> Verdict:
+    """The replicated ledgers' checker on the stream's ``closed`` ledgers: fresh readers agree
+    on each one's end, find it CLOSED with no gap, nothing served past its end, every
+    acknowledged append at its position and nothing the cursor did not read."""
+    return await check_cluster(as_ledger_history(history, read_back, closed), metadata_url)

@@ -4,8 +4,9 @@ and named, with the position."""
 
 from __future__ import annotations
 
+from node.jepsen.checker import Observation, check
 from node.jepsen.history import Op, OpFunction, digest
-from node.jepsen.streams import KINDS, check_stream
+from node.jepsen.streams import KINDS, as_ledger_history, check_stream
 
 OLD, NEW = 5, 9  # the ledger before a takeover, the one after
 
@@ -203,3 +204,20 @@ def test_every_kind_is_documented_and_verdicts_name_them() -> None:
     assert verdict.kinds() <= set(KINDS)
     text = str(verdict)
     assert "lost: ledger 5 entry 0" in text and "phantom: ledger 9 entry 3" in text
+
+
+def test_the_stream_as_the_ledger_checkers_history() -> None:
+    """Each closed ledger of the stream, as its replicas hold it, checked by the replicated
+    ledgers' checker: clean when the replicas hold what the cursor read; an entry the cursor
+    never saw is a phantom; an acknowledged append the replicas lack is short."""
+    b, read = clean()
+    ops = as_ledger_history(b.ops, read, {OLD})
+    assert {op.ledger for op in ops} == {OLD}
+    assert sorted(op.f for op in ops if op.type == "ok") == ["add", "add", "add", "add_batch"]
+    held = [(int(p.split(":")[1]), payload) for p, payload in read if p.startswith(f"{OLD}:")]
+    whole = Observation.of("r0", "CLOSED", 5, held)
+    assert check(ops, {OLD: [whole]}).ok
+    extra = Observation.of("r0", "CLOSED", 6, [*held, (6, b"w2-3")])
+    assert check(ops, {OLD: [extra]}).kinds() == {"phantom"}
+    cut = Observation.of("r0", "CLOSED", 3, held[:4])
+    assert check(ops, {OLD: [cut]}).kinds() == {"short"}

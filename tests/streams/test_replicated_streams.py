@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from node.jepsen.checker import Verdict
 from node.jepsen.history import Op, merge
-from node.jepsen.streams import StreamWorkload, check_stream, read_back
+from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
 from node.localcluster import LocalCluster
 from tests.harness.streams import (
     REPLICATED,
@@ -55,6 +55,16 @@ def clean(history: list[Op], read: list[tuple[str, bytes]]) -> Verdict:
     verdict = check_stream(history, read)
     assert verdict.ok, str(verdict)
     return verdict
+
+
+async def clean_replicas(
+    cluster: LocalCluster, history: list[Op], read: list[tuple[str, bytes]], name: str
+) -> None:
+    """The replicated ledgers' checker on every closed ledger of the stream's record."""
+    closed = {info["id"] for info in await stream_ledgers(cluster, name) if info["closed"]}
+    assert closed
+    verdict = await check_stream_ledgers(history, read, cluster.metadata_url, closed)
+    assert verdict.ok, str(verdict)
 
 
 def in_flight_at(history: list[Op], moment: float) -> int:
@@ -119,6 +129,7 @@ async def test_owner_killed_mid_append_loses_no_acknowledged_append(
     assert set(per_ledger) <= {info["id"] for info in ledgers}
     for info in ledgers[:-1]:  # a closed ledger's counts are final in its record
         assert info["entries"] == per_ledger[info["id"]], (info, per_ledger)
+    await clean_replicas(c, history, read, STREAM)
 
 
 async def test_paused_owner_acknowledges_nothing_after_its_lease(
@@ -164,7 +175,9 @@ async def test_paused_owner_acknowledges_nothing_after_its_lease(
     assert resumed.acked == 3, resumed.outcomes  # forwarded to the new owner
     assert all(op.ledger not in owned_by_a for op in resumed.history() if op.type == "ok")
     history = merge(first.history(), paused.history(), others.history(), resumed.history())
-    clean(history, await read_back(b, STREAM))
+    read = await read_back(b, STREAM)
+    clean(history, read)
+    await clean_replicas(c, history, read, STREAM)
 
 
 async def test_concurrent_takeovers_make_one_owner_and_one_ledger(
@@ -213,7 +226,10 @@ async def test_concurrent_takeovers_make_one_owner_and_one_ledger(
         assert all(info["closed"] for info in after[:-1]), after
         assert after[-1]["id"] > old[-1]
         assert {op.ledger for op in race.history() if op.type == "ok"} == {after[-1]["id"]}
-        clean(merge(first.history(), race.history()), await read_back(cc, name))
+        history = merge(first.history(), race.history())
+        read = await read_back(cc, name)
+        clean(history, read)
+        await clean_replicas(c, history, read, name)
 
 
 async def test_deleting_a_stream_leaves_nothing_anywhere(stream_cluster: LocalCluster) -> None:
