@@ -152,7 +152,7 @@ async def test_paused_owner_acknowledges_nothing_after_its_lease(
     c.stop("n0")
     try:
         async with (
-            StreamWorkload([a], STREAM, writers=2, prefix="p", timeout_s=300) as paused,
+            StreamWorkload([a], STREAM, writers=2, prefix="p", timeout_s=120) as paused,
             StreamWorkload([b, cc], STREAM, writers=2, batch_max=2, prefix="t") as others,
         ):
             paused.start(operations=2)  # held by the paused A
@@ -259,7 +259,7 @@ async def test_deleting_a_stream_leaves_nothing_anywhere(stream_cluster: LocalCl
     assert status == 204, body
     for url in urls:
         status, body = await call("GET", f"{url}/api/v1/streams/{STREAM}")
-        assert status == 404 and body["code"] == "not_found", (url, status, body)
+        assert status == 404 and body["code"] == "stream_not_found", (url, status, body)
     assert await stream_record(c, STREAM) is None
 
     async def nothing_left() -> bool:
