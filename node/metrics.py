@@ -236,6 +236,15 @@ class Metrics:
             "Connections refused past max_connections (503 too_many_connections).",
             registry=self.registry,
         )
+        # Stream requests this node sent on to the stream's owner (node/http/forward.py).
+        self.stream_forwarded_requests = Counter(
+            f"{PREFIX}_stream_forwarded_requests",
+            "Stream requests forwarded to the stream's owner, by outcome: ok (the owner "
+            "answered), unreachable (no answer: 503 owner_unreachable, or its answer broke "
+            "off), unknown (an append sent, no answer: 503 append_outcome_unknown).",
+            ("outcome",),
+            registry=self.registry,
+        )
         self.read_reply_bytes = Gauge(
             f"{PREFIX}_http_read_reply_bytes_in_flight",
             "Bytes of read replies held, out of max_read_bytes_in_flight.",

@@ -190,6 +190,7 @@ class Settings(BaseSettings):
     zone: str = ""  # failure domain for placement (the k8s node's topology.kubernetes.io/zone)
     zone_file: Path | None = None  # zone read from this file when zone is "" (k8s init container)
     registration_ttl_s: int = Field(10, gt=0)  # lease of nodes/<id>: a dead node vanishes after it
+    stream_owner_ttl_s: int = Field(10, gt=0)  # owner lease: a dead node's streams move after it
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica
@@ -197,6 +198,9 @@ class Settings(BaseSettings):
     open_ledger_rereplication_grace_s: float = Field(30, ge=0)  # an open ledger's writer's time
     autorecovery_lock_ttl_s: int = Field(30, gt=0)  # lease of a marker's lock (worker dies: freed)
     autorecovery_poll_s: float = Field(30.0, gt=0)  # re-read the auditor's report and totals
+    # a stream request forwarded to its owner: its longest silence, beyond a long poll's waitMs
+    stream_forward_timeout_s: float = Field(30.0, gt=0)
+    stream_forward_connect_timeout_s: float = Field(5.0, gt=0)  # connecting to a stream's owner
 
     # --- journal (BookKeeper) ------------------------------------------------------------
     # group commit: max age of a group; eager (below): the writer's longest wait after a write
@@ -251,6 +255,10 @@ class Settings(BaseSettings):
     disk_space_clean_forcibly_ratio: float = Field(0.85, ge=0)  # RocketMQ: forced cleaning
 
     # --- streams and retention (Pulsar, RocketMQ) ------------------------------------------
+    # a replicated stream's ledgers (with a metadata store; a PUT's "replication" overrides)
+    stream_ensemble_size: int = Field(3, ge=1)  # E: nodes a ledger's entries are striped over
+    stream_write_quorum: int = Field(3, ge=1)  # Qw: copies of each entry
+    stream_ack_quorum: int = Field(2, ge=1)  # Qa: durable copies before an append is acknowledged
     managed_ledger_min_ledger_rollover_time_minutes: int = Field(10, ge=0)  # never roll sooner
     managed_ledger_max_ledger_rollover_time_minutes: int = Field(240, ge=0)  # roll when older
     managed_ledger_max_entries_per_ledger: int = Field(50_000, gt=0)  # roll at this many entries
@@ -359,6 +367,11 @@ class Settings(BaseSettings):
             raise ValueError(
                 "compaction_space_amplification_limit must be 0 (off) or above 1 "
                 f"(got {self.compaction_space_amplification_limit})"
+            )
+        if not (self.stream_ensemble_size >= self.stream_write_quorum >= self.stream_ack_quorum):
+            raise ValueError(
+                "stream_ensemble_size >= stream_write_quorum >= stream_ack_quorum, got "
+                f"{self.stream_ensemble_size}/{self.stream_write_quorum}/{self.stream_ack_quorum}"
             )
         if self.disk_usage_lwm_threshold > self.disk_usage_threshold:
             raise ValueError("disk_usage_lwm_threshold must not exceed disk_usage_threshold")

@@ -115,6 +115,11 @@ class LedgerHandle:
         return self._meta
 
     @property
+    def length(self) -> int:
+        """Payload bytes of the entries up to the LAC."""
+        return self._lac_length
+
+    @property
     def _replication(self) -> tuple[int, int, int]:
         m = self._meta
         return m.ensemble_size, m.write_quorum, m.ack_quorum

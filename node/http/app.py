@@ -21,6 +21,7 @@ from node.http import (
     audit,
     autorecovery,
     crosssite,
+    forward,
     ledgers,
     offload,
     openapi,
@@ -105,23 +106,30 @@ def build_app(
     app[SERVING] = ServingState()
     app[STORAGE] = storage or LedgerStorage(settings, clock=clock, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], clock)
-    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
     app[AUDIT] = AuditState()
     if settings.metadata_url:
         # Imported only here: a node without a metadata store never loads node.client.
         from node.replication.service import Replication
+        from node.streams.router import replicated_streams
 
         app[REPLICATION] = replication = Replication(
             settings, app[STORAGE], metrics, clock, cookie=cookie
+        )
+        token = settings.admin_token.get_secret_value() if settings.admin_token else None
+        app[STREAMS], app[streams.STREAM_ROUTER] = replicated_streams(
+            settings, replication.store, clock, token
         )
         app[status.REPLICATION_SUMMARY] = replication.summary
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store
         app.cleanup_ctx.append(_replication_identity)
+    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     if settings.metadata_url:
         app.cleanup_ctx.append(_replication_lifecycle)
+        forward.install(app)  # requests about streams another node owns go there
+        app.cleanup_ctx.append(_stream_ownership)
     app.on_shutdown.append(_begin_shutdown)
     app.add_routes(ledgers.routes)
     app.add_routes(admin.routes)
@@ -168,6 +176,15 @@ async def _replication_lifecycle(app: web.Application) -> AsyncIterator[None]:
     sweep = app[REPLICATION].sweep
     if sweep is not None:
         await sweep.stop()
+
+
+async def _stream_ownership(app: web.Application) -> AsyncIterator[None]:
+    """The lease this node owns replicated streams under; revoked when it stops, so that
+    the next request to any node takes its streams over at once."""
+    router = app[streams.STREAM_ROUTER]
+    await router.start()
+    yield
+    await router.stop()
 
 
 async def _given_storage(app: web.Application) -> AsyncIterator[None]:

@@ -110,8 +110,14 @@ STATUSES: dict[int, Status] = {
         "with its counts, that finished ahead of the node's clock or that has no check "
         "(invalid_summary); a replica add whose X-Replicated breaks E >= Qw >= Qa >= 1 "
         "(invalid_replication) or that lacks X-Lac or X-Entry-Id (missing_header); fence=1 "
-        "on a LAC read without replicated=1 (invalid_flags)",
-        (stream_errors.InvalidPosition, stream_errors.ConflictingPolicies),
+        "on a LAC read without replicated=1 (invalid_flags); a stream's replication "
+        "breaking E >= Qw >= Qa (invalid_policy), or other than 1/1/1 on a node without a "
+        "metadata store (replication_off)",
+        (
+            stream_errors.InvalidPosition,
+            stream_errors.ConflictingPolicies,
+            stream_errors.ReplicationOff,
+        ),
     ),
     421: Status(
         "X-Expect-Node names another node than this one (wrong_node): the caller's address "
@@ -140,8 +146,16 @@ STATUSES: dict[int, Status] = {
         "store unreachable (offload_store_unavailable), or the metadata store unreachable "
         "when a replicated ledger's deletion or autorecovery asks it (metadata_unavailable), "
         "an autorecovery step the nodes did not answer (entry_unavailable, recovery_failed); "
-        "see Retry-After",
+        "a replicated stream whose owner did not answer a forwarded request "
+        "(owner_unreachable), that moved to another node (not_owner), an append whose "
+        "ledger a takeover fenced or whose owner went silent (append_outcome_unknown: it may "
+        "or may not be in the stream), fewer writable nodes than its ensemble "
+        "(not_enough_nodes); see Retry-After",
         (
+            stream_errors.NotOwner,
+            stream_errors.AppendOutcomeUnknown,
+            stream_errors.MetadataUnavailable,
+            stream_errors.NotEnoughNodes,
             storage_errors.Backpressure,
             storage_errors.StorageClosed,
             storage_errors.NodeReadOnly,

@@ -190,6 +190,9 @@ class Lanes:
         )
         self.guard = app[GUARD]
         self.node_id = settings.id
+        # Replicated streams' appends go through aiohttp's route: it asks who owns the stream
+        # and forwards to the owner, which this lane does not.
+        self.stream_appends = streams.STREAM_ROUTER not in app
         self.node_id_header = b"%s: %s\r\n" % (
             protocol.NODE_ID_HEADER.encode(),
             settings.id.encode("utf-8", "surrogateescape"),
@@ -346,6 +349,8 @@ class FastLane(asyncio.Protocol):
         """Whether the lane takes the add: aiohttp answers the rest (refusals included)."""
         lanes = self._lanes
         if add.length > lanes.max_body or not self._same_site(add):
+            return False
+        if add.route is STREAM_ROUTE and not lanes.stream_appends:
             return False
         expected = add.headers.get(_EXPECT_NODE)
         if expected is not None and _header(add, _EXPECT_NODE) != lanes.node_id:

@@ -557,6 +557,14 @@ async def long_poll_lac(request: web.Request) -> web.Response:
     storage = _storage(request)
     fence = _flag(request, "fence")
     replication = _replication(request)
+    # Every query value is checked, also where a flag makes it moot: a malformed request is
+    # refused the same way whatever else it asks.
+    timeout_ms = parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0)
+    longest = request.app[SETTINGS].max_long_poll_ms
+    if timeout_ms > longest:
+        raise ApiError(400, "invalid_timeout", f"timeoutMs is at most {longest}")
+    raw = request.query.get("after")
+    after = -1 if raw == "-1" else parse_id(raw, "after", default=-1)  # -1: the first entry
     if _flag(request, "replicated"):
         if not fence:
             return _replica_lac(None, storage, ledger_id)
@@ -564,18 +572,12 @@ async def long_poll_lac(request: web.Request) -> web.Response:
         return _replica_lac(await storage.fence_replica(ledger_id, replication), storage, ledger_id)
     if fence:
         raise ApiError(422, "invalid_flags", "fence=1 is a replica's read: add replicated=1")
-    timeout_ms = parse_id(request.query.get("timeoutMs"), "timeoutMs", default=0)
-    longest = request.app[SETTINGS].max_long_poll_ms
-    if timeout_ms > longest:
-        raise ApiError(400, "invalid_timeout", f"timeoutMs is at most {longest}")
     meta = storage.ledger(ledger_id)
     if meta.replication is not None:
         # The writer's LAC, at once: a replica holds a stripe, whose local LAC no add moves,
         # and readers of a replicated ledger learn its LAC from the metadata and the adds.
         lac = meta.writer_lac
-    elif "after" in request.query:
-        raw = request.query["after"]
-        after = -1 if raw == "-1" else parse_id(raw, "after")  # -1: wait for the first entry
+    elif raw is not None:
         with cancelled_on_hangup(request):
             lac = await storage.wait_lac(ledger_id, after, timeout_ms / 1000)
     else:

@@ -88,6 +88,19 @@ class CreateLedger(TypedDict, total=False):
     writeToken: Annotated[str, Field(min_length=1, description="Required with every change")]
 
 
+Quorum = Annotated[int, Field(ge=1, le=32), INTEGRAL]
+
+
+@with_config(REQUEST)
+class StreamReplication(TypedDict):
+    """BookKeeper's E, Qw, Qa of the stream's ledgers (E >= Qw >= Qa >= 1); only with a
+    metadata store: a node without one keeps every ledger on its own volume (1/1/1)."""
+
+    ensemble: Quorum
+    writeQuorum: Quorum
+    ackQuorum: Quorum
+
+
 @with_config(REQUEST)
 class StreamPolicies(TypedDict, total=False):
     """Pulsar's names (``node.streams.policies``, which gives their bounds and descriptions);
@@ -103,6 +116,7 @@ class StreamPolicies(TypedDict, total=False):
     offloadThresholdInBytes: Annotated[int, _policy("offloadThresholdInBytes"), INTEGRAL]
     offloadThresholdInSeconds: Annotated[int, _policy("offloadThresholdInSeconds"), INTEGRAL]
     offloadDeletionLagInMillis: Annotated[int, _policy("offloadDeletionLagInMillis"), INTEGRAL]
+    replication: StreamReplication
 
 
 @with_config(REQUEST)
@@ -495,10 +509,18 @@ class Cursor(Reply):
     createdTime: Millis
 
 
+class Replication(Reply):
+    ensemble: Count
+    writeQuorum: Count
+    ackQuorum: Count
+
+
 class Stream(Reply):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     createdTime: Millis
     policies: PolicyValues
+    replication: Replication  # 1/1/1: the node's own ledgers (no metadata store)
+    owner: str | None = None  # the node serving it (replicated streams); None: no metadata store
     ledgers: list[StreamLedger]
     entries: Count
     bytes: Count

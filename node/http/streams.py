@@ -5,14 +5,17 @@ Positions are written ``L:E``. A stream read returns stream frames (node/http/fr
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
+from node.http.forward import FORWARDER, forwarded
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -27,16 +30,61 @@ from node.http.ledgers import decode_payloads, parse_id, unsupported
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
 from node.streams.manager import Read, StreamManager, parse_position
-from node.streams.model import Cursor, Position, Stream
+from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
+
+if TYPE_CHECKING:
+    from node.streams.router import StreamRouter
 
 routes = web.RouteTableDef()
+# Which node serves each replicated stream (only on a node with a metadata store).
+STREAM_ROUTER: web.AppKey[StreamRouter] = web.AppKey("stream_router")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+LOCAL = Replication(1, 1, 1)  # a stream of a node without a metadata store: its own ledgers
 DEFAULT_READ_LIMIT = 100
 MAX_READ_LIMIT = 10_000
 
 
 def _streams(request: web.Request) -> StreamManager:
     return request.app[STREAMS]
+
+
+async def owner_url(app: web.Application, name: str, *, create: bool = False) -> str | None:
+    """Where a request about stream ``name`` is served: None here, else the owner's URL
+    (a replicated stream another node owns). A node with no live owner to ask takes the
+    stream over (node.streams.router)."""
+    router = app.get(STREAM_ROUTER)
+    if router is None:
+        return None
+    return await router.route(name, create=create)
+
+
+def _not_twice(request: web.Request, url: str) -> None:
+    if forwarded(request):
+        raise ApiError(
+            503,
+            "not_owner",
+            f"stream {_name(request)[:100]!r} moved again while the request was forwarded "
+            f"(to {url}): retry",
+        )
+
+
+def served(*, create: bool = False) -> Callable[[Handler], Handler]:
+    """A route of one stream: answered here when this node serves the stream, otherwise
+    forwarded to the node that does (one hop: a forwarded request is never sent on)."""
+
+    def wrap(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def route(request: web.Request) -> web.StreamResponse:
+            url = await owner_url(request.app, _name(request), create=create)
+            if url is None:
+                return await handler(request)
+            _not_twice(request, url)
+            return await request.app[FORWARDER].forward(request, url)
+
+        return route
+
+    return wrap
 
 
 def _name(request: web.Request) -> str:
@@ -58,11 +106,30 @@ def _limit_and_wait(request: web.Request) -> tuple[int, float]:
     return limit, wait_ms / 1000
 
 
-def _stream_model(streams: StreamManager, stream: Stream) -> models.Stream:
+def _stream_model(
+    streams: StreamManager, stream: Stream, owner: str | None = None
+) -> models.Stream:
+    """A stream this node serves: its open ledger's count is the LAC now."""
+    cursors = [_cursor_model(streams, c) for c in streams.cursors(stream.name)]
+    return _stream_reply(stream, lambda info: streams._last_entry(info) + 1, cursors, owner)
+
+
+def _record_model(stream: Stream, owner: str | None) -> models.Stream:
+    """A replicated stream another node serves, as its record in the metadata store has it
+    (the open ledger's count as of the last record write; its owner has the cursors)."""
+    return _stream_reply(stream, lambda info: info.entries, [], owner)
+
+
+def _stream_reply(
+    stream: Stream,
+    entries: Callable[[LedgerInfo], int],
+    cursors: list[models.Cursor],
+    owner: str | None,
+) -> models.Stream:
     ledgers = [
         models.StreamLedger(
             ledgerId=info.ledger_id,
-            entries=streams._last_entry(info) + 1,
+            entries=entries(info),
             bytes=info.size_bytes,
             createdTime=info.created_ms,
             closedTime=info.closed_ms or None,
@@ -73,16 +140,24 @@ def _stream_model(streams: StreamManager, stream: Stream) -> models.Stream:
         name=stream.name,
         createdTime=stream.created_ms,
         policies=models.PolicyValues(**stream.policies.to_json()),
+        replication=models.Replication(**(stream.replication or LOCAL).to_json()),
         ledgers=ledgers,
         entries=sum(item.entries for item in ledgers),
         bytes=sum(info.size_bytes for info in stream.ledgers),
         oldestDataTime=stream.ledgers[0].created_ms if stream.ledgers else None,
-        cursors=[_cursor_model(streams, c) for c in streams.cursors(stream.name)],
+        cursors=cursors,
+        owner=owner,
     )
 
 
-def _stream_json(streams: StreamManager, stream: Stream) -> dict[str, Any]:
-    return _stream_model(streams, stream).to_json()
+def _owner_here(app: web.Application) -> str | None:
+    """The owner field of the streams this node serves: its id on a node with a metadata
+    store (replicated streams have one owner among many), None without."""
+    return app[SETTINGS].id if STREAM_ROUTER in app else None
+
+
+def _stream_json(request: web.Request, stream: Stream) -> dict[str, Any]:
+    return _stream_model(_streams(request), stream, _owner_here(request.app)).to_json()
 
 
 def _cursor_model(streams: StreamManager, cursor: Cursor) -> models.Cursor:
@@ -113,31 +188,47 @@ async def _frames(request: web.Request, reply: ReplyBytes, found: Read) -> web.S
 @routes.get("/api/v1/streams")
 async def list_streams(request: web.Request) -> web.Response:
     streams = _streams(request)
-    listing = models.StreamList(streams=[_stream_model(streams, s) for s in streams.streams()])
-    return json_response(listing.to_json())
+    found = [_stream_model(streams, s, _owner_here(request.app)) for s in streams.streams()]
+    router = request.app.get(STREAM_ROUTER)
+    if router is not None:
+        found += [_record_model(s, owner) for s, owner in await router.elsewhere()]
+        found.sort(key=lambda s: s.name)
+    return json_response(models.StreamList(streams=found).to_json())
 
 
 @routes.put("/api/v1/streams/{name}")
+@served(create=True)
 async def put_stream(request: web.Request) -> web.Response:
     streams = _streams(request)
-    policies = models.STREAM_POLICIES.parse(await request.read())
-    stream, created = await streams.put_stream(_name(request), dict(policies))
-    return json_response(_stream_json(streams, stream), status=201 if created else 200)
+    given = dict(models.STREAM_POLICIES.parse(await request.read()))
+    replication = given.pop("replication", None)
+    stream, created = await streams.put_stream(
+        _name(request),
+        given,
+        None if replication is None else Replication.from_json(replication),  # type: ignore[arg-type]
+    )
+    return json_response(_stream_json(request, stream), status=201 if created else 200)
 
 
 @routes.get("/api/v1/streams/{name}")
+@served()
 async def get_stream(request: web.Request) -> web.Response:
     streams = _streams(request)
-    return json_response(_stream_json(streams, streams.stream(_name(request))))
+    return json_response(_stream_json(request, streams.stream(_name(request))))
 
 
 @routes.delete("/api/v1/streams/{name}")
+@served()
 async def delete_stream(request: web.Request) -> web.Response:
     await _streams(request).delete_stream(_name(request))
+    router = request.app.get(STREAM_ROUTER)
+    if router is not None:
+        await router.release(_name(request))
     return web.Response(status=204)
 
 
 @routes.post("/api/v1/streams/{name}/entries")
+@served()
 async def append(request: web.Request) -> web.Response:
     content_type = media_type(request.headers.get("Content-Type", ""))
     reply = await add(request.app, _name(request), content_type, await request.read())
@@ -170,6 +261,7 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
 
 
 @routes.get("/api/v1/streams/{name}/entries")
+@served()
 async def read(request: web.Request) -> web.StreamResponse:
     start = parse_position(request.query["from"]) if "from" in request.query else None
     limit, wait_s = _limit_and_wait(request)
@@ -180,6 +272,7 @@ async def read(request: web.Request) -> web.StreamResponse:
 
 
 @routes.put("/api/v1/streams/{name}/cursors/{cursor}")
+@served()
 async def create_cursor(request: web.Request) -> web.Response:
     start = models.CREATE_CURSOR.parse(await request.read()).get("start", "latest")
     streams = _streams(request)
@@ -190,6 +283,7 @@ async def create_cursor(request: web.Request) -> web.Response:
 
 
 @routes.get("/api/v1/streams/{name}/cursors/{cursor}")
+@served()
 async def get_cursor(request: web.Request) -> web.Response:
     streams = _streams(request)
     return json_response(
@@ -198,12 +292,14 @@ async def get_cursor(request: web.Request) -> web.Response:
 
 
 @routes.delete("/api/v1/streams/{name}/cursors/{cursor}")
+@served()
 async def delete_cursor(request: web.Request) -> web.Response:
     await _streams(request).delete_cursor(_name(request), request.match_info["cursor"])
     return web.Response(status=204)
 
 
 @routes.get("/api/v1/streams/{name}/cursors/{cursor}/entries")
+@served()
 async def read_cursor(request: web.Request) -> web.StreamResponse:
     limit, wait_s = _limit_and_wait(request)
     async with ReplyBytes(request.app, STREAM_HEADER.size) as reply:
@@ -214,6 +310,7 @@ async def read_cursor(request: web.Request) -> web.StreamResponse:
 
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/ack")
+@served()
 async def acknowledge(request: web.Request) -> web.Response:
     position = await _position_field(request)
     streams = _streams(request)
@@ -222,6 +319,7 @@ async def acknowledge(request: web.Request) -> web.Response:
 
 
 @routes.post("/api/v1/streams/{name}/cursors/{cursor}/reset")
+@served()
 async def reset(request: web.Request) -> web.Response:
     position = await _position_field(request)
     streams = _streams(request)

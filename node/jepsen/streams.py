@@ -44,8 +44,10 @@ from node.jepsen.checker import Verdict, Violation, check_cluster
 from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
 from node.streams.model import Position
 
-# 503 codes of refusals made before the request was handled: nothing of it was written.
-DEFINITE_CODES = frozenset({"not_owner", "overloaded", "too_many_connections"})
+# 503 codes of refusals made before the request was handled: nothing of it was written. An
+# append answered owner_unreachable never reached the owner (no connection was made: once
+# it was sent, the forwarding node answers append_outcome_unknown).
+DEFINITE_CODES = frozenset({"not_owner", "owner_unreachable", "overloaded", "too_many_connections"})
 APPEND_TIMEOUT_S = 15.0  # one append, forwarding and a takeover included; past it: unknown
 READ_LIMIT = 1000  # entries per cursor read of ``read_back``
 READ_ATTEMPTS = 20  # a read or ack of ``read_back`` answered 503 or cut is tried again ...

@@ -54,7 +54,7 @@ from node.settings import MiB, Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
-from node.storage.ledgers import LedgerStorage
+from node.streams.backend import StreamBackend
 from node.streams.model import (
     CURSOR_PREFIX,
     DOOMED_PREFIX,
@@ -65,6 +65,7 @@ from node.streams.model import (
     LedgerInfo,
     Position,
     PositionOutOfRange,
+    Replication,
     Stream,
     cursor_key,
     decode_doomed_key,
@@ -111,6 +112,36 @@ class InvalidName(StorageError):
     code = "invalid_name"
 
 
+class ReplicationOff(InvalidPolicy):
+    """Replication settings other than 1/1/1 on a node without a metadata store."""
+
+    code = "replication_off"
+
+
+class NotOwner(StorageError):
+    """Another node serves the stream now (it took it over): ask again, any node forwards."""
+
+    code = "not_owner"
+
+
+class AppendOutcomeUnknown(StorageError):
+    """The append's ledger was fenced or lost with it unacknowledged: it may be in the
+    stream or not (BookKeeper's fenced add); never reported as failed."""
+
+    code = "append_outcome_unknown"
+
+
+class MetadataUnavailable(StorageError):
+    code = "metadata_unavailable"
+
+
+class NotEnoughNodes(StorageError):
+    """A replicated stream's new ledger needs E writable nodes and fewer are registered
+    (BookKeeper's BKNotEnoughBookiesException): appends wait for nodes to come back."""
+
+    code = "not_enough_nodes"
+
+
 @dataclass(slots=True)
 class Backlog:
     entries: int
@@ -128,9 +159,13 @@ class _InFlight:
 
 
 class StreamManager:
-    def __init__(self, storage: LedgerStorage, clock: Clock) -> None:
+    def __init__(self, storage: StreamBackend, clock: Clock) -> None:
         self._storage = storage
         self._clock = clock
+        # E/Qw/Qa of new streams' ledgers: None on a node without a metadata store (its
+        # streams' ledgers are its own), the settings' with one (node.streams.replicated).
+        self.default_replication: Replication | None = None
+        self._moved: set[str] = set()  # streams dropped for another owner (replicated)
         self._settings: Settings = storage.settings
         self._streams: dict[str, Stream] = {}
         self._cursors: dict[str, dict[str, Cursor]] = {}
@@ -270,10 +305,14 @@ class StreamManager:
 
     # --- streams -------------------------------------------------------------------------
 
-    async def put_stream(self, name: str, given: dict[str, object]) -> tuple[Stream, bool]:
-        """Create a stream, or update its policies (absent keys take the node's defaults)."""
+    async def put_stream(
+        self, name: str, given: dict[str, object], replication: Replication | None = None
+    ) -> tuple[Stream, bool]:
+        """Create a stream, or update its policies (absent keys take the node's defaults) and
+        its replication (the ledgers it opens from then on)."""
         if not NAME.fullmatch(name):
             raise InvalidName(f"a stream name is 1-255 of [A-Za-z0-9._-], not {name[:60]!r}")
+        replication = self._check_replication(replication)
         try:
             policies = Policies.from_json(given, default_policies(self._settings))
         except PolicyConflict as e:
@@ -284,19 +323,69 @@ class StreamManager:
             # Read under the lock: PUTs racing to create the stream see each other's, and
             # the object stays (appends and rollovers in flight hold it).
             existing = self._streams.get(name)
-            stream = existing or Stream(name, policies, self._clock.now_ms())
-            updated = Stream(name, policies, stream.created_ms, stream.ledgers)
+            stream = existing or Stream(
+                name, policies, self._clock.now_ms(), replication=self.default_replication
+            )
+            replication = replication or stream.replication
+            updated = dataclasses.replace(stream, policies=policies, replication=replication)
             await self._storage.write_records({updated.key(): updated.encode()})
-            stream.policies = policies
+            stream.policies, stream.replication = policies, replication
             if existing is None:
                 self._streams[name] = stream
         return stream, existing is None
 
+    def _check_replication(self, replication: Replication | None) -> Replication | None:
+        if replication is None:
+            return None
+        if self.default_replication is None:
+            if replication != (1, 1, 1):
+                raise ReplicationOff(
+                    "this node has no metadata store (metadata_url): its streams' ledgers "
+                    "are its own, replication is 1/1/1"
+                )
+            return None
+        e, qw, qa = replication
+        if not e >= qw >= qa >= 1:
+            raise ConflictingPolicies(
+                f"replication needs ensemble >= writeQuorum >= ackQuorum >= 1, got {e}/{qw}/{qa}"
+            )
+        return replication
+
     def stream(self, name: str) -> Stream:
         stream = self._streams.get(name)
         if stream is None:
+            if name in self._moved:
+                raise NotOwner(f"stream {name[:100]!r} is served by another node now: retry")
             raise StreamNotFound(f"stream {name[:100]!r} does not exist")
         return stream
+
+    def owns(self, name: str) -> bool:
+        return name in self._streams
+
+    # --- ownership (replicated streams: node.streams.router) -----------------------------
+
+    def adopt(self, stream: Stream, cursors: Iterable[Cursor]) -> None:
+        """Serve a stream this node has just taken over, its last ledger closed."""
+        self._moved.discard(stream.name)
+        self._streams[stream.name] = stream
+        self._cursors[stream.name] = {cursor.name: cursor for cursor in cursors}
+
+    def drop(self, name: str) -> None:
+        """Stop serving a stream that another node owns now. Nothing is written (the new
+        owner's record is the truth); waiting readers wake up and are told to retry."""
+        if self._streams.pop(name, None) is not None:
+            self._moved.add(name)
+        self._cursors.pop(name, None)
+        self._wake(name)
+
+    async def open_ledger(self, name: str) -> LedgerInfo:
+        """Open the stream's next ledger now: a takeover does, after closing the last one, so
+        that the old owner's ledger is never appended to again (Pulsar opens one on load)."""
+        stream = self.stream(name)
+        async with self._rolling.setdefault(name, asyncio.Lock()):
+            fresh, old = await self._open_next(stream)
+            await self._seal(stream, old)
+            return fresh
 
     def streams(self) -> list[Stream]:
         return sorted(self._streams.values(), key=lambda s: s.name)
@@ -450,7 +539,7 @@ class StreamManager:
             written = [dataclasses.replace(info) for info in stream.ledgers]
             if old is not None:
                 written[-1].closed_ms = now
-            record = Stream(stream.name, stream.policies, stream.created_ms, [*written, fresh])
+            record = dataclasses.replace(stream, ledgers=[*written, fresh])
             try:
                 await self._storage.write_records({record.key(): record.encode()})
             except BaseException:

@@ -2,7 +2,8 @@
 
 Records (JSON values, each with a format version ``v``)::
 
-    key  b"stream/" + name              value {"v": 1, "name", "created", "policies", "ledgers"}
+    key  b"stream/" + name              value {"v": 1, "name", "created", "policies", "ledgers",
+                                                   "replication" (replicated streams only)}
     key  b"cursor/" + name + 0x00 + cur value {"v": 1, "markDelete": [ledger, entry], "created"}
     key  b"doomed/" + ledger id (decimal) value {"v": 1, "stream"}
 
@@ -38,6 +39,26 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 ID_DIGITS = "(0|[1-9][0-9]{0,18})"
 POSITION = re.compile(rf"{ID_DIGITS}:(-1|{ID_DIGITS})")
 MINUTE_MS = 60_000
+
+
+class Replication(NamedTuple):
+    """E/Qw/Qa of a replicated stream's ledgers (BookKeeper's ensemble, write and ack quorum).
+    A stream of a node without a metadata store has none: its ledgers are the node's own."""
+
+    ensemble: int
+    write_quorum: int
+    ack_quorum: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "ensemble": self.ensemble,
+            "writeQuorum": self.write_quorum,
+            "ackQuorum": self.ack_quorum,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, int]) -> Replication:
+        return cls(data["ensemble"], data["writeQuorum"], data["ackQuorum"])
 
 
 class PositionOutOfRange(ValueError):
@@ -91,6 +112,7 @@ class Stream:
     policies: Policies
     created_ms: int
     ledgers: list[LedgerInfo] = field(default_factory=list)
+    replication: Replication | None = None
 
     def key(self) -> bytes:
         return STREAM_PREFIX + self.name.encode()
@@ -106,15 +128,16 @@ class Stream:
         return max(mark, Position(self.ledgers[0].ledger_id, -1))
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "v": FORMAT_VERSION,
-                "name": self.name,
-                "created": self.created_ms,
-                "policies": self.policies.to_json(),
-                "ledgers": [info.to_json() for info in self.ledgers],
-            }
-        ).encode()
+        record: dict[str, object] = {
+            "v": FORMAT_VERSION,
+            "name": self.name,
+            "created": self.created_ms,
+            "policies": self.policies.to_json(),
+            "ledgers": [info.to_json() for info in self.ledgers],
+        }
+        if self.replication is not None:
+            record["replication"] = self.replication.to_json()
+        return json.dumps(record).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Stream:
@@ -126,6 +149,7 @@ class Stream:
             Policies(**raw["policies"]),
             raw["created"],
             [LedgerInfo.from_json(info) for info in raw["ledgers"]],
+            Replication.from_json(raw["replication"]) if "replication" in raw else None,
         )
 
 

@@ -86,6 +86,7 @@ async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers
                 store.get("k"),
                 store.cas("k", b"v2", first.revision),
                 store.next_id(),
+                store.commit({"k": first.revision}, {"k": b"v3"}),
                 return_exceptions=True,
             )
             assert time.monotonic() - began < DEFAULT_TIMEOUT_S + SLACK_S
@@ -93,12 +94,14 @@ async def test_a_stopped_etcd_makes_calls_fail_in_time_and_a_resumed_one_answers
                 StoreUnavailable,
                 OutcomeUnknown,
                 OutcomeUnknown,
+                OutcomeUnknown,
             ]
         finally:
             own_etcd.resume()
-        # the cas was sent: once etcd runs again it may have applied; a read tells
+        # the cas and the commit were sent: once etcd runs again either may have applied (not
+        # both: each needs the first revision); a read tells
         now = await store.get("k")
-        assert now is not None and now.value in (b"v1", b"v2")
+        assert now is not None and now.value in (b"v1", b"v2", b"v3")
     finally:
         await store.close()
 

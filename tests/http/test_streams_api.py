@@ -146,10 +146,13 @@ async def test_create_update_get_list_delete_a_stream(client: Any) -> None:
     assert r.status == 201
     created = await r.json()
     assert set(created) == {
-        "name", "createdTime", "policies", "ledgers", "entries", "bytes", "oldestDataTime",
-        "cursors",
+        "name", "createdTime", "policies", "replication", "owner", "ledgers", "entries",
+        "bytes", "oldestDataTime", "cursors",
     }  # fmt: skip
     assert created["name"] == "orders" and type(created["createdTime"]) is int
+    # No metadata store: the node's own ledgers, served here.
+    assert created["replication"] == {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
+    assert created["owner"] is None
     assert created["policies"] == {**NODE_DEFAULTS, "maxEntriesPerLedger": 7}
     assert created["ledgers"] == [] and created["cursors"] == []
     assert created["entries"] == 0 and created["bytes"] == 0 and created["oldestDataTime"] is None
@@ -181,6 +184,23 @@ async def test_create_update_get_list_delete_a_stream(client: Any) -> None:
     assert [s["name"] for s in listing["streams"]] == ["events"]
     # The name can be used again, for a new, empty stream.
     assert (await _stream(client))["entries"] == 0
+
+
+async def test_replication_is_refused_without_a_metadata_store(client: Any) -> None:
+    three = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}
+    r = await client.put("/api/v1/streams/orders", json={"replication": three})
+    await _error(r, 422, "replication_off")
+    assert "metadata_url" in (await r.json())["message"]
+    await _error(await client.get("/api/v1/streams/orders"), 404, "stream_not_found")
+    for bad in ({"ensemble": 0, "writeQuorum": 1, "ackQuorum": 1}, {"ensemble": 1}, 3):
+        r = await client.put("/api/v1/streams/orders", json={"replication": bad})
+        await _error(r, 400, "invalid_policy")  # malformed
+    upside_down = {"ensemble": 2, "writeQuorum": 3, "ackQuorum": 1}
+    r = await client.put("/api/v1/streams/orders", json={"replication": upside_down})
+    await _error(r, 422, "replication_off")  # well formed: this node has none at all
+    one = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
+    r = await client.put("/api/v1/streams/orders", json={"replication": one})
+    assert r.status == 201 and (await r.json())["replication"] == one
 
 
 async def test_appends_return_positions_and_roll_over(client: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -213,6 +213,51 @@ class EtcdStore:
         await self._conditional(
             key, revision, {"request_delete_range": {"key": _b64(self._key(key))}}
         )
+
+    def _guard(self, key: str, revision: int) -> dict[str, Any]:
+        """The compare of one guard: absent (never created since its last delete) for 0, else
+        at that mod revision (an absent key's is 0, so it fails)."""
+        if revision == 0:
+            return {
+                "key": _b64(self._key(key)),
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": "0",
+            }
+        return {
+            "key": _b64(self._key(key)),
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": str(revision),
+        }
+
+    async def commit(self, guards: Mapping[str, int], changes: Mapping[str, bytes | None]) -> int:
+        # One txn: its compares are the guards, its success the changes, and its failure reads
+        # every guard key, so that a conflict names the key and its value without a second
+        # request (which could see a later state).
+        success = [
+            self._put_op(self._key(key), value)
+            if value is not None
+            else {"request_delete_range": {"key": _b64(self._key(key))}}
+            for key, value in changes.items()
+        ]
+        answer = await self._call(
+            "/v3/kv/txn",
+            {
+                "compare": [self._guard(key, revision) for key, revision in guards.items()],
+                "success": success,
+                "failure": [{"request_range": {"key": _b64(self._key(key))}} for key in guards],
+            },
+            change=True,
+        )
+        if answer.get("succeeded"):
+            return int(answer["header"]["revision"])
+        for (key, expected), response in zip(guards.items(), answer["responses"], strict=True):
+            kvs = response["response_range"].get("kvs", [])
+            current = _versioned(kvs[0]) if kvs else None
+            if (current.revision if current else 0) != expected:
+                raise CasConflict(key, current)
+        raise AssertionError(f"etcd refused a commit whose guards all hold: {answer}")
 
     async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 from node.client.errors import CasConflict, NoSuchKey
@@ -113,6 +113,29 @@ class MemoryStore:
     async def delete(self, key: str, revision: int) -> None:
         self._at(key, revision)
         self._remove(key)
+
+    async def commit(self, guards: Mapping[str, int], changes: Mapping[str, bytes | None]) -> int:
+        self._expire()
+        for key, expected in guards.items():
+            current = self._current(key)
+            if (current.revision if current else 0) != expected:
+                raise CasConflict(key, current)
+        # etcd's txn: every change at one new revision, none for deletes of absent keys
+        changed = [key for key, value in changes.items() if value is not None or key in self._kv]
+        if not changed:
+            return self._revision
+        self._revision += 1
+        for key in changed:
+            value = changes[key]
+            if value is None:
+                del self._kv[key]
+                self._record(Change(key, None, self._revision))
+                continue
+            old = self._kv.get(key)
+            version = 1 if old is None else old.version + 1
+            self._kv[key] = _Entry(value, self._revision, version, None)
+            self._record(Change(key, Versioned(value, self._revision), self._revision))
+        return self._revision
 
     async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
         self._expire()

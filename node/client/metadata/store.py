@@ -4,7 +4,7 @@ allocator. Keys are names relative to the store's prefix; values are bytes."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -50,6 +50,20 @@ class MetadataStore(Protocol):
 
     async def delete(self, key: str, revision: int) -> None:
         """Delete only if the key is at ``revision`` (CasConflict, NoSuchKey as for cas)."""
+
+    async def commit(self, guards: Mapping[str, int], changes: Mapping[str, bytes | None]) -> int:
+        """Apply every change, or none, in one step: only if every guard key is at its
+        revision (its mod revision; 0: the key must be absent). A change is a put (value) or a
+        delete (None); a put leaves its key without a lease (it drops one the key had: leased
+        keys are written by ``create``/``put``). Guard keys and changed keys are independent
+        sets. Returns the store's revision of the commit: the new revision of every key put
+        (when nothing changed, as for deletes of absent keys only, the store's revision now).
+
+        A guard that fails raises CasConflict naming the first guard key (in the mapping's
+        order) that differs, with ``current`` its value now, or None when the key is absent but
+        a revision was expected: a guard against a key that is gone (deleted, or its lease
+        ended) is a conflict like any other, never NoSuchKey. Nothing was written then.
+        etcd takes at most 128 guards and 128 changes in one commit (its --max-txn-ops)."""
 
     async def put(self, key: str, value: bytes, *, lease: int) -> Versioned:
         """Put unconditionally under a lease (registrations: the owner's own key)."""

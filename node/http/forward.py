@@ -1,0 +1,360 @@
+"""One hop to a stream's owner: a node that does not own a stream passes the request on.
+
+With a metadata store every node answers every stream route, but one node owns each stream
+(``stream-owners/<name>``). A node that is not the owner sends the request, as it came, to
+the owner's URL and streams the owner's answer back: plain HTTP clients need to know
+nothing of ownership. The forwarded request carries ``X-Forwarded-By: <node id>``; a
+request that carries it and still reaches a non-owner is refused (503 ``not_owner``) by
+the caller rather than sent on: ownership is moving, and a second hop could go round in a
+circle.
+
+What goes to the owner: the method, the path and query string as they were received (not
+re-encoded), the body, and the client's headers but the hop-by-hop ones (RFC 9110 7.6.1:
+Connection and the headers it names, Keep-Alive, Transfer-Encoding, TE, Trailer, Upgrade,
+Proxy-*), Host and Content-Length (the owner's, recomputed), ``X-Expect-Node`` (it named
+this node, which checked it; the owner would answer 421) and ``X-Request-Id`` (this node's
+id for the request, so that both nodes' logs name it alike). Authorization passes
+unchanged: the owner checks the admin token as this node did.
+
+What comes back: the owner's status, its headers but the hop-by-hop ones, and its body
+chunk by chunk as it arrives (a long-poll read answers after up to ``max_long_poll_ms`` and
+can hold ``max_read_reply_bytes`` of frames: nothing is held whole). The owner's own errors
+(404, 409, a 503 of its own) pass through as it gave them.
+
+When the owner does not answer: no connection (refused, unreachable, the connect timeout)
+or, for any request but an append, a connection that broke or stayed silent before the head
+of the answer -> 503 ``owner_unreachable`` (retryable: the owner's lease runs out, another
+node takes the stream over). An append (``POST .../entries``) whose connection broke or
+timed out after it was sent may have been appended by the owner: 503
+``append_outcome_unknown``, never "failed" (a retry may append it twice). A break in the
+middle of the answer's body aborts the client's connection: the client sees a truncated
+answer, never a complete-looking wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Final
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from node import logs
+from node.client.protocol import EXPECT_NODE_HEADER
+from node.http.connections import cancelled_on_hangup
+from node.http.errors import ApiError
+from node.http.middleware import REQUEST_ID_HEADER
+from node.http.state import METRICS, SETTINGS
+from node.metrics import Metrics
+from node.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FORWARDED_BY: Final = "X-Forwarded-By"
+OWNER_UNREACHABLE: Final = "owner_unreachable"
+APPEND_OUTCOME_UNKNOWN: Final = "append_outcome_unknown"
+NOT_OWNER: Final = "not_owner"
+OUTCOMES = ("ok", "unreachable", "unknown")  # storage_node_stream_forwarded_requests_total
+
+# Hop-by-hop headers (RFC 9110 7.6.1, with the obsolete Proxy-Connection), Host and
+# Content-Length (each hop's own); any Proxy-* header is dropped too.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# This node's business, not the owner's: X-Expect-Node named this node (checked by the
+# middleware); X-Forwarded-By and X-Request-Id are set here.
+_REQUEST_ONLY = frozenset(
+    {EXPECT_NODE_HEADER.lower(), FORWARDED_BY.lower(), REQUEST_ID_HEADER.lower()}
+)
+# aiohttp's client adds these when absent: the owner must see what the client sent, no more
+# (a missing Content-Type is a 415 there, not an octet-stream append).
+_NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# Idle pooled connections to owners are closed after this: well under the nodes'
+# keepalive_timeout_s (75 s), so that a node never reuses one its owner is closing.
+POOL_KEEPALIVE_S = 15.0
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+def forwarded(request: web.BaseRequest) -> bool:
+    """Whether the request came from another node already (one hop at most: a non-owner
+    answers it 503 ``not_owner`` instead of sending it on)."""
+    return FORWARDED_BY in request.headers
+
+
+def is_append(method: str, path: str) -> bool:
+    """An append (``POST /api/v1/streams/{name}/entries``): the one stream request that is
+    not idempotent, whose lost answer leaves its outcome unknown."""
+    return method == "POST" and path.partition("?")[0].endswith("/entries")
+
+
+def _end_to_end(headers: Iterable[tuple[str, str]], also: frozenset[str]) -> CIMultiDict[str]:
+    """``headers`` without the hop-by-hop ones (those Connection names too) and ``also``;
+    every value of a repeated header kept, in order."""
+    items = list(headers)
+    named = {
+        token.strip().lower()
+        for name, value in items
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in items:
+        key = name.lower()
+        if key in HOP_BY_HOP or key in named or key in also or key.startswith("proxy-"):
+            continue
+        kept.add(name, value)
+    return kept
+
+
+def request_headers(headers: Iterable[tuple[str, str]], node_id: str) -> CIMultiDict[str]:
+    """The client's headers as the owner gets them."""
+    kept = _end_to_end(headers, _REQUEST_ONLY)
+    kept[FORWARDED_BY] = node_id
+    rid = logs.request_id.get()
+    if rid:
+        kept[REQUEST_ID_HEADER] = rid
+    return kept
+
+
+def response_headers(headers: Iterable[tuple[str, str]]) -> CIMultiDict[str]:
+    """The owner's answer's headers as the client gets them."""
+    return _end_to_end(headers, frozenset())
+
+
+def _wait_s(target: str, settings: Settings) -> float:
+    """How long the owner may hold the request before its answer begins, beyond the usual:
+    a long poll's ``waitMs`` (at most ``max_long_poll_ms``; one the owner will refuse
+    counts as the longest, which costs nothing since the refusal is immediate)."""
+    query = URL(target, encoded=True).query
+    longest = settings.max_long_poll_ms / 1000
+    given = query.get("waitMs")
+    if given is None:
+        return 0.0
+    return min(int(given), settings.max_long_poll_ms) / 1000 if given.isdigit() else longest
+
+
+class _OwnerSilent(Exception):
+    """The owner's answer broke off or stalled after its head was passed on."""
+
+
+class Forwarder:
+    """The client side of forwarding: one pooled session per node (made on the app's
+    startup, closed on its cleanup), shared by every forwarded request."""
+
+    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+        self._settings = settings
+        self._node_id = settings.id
+        self._session: aiohttp.ClientSession | None = None
+        counter = metrics.stream_forwarded_requests
+        # Every outcome's series from the start (0), on the nodes that forward: rate()
+        # sees the first failure.
+        self._outcomes = {outcome: counter.labels(outcome) for outcome in OUTCOMES}
+
+    def _count(self, outcome: str) -> None:
+        self._outcomes[outcome].inc()
+
+    async def start(self) -> None:
+        # No bound on connections: each forwarded request holds one of the node's own
+        # (max_connections bounds those), and a pool limit would queue appends behind long
+        # polls. No total timeout: each request gets its own (_timeout).
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=POOL_KEEPALIVE_S
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,  # bytes pass as the owner sent them, Content-Encoding too
+            skip_auto_headers=_NO_AUTO_HEADERS,
+            cookie_jar=aiohttp.DummyCookieJar(),  # one client's cookies never reach another
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _timeout(self, target: str) -> aiohttp.ClientTimeout:
+        """Connect within ``stream_forward_connect_timeout_s``; then no silence longer than
+        ``stream_forward_timeout_s`` (plus, before the head, the long poll's wait)."""
+        settings = self._settings
+        return aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=settings.stream_forward_connect_timeout_s,
+            sock_read=settings.stream_forward_timeout_s + _wait_s(target, settings),
+        )
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the Forwarder is not started (install(app) starts it)")
+        return self._session
+
+    def _failure(self, error: BaseException, url: str, append: bool) -> ApiError:
+        """The 503 for an owner that did not answer, counted."""
+        connected = not isinstance(
+            error, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError
+        )
+        if append and connected:
+            self._count("unknown")
+            log.warning("append forwarded to %s: no answer (%r); outcome unknown", url, error)
+            return ApiError(
+                503,
+                APPEND_OUTCOME_UNKNOWN,
+                f"the stream's owner at {url} did not answer the append ({error!r}): the "
+                "append may or may not be in the stream",
+            )
+        self._count("unreachable")
+        log.info("request forwarded to %s: no answer (%r)", url, error)
+        return ApiError(
+            503, OWNER_UNREACHABLE, f"the stream's owner at {url} did not answer ({error!r})"
+        )
+
+    async def forward(self, request: web.Request, base_url: str) -> web.StreamResponse:
+        """Send ``request`` to the owner at ``base_url`` (``http://host:port``) and stream
+        its answer back; 503 ``owner_unreachable`` or ``append_outcome_unknown`` when it
+        does not answer."""
+        target = request.raw_path  # path and query string as received, still encoded
+        url = base_url.rstrip("/") + target
+        append = is_append(request.method, target)
+        body = await request.read()
+        data = body if body or request.method in _BODY_METHODS else None
+        headers = request_headers(request.headers.items(), self._node_id)
+        session = self._open()
+        # A long poll forwarded ends with its client (as on the owner): the owner's
+        # connection closes and its long poll ends too. Appends run to their end.
+        hangup = (
+            cancelled_on_hangup(request) if request.method == "GET" else contextlib.nullcontext()
+        )
+        try:
+            with hangup:
+                answer = await session.request(
+                    request.method,
+                    URL(url, encoded=True),
+                    headers=headers,
+                    data=data,
+                    timeout=self._timeout(target),
+                    allow_redirects=False,
+                )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._failure(error, base_url, append) from None
+        async with answer:
+            return await self._relay(request, answer, base_url)
+
+    async def _relay(
+        self, request: web.Request, answer: aiohttp.ClientResponse, base_url: str
+    ) -> web.StreamResponse:
+        reply = web.StreamResponse(status=answer.status, reason=answer.reason)
+        reply.headers.extend(response_headers(answer.headers.items()))
+        rid = logs.request_id.get()
+        if rid:  # the middleware names only replies not yet prepared; the owner echoed it
+            reply.headers[REQUEST_ID_HEADER] = rid
+        chunked = "chunked" in answer.headers.get("Transfer-Encoding", "").lower()
+        if answer.content_length is not None and not chunked:
+            reply.content_length = answer.content_length  # the client knows when it is whole
+        write_timeout_s = self._settings.reply_write_timeout_s
+        outcome = "ok"  # the owner answered (a client that then hung up or stalled: still ok)
+        try:
+            await reply.prepare(request)
+            async for chunk in _chunks(answer):
+                async with asyncio.timeout(write_timeout_s):
+                    await reply.write(chunk)
+            await reply.write_eof()
+        except _OwnerSilent as error:
+            outcome = "unreachable"
+            log.warning(
+                "%s %s: the owner at %s broke off its answer (%s); closing the client's connection",
+                request.method,
+                request.path,
+                base_url,
+                error,
+            )
+            _abort(request)
+        except TimeoutError:
+            log.info(
+                "%s %s: the client took none of its reply for %s s; closing",
+                request.method,
+                request.path,
+                write_timeout_s,
+            )
+            _abort(request)
+        finally:
+            self._count(outcome)
+        return reply
+
+    async def forward_bytes(
+        self, method: str, base_url: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        """The fast lane's forward (its requests are no aiohttp requests): the owner's
+        status, headers (hop-by-hop ones left out) and body, read whole (the answers to
+        appends are a few dozen bytes). ``path`` is the request target as received (query
+        string included); same errors as ``forward``."""
+        url = base_url.rstrip("/") + path
+        append = is_append(method, path)
+        sent = request_headers(headers.items(), self._node_id)
+        try:
+            async with self._open().request(
+                method,
+                URL(url, encoded=True),
+                headers=sent,
+                data=body if body or method in _BODY_METHODS else None,
+                timeout=self._timeout(path),
+                allow_redirects=False,
+            ) as answer:
+                raw = await answer.read()
+                kept = response_headers(answer.headers.items())
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise self._failure(error, base_url, append) from None
+        self._count("ok")
+        return status, {name: value for name, value in kept.items()}, raw
+
+
+async def _chunks(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The answer's body as it arrives; a break or a stall of the owner is _OwnerSilent
+    (a failure of the client's side, a write, is not caught here)."""
+    while True:
+        try:
+            chunk = await answer.content.readany()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise _OwnerSilent(repr(error)) from error
+        if not chunk:
+            return
+        yield chunk
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()  # unsent bytes go with it: the client sees the answer cut
+
+
+FORWARDER = web.AppKey("forwarder", Forwarder)
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    forwarder = app[FORWARDER]
+    await forwarder.start()
+    yield
+    await forwarder.close()
+
+
+def install(app: web.Application) -> Forwarder:
+    """One Forwarder for the app (``app[FORWARDER]``): its session opens on startup and
+    closes on cleanup."""
+    forwarder = Forwarder(app[SETTINGS], app[METRICS])
+    app[FORWARDER] = forwarder
+    app.cleanup_ctx.append(_lifecycle)
+    return forwarder

@@ -1,0 +1,304 @@
+"""A StreamManager's backend when a metadata store is configured: the stream's ledgers are
+replicated ledgers (node.client) and its records live in the metadata store, every write of
+them one transaction guarded by the stream's ownership (node.streams.ownership).
+
+Keys (under the cluster's prefix; values are the records of node.streams.model):
+
+    streams/<name>                          the stream record, plus "replication"
+    stream-cursors/<name>/<cursor>          a cursor's mark-delete
+    stream-doomed/<19-digit ledger id>      a ledger a trim or a deletion dropped, deleted next
+
+Why the guard: the manager writes a record only after the write that holds it, and a node
+that lost the stream (paused past its lease, partitioned) must write nothing more. Every
+commit compares ``stream-owners/<name>`` with the revision this node created it at: once the
+lease is gone or another node holds the key, the commit changes nothing and the stream is
+dropped here (NotOwner). A commit whose answer was lost is resolved by reading the keys back.
+
+Adds go through this node's LedgerHandle of the stream's open ledger. An add the client
+cannot finish (fenced by a takeover, the ledger lost) is AppendOutcomeUnknown: it may be in
+the ledger the new owner closed, so the manager never retries it on another ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable
+
+from node.client import Client
+from node.client.errors import (
+    AddFailed,
+    AddOutcomeUnknown,
+    CasConflict,
+    ClientError,
+    LedgerClosedElsewhere,
+    LedgerFencedError,
+    MetadataError,
+    NoSuchKey,
+    NoSuchLedger,
+    NotEnoughNodes,
+    OutcomeUnknown,
+    ReadFailed,
+)
+from node.client.metadata.loop import read_with_retry
+from node.client.metadata.store import MetadataStore
+from node.client.reader import ReadHandle
+from node.client.writer import LedgerHandle
+from node.settings import Settings
+from node.storage.errors import LedgerClosed, LedgerNotFound, StorageError, StorageIoError
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.streams.manager import AppendOutcomeUnknown, MetadataUnavailable, NotOwner
+from node.streams.manager import NotEnoughNodes as StreamNotEnoughNodes
+from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Replication
+from node.streams.ownership import Ownership
+
+STREAMS_KEY = "streams/"
+CURSORS_KEY = "stream-cursors/"
+DOOMED_KEY = "stream-doomed/"
+READERS_KEPT = 64  # closed ledgers kept open for reading (their metadata, read once)
+
+
+def stream_key(name: str) -> str:
+    return STREAMS_KEY + name
+
+
+def cursor_prefix(name: str) -> str:
+    return f"{CURSORS_KEY}{name}/"
+
+
+def store_key(record_key: bytes) -> tuple[str, str | None]:
+    """The metadata store's key of a record's key (node.streams.model), and its stream (None
+    for a doomed record, which names a ledger)."""
+    if record_key.startswith(STREAM_PREFIX):
+        name = record_key.removeprefix(STREAM_PREFIX).decode()
+        return stream_key(name), name
+    if record_key.startswith(CURSOR_PREFIX):
+        stream, _, cursor = record_key.removeprefix(CURSOR_PREFIX).partition(b"\0")
+        return cursor_prefix(stream.decode()) + cursor.decode(), stream.decode()
+    if record_key.startswith(DOOMED_PREFIX):
+        return f"{DOOMED_KEY}{int(record_key.removeprefix(DOOMED_PREFIX)):019d}", None
+    raise ValueError(f"not a stream record key: {record_key[:60]!r}")
+
+
+def _metadata_error(error: MetadataError) -> StorageError:
+    return MetadataUnavailable(f"the metadata store did not answer: {error}")
+
+
+class ReplicatedBackend:
+    def __init__(
+        self,
+        settings: Settings,
+        client: Client,
+        store: MetadataStore,
+        ownership: Ownership,
+        replication_of: Callable[[str], Replication],
+    ) -> None:
+        self.settings = settings
+        self._client = client
+        self._store = store
+        self._ownership = ownership
+        self._replication_of = replication_of  # a stream's E/Qw/Qa, for its next ledger
+        self._writers: dict[int, LedgerHandle] = {}  # open ledgers this node writes
+        self._writer_stream: dict[int, str] = {}
+        self._closed: dict[int, LedgerMeta] = {}  # ledgers closed here, or recovered
+        self._readers: OrderedDict[int, ReadHandle] = OrderedDict()
+
+    # --- records -------------------------------------------------------------------------
+
+    async def load_records(self) -> dict[bytes, bytes]:
+        return {}  # nothing is served at start: a stream is taken over on its first request
+
+    async def write_records(self, changes: dict[bytes, bytes | None]) -> None:
+        translated: dict[str, bytes | None] = {}
+        streams: set[str] = set()
+        for record_key, value in changes.items():
+            key, stream = store_key(record_key)
+            translated[key] = value
+            if stream is not None:
+                streams.add(stream)
+        guards: dict[str, int] = {}
+        for name in streams:
+            try:
+                guards.update(self._ownership.guard(name))
+            except KeyError:
+                raise NotOwner(f"stream {name} is no longer served by this node") from None
+        try:
+            await self._store.commit(guards, translated)
+        except CasConflict:
+            for name in streams:
+                self._ownership.lost(name)  # its on_lost drops the stream here
+            raise NotOwner(
+                f"stream {', '.join(sorted(streams))} is served by another node now: retry"
+            ) from None
+        except OutcomeUnknown as error:
+            if not await self._landed(translated):
+                raise _metadata_error(error) from error
+        except MetadataError as error:
+            raise _metadata_error(error) from error
+
+    async def _landed(self, changes: dict[str, bytes | None]) -> bool:
+        """Whether a commit whose answer was lost went in: every key as it would have left it
+        (another writer would have failed the guard, so nobody else changed them since)."""
+        try:
+            for key, value in changes.items():
+                found = await read_with_retry(self._store, key)
+                if (None if found is None else found.value) != value:
+                    return False
+        except MetadataError:
+            return False
+        return True
+
+    # --- ledgers -------------------------------------------------------------------------
+
+    def ledgers(self) -> Iterable[LedgerMeta]:
+        return ()  # no local scan: the metadata store's record is the stream's truth
+
+    def ledger(self, ledger_id: int) -> LedgerMeta:
+        writer = self._writers.get(ledger_id)
+        if writer is not None:
+            return LedgerMeta(
+                ledger_id,
+                LedgerState.OPEN,
+                lac=writer.lac,
+                last_entry_id=writer.lac,
+                entries=writer.lac + 1,
+                payload_bytes=writer.length,
+                properties=dict(writer.metadata.properties),
+            )
+        closed = self._closed.get(ledger_id)
+        if closed is None:
+            raise LedgerNotFound(f"ledger {ledger_id} is not open or closed on this node")
+        return closed
+
+    def remember_closed(self, ledger_id: int, last_entry_id: int, length: int) -> None:
+        """A ledger a takeover recovered: its end, as the metadata store holds it."""
+        self._closed[ledger_id] = LedgerMeta(
+            ledger_id,
+            LedgerState.CLOSED,
+            lac=last_entry_id,
+            last_entry_id=last_entry_id,
+            entries=last_entry_id + 1,
+            payload_bytes=length,
+            closed_ms=int(time.time() * 1000),
+        )
+
+    async def create_ledger(
+        self,
+        ledger_id: int | None = None,
+        properties: dict[str, str] | None = None,
+        write_token: str | None = None,
+    ) -> tuple[LedgerMeta, bool]:
+        properties = dict(properties or {})
+        stream = properties[STREAM_PROPERTY]
+        e, qw, qa = self._replication_of(stream)
+        try:
+            writer = await self._client.create_ledger(e, qw, qa, properties)
+        except NotEnoughNodes as error:
+            raise StreamNotEnoughNodes(str(error)) from None
+        except MetadataError as error:
+            raise _metadata_error(error) from error
+        self._writers[writer.id] = writer
+        self._writer_stream[writer.id] = stream
+        meta = LedgerMeta(writer.id, created_ms=writer.metadata.ctime_ms, properties=properties)
+        return meta, True
+
+    def _writer(self, ledger_id: int) -> LedgerHandle:
+        writer = self._writers.get(ledger_id)
+        if writer is None:
+            if ledger_id in self._closed:
+                raise LedgerClosed(f"ledger {ledger_id} is closed")
+            raise NotOwner(f"ledger {ledger_id} is not written by this node: retry")
+        return writer
+
+    async def add_entry(
+        self, ledger_id: int, entry_id: int | None, payload: bytes, write_token: str | None = None
+    ) -> int:
+        return (await self.add_entries(ledger_id, [payload]))[0]
+
+    async def add_entries(
+        self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
+    ) -> list[int]:
+        writer = self._writer(ledger_id)
+        try:
+            if len(payloads) == 1:
+                return [await writer.add(payloads[0])]
+            first, last = await writer.add_batch(payloads)
+        except AddOutcomeUnknown as error:
+            raise AppendOutcomeUnknown(
+                f"the append may or may not be in the stream: ledger {ledger_id}, {error}"
+            ) from None
+        except AddFailed as error:
+            raise LedgerClosed(f"ledger {ledger_id}: {error}") from None  # nothing was sent
+        return list(range(first, last + 1))
+
+    async def close_ledger(self, ledger_id: int, write_token: str | None = None) -> LedgerMeta:
+        writer = self._writers.get(ledger_id)
+        if writer is None:
+            return self.ledger(ledger_id)
+        try:
+            meta = await writer.close()
+        except (LedgerFencedError, LedgerClosedElsewhere) as error:
+            self._forget(ledger_id)
+            raise NotOwner(f"ledger {ledger_id} was taken over: {error}") from None
+        except MetadataError as error:
+            raise _metadata_error(error) from error
+        self._forget(ledger_id)
+        self.remember_closed(ledger_id, meta.last_entry_id, meta.length)
+        return self._closed[ledger_id]
+
+    async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None:
+        """Its metadata goes; each node reclaims its replica once it sees it gone."""
+        self._forget(ledger_id)
+        self._closed.pop(ledger_id, None)
+        self._readers.pop(ledger_id, None)
+        try:
+            await self._client.delete_ledger(ledger_id)
+        except NoSuchLedger:
+            raise LedgerNotFound(f"ledger {ledger_id} does not exist") from None
+        except MetadataError as error:
+            raise _metadata_error(error) from error
+
+    def _forget(self, ledger_id: int) -> None:
+        self._writers.pop(ledger_id, None)
+        self._writer_stream.pop(ledger_id, None)
+
+    def forget_stream(self, name: str) -> None:
+        """The stream is another node's now: drop its writers without closing them (the new
+        owner closed the ledger; their adds in flight end fenced, outcome unknown)."""
+        for ledger_id in [i for i, s in self._writer_stream.items() if s == name]:
+            self._forget(ledger_id)
+
+    async def _reader(self, ledger_id: int) -> ReadHandle:
+        writer = self._writers.get(ledger_id)
+        if writer is not None:
+            return ReadHandle(self._client, writer.metadata, writer.lac)
+        reader = self._readers.get(ledger_id)
+        if reader is None:
+            try:
+                reader = await self._client.open_ledger(ledger_id)
+            except (NoSuchLedger, NoSuchKey):
+                raise LedgerNotFound(f"ledger {ledger_id} does not exist") from None
+            except MetadataError as error:
+                raise _metadata_error(error) from error
+            if reader.closed:  # an open one's LAC moves: read it anew next time
+                self._readers[ledger_id] = reader
+                while len(self._readers) > READERS_KEPT:
+                    self._readers.popitem(last=False)
+        else:
+            self._readers.move_to_end(ledger_id)
+        return reader
+
+    async def read_range(
+        self, ledger_id: int, first: int, last: int | None = None
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        reader = await self._reader(ledger_id)
+        end = reader.last_entry_id if last is None else min(last, reader.last_entry_id)
+        if end < first:
+            return
+        try:
+            async for entry in reader.read(first, end):
+                yield entry
+        except ReadFailed as error:
+            raise StorageIoError(f"ledger {ledger_id}: {error}") from None
+        except ClientError as error:
+            raise StorageIoError(f"ledger {ledger_id}: {error}") from None

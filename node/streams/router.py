@@ -1,0 +1,230 @@
+"""Which node serves a replicated stream, and taking one over (Pulsar's topic ownership and
+managed-ledger open, over the metadata store).
+
+Every node answers every stream route. ``route(name)`` says who serves it: this node (it
+owns the stream), or the owner's URL (the HTTP layer forwards the request there). With no
+live owner, the node that was asked takes the stream over:
+
+1. create ``stream-owners/<name>`` under this node's lease (one node wins; the others
+   forward to it);
+2. read the stream record and its cursors;
+3. if the last ledger is OPEN, fence and recover it (BookKeeper's recovery: no add of the old
+   owner can be acknowledged after this) and note where it ends;
+4. open a new ledger and commit the record naming it, with the recovered ledger's end, in
+   one transaction guarded by the ownership key (the "ledgers to logs" order of BookKeeper's
+   protocol: fence the last ledger before appending anywhere new).
+
+The old owner, paused or partitioned meanwhile, finds its adds fenced (their outcome is
+unknown) and its next metadata write refused by the guard; it drops the stream then, or
+when its lease is found expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import weakref
+
+from node.client import Client
+from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, NoSuchLedger
+from node.client.metadata.store import MetadataStore
+from node.settings import Settings
+from node.storage.clock import Clock
+from node.streams.manager import MetadataUnavailable, NotOwner, StreamManager, StreamNotFound
+from node.streams.model import Cursor, Replication, Stream
+from node.streams.ownership import OWNERS_PREFIX, Ownership
+from node.streams.replicated import (
+    DOOMED_KEY,
+    STREAMS_KEY,
+    ReplicatedBackend,
+    cursor_prefix,
+    stream_key,
+)
+
+log = logging.getLogger(__name__)
+
+
+class StreamRouter:
+    def __init__(
+        self,
+        node_id: str,
+        manager: StreamManager,
+        backend: ReplicatedBackend,
+        ownership: Ownership,
+        client: Client,
+    ) -> None:
+        self.node_id = node_id
+        self._manager = manager
+        self._backend = backend
+        self._ownership = ownership
+        self._client = client
+        self._store = client.store
+        # One takeover at a time per name (weak: a name nobody asks for any more costs nothing)
+        self._taking: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self.takeovers = 0  # streams this node took over (not counting ones it created)
+        self._sweep: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._ownership.start()
+        self._sweep = asyncio.get_running_loop().create_task(self._finish_deletions())
+
+    async def _finish_deletions(self) -> None:
+        """Ledgers a trim or a stream deletion dropped but did not delete (its node died
+        between the two steps): any node finishes them; deleting one twice is harmless."""
+        try:
+            doomed = await self._store.range(DOOMED_KEY)
+            for key, found in doomed:
+                with contextlib.suppress(NoSuchLedger):
+                    await self._client.delete_ledger(int(key.removeprefix(DOOMED_KEY)))
+                with contextlib.suppress(CasConflict, NoSuchKey):
+                    await self._store.delete(key, found.revision)
+                log.info("deleted %s, which a trim or a stream deletion left", key)
+        except ClientError as error:
+            log.warning("left deletions not finished (next start does): %s", error)
+
+    async def stop(self) -> None:
+        """Give every owned stream up at once (the lease is revoked: the next request to any
+        node takes them over, recovering their open ledgers), then close the client."""
+        if self._sweep is not None:
+            self._sweep.cancel()
+            await asyncio.gather(self._sweep, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._ownership.stop()
+        await self._client.close()
+
+    def owns(self, name: str) -> bool:
+        return self._manager.owns(name) and name in self._ownership.owned
+
+    async def route(self, name: str, *, create: bool = False) -> str | None:
+        """None when this node serves ``name`` (after taking it over if nobody did), else
+        the owner's URL. ``create``: a PUT, which may make the stream; otherwise a stream
+        that does not exist is StreamNotFound."""
+        if self.owns(name):
+            return None
+        lock = self._taking.get(name)
+        if lock is None:
+            lock = self._taking[name] = asyncio.Lock()
+        async with lock:
+            if self.owns(name):
+                return None
+            try:
+                owner = await self._ownership.owner(name)
+                if owner is not None and owner.node != self.node_id:
+                    return owner.url or await self._client.registry.url(owner.node)
+                if owner is not None:
+                    # This node's key from a lease it no longer holds (a restart): it expires
+                    # within the lease's TTL, then any node takes the stream over.
+                    raise NotOwner(f"stream {name}: an earlier lease of this node holds it")
+                return await self._take_over(name, create)
+            except MetadataError as error:
+                raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
+
+    async def _take_over(self, name: str, create: bool) -> str | None:
+        if await self._ownership.acquire(name) is None:
+            owner = await self._ownership.owner(name)
+            if owner is None:
+                raise NotOwner(f"stream {name}: its owner just changed, retry")
+            return owner.url or await self._client.registry.url(owner.node)
+        try:
+            found = await self._store.get(stream_key(name))
+            if found is None:
+                if create:
+                    return None  # the PUT creates it, as its owner
+                raise StreamNotFound(f"stream {name[:100]!r} does not exist")
+            stream = Stream.decode(found.value)
+            cursors = [
+                Cursor.decode(f"cursor/{name}\0{key.rsplit('/', 1)[1]}".encode(), value.value)
+                for key, value in await self._store.range(cursor_prefix(name))
+            ]
+            recovered = await self._close_last(stream)
+            self._manager.adopt(stream, cursors)
+            if recovered:
+                await self._manager.open_ledger(name)  # commits the recovered end with it
+        except BaseException:
+            self._manager.drop(name)
+            with contextlib.suppress(Exception):
+                await self._ownership.release(name)
+            raise
+        self.takeovers += 1
+        log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
+        return None
+
+    async def _close_last(self, stream: Stream) -> bool:
+        """Fence and recover the stream's last ledger if it is OPEN; whether it was."""
+        if not stream.ledgers or stream.ledgers[-1].closed_ms:
+            return False
+        last = stream.ledgers[-1]
+        try:
+            meta = await self._client.recover_ledger(last.ledger_id)
+        except NoSuchLedger:
+            if last.entries:
+                raise
+            # A rollover whose record went in but whose ledger did not: it never took an add.
+            stream.ledgers.pop()
+            return True
+        last.entries = meta["lastEntryId"] + 1
+        last.size_bytes = meta["length"]
+        last.closed_ms = int(time.time() * 1000)
+        self._backend.remember_closed(last.ledger_id, meta["lastEntryId"], meta["length"])
+        return True
+
+    async def elsewhere(self) -> list[tuple[Stream, str | None]]:
+        """The streams of the metadata store this node does not serve, each with the node
+        that does (None: no live owner; the next request takes it over)."""
+        try:
+            records = await self._store.range(STREAMS_KEY)
+            owners = {
+                key.removeprefix(OWNERS_PREFIX): json.loads(value.value)["node"]
+                for key, value in await self._store.range(OWNERS_PREFIX)
+            }
+        except MetadataError as error:
+            raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
+        found = []
+        for key, value in records:
+            name = key.removeprefix(STREAMS_KEY)
+            if not self.owns(name):
+                found.append((Stream.decode(value.value), owners.get(name)))
+        return found
+
+    def lost(self, names: list[str]) -> None:
+        """The ownership of ``names`` is gone (the lease expired, or a commit found another
+        owner): stop serving them here."""
+        for name in names:
+            self._manager.drop(name)
+            self._backend.forget_stream(name)
+            log.warning("stream %s: ownership lost; another node serves it", name)
+
+    async def release(self, name: str) -> None:
+        """After a deletion: the name is free for whoever creates it next."""
+        self._manager.drop(name)
+        self._backend.forget_stream(name)
+        with contextlib.suppress(Exception):
+            await self._ownership.release(name)
+
+
+def replicated_streams(
+    settings: Settings, store: MetadataStore, clock: Clock, token: str | None
+) -> tuple[StreamManager, StreamRouter]:
+    """A node's streams when it has a metadata store: a manager over replicated ledgers whose
+    streams are the ones this node owns, and the router that decides which those are."""
+    client = Client(store, token=token)
+    ownership = Ownership(store, settings.id, settings.advertised_url, settings.stream_owner_ttl_s)
+    backend = ReplicatedBackend(
+        settings, client, store, ownership, lambda name: _replication(manager, name)
+    )
+    manager = StreamManager(backend, clock)
+    manager.default_replication = Replication(
+        settings.stream_ensemble_size, settings.stream_write_quorum, settings.stream_ack_quorum
+    )
+    router = StreamRouter(settings.id, manager, backend, ownership, client)
+    ownership.on_lost = router.lost
+    return manager, router
+
+
+def _replication(manager: StreamManager, name: str) -> Replication:
+    replication = manager.stream(name).replication or manager.default_replication
+    assert replication is not None  # a replicated node's manager always has its default
+    return replication
