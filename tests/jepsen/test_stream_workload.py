@@ -75,6 +75,7 @@ async def test_each_answer_is_ok_fail_or_unknown(aiohttp_server: Any) -> None:
         error(409, "ledger_closed"),  # every 4xx: nothing written
         error(400, "invalid_policy"),
         error(503, "not_owner"),  # refused before it was handled
+        error(503, "owner_unreachable"),  # forwarded: no connection to the owner was made
         error(503, "overloaded"),
         error(503, "append_outcome_unknown"),  # a fenced owner: unknown
         error(503, "metadata_unavailable"),  # no code that proves nothing was written
@@ -84,7 +85,7 @@ async def test_each_answer_is_ok_fail_or_unknown(aiohttp_server: Any) -> None:
         cut,
     ]
     url = await scripted(aiohttp_server, answers, seen)
-    expected = ["ok", "fail", "fail", "fail", "fail", "info", "info", "info", "info"]
+    expected = ["ok", "fail", "fail", "fail", "fail", "fail", "info", "info", "info", "info"]
     expected += ["info", "info"]
     async with StreamWorkload([url], "s", writers=1, timeout_s=1.0) as load:
         ops = [await load.append(0) for _ in expected]
@@ -96,7 +97,7 @@ async def test_each_answer_is_ok_fail_or_unknown(aiohttp_server: Any) -> None:
     assert load.outcomes["503 append_outcome_unknown"] == 1 and load.outcomes["502 "] == 1
     history = load.history()
     assert [op.type for op in history[::2]] == ["invoke"] * len(expected)
-    assert history[1].digest == digest(b"w0-1") and history[-1].digest == digest(b"w0-11")
+    assert history[1].digest == digest(b"w0-1") and history[-1].digest == digest(b"w0-12")
 
 
 async def test_a_refused_connection_is_a_failure(aiohttp_server: Any) -> None:
