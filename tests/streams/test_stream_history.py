@@ -1,7 +1,7 @@
 """A stream on a node without a metadata store, as before replication: the stream workload and
 checker of node/jepsen/streams.py against a real node process, SIGKILLed while appends are in
 flight and started again on its data; and the replication settings such a node accepts
-(1/1/1 only)."""
+(1/1/1 only: anything else is 422 replication_off)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ async def test_a_node_without_a_metadata_store_takes_only_single_copy_streams(
     status, body = await put_stream(node.url, "plain", {"replication": SINGLE_COPY})
     assert status == 201, body
     status, body = await put_stream(node.url, "wide", {"replication": REPLICATED})
-    assert status == 400 and body["code"], body
+    assert status == 422 and body["code"] == "replication_off", body
     status, body = await call("GET", f"{node.url}/api/v1/streams/wide")
     assert status == 404, body
     status, body = await put_stream(node.url, "default", {})
