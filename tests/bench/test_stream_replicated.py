@@ -55,7 +55,7 @@ def test_bench_stream_replicated_prints_both_sides_and_the_forwarded_append(
     assert tuple(rows["run"]) == HEADER, result.stdout
     expected = {f"{shape}, {side}" for shape in SHAPES for side in (SINGLE_NODE, REPLICATED)}
     expected.add(f"one append at a time, {FORWARDED}")
-    assert set(rows) - {"run", "---"} == expected, result.stdout
+    assert {name for name in rows if not name.startswith("-")} - {"run"} == expected, result.stdout
     for name in expected:
         _, requests_per_s, entries_per_s, mb_per_s, p50, p99, errors, cores = rows[name]
         assert number(requests_per_s) > 0 and number(entries_per_s) > 0, (name, result.stdout)
