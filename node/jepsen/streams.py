@@ -54,6 +54,10 @@ READ_ATTEMPTS = 20  # a read or ack of ``read_back`` answered 503 or cut is trie
 READ_RETRY_S = 0.5  # ... after this pause (an owner being replaced answers 503 for a while)
 READ_TIMEOUT_S = 30.0  # one read or ack of ``read_back``
 POLL_S = 0.02  # between two looks at the acknowledged count (``wait_acked``)
+# A writer's pause after an append that was not acknowledged: without an owner (a lease
+# running out) every node refuses at once, and writers that go on at full speed only fill the
+# history and the nodes' logs with refusals.
+RETRY_PAUSE_S = 0.05
 READ_BACK = "read-back"  # the process of check_stream_ledgers' adds of what the cursor read
 
 KINDS = {
@@ -89,6 +93,7 @@ class StreamWorkload:
     seed: int = 0
     timeout_s: float = APPEND_TIMEOUT_S
     pause_s: float = 0.0  # between two operations of a writer
+    retry_pause_s: float = RETRY_PAUSE_S  # after an operation that was not ok
     histories: list[History] = field(init=False)
     outcomes: dict[str, int] = field(init=False, default_factory=dict)  # "201", "503 code", ...
     acked: int = field(init=False, default=0)  # ok operations so far
@@ -172,10 +177,11 @@ class StreamWorkload:
         done = 0
         while self._running and (operations is None or done < operations):
             entries = self._rng.randint(1, self.batch_max)
-            await self.append(writer, entries)
+            op = await self.append(writer, entries)
             done += 1
-            if self.pause_s:
-                await asyncio.sleep(self.pause_s)
+            pause = self.pause_s if op.type == "ok" else max(self.pause_s, self.retry_pause_s)
+            if pause:
+                await asyncio.sleep(pause)
 
     def start(self, operations: int | None = None) -> None:
         """Starts the writers: each runs ``operations`` operations, or until ``stop``."""

@@ -39,6 +39,9 @@ from tests.streams.conftest import OWNER_TTL_S
 
 STREAM = "orders"
 ROLLOVER = {"maxEntriesPerLedger": 20, "minLedgerRolloverTimeMinutes": 0}
+# The kill test's ledgers roll over every few entries, so that the kill often lands inside a
+# rollover (the record already names the next ledger, the last one's close is under way).
+KILL_ROLLOVER = {"maxEntriesPerLedger": 4, "minLedgerRolloverTimeMinutes": 0}
 TAKEOVER_TIMEOUT_S = 90.0  # a lease's end, a fencing recovery and a new ledger: well within
 RACED_STREAMS = 3  # streams two nodes take over at once, in one race each
 GONE_TIMEOUT_S = 60.0  # for every node's GC sweep to reclaim a deleted stream's replicas
@@ -94,13 +97,13 @@ async def until_true(condition: Callable[[], Awaitable[bool]], what: str, timeou
 async def test_owner_killed_mid_append_loses_no_acknowledged_append(
     stream_cluster: LocalCluster,
 ) -> None:
-    """Appends (single and batches, rolling ledgers every 20 entries) through A; A is
+    """Appends (single and batches, rolling ledgers every 4 entries) through A; A is
     SIGKILLed while some are in flight; the writers go on through B and C, which take the
     stream over; a cursor reading through C sees every acknowledged append exactly once, in
     order, positions strictly increasing across the takeover."""
     c = stream_cluster
     a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
-    await create(c, "n0", STREAM, **ROLLOVER)
+    await create(c, "n0", STREAM, **KILL_ROLLOVER)
     async with StreamWorkload([a], STREAM, writers=4, batch_max=3, seed=1) as load:
         load.start()
         await load.wait_acked(60)
