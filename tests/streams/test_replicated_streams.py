@@ -83,6 +83,15 @@ def in_flight_at(history: list[Op], moment: float) -> int:
     return ended_after + sum(1 for t in started.values() if t < moment)
 
 
+def invoked_at(history: list[Op], completion: Op) -> float:
+    """When the operation that ``completion`` ended was invoked."""
+    return next(
+        op.t
+        for op in history
+        if op.type == "invoke" and op.p == completion.p and op.digests() == completion.digests()
+    )
+
+
 async def until_true(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -138,37 +147,42 @@ async def test_owner_killed_mid_append_loses_no_acknowledged_append(
 async def test_paused_owner_acknowledges_nothing_after_its_lease(
     stream_cluster: LocalCluster,
 ) -> None:
-    """A owns the stream and is SIGSTOPped; appends sent to A meanwhile wait in its socket;
-    B and C take the stream over once A's lease is gone. A resumed: none of the appends it
-    held is acknowledged in a ledger A owned (they are fenced: unknown; or forwarded to the new
-    owner), nothing acknowledged before the pause is lost, and A, having lost its lease,
-    forwards what it gets from then on."""
+    """A owns the stream and is SIGSTOPped while writers append through it: their appends in
+    flight stop inside A, the next ones wait in its socket; B and C take the stream over once
+    A's lease is gone (fencing A's ledger). A resumed: no append sent after the pause is
+    acknowledged in a ledger A owned (fenced: unknown, or forwarded to the new owner), those in
+    flight at the pause are acknowledged only if the recovery kept them, nothing acknowledged
+    before is lost, and A, having lost its lease, forwards what it gets from then on."""
     c = stream_cluster
     a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
     await create(c, "n0", STREAM)
-    async with StreamWorkload([a], STREAM, writers=2, batch_max=2, prefix="w") as first:
-        first.start(operations=10)
-        await first.join()
-    assert first.acked == 20, first.outcomes
-    assert await owner(c, STREAM) == "n0"
-    owned_by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
-    c.stop("n0")
-    try:
-        async with (
-            StreamWorkload([a], STREAM, writers=2, prefix="p", timeout_s=120) as paused,
-            StreamWorkload([b, cc], STREAM, writers=2, batch_max=2, prefix="t") as others,
-        ):
-            paused.start(operations=2)  # held by the paused A
+    async with (
+        StreamWorkload([a], STREAM, writers=3, batch_max=2, prefix="w", timeout_s=120) as first,
+        StreamWorkload([b, cc], STREAM, writers=2, batch_max=2, prefix="t") as others,
+    ):
+        first.start()
+        await first.wait_acked(30)
+        assert await owner(c, STREAM) == "n0"
+        owned_by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
+        paused_at = time.time()
+        c.stop("n0")  # now: the writers' current appends stop inside A
+        try:
             others.start()
             await wait_owner(c, STREAM, {"n1", "n2"}, TAKEOVER_TIMEOUT_S)
             await others.wait_acked(10, TAKEOVER_TIMEOUT_S)
+        finally:
             c.cont("n0")
-            await paused.join()
-            await others.wait_acked(others.acked + 10, TAKEOVER_TIMEOUT_S)
-            await others.stop()
-    finally:
-        c.cont("n0")
-    late = [op for op in paused.history() if op.type == "ok" and op.ledger in owned_by_a]
+        await first.wait_acked(first.acked + 6, TAKEOVER_TIMEOUT_S)  # A serves (forwards) again
+        await first.stop()
+        await others.wait_acked(others.acked + 10, TAKEOVER_TIMEOUT_S)
+        await others.stop()
+    held = first.history()
+    assert in_flight_at(held, paused_at) >= 1  # the pause did catch appends in A
+    late = [
+        op
+        for op in held
+        if op.type == "ok" and op.ledger in owned_by_a and invoked_at(held, op) > paused_at
+    ]
     assert not late, late
     assert await owner(c, STREAM) in {"n1", "n2"}  # A did not take it back
     await asyncio.sleep(OWNER_TTL_S)  # A's keepalive has found its lease gone by now
@@ -177,7 +191,7 @@ async def test_paused_owner_acknowledges_nothing_after_its_lease(
         await resumed.join()
     assert resumed.acked == 3, resumed.outcomes  # forwarded to the new owner
     assert all(op.ledger not in owned_by_a for op in resumed.history() if op.type == "ok")
-    history = merge(first.history(), paused.history(), others.history(), resumed.history())
+    history = merge(held, others.history(), resumed.history())
     read = await read_back(b, STREAM)
     clean(history, read)
     await clean_replicas(c, history, read, STREAM)
