@@ -256,6 +256,8 @@ class Metrics:
         self.registrations: Counter | None = None
         self.replication_gc_skipped: Counter | None = None
         self.replication_gc_reclaimed: Counter | None = None
+        self.streams_owned: Gauge | None = None
+        self.stream_takeovers: Counter | None = None
         if settings.metadata_url:
             self.fleet = FleetFigures()
             self.registry.register(_FleetCollector(self.fleet))
@@ -278,6 +280,17 @@ class Metrics:
             self.replication_gc_reclaimed = Counter(
                 f"{PREFIX}_replication_gc_reclaimed",
                 "Replicas deleted by the sweep once the store said their ledger was gone.",
+                registry=self.registry,
+            )
+            self.streams_owned = Gauge(
+                f"{PREFIX}_streams_owned",
+                "Replicated streams this node serves now (it holds stream-owners/<name>).",
+                registry=self.registry,
+            )
+            self.stream_takeovers = Counter(
+                f"{PREFIX}_stream_takeovers",
+                "Replicated streams this node took over from no live owner (fenced and "
+                "recovered the last ledger when it was open).",
                 registry=self.registry,
             )
         self.add_latency = histogram(

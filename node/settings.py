@@ -191,6 +191,9 @@ class Settings(BaseSettings):
     zone_file: Path | None = None  # zone read from this file when zone is "" (k8s init container)
     registration_ttl_s: int = Field(10, gt=0)  # lease of nodes/<id>: a dead node vanishes after it
     stream_owner_ttl_s: int = Field(10, gt=0)  # owner lease: a dead node's streams move after it
+    # a non-owner forwards to the owner it read this long ago without reading it again (after
+    # a takeover, a request sent to the old owner in that window is answered 503 not_owner)
+    stream_owner_cache_ms: int = Field(1000, ge=0)
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica

@@ -182,4 +182,7 @@ def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
     out = result.stdout
     assert all(f"n{i}" in out for i in range(3)), out
     assert '"state": "CLOSED"' in out and '"lastEntryId": 2' in out, out
+    # The stream: the append through n2 was answered by n0 (owner), read back through n1.
+    assert "created: 201" in out and re.search(r'\{"position": "\d+:0"\}', out), out
+    assert "s   e   r   v   e   d       b   y       n   0" in out, out
     assert out.endswith("0\thello\n1\treplicated\n2\tworld\n"), out[-500:]

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from node.autorecovery import markers as m
-from node.client.errors import CasConflict
+from node.client.errors import CasConflict, NoSuchKey
 from node.client.model import LEDGERS_PREFIX, decode
 
 if TYPE_CHECKING:
@@ -26,6 +26,23 @@ async def decommission(client: Client, node_id: str) -> None:
         await client.store.create(
             m.decommissioning_key(node_id), m.encode_since(int(time.time() * 1000))
         )
+
+
+async def recommission(client: Client, node_id: str) -> bool:
+    """Remove ``decommissioning/<node>`` (a decommission started by mistake, or a node kept
+    after all): new ensembles may choose it again. Whether there was a mark. What was already
+    moved stays moved; markers the auditor wrote for it are re-examined at the next audit,
+    which no longer counts the node as leaving (it drops them unless the node is lost)."""
+    key = m.decommissioning_key(node_id)
+    while True:
+        found = await client.store.get(key)
+        if found is None:
+            return False
+        try:
+            await client.store.delete(key, found.revision)
+            return True
+        except (CasConflict, NoSuchKey):
+            continue  # changed or gone meanwhile: look again
 
 
 async def still_needed(client: Client, node_id: str) -> list[int]:

@@ -25,6 +25,8 @@ rereplicate LID        move what the ledger's marker names to replacements (lock
 underreplicated        the markers: ledger, nodes and why, since when, locked by whom
 decommission NODE      mark the node decommissioning and print the ledgers that still name it;
                        ``--wait``: audit and re-replicate until none does (exit 0 then)
+recommission NODE      remove the node's decommissioning mark (new ensembles may choose it
+                       again; what was moved stays moved)
 =====================  =========================================================================
 
 Every command takes ``--json`` (one JSON document on stdout; a failure is
@@ -229,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="open-ledger grace of the re-replication with --wait (default: %(default)s)",
     )
+    recommission = command("recommission", "take a node's decommissioning mark away")
+    recommission.add_argument("node", help="the node's id (NODE_ID)")
     return parser
 
 
@@ -523,6 +527,18 @@ async def decommission(client: Client, args: argparse.Namespace) -> Outcome:
     return Outcome({"node": args.node, "stillNeeded": needed}, [line])
 
 
+async def recommission(client: Client, args: argparse.Namespace) -> Outcome:
+    from node.autorecovery.decommission import recommission as unmark
+
+    removed = await unmark(client, args.node)
+    line = (
+        f"node {args.node}: no longer decommissioning"
+        if removed
+        else f"node {args.node}: was not decommissioning"
+    )
+    return Outcome({"node": args.node, "removed": removed}, [line])
+
+
 Command = Callable[["Client", argparse.Namespace], Awaitable[Outcome]]
 COMMANDS: dict[str, Command] = {
     "listnodes": list_nodes,
@@ -536,6 +552,7 @@ COMMANDS: dict[str, Command] = {
     "rereplicate": rereplicate,
     "underreplicated": underreplicated,
     "decommission": decommission,
+    "recommission": recommission,
 }
 
 

@@ -115,6 +115,11 @@ class LedgerHandle:
         return self._meta
 
     @property
+    def next_entry_id(self) -> int:
+        """The id the next add will get (assigned when ``add`` or ``add_batch`` is called)."""
+        return self._next_id
+
+    @property
     def length(self) -> int:
         """Payload bytes of the entries up to the LAC."""
         return self._lac_length

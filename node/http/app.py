@@ -116,10 +116,13 @@ def build_app(
             settings, app[STORAGE], metrics, clock, cookie=cookie
         )
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        app[STREAMS], app[streams.STREAM_ROUTER] = replicated_streams(
-            settings, replication.store, clock, token
-        )
-        app[status.REPLICATION_SUMMARY] = replication.summary
+        app[STREAMS], router = replicated_streams(settings, replication.store, clock, token)
+        app[streams.STREAM_ROUTER] = router
+        if metrics.streams_owned is not None and metrics.stream_takeovers is not None:
+            manager = app[STREAMS]
+            metrics.streams_owned.set_function(lambda: len(manager.streams()))
+            router.on_takeover = metrics.stream_takeovers.inc
+        app[status.REPLICATION_SUMMARY] = lambda: {**replication.summary(), **router.summary()}
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store

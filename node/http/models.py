@@ -775,6 +775,15 @@ class StatusReplication(Reply):
     gcSkipped: Annotated[
         Count | None, Field(description="Replicas kept: the store could not confirm")
     ] = None
+    streamsOwned: Annotated[
+        Count | None, Field(description="Replicated streams this node serves (owns) now")
+    ] = None
+    streamTakeovers: Annotated[
+        Count | None, Field(description="Streams this node took over from no live owner")
+    ] = None
+    streamRequestsForwarded: Annotated[
+        Count | None, Field(description="Stream requests sent on to another node, the owner")
+    ] = None
     # The fleet's autorecovery, as the store said at the last poll (autorecovery_poll_s).
     underReplicatedLedgers: Annotated[
         Count | None, Field(description="Ledgers with a marker after the last audit (fleet)")

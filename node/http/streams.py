@@ -15,7 +15,7 @@ from aiohttp import web
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.forward import FORWARDER, forwarded
+from node.http.forward import FORWARDER, OwnerMoved, forwarded
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -80,6 +80,20 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             if url is None:
                 return await handler(request)
             _not_twice(request, url)
+            router, name = request.app[STREAM_ROUTER], _name(request)
+            router.forwarded += 1
+            try:
+                return await request.app[FORWARDER].forward(request, url, raise_moved=True)
+            except OwnerMoved:
+                # The node remembered as the owner no longer is (a takeover since), and it
+                # did nothing with the request: ask the store again, once.
+                router.forget_owner(name)
+            except ApiError:
+                router.forget_owner(name)
+                raise
+            url = await owner_url(request.app, name, create=create)
+            if url is None:
+                return await handler(request)
             return await request.app[FORWARDER].forward(request, url)
 
         return route

@@ -119,7 +119,9 @@ class ReplicationOff(InvalidPolicy):
 
 
 class NotOwner(StorageError):
-    """Another node serves the stream now (it took it over): ask again, any node forwards."""
+    """Another node serves the stream now (it took it over): ask again, any node forwards.
+    Raised only before this node did anything of the request (or when its guarded write
+    was refused), so a forwarder may send the request on to the new owner."""
 
     code = "not_owner"
 
@@ -426,7 +428,15 @@ class StreamManager:
             try:
                 ids = await asyncio.shield(add)
             except (LedgerClosed, LedgerFenced):
-                continue  # closed under us (by an operator): try again
+                # Closed under us (a replicated ledger's recovery by autorecovery or an
+                # operator; nothing of this append was sent): learn where it ended, so that
+                # the next attempt rolls over to a new ledger rather than landing here again.
+                async with self._rolling.setdefault(name, asyncio.Lock()):
+                    if not info.closed_ms:
+                        with contextlib.suppress(StorageError):
+                            await self._close_ledger(info)
+                        info.closed_ms = info.closed_ms or self._clock.now_ms()
+                continue
             except LedgerNotFound:
                 if self._streams.get(name) is not stream:
                     raise StreamNotFound(f"stream {name[:100]!r} was deleted") from None

@@ -21,6 +21,7 @@ the ledger the new owner closed, so the manager never retries it on another ledg
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -102,6 +103,7 @@ class ReplicatedBackend:
         self._writer_stream: dict[int, str] = {}
         self._closed: dict[int, LedgerMeta] = {}  # ledgers closed here, or recovered
         self._readers: OrderedDict[int, ReadHandle] = OrderedDict()
+        self._ending: dict[int, asyncio.Future[LedgerMeta]] = {}  # recoveries under way
 
     # --- records -------------------------------------------------------------------------
 
@@ -219,17 +221,36 @@ class ReplicatedBackend:
         self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
     ) -> list[int]:
         writer = self._writer(ledger_id)
+        first = writer.next_entry_id  # the ids are assigned as the add starts, below
         try:
             if len(payloads) == 1:
                 return [await writer.add(payloads[0])]
             first, last = await writer.add_batch(payloads)
         except AddOutcomeUnknown as error:
-            raise AppendOutcomeUnknown(
-                f"the append may or may not be in the stream: ledger {ledger_id}, {error}"
-            ) from None
+            return await self._settle_unknown(ledger_id, first, len(payloads), error)
         except AddFailed as error:
             raise LedgerClosed(f"ledger {ledger_id}: {error}") from None  # nothing was sent
         return list(range(first, last + 1))
+
+    async def _settle_unknown(
+        self, ledger_id: int, first: int, count: int, error: AddOutcomeUnknown
+    ) -> list[int]:
+        """An append the writer lost (fenced by a recovery, or the writer gave up). The
+        ledger's recovered end decides: entries up to it are in the ledger, the ones after it
+        never will be. So the append is acknowledged when all of it is in, tried again on a
+        new ledger (LedgerClosed) when none of it is, and unknown only when the end cannot be
+        learnt or cuts a batch in two."""
+        try:
+            end = (await self._recovered_end(ledger_id)).last_entry_id
+        except StorageError:
+            end = None
+        if end is not None and end < first:
+            raise LedgerClosed(f"ledger {ledger_id} ended at {end}, before this append")
+        if end is not None and end >= first + count - 1:
+            return list(range(first, first + count))
+        raise AppendOutcomeUnknown(
+            f"the append may or may not be in the stream: ledger {ledger_id}, {error}"
+        )
 
     async def close_ledger(self, ledger_id: int, write_token: str | None = None) -> LedgerMeta:
         writer = self._writers.get(ledger_id)
@@ -237,13 +258,40 @@ class ReplicatedBackend:
             return self.ledger(ledger_id)
         try:
             meta = await writer.close()
-        except (LedgerFencedError, LedgerClosedElsewhere) as error:
+        except (LedgerFencedError, LedgerClosedElsewhere):
+            # A recovery closed it (autorecovery after its grace, an operator, a new owner):
+            # its end is the metadata's. Whether the stream is still ours is the guard's
+            # business, at the next record write.
             self._forget(ledger_id)
-            raise NotOwner(f"ledger {ledger_id} was taken over: {error}") from None
+            return await self._recovered_end(ledger_id)
         except MetadataError as error:
             raise _metadata_error(error) from error
         self._forget(ledger_id)
         self.remember_closed(ledger_id, meta.last_entry_id, meta.length)
+        return self._closed[ledger_id]
+
+    async def _recovered_end(self, ledger_id: int) -> LedgerMeta:
+        """The end of a ledger this node no longer writes, after a recovery (one at a time:
+        the adds that failed together all ask)."""
+        closed = self._closed.get(ledger_id)
+        if closed is not None:
+            return closed
+        ending = self._ending.get(ledger_id)
+        if ending is None:
+            ending = self._ending[ledger_id] = asyncio.ensure_future(self._recover(ledger_id))
+            ending.add_done_callback(lambda _: self._ending.pop(ledger_id, None))
+        return await asyncio.shield(ending)
+
+    async def _recover(self, ledger_id: int) -> LedgerMeta:
+        try:
+            found = await self._client.recover_ledger(ledger_id)  # CLOSED: no-op; else ends it
+        except NoSuchLedger:
+            raise LedgerNotFound(f"ledger {ledger_id} does not exist") from None
+        except MetadataError as error:
+            raise _metadata_error(error) from error
+        except ClientError as error:
+            raise StorageIoError(f"ledger {ledger_id}: its recovery failed: {error}") from None
+        self.remember_closed(ledger_id, found["lastEntryId"], found["length"])
         return self._closed[ledger_id]
 
     async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None:

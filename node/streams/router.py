@@ -27,6 +27,7 @@ import json
 import logging
 import time
 import weakref
+from collections.abc import Callable
 
 from node.client import Client
 from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, NoSuchLedger
@@ -46,6 +47,8 @@ from node.streams.replicated import (
 
 log = logging.getLogger(__name__)
 
+OWNERS_CACHED = 10_000  # streams whose owner a node remembers (each a name and a URL)
+
 
 class StreamRouter:
     def __init__(
@@ -55,6 +58,7 @@ class StreamRouter:
         backend: ReplicatedBackend,
         ownership: Ownership,
         client: Client,
+        owner_cache_s: float = 0.0,
     ) -> None:
         self.node_id = node_id
         self._manager = manager
@@ -65,6 +69,12 @@ class StreamRouter:
         # One takeover at a time per name (weak: a name nobody asks for any more costs nothing)
         self._taking: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self.takeovers = 0  # streams this node took over (not counting ones it created)
+        self.forwarded = 0  # requests the HTTP layer sent on to another node, the owner
+        # name -> (owner's URL, monotonic time it stops being trusted): a forwarded request
+        # does not read the owner key first (etcd's linearizable read is most of a hop)
+        self._owners: dict[str, tuple[str, float]] = {}
+        self._owner_cache_s = owner_cache_s
+        self.on_takeover: Callable[[], None] = lambda: None  # the metric's increment
         self._sweep: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -104,6 +114,9 @@ class StreamRouter:
         that does not exist is StreamNotFound."""
         if self.owns(name):
             return None
+        cached = self._owners.get(name)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
         lock = self._taking.get(name)
         if lock is None:
             lock = self._taking[name] = asyncio.Lock()
@@ -113,11 +126,13 @@ class StreamRouter:
             try:
                 owner = await self._ownership.owner(name)
                 if owner is not None and owner.node != self.node_id:
-                    return owner.url or await self._client.registry.url(owner.node)
-                if owner is not None:
-                    # This node's key from a lease it no longer holds (a restart): it expires
-                    # within the lease's TTL, then any node takes the stream over.
-                    raise NotOwner(f"stream {name}: an earlier lease of this node holds it")
+                    url = owner.url or await self._client.registry.url(owner.node)
+                    if len(self._owners) >= OWNERS_CACHED:
+                        self._owners.clear()  # a bound, not an LRU: refilled at one read each
+                    self._owners[name] = (url, time.monotonic() + self._owner_cache_s)
+                    return url
+                # No owner, or this node's key from a lease it no longer holds (it restarted):
+                # acquire takes such a key back at once rather than waiting out its lease.
                 return await self._take_over(name, create)
             except MetadataError as error:
                 raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
@@ -149,6 +164,7 @@ class StreamRouter:
                 await self._ownership.release(name)
             raise
         self.takeovers += 1
+        self.on_takeover()
         log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
         return None
 
@@ -170,6 +186,19 @@ class StreamRouter:
         last.closed_ms = int(time.time() * 1000)
         self._backend.remember_closed(last.ledger_id, meta["lastEntryId"], meta["length"])
         return True
+
+    def summary(self) -> dict[str, int]:
+        """The status page's figures of replicated streams on this node."""
+        return {
+            "streamsOwned": len(self._manager.streams()),
+            "streamTakeovers": self.takeovers,
+            "streamRequestsForwarded": self.forwarded,
+        }
+
+    def forget_owner(self, name: str) -> None:
+        """The owner read last did not serve the request (gone, or not the owner any more):
+        the next one reads the owner key again."""
+        self._owners.pop(name, None)
 
     async def elsewhere(self) -> list[tuple[Stream, str | None]]:
         """The streams of the metadata store this node does not serve, each with the node
@@ -219,7 +248,9 @@ def replicated_streams(
     manager.default_replication = Replication(
         settings.stream_ensemble_size, settings.stream_write_quorum, settings.stream_ack_quorum
     )
-    router = StreamRouter(settings.id, manager, backend, ownership, client)
+    router = StreamRouter(
+        settings.id, manager, backend, ownership, client, settings.stream_owner_cache_ms / 1000
+    )
     ownership.on_lost = router.lost
     return manager, router
 

@@ -1,9 +1,10 @@
 """dag.test() runs of storage_node_autorecovery against a real fleet: etcd and four node
-processes (node/localcluster.py), 3-replica ledgers written through the client, one node
-killed and its data directory deleted. The DAG's audit marks the ledgers it held, its mapped
-tasks re-replicate them through the live nodes, and afterwards every entry is on the Qw nodes
-of its segment (read from each replica's ledger API directly) and no segment names the lost
-node; a second run finds nothing to do; the nodes' metrics say so from the store. The
+processes (node/localcluster.py), 3-replica ledgers written through the client and a
+replicated stream written over HTTP, one node killed and its data directory deleted. The
+DAG's audit marks the ledgers it held, its mapped tasks re-replicate them through the live
+nodes, and afterwards every entry is on the Qw nodes of its segment (read from each
+replica's ledger API directly) and no segment names the lost node; the stream goes on; a
+second run finds nothing to do; the nodes' metrics say so from the store. The
 ``decommission`` param moves a live node's ledgers away while a reader reads them all.
 
 The nodes have an admin token, as deployed: the DAG's calls carry it (the Airflow connection
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import threading
 import time
 import urllib.request
@@ -35,7 +37,58 @@ FAST = {
     "NODE_REGISTRATION_TTL_S": "2",  # the killed node's registration goes within 2 s
     "NODE_AUTORECOVERY_POLL_S": "0.5",
     "NODE_ADMIN_TOKEN": TOKEN,
+    # The stream's open ledger is fenced and recovered at once, not after 30 s: its owner
+    # rolls over to a new ledger at its next append.
+    "NODE_OPEN_LEDGER_REREPLICATION_GRACE_S": "0",
 }
+STREAM = "orders"
+STREAM_APPENDS = 14  # ledgers of 5 (maxEntriesPerLedger): 5, 5 and an open one of 4
+STREAM_OWNER = "n0"
+
+
+def http(cluster: LocalCluster, node_id: str, method: str, path: str, body: bytes = b"") -> Any:
+    request = urllib.request.Request(
+        cluster.url(node_id) + path,
+        data=body or None,
+        method=method,
+        headers={
+            "Authorization": f"Bearer {TOKEN}",
+            "Content-Type": "application/json" if body[:1] == b"{" else "application/octet-stream",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        raw = reply.read()
+    return json.loads(raw) if raw[:1] == b"{" else raw
+
+
+def write_stream(cluster: LocalCluster) -> dict[int, dict[int, bytes]]:
+    """A 3/3/2 stream owned by STREAM_OWNER, several ledgers: ledger -> entry -> payload."""
+    policies = {"maxEntriesPerLedger": 5, "minLedgerRolloverTimeMinutes": 0}
+    replication = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}
+    body = json.dumps({**policies, "replication": replication}).encode()
+    assert http(cluster, STREAM_OWNER, "PUT", f"/api/v1/streams/{STREAM}", body)["owner"] == (
+        STREAM_OWNER
+    )
+    written: dict[int, dict[int, bytes]] = {}
+    for n in range(STREAM_APPENDS):
+        payload = f"stream append {n} ".encode() * 30
+        reply = http(cluster, STREAM_OWNER, "POST", f"/api/v1/streams/{STREAM}/entries", payload)
+        ledger_id, entry_id = map(int, reply["position"].split(":"))
+        written.setdefault(ledger_id, {})[entry_id] = payload
+    assert len(written) == 3, written.keys()
+    return written
+
+
+def read_stream(cluster: LocalCluster, node_id: str) -> list[tuple[str, bytes]]:
+    """Every entry of the stream, read through ``node_id`` (frames: ledger, entry, payload)."""
+    raw = http(cluster, node_id, "GET", f"/api/v1/streams/{STREAM}/entries?limit=1000")
+    found, at = [], 0
+    while at < len(raw):
+        ledger_id, entry_id, size = struct.unpack_from(">QQI", raw, at)
+        at += 20
+        found.append((f"{ledger_id}:{entry_id}", raw[at : at + size]))
+        at += size
+    return found
 
 
 def run(airflow: Airflow, cluster: LocalCluster, urls: list[str], **conf: Any) -> dict[str, Any]:
@@ -105,7 +158,12 @@ def test_a_lost_node_is_rereplicated_by_the_dag(
     airflow: Airflow, make_cluster: MakeCluster
 ) -> None:
     cluster = make_cluster(nodes=4, env=FAST)
-    written = write_ledgers(cluster, write_quorum=3)
+    written = {
+        ledger_id: dict(enumerate(payloads))
+        for ledger_id, payloads in write_ledgers(cluster, write_quorum=3).items()
+    }
+    in_stream = write_stream(cluster)
+    written.update(in_stream)
     held = [i for i, m in ledgers(cluster).items() if LOST in m.segments[0].ensemble]
     assert held, "no ledger has the node to lose: the test would prove nothing"
     urls = [cluster.url(node_id) for node_id in cluster.node_ids]  # the lost one's too
@@ -119,19 +177,46 @@ def test_a_lost_node_is_rereplicated_by_the_dag(
     assert len(outcomes) == len(held)
     assert {o["outcome"] for o in outcomes} == {"done"}, outcomes
     assert LOST not in {o["node"] for o in outcomes}  # left out: it does not answer
-    assert sum(o["entries"] for o in outcomes) == ENTRIES * len(held)
+    counted = {o["ledgerId"]: o["entries"] for o in outcomes}
+    open_ledger = max(in_stream)  # the stream's last ledger: open when the node was lost
+    for ledger_id in held:
+        if ledger_id == open_ledger:
+            # Its recovery re-adds the entries past the LAC the replicas knew, on an ensemble
+            # without the lost node (a new segment): only the ones before need a copy.
+            assert counted[ledger_id] <= len(written[ledger_id]), counted
+        else:
+            assert counted[ledger_id] == len(written[ledger_id]), counted
+    copied = sum(counted.values())
 
     # Every entry on the Qw nodes of its segment, none of them the lost node, and equal to
-    # what was written (each replica read directly, not through the client).
-    for ledger_id, meta in ledgers(cluster).items():
+    # what was written (each replica read directly, not through the client). The stream's
+    # open ledger was fenced and closed at its last entry (the grace is 0 here).
+    after = ledgers(cluster)
+    for ledger_id, entries in written.items():
+        meta = after[ledger_id]
         assert all(LOST not in s.ensemble for s in meta.segments), meta
-        for entry_id, payload in enumerate(written[ledger_id]):
+        assert meta.closed and meta.last_entry_id == len(entries) - 1, meta
+        for entry_id, payload in entries.items():
             for node_id in meta.write_set(entry_id):
                 assert replica_entry(cluster, node_id, ledger_id, entry_id) == payload
     with SyncClient(cluster.metadata_url, token=TOKEN) as client:
-        for ledger_id, payloads in written.items():
+        for ledger_id, entries in written.items():
             reader = client.open_ledger(ledger_id)
-            assert [p for _, p in reader.read(0, ENTRIES - 1)] == payloads
+            got = [p for _, p in reader.read(0, len(entries) - 1)]
+            assert got == [entries[e] for e in range(len(entries))]
+
+    # The stream goes on: its owner's open ledger was closed under it, so the next append
+    # (sent to another node, forwarded) lands in a new ledger, and every node reads it all.
+    reply = http(cluster, "n2", "POST", f"/api/v1/streams/{STREAM}/entries", b"after recovery")
+    new_ledger = int(reply["position"].split(":")[0])
+    assert new_ledger > max(in_stream) and reply["position"].endswith(":0"), reply
+    expected = [
+        (f"{ledger_id}:{entry_id}", payload)
+        for ledger_id in sorted(in_stream)
+        for entry_id, payload in sorted(in_stream[ledger_id].items())
+    ] + [(reply["position"], b"after recovery")]
+    for node_id in ("n0", "n2", "n3"):
+        assert read_stream(cluster, node_id) == expected, node_id
 
     # A second run: nothing under-replicated, nothing to copy; every node's metrics say so.
     second = run(airflow, cluster, urls, lost_node_recovery_delay_s=0)
@@ -141,8 +226,8 @@ def test_a_lost_node_is_rereplicated_by_the_dag(
         while metric(cluster, node_id, "storage_node_under_replicated_ledgers") != 0:
             assert time.monotonic() < deadline, f"{node_id} still reports under-replication"
             time.sleep(0.2)
-        copied = metric(cluster, node_id, "storage_node_rereplicated_entries_total")
-        assert copied == ENTRIES * len(held), (node_id, copied)
+        total = metric(cluster, node_id, "storage_node_rereplicated_entries_total")
+        assert total == copied, (node_id, total)
 
 
 def test_the_decommission_param_moves_a_live_nodes_ledgers_away(

@@ -181,6 +181,24 @@ def test_readd_refuses_a_registered_node(metadata: str) -> None:
     }
 
 
+def test_recommission_takes_the_decommissioning_mark_away(metadata: str) -> None:
+    """A decommission started by mistake: the auditor counts the node as leaving until
+    ``recommission`` removes the mark; then it no longer does, and a second one says so."""
+    url = ("--metadata-url", metadata)
+    started = shell_json("decommission", "n0", *url)
+    assert started["node"] == "n0" and started["stillNeeded"], started
+    report = shell_json("auditor", "--once", *url)
+    assert report["decommissioningNodes"] == ["n0"], report
+    assert report["underReplicatedLedgers"] == len(started["stillNeeded"]), report
+    assert shell_json("recommission", "n0", *url) == {"node": "n0", "removed": True}
+    # n0 is registered and no longer leaving: the next audit drops its markers.
+    report = shell_json("auditor", "--once", *url)
+    assert report["decommissioningNodes"] == [] and report["underReplicatedLedgers"] == 0
+    assert shell_json("recommission", "n0", *url) == {"node": "n0", "removed": False}
+    text = shell("recommission", "n0", *url)
+    assert text.returncode == 0 and text.stdout == "node n0: was not decommissioning\n"
+
+
 def test_usage_errors_exit_2() -> None:
     no_url = shell("listnodes", "--json")
     assert no_url.returncode == 2

@@ -30,6 +30,7 @@ from node.http.forward import FORWARDED_BY, FORWARDER, Forwarder
 from node.http.frames import decode_stream_frames
 from node.http.state import METRICS
 from node.settings import Settings
+from tests.harness.node import NodeProcess
 from tests.harness.ports import free_port
 from tests.harness.settings import make_settings
 
@@ -62,13 +63,19 @@ class Owner:
         self.all_in = asyncio.Event()  # IN_FLIGHT requests held at once
         self.hung_up = asyncio.Event()  # a "silent" request's connection was closed
         self.bodies_read = 0
+        self.always: str | None = None  # a behaviour for every request, whatever it asks
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.bodies_read += 1
-        behave = request.headers.get(BEHAVE, "echo")
+        behave = self.always or request.headers.get(BEHAVE, "echo")
+        if behave in ("not-owner", "overloaded"):
+            code = behave.replace("-", "_")
+            return web.json_response(
+                {"code": code, "message": "no"}, status=503, headers={"Retry-After": "1"}
+            )
         if behave == "big":
             reply = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
             reply.enable_chunked_encoding()
@@ -120,13 +127,28 @@ class Owner:
                 await asyncio.wait_for(self.all_in.wait(), 30)
             finally:
                 self.in_flight -= 1
+        if behave == "chunked-small":
+            reply = web.StreamResponse(status=201, headers={"Content-Type": "application/json"})
+            reply.enable_chunked_encoding()
+            await reply.prepare(request)
+            await reply.write(b'{"position": ')
+            await reply.write(b'"1:2"}')
+            await reply.write_eof()
+            return reply
+        assert request.transport is not None
+        if behave == "close-later":  # the owner drops the idle connection (keep-alive timeout)
+            asyncio.get_running_loop().call_later(0.05, request.transport.close)
         echo = {
+            "peer": request.transport.get_extra_info("peername")[1],
             "method": request.method,
             "target": request.raw_path,
             "headers": [[k.decode(), v.decode()] for k, v in request.raw_headers],
             "body": body.hex(),
         }
-        return web.json_response(echo, status=207, headers={"X-Owner": "yes"})
+        reply = web.json_response(echo, status=207, headers={"X-Owner": "yes"})
+        if behave == "close":
+            reply.force_close()  # Connection: close
+        return reply
 
 
 async def _forward_streams(
@@ -139,7 +161,15 @@ async def _forward_streams(
     if forward.forwarded(request):
         raise ApiError(503, forward.NOT_OWNER, "not the owner either")
     request.app[SEEN].append(request.raw_path)
-    return await request.app[FORWARDER].forward(request, request.app[OWNER_URL][0])
+    forwarder, urls = request.app[FORWARDER], request.app[OWNER_URL]
+    if len(urls) == 1:
+        return await forwarder.forward(request, urls[0])
+    # A caller that remembers owners: told the first moved on, it asks the next.
+    try:
+        return await forwarder.forward(request, urls[0], raise_moved=True)
+    except forward.OwnerMoved as moved:
+        request.app[SEEN].append(f"moved from {moved.url}")
+        return await forwarder.forward(request, urls[1], raise_moved=True)
 
 
 def _forwarding_app(settings: Settings, owner_url: str) -> web.Application:
@@ -227,6 +257,7 @@ async def test_the_owner_gets_the_request_as_the_client_sent_it(setup: Setup) ->
             "Connection": "keep-alive, X-Hop",
             "X-Hop": "named by Connection: hop-by-hop",
             "X-Request-Id": "client-rid-1",
+            "Expect": "100-continue",
         },
     )
     assert response.status == 207, await response.text()  # the owner's status, as it was
@@ -248,7 +279,7 @@ async def test_the_owner_gets_the_request_as_the_client_sent_it(setup: Setup) ->
     assert headers["x-forwarded-by"] == [NODE_ID]
     assert headers["x-request-id"] == ["client-rid-1"]  # both nodes' logs name it alike
     assert headers["content-length"] == [str(len(payload))]
-    for gone in ("x-expect-node", "keep-alive", "proxy-authorization", "x-hop"):
+    for gone in ("x-expect-node", "keep-alive", "proxy-authorization", "x-hop", "expect"):
         assert gone not in headers, gone
     assert "x-test-behave" not in headers
     # Nothing the client did not send: aiohttp's automatic headers stay off.
@@ -582,8 +613,19 @@ async def test_a_real_owner_node_serves_the_forwarded_stream(
         "POST", owner_url, "/api/v1/streams/orders/entries", octet, b"three"
     )
     assert status == 201 and json.loads(body)["position"]
+
+    # 200 appends forwarded at once: each acknowledged once, at its own position.
+    async def append(i: int) -> str:
+        response = await client.post(
+            "/api/v1/streams/orders/entries", data=b"%d" % i, headers=octet
+        )
+        assert response.status == 201, await response.text()
+        return str((await response.json())["position"])
+
+    positions = await _staggered([functools.partial(append, i) for i in range(IN_FLIGHT)])
+    assert len(set(positions)) == IN_FLIGHT
     response = await owner_client.get("/api/v1/streams/orders")
-    assert (await response.json())["entries"] == 3
+    assert (await response.json())["entries"] == 3 + IN_FLIGHT
     assert client.app[SEEN] and not owner_client.app.get(SEEN)
 
 
@@ -596,3 +638,142 @@ async def test_the_session_closes_with_the_app(tmp_path: Path) -> None:
     assert session is not None and not session.closed
     await server.close()
     assert session.closed and forwarder._session is None
+
+
+async def test_an_owner_process_killed_during_an_append_leaves_it_unknown(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """A real owner node that SIGKILLs itself at the fsync of the forwarded append (its
+    first: the stream's creation needs none), after it read the body and wrote the entry,
+    before it answered. The client hears 503 append_outcome_unknown: whether the restarted
+    owner holds the entry depends on what of the journal's write the crash kept, which no
+    one on the client's side can tell."""
+    env = {"NODE_ID": "owner", "NODE_FAULTS": '["journal.fsync=crash,after=0"]'}
+    owner = NodeProcess(tmp_path / "owner", env=env)
+    await asyncio.to_thread(owner.start)
+    client = await aiohttp_client(_forwarding_app(_settings(tmp_path, NODE_ID), owner.url))
+    response = await client.put("/api/v1/streams/orders", json={})
+    assert response.status == 201, await response.text()
+    octet = {"Content-Type": "application/octet-stream"}
+    response = await client.post("/api/v1/streams/orders/entries", data=b"one", headers=octet)
+    body = await _error(response, "append_outcome_unknown")
+    assert owner.url in body["message"]
+    await asyncio.to_thread(owner.proc.wait, 10)  # type: ignore[union-attr]
+    assert owner.proc is not None and owner.proc.returncode == -9  # SIGKILL, as armed
+    # The owner gone for good: unreachable, for reads and appends alike (nothing was sent).
+    for method in ("GET", "POST"):
+        response = await client.request(
+            method, "/api/v1/streams/orders/entries", data=b"two", headers=octet
+        )
+        await _error(response, "owner_unreachable")
+    assert (_count(client, "unknown"), _count(client, "unreachable")) == (1, 2)
+    again = NodeProcess(tmp_path / "owner", env={"NODE_ID": "owner"})
+    await asyncio.to_thread(again.start)
+    stream = await asyncio.to_thread(again.get_json, "/api/v1/streams/orders")
+    assert stream["entries"] in (0, 1)  # either: that is what "unknown" says
+
+
+async def test_forward_bytes_keeps_its_connections_alive(setup: Setup) -> None:
+    """forward_bytes's own client: one connection for requests in turn; a new one when the
+    owner closed the idle one or said Connection: close; chunked answers read whole."""
+    client, _ = setup
+    forwarder = client.app[FORWARDER]
+    owner_url = client.app[OWNER_URL][0]
+    path = "/api/v1/streams/orders/entries"
+
+    async def peer(**headers: str) -> int:
+        status, _, body = await forwarder.forward_bytes("POST", owner_url, path, headers, b"a")
+        assert status == 207
+        return int(json.loads(body)["peer"])
+
+    first = await peer()
+    assert {await peer() for _ in range(5)} == {first}
+    dropped = await peer(**{BEHAVE: "close-later"})
+    await asyncio.sleep(0.3)  # the owner closed it meanwhile: a new one, and no failure
+    assert dropped == first and await peer() != first
+    closing = await peer(**{BEHAVE: "close"})
+    assert await peer() != closing
+    status, headers, body = await forwarder.forward_bytes(
+        "POST", owner_url, path, {BEHAVE: "chunked-small"}, b"a"
+    )
+    assert (status, body) == (201, b'{"position": "1:2"}')
+    assert "Transfer-Encoding" not in headers
+    assert _count(client, "unknown") == _count(client, "unreachable") == 0
+
+
+async def test_forward_bytes_finds_a_silent_owner_within_the_timeout(setup: Setup) -> None:
+    client, owner = setup
+    forwarder = client.app[FORWARDER]
+    owner_url = client.app[OWNER_URL][0]
+    started = time.monotonic()
+    with pytest.raises(ApiError) as silent:
+        await forwarder.forward_bytes(
+            "POST", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b"a"
+        )
+    assert silent.value.code == "append_outcome_unknown"
+    assert 0.9 < time.monotonic() - started < 5  # stream_forward_timeout_s: 1 s
+    await asyncio.wait_for(owner.hung_up.wait(), 5)  # the connection is not kept
+    with pytest.raises(ApiError) as read:
+        await forwarder.forward_bytes(
+            "GET", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b""
+        )
+    assert read.value.code == "owner_unreachable"
+    # A long poll's waitMs is waited for on top.
+    status, _, _ = await forwarder.forward_bytes(
+        "GET",
+        owner_url,
+        "/api/v1/streams/o/entries?waitMs=2000",
+        {BEHAVE: "slow", "X-Test-Delay": "1.5"},
+        b"",
+    )
+    assert status == 207
+
+
+def test_forward_bytes_refuses_line_breaks_in_what_it_writes() -> None:
+    """The lane's headers come from a parsed head and cannot hold one; a caller's mistake
+    must not split the request in two on the wire."""
+    owner = forward._Owner("http://127.0.0.1:1")
+    for headers in ({"X-A": "b\r\nX-Injected: 1"}, {"X-A\n": "b"}):
+        with pytest.raises(ValueError, match="line break"):
+            owner.request("POST", "/p", forward.request_headers(headers.items(), "n"), b"")
+    with pytest.raises(ValueError, match="line break"):
+        owner.request("GET", "/p HTTP/1.1\r\nX: y", forward.request_headers([], "n"), b"")
+
+
+async def test_an_owner_that_owns_the_stream_no_more(setup: Setup, aiohttp_server: Any) -> None:
+    """503 not_owner from the node asked: passed on as it came by default; with
+    raise_moved, OwnerMoved, and the caller asks again elsewhere (appends too: the node
+    that said not_owner did nothing). Any other 503 passes on as it came."""
+    client, owner = setup
+    first = client.app[OWNER_URL][0]
+    path = "/api/v1/streams/orders/entries"
+    octet = {"Content-Type": "application/octet-stream"}
+    owner.always = "not-owner"
+    response = await client.post(path, data=b"one", headers=octet)
+    await _error(response, "not_owner")
+    second = Owner()
+    client.app[OWNER_URL].append(str((await aiohttp_server(second.app)).make_url("")).rstrip("/"))
+    response = await client.post(path, data=b"one", headers=octet)
+    assert response.status == 207, await response.text()
+    echo = await response.json()
+    assert bytes.fromhex(echo["body"]) == b"one" and echo["method"] == "POST"
+    assert client.app[SEEN][-1] == f"moved from {first}"
+    owner.always = "overloaded"
+    response = await client.get(path, headers={"X-Request-Id": "rid-7"})
+    body = await _error(response, "overloaded")
+    assert body["message"] == "no" and response.headers["X-Request-Id"] == "rid-7"
+    assert client.app[SEEN][-1] == "/api/v1/streams/orders/entries"  # no move
+    forwarder = client.app[FORWARDER]
+    owner.always = "not-owner"
+    status, _, raw = await forwarder.forward_bytes("POST", first, path, octet, b"two")
+    assert status == 503 and json.loads(raw)["code"] == "not_owner"
+    with pytest.raises(forward.OwnerMoved) as moved:
+        await forwarder.forward_bytes("POST", first, path, octet, b"two", raise_moved=True)
+    assert moved.value.url == first
+    owner.always = "overloaded"
+    status, headers, raw = await forwarder.forward_bytes(
+        "POST", first, path, octet, b"two", raise_moved=True
+    )
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert json.loads(raw)["code"] == "overloaded"
+    assert _count(client, "unknown") == _count(client, "unreachable") == 0

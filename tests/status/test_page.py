@@ -614,6 +614,16 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
                 ledger = client.create_ledger(ensemble=1, write_quorum=1, ack_quorum=1)
                 ledger.add(b"replicated")
                 ledger.close()
+        # A replicated stream this node owns (it created it): one of one node's replicas.
+        one = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
+        put = urllib.request.Request(
+            f"{replicated.url}/api/v1/streams/orders",
+            data=json.dumps({"replication": one}).encode(),
+            method="PUT",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(put, timeout=10) as reply:
+            assert reply.status == 201 and json.loads(reply.read())["owner"] == "status-n0"
         watched = _open(browser, replicated)
         page = watched.page
         assert page.locator("#replication-off").is_hidden()
@@ -621,7 +631,12 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         summary = replicated.get_json("/api/v1/status/summary")["replication"]
         assert summary["registered"] and summary["replicatedLedgers"] == 2
         assert page.locator("#replication-registered").inner_text() == "registered"
-        for name in ("nodeId", "zone", "url", "clusterId", "instanceId", "replicatedLedgers"):
+        assert (summary["streamsOwned"], summary["streamTakeovers"]) == (1, 0)
+        assert summary["streamRequestsForwarded"] == 0
+        for name in (
+            *("nodeId", "zone", "url", "clusterId", "instanceId", "replicatedLedgers"),
+            *("streamsOwned", "streamTakeovers", "streamRequestsForwarded"),
+        ):
             shown = _field(page, f'[data-field="replication.{name}"]')
             assert shown == summary[name], (name, shown, summary)
         assert summary["nodeId"] == "status-n0" and summary["zone"] == "zone-a"
