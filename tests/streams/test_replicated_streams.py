@@ -96,6 +96,25 @@ def invoked_at(history: list[Op], completion: Op) -> float:
     )
 
 
+async def across_a_takeover(c: LocalCluster) -> tuple[list[Op], set[int], str]:
+    """30 appends through A (n0), A killed, 30 more acknowledged through B and C: the history,
+    the ledgers the stream had under A, and the new owner."""
+    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    async with StreamWorkload([a], STREAM, writers=2, batch_max=3, prefix="a") as first:
+        first.start(operations=15)
+        await first.join()
+    assert first.acked == 30, first.outcomes
+    by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    await asyncio.to_thread(c.kill, "n0")
+    async with StreamWorkload([b, cc], STREAM, writers=2, batch_max=3, prefix="b") as second:
+        second.start()
+        await second.wait_acked(30, TAKEOVER_TIMEOUT_S)
+        await second.stop()
+    new_owner = await owner(c, STREAM)
+    assert new_owner in {"n1", "n2"}
+    return merge(first.history(), second.history()), by_a, new_owner
+
+
 async def until_true(condition: Callable[[], Awaitable[bool]], what: str, timeout_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -296,22 +315,11 @@ async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywher
     A retention run on the new owner deletes every closed ledger, A's included: they leave the
     stream's record, their metadata and every running node's replicas; the stream goes on."""
     c = stream_cluster
-    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
+    b, cc = c.url("n1"), c.url("n2")
     await create(c, "n0", STREAM, retentionTimeInMinutes=0, **ROLLOVER)
-    async with StreamWorkload([a], STREAM, writers=2, batch_max=3, prefix="a") as first:
-        first.start(operations=15)
-        await first.join()
-    assert first.acked == 30, first.outcomes
-    by_a = {info["id"] for info in await stream_ledgers(c, STREAM)}
+    before, by_a, new_owner = await across_a_takeover(c)
     assert len(by_a) >= 2
-    await asyncio.to_thread(c.kill, "n0")
-    async with StreamWorkload([b, cc], STREAM, writers=2, batch_max=3, prefix="b") as second:
-        second.start()
-        await second.wait_acked(30, TAKEOVER_TIMEOUT_S)
-        await second.stop()
-    new_owner = await owner(c, STREAM)
-    assert new_owner in {"n1", "n2"}
-    clean(merge(first.history(), second.history()), await read_back(b, STREAM))
+    clean(before, await read_back(b, STREAM))
     ledgers = await stream_ledgers(c, STREAM)
     assert len(ledgers) > len(by_a) + 1  # the new owner rolled over too
     closed = {info["id"] for info in ledgers if info["closed"]}
@@ -338,9 +346,7 @@ async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywher
     # into dropped ledgers are left out (retention deleted them; their invocations stay, as
     # appends of unknown outcome that are now absent).
     kept = [
-        op
-        for op in merge(first.history(), second.history(), third.history())
-        if op.type != "ok" or op.ledger not in dropped
+        op for op in merge(before, third.history()) if op.type != "ok" or op.ledger not in dropped
     ]
     clean(kept, read)
 
@@ -356,24 +362,13 @@ async def test_offload_after_a_takeover_drops_the_replicas_and_reads_on(
     shared = tmp_path / "objects"
     env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(shared)}
     c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
-    a, b, cc = c.url("n0"), c.url("n1"), c.url("n2")
     offload = {"offloadThresholdInBytes": 0, "offloadDeletionLagInMillis": 0}
     await create(c, "n0", STREAM, **ROLLOVER, **offload)
-    async with StreamWorkload([a], STREAM, writers=2, batch_max=3, prefix="a") as first:
-        first.start(operations=15)
-        await first.join()
-    assert first.acked == 30, first.outcomes
-    await asyncio.to_thread(c.kill, "n0")
-    async with StreamWorkload([b, cc], STREAM, writers=2, batch_max=3, prefix="b") as second:
-        second.start()
-        await second.wait_acked(30, TAKEOVER_TIMEOUT_S)
-        await second.stop()
-    new_owner = await owner(c, STREAM)
-    assert new_owner in {"n1", "n2"}
+    history, by_a, new_owner = await across_a_takeover(c)
     ledgers = await stream_ledgers(c, STREAM)
     closed = {info["id"] for info in ledgers if info["closed"]}
     last = ledgers[-1]["id"]
-    assert len(closed) >= 4 and last not in closed
+    assert len(closed) >= 4 and by_a <= closed and last not in closed
     running = [c.url(n) for n in c.node_ids if c.node(n).alive()]
     replicas: set[int] = set()
     for _ in range(OFFLOAD_RUNS):
@@ -385,5 +380,4 @@ async def test_offload_after_a_takeover_drops_the_replicas_and_reads_on(
         await asyncio.sleep(OFFLOAD_RETRY_S)
     assert not replicas & closed, (sorted(replicas & closed), body)
     assert last in replicas  # the ledger taking appends is not offloaded
-    history = merge(first.history(), second.history())
-    clean(history, await read_back(cc, STREAM))
+    clean(history, await read_back(c.url("n2"), STREAM))
