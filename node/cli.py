@@ -230,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
     )
+    bench.add_argument(
+        "--replicated",
+        action="store_true",
+        help="stream: replicated (3/3/2) streams on etcd and four local nodes against a "
+        "single node's, and an append forwarded by a non-owner against the owner's",
+    )
     bench.add_argument("--runs", type=int, default=JEPSEN_RUNS, help="jepsen: fault runs")
     bench.add_argument("--seed", type=int, default=0, help="jepsen: seed of the first run")
     bench.set_defaults(func=_cmd_bench)

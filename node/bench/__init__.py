@@ -6,6 +6,8 @@
 - ``gc`` (gc.py): compaction throughput, and what throttled compaction costs the writers;
 - ``http`` (http.py): the live server over loopback, next to the engine in-process;
 - ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback;
+  with ``--replicated`` (stream_replicated.py), replicated streams on a local cluster
+  (etcd and four nodes) against a single node's, and a forwarded append against the owner's;
 - ``offload`` (offload.py): upload and reads of an offloaded ledger (local store, S3 on moto)
   beside entry-log reads of the same ledger, and the bytes a random read fetches;
 - ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]

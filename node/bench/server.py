@@ -79,23 +79,30 @@ class Server:
         return [call(f"{self.url}/api/v1/ledgers", "POST")["ledgerId"] for _ in range(count)]
 
     def load(self, module: str, *argv: object) -> tuple[dict[str, Any], float]:
-        """Runs ``python -m module URL ARGV...``, a load process that warms up for WARMUP_S,
-        measures and prints its figures as JSON. Returns them, and the server's CPU seconds
-        charged to the measured window (its share of the CPU used during the whole run)."""
-        cpu_before = cpu_seconds(self.proc.pid)
-        out = subprocess.run(
-            [sys.executable, "-m", module, self.url, *map(str, argv)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        cpu = cpu_seconds(self.proc.pid) - cpu_before
-        result: dict[str, Any] = json.loads(out)
-        return result, cpu * result["seconds"] / (result["seconds"] + WARMUP_S)
+        """``run_load`` against this node: the load's figures and the node's CPU seconds
+        charged to the measured window."""
+        return run_load([self.proc.pid], self.url, module, *argv)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(60)
+
+
+def run_load(pids: list[int], url: str, module: str, *argv: object) -> tuple[dict[str, Any], float]:
+    """Runs ``python -m module URL ARGV...``, a load process that warms up for WARMUP_S,
+    measures and prints its figures as JSON. Returns them, and the CPU seconds processes
+    ``pids`` (the nodes serving it) used, charged to the measured window (their share of the
+    CPU used during the whole run)."""
+    cpu_before = sum(cpu_seconds(pid) for pid in pids)
+    out = subprocess.run(
+        [sys.executable, "-m", module, url, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
+    result: dict[str, Any] = json.loads(out)
+    return result, cpu * result["seconds"] / (result["seconds"] + WARMUP_S)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,9 @@ in production):
 - tail (cursor): the same with ``--writers``, the reader taking a cursor's entries
   (long poll) and acknowledging the last of each read before the next.
 
+With ``--replicated``: replicated streams on a local cluster against a single node's
+(stream_replicated.py).
+
 End-to-end latency: each payload starts with the monotonic time its append started (in
 the load process, which also runs the reader); the reader's receipt minus it. It covers
 the durable append (group commit and fsync), the wake-up of the long poll and the read.
@@ -49,6 +52,7 @@ from node.http.frames import (
 )
 
 ROLLOVER_ENTRIES = 10_000  # maxEntriesPerLedger of the bench's streams
+POLICIES = {"maxEntriesPerLedger": ROLLOVER_ENTRIES, "minLedgerRolloverTimeMinutes": 0}
 READ_LIMIT = 1000  # entries per read of the tailing reader
 TAIL_WAIT_MS = 1000  # the reader's long poll
 DRAIN_WAIT_MS = 100  # after the writers stop: the reader reads until a poll this long is empty
@@ -199,8 +203,7 @@ def _run(
     server: Server, name: str, mode: str, writers: int, seconds: float, n: int
 ) -> StreamFigures:
     stream = f"bench-{n}"
-    policies = {"maxEntriesPerLedger": ROLLOVER_ENTRIES, "minLedgerRolloverTimeMinutes": 0}
-    body = json.dumps(policies).encode()
+    body = json.dumps(POLICIES).encode()
     call(f"{server.url}/api/v1/streams/{stream}", "PUT", body, JSON_CONTENT_TYPE)
     result, server_cpu_s = server.load("node.bench.stream", mode, writers, seconds, stream)
     details = call(f"{server.url}/api/v1/streams/{stream}")
@@ -247,6 +250,10 @@ def _table(rows: list[StreamFigures]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "replicated", False):
+        from node.bench.stream_replicated import main as replicated_main
+
+        return replicated_main(args)
     writers = args.writers
     seconds = args.seconds
     runs = [

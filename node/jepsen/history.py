@@ -5,8 +5,10 @@ AddOutcomeUnknown, a process killed before the answer). One JSON object per line
     {"p": "w0", "type": "invoke", "f": "add", "ledger": 4611686018427387905,
      "entry": null, "digest": "9f2c...", "t": 1764170000.123}
 
-``f`` is add | add_batch | close | recover | read. ``entry``: the id an add got (a batch: its
-first id), the lastEntryId a close or a recovery ended at, the id a read asked for. ``digest``:
+``f`` is add | add_batch | close | recover | read, or a stream's append | append_batch
+(node/jepsen/streams.py: ``ledger``/``entry`` are then the position ``L:E`` it was given).
+``entry``: the id an add got (a batch: its first id), the lastEntryId a close or a recovery
+ended at, the id a read asked for. ``digest``:
 the payload's digest (a batch: a list, one per entry); payloads of a run are unique, so a
 digest names its operation. Several processes each write their own file (a writer child
 appends line by line, so a SIGKILL loses at most a torn last line); ``load`` merges them.
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 OpType = Literal["invoke", "ok", "fail", "info"]
-OpFunction = Literal["add", "add_batch", "close", "recover", "read"]
+OpFunction = Literal["add", "add_batch", "close", "recover", "read", "append", "append_batch"]
 DIGEST_BYTES = 16  # of BLAKE2b: unique enough for one run's payloads, short in the file
 
 

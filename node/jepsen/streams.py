@@ -1,0 +1,458 @@
+"""A stream's fault run over plain HTTP: writers append unique payloads through any node of the
+fleet, every operation goes into a history (history.py's format), and at the end a cursor
+reads the whole stream back; ``check_stream`` compares the two.
+
+Operations are ``append`` (one entry) and ``append_batch``; ``ledger``/``entry`` of an ok one
+are the position ``L:E`` the node acknowledged (a batch: its first; its entries follow at
+consecutive entry ids of that ledger), ``digest`` the payload's (a batch: one per entry).
+Outcomes:
+
+- ``ok``: 201, with the position(s);
+- ``fail``: the node certainly wrote nothing: any 4xx, a refused connection (no byte was
+  sent), or a 503 whose code says the request was turned away before it was handled
+  (``DEFINITE_CODES``);
+- ``info`` (unknown): a timeout, a connection lost after the request was sent, 503
+  ``append_outcome_unknown`` (an owner whose adds were fenced), any other 5xx.
+
+A retry is a new operation with new payloads, so a payload names its operation.
+
+``check_stream`` lists every violation (``KINDS``); ``info`` appends, and appends whose
+process died before the answer (``unfinished``), may be present (once) or absent.
+``check_stream_ledgers`` goes one level down: the closed ledgers of the stream, read from
+their replicas by fresh clients, are checked by the replicated ledgers' checker (checker.py)
+against the acknowledged appends and what the cursor read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import aiohttp
+
+from node.http.frames import (
+    BATCH_CONTENT_TYPE,
+    OCTET_CONTENT_TYPE,
+    decode_stream_frames,
+    encode_batch,
+)
+from node.jepsen.checker import Verdict, Violation, check_cluster
+from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
+from node.streams.model import Position
+
+# 503 codes of refusals made before the request was handled: nothing of it was written. An
+# append answered owner_unreachable never reached the owner (no connection was made: once
+# it was sent, the forwarding node answers append_outcome_unknown).
+DEFINITE_CODES = frozenset({"not_owner", "owner_unreachable", "overloaded", "too_many_connections"})
+APPEND_TIMEOUT_S = 15.0  # one append, forwarding and a takeover included; past it: unknown
+READ_LIMIT = 1000  # entries per cursor read of ``read_back``
+READ_ATTEMPTS = 20  # a read or ack of ``read_back`` answered 503 or cut is tried again ...
+READ_RETRY_S = 0.5  # ... after this pause (an owner being replaced answers 503 for a while)
+READ_TIMEOUT_S = 30.0  # one read or ack of ``read_back``
+POLL_S = 0.02  # between two looks at the acknowledged count (``wait_acked``)
+# A writer's pause after an append that was not acknowledged: without an owner (a lease
+# running out) every node refuses at once, and writers that go on at full speed only fill the
+# history and the nodes' logs with refusals.
+RETRY_PAUSE_S = 0.05
+READ_BACK = "read-back"  # the process of check_stream_ledgers' adds of what the cursor read
+
+KINDS = {
+    "lost": "an acknowledged append is not in the stream",
+    "position": "an acknowledged append is in the stream, at another position than acknowledged",
+    "duplicate": "a payload is in the stream more than once",
+    "phantom": "a payload no append of the history carried is in the stream",
+    "failed_present": "the payload of an append that failed (for certain) is in the stream",
+    "order": "positions read back do not increase strictly (ledger id, then entry id)",
+    "twice": "two acknowledged appends were given the same position",
+    "writer_order": "a writer's acknowledged appends are not in its invocation order",
+    "realtime": "an append acknowledged before another was invoked has a later position",
+}
+
+
+def _position(text: str) -> Position:
+    return Position.parse(text)
+
+
+@dataclass
+class StreamWorkload:
+    """``writers`` tasks, each appending one entry or a batch of 1..``batch_max`` at a time,
+    its next operation after the last one's answer, each sent to the next URL of ``urls``
+    (round-robin over every writer's operations; a test may replace ``urls`` while it runs,
+    e.g. to stop sending to a node it killed). Process names are ``<prefix><i>``; payloads
+    ``<prefix><i>-<n>``, unique as long as two workloads on a stream have distinct prefixes."""
+
+    urls: list[str]
+    stream: str
+    writers: int = 3
+    batch_max: int = 1
+    prefix: str = "w"
+    seed: int = 0
+    timeout_s: float = APPEND_TIMEOUT_S
+    pause_s: float = 0.0  # between two operations of a writer
+    retry_pause_s: float = RETRY_PAUSE_S  # after an operation that was not ok
+    histories: list[History] = field(init=False)
+    outcomes: dict[str, int] = field(init=False, default_factory=dict)  # "201", "503 code", ...
+    acked: int = field(init=False, default=0)  # ok operations so far
+    _turn: int = field(init=False, default=0)
+    _counts: list[int] = field(init=False)
+    _running: bool = field(init=False, default=False)
+    _tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
+    _session: aiohttp.ClientSession | None = field(init=False, default=None)
+    _rng: random.Random = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.histories = [History(f"{self.prefix}{i}") for i in range(self.writers)]
+        self._counts = [0] * self.writers
+        self._rng = random.Random(self.seed)
+
+    def history(self) -> list[Op]:
+        """Every writer's operations, in time order."""
+        return merge(*(h.ops for h in self.histories))
+
+    def next_url(self) -> str:
+        url = self.urls[self._turn % len(self.urls)]
+        self._turn += 1
+        return url
+
+    def _payload(self, writer: int) -> bytes:
+        self._counts[writer] += 1
+        return f"{self.prefix}{writer}-{self._counts[writer]}".encode()
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # No pooled connection outlives a node's kill: every append opens its own, so a
+            # refused connection is told apart from one cut after the request went out.
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        return self._session
+
+    async def append(self, writer: int, entries: int = 1, url: str | None = None) -> Op:
+        """One operation of writer ``writer`` (``entries`` > 1: a batch) to ``url`` (default:
+        the next of ``urls``), logged; its completion."""
+        history = self.histories[writer]
+        payloads = [self._payload(writer) for _ in range(entries)]
+        digests = [digest(p) for p in payloads]
+        f: OpFunction = "append" if entries == 1 else "append_batch"
+        logged: str | list[str] = digests[0] if entries == 1 else digests
+        if entries == 1:
+            body, content_type = payloads[0], OCTET_CONTENT_TYPE
+        else:
+            body, content_type = encode_batch(payloads), BATCH_CONTENT_TYPE
+        target = url or self.next_url()
+        history.log("invoke", f, None, None, logged)
+        outcome: OpType
+        try:
+            async with self._open().post(
+                f"{target}/api/v1/streams/{self.stream}/entries",
+                data=body,
+                headers={"Content-Type": content_type},
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except aiohttp.ClientConnectorError:
+            self._count("refused")
+            return history.log("fail", f, None, None, logged)
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            self._count(type(error).__name__)
+            return history.log("info", f, None, None, logged)
+        if status == 201:
+            reply = json.loads(raw)
+            first = _position(reply["position"] if entries == 1 else reply["firstPosition"])
+            self._count("201")
+            self.acked += 1
+            return history.log("ok", f, first.ledger_id, first.entry_id, logged)
+        code = _code(raw)
+        self._count(f"{status} {code}")
+        outcome = "fail" if 400 <= status < 500 or code in DEFINITE_CODES else "info"
+        return history.log(outcome, f, None, None, logged)
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    async def _writer(self, writer: int, operations: int | None) -> None:
+        done = 0
+        while self._running and (operations is None or done < operations):
+            entries = self._rng.randint(1, self.batch_max)
+            op = await self.append(writer, entries)
+            done += 1
+            pause = self.pause_s if op.type == "ok" else max(self.pause_s, self.retry_pause_s)
+            if pause:
+                await asyncio.sleep(pause)
+
+    def start(self, operations: int | None = None) -> None:
+        """Starts the writers: each runs ``operations`` operations, or until ``stop``."""
+        self._running = True
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._writer(i, operations)) for i in range(self.writers)]
+
+    async def join(self) -> None:
+        """Until every writer has ended (its operations done, or ``stop``)."""
+        await asyncio.gather(*self._tasks)
+
+    async def stop(self) -> None:
+        """No new operation; waits for those in flight (each ends within ``timeout_s``)."""
+        self._running = False
+        await self.join()
+
+    async def wait_acked(self, count: int, timeout_s: float = 60.0) -> None:
+        """Until ``count`` operations in all were acknowledged; AssertionError past
+        ``timeout_s``, with the outcomes so far."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.acked < count:
+            if loop.time() > deadline or (self._tasks and all(t.done() for t in self._tasks)):
+                raise AssertionError(
+                    f"{self.acked} of {count} appends acknowledged; outcomes {self.outcomes}"
+                )
+            await asyncio.sleep(POLL_S)
+
+    async def close(self) -> None:
+        self._running = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> StreamWorkload:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def _code(raw: bytes) -> str:
+    """The stable code of an error body, "" when it is not the node's JSON error."""
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return ""
+    return str(found.get("code", "")) if isinstance(found, dict) else ""
+
+
+async def _call(
+    session: aiohttp.ClientSession, method: str, url: str, body: Any = None
+) -> tuple[int, bytes]:
+    """One request of ``read_back``, tried again while the answer is a 503 or lost (a stream
+    whose owner is being replaced); the last status and body."""
+    status, raw = 0, b""
+    for attempt in range(READ_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(READ_RETRY_S)
+        try:
+            async with session.request(
+                method, url, json=body, timeout=aiohttp.ClientTimeout(total=READ_TIMEOUT_S)
+            ) as response:
+                status, raw = response.status, await response.read()
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            status, raw = 0, str(error).encode()
+            continue
+        if status != 503:
+            return status, raw
+    return status, raw
+
+
+async def read_back(url: str, stream: str, cursor: str = "checker") -> list[tuple[str, bytes]]:
+    """Everything a new cursor of ``stream`` reads through the node at ``url`` from the
+    earliest entry to the end, in order, as (``L:E``, payload); the cursor acknowledges each
+    read's last entry before the next read. RuntimeError when a call keeps failing."""
+    base = f"{url}/api/v1/streams/{stream}/cursors/{cursor}"
+    found: list[tuple[str, bytes]] = []
+    async with aiohttp.ClientSession() as session:
+        status, raw = await _call(session, "PUT", base, {"start": "earliest"})
+        if status not in (200, 201):
+            raise RuntimeError(f"cursor {cursor} of {stream}: {status} {raw[:300]!r}")
+        while True:
+            status, raw = await _call(session, "GET", f"{base}/entries?limit={READ_LIMIT}")
+            if status != 200:
+                raise RuntimeError(f"read of {stream} via {url}: {status} {raw[:300]!r}")
+            frames = decode_stream_frames(raw)
+            if not frames:
+                return found
+            found.extend((str(position), payload) for position, payload in frames)
+            last = str(frames[-1][0])
+            status, raw = await _call(session, "POST", f"{base}/ack", {"position": last})
+            if status != 200:
+                raise RuntimeError(f"ack {last} of {stream} via {url}: {status} {raw[:300]!r}")
+
+
+@dataclass
+class _Append:
+    """One completed operation and when it started."""
+
+    op: Op
+    invoked: float
+    index: int  # among its process's operations
+
+    @property
+    def positions(self) -> list[tuple[Position, str]]:
+        assert self.op.ledger is not None and self.op.entry is not None
+        return [
+            (Position(self.op.ledger, self.op.entry + i), d)
+            for i, d in enumerate(self.op.digests())
+        ]
+
+
+def _completions(history: Iterable[Op]) -> tuple[list[_Append], int]:
+    """Every completed append with its invocation time, and how many were never completed
+    (their process died first)."""
+    started: dict[tuple[str, tuple[str, ...]], float] = {}
+    done: list[_Append] = []
+    per_process: dict[str, int] = {}
+    for op in history:
+        if op.f not in ("append", "append_batch"):
+            continue
+        key = (op.p, tuple(op.digests()))
+        if op.type == "invoke":
+            started[key] = op.t
+            continue
+        index = per_process.get(op.p, 0)
+        per_process[op.p] = index + 1
+        done.append(_Append(op, started.pop(key, op.t), index))
+    return done, len(started)
+
+
+def check_stream(
+    history: Sequence[Op], read_back: Sequence[tuple[str | Position, bytes]]
+) -> Verdict:
+    """``read_back``: everything a cursor read of the stream at the end, in order, as
+    (position, payload); the module's docstring says what must hold."""
+    verdict = Verdict()
+    found = verdict.violations
+
+    def bad(kind: str, position: Position, detail: str) -> None:
+        found.append(Violation(kind, position.ledger_id, position.entry_id, detail))
+
+    invoked: set[str] = set()
+    for op in history:
+        if op.f in ("append", "append_batch"):
+            invoked.update(op.digests())
+    appends, unfinished = _completions(history)
+    failed = {d for a in appends if a.op.type == "fail" for d in a.op.digests()}
+    acked = [a for a in appends if a.op.type == "ok"]
+    counts: dict[str, int] = {"ok": 0, "fail": 0, "info": 0}
+    for a in appends:
+        counts[a.op.type] = counts.get(a.op.type, 0) + 1
+    verdict.counts = {
+        **counts,
+        "unfinished": unfinished,
+        "acked_entries": sum(len(a.op.digests()) for a in acked),
+        "read": len(read_back),
+    }
+
+    read = [
+        (p if isinstance(p, Position) else _position(p), digest(payload))
+        for p, payload in read_back
+    ]
+    where: dict[str, list[int]] = {}
+    for i, (position, d) in enumerate(read):
+        if i and position <= read[i - 1][0]:
+            bad("order", position, f"read at index {i} after {read[i - 1][0]}")
+        seen = where.setdefault(d, [])
+        if seen:
+            bad("duplicate", position, f"payload {d} also at {read[seen[0]][0]}")
+        seen.append(i)
+        if d not in invoked:
+            bad("phantom", position, f"payload {d}: no append carried it")
+        elif d in failed:
+            bad("failed_present", position, f"payload {d} of an append that failed")
+
+    given: dict[Position, str] = {}
+    for a in acked:
+        for position, d in a.positions:
+            if given.setdefault(position, d) != d:
+                bad("twice", position, f"acknowledged to {a.op.p} and to another append")
+            indexes = where.get(d)
+            if not indexes:
+                bad("lost", position, f"{a.op.p}'s acknowledged payload {d} was not read back")
+            elif read[indexes[0]][0] != position:
+                bad("position", position, f"{a.op.p}'s payload {d} read at {read[indexes[0]][0]}")
+    _check_writer_order(acked, where, bad)
+    _check_realtime(acked, bad)
+    return verdict
+
+
+def _check_writer_order(acked: list[_Append], where: dict[str, list[int]], bad: Any) -> None:
+    """A writer's ops run one after the other: their positions, acknowledged and read back,
+    follow its invocation order."""
+    by_process: dict[str, list[_Append]] = {}
+    for a in acked:
+        by_process.setdefault(a.op.p, []).append(a)
+    for process, ops in by_process.items():
+        ops.sort(key=lambda a: a.index)
+        last_acked: Position | None = None
+        last_read = -1
+        for a in ops:
+            positions = a.positions
+            if last_acked is not None and positions[0][0] <= last_acked:
+                bad("writer_order", positions[0][0], f"{process} acknowledged after {last_acked}")
+            last_acked = positions[-1][0]
+            for position, d in positions:
+                indexes = where.get(d)
+                if not indexes:
+                    continue  # lost: named already
+                if indexes[0] <= last_read:
+                    bad(
+                        "writer_order",
+                        position,
+                        f"{process}'s payload {d} read before an earlier one",
+                    )
+                last_read = indexes[0]
+
+
+def _check_realtime(acked: list[_Append], bad: Any) -> None:
+    """An append acknowledged before another was invoked has the earlier position (whatever
+    nodes they went through): appends are linearizable."""
+    by_end = sorted(acked, key=lambda a: a.op.t)
+    highest: tuple[Position, _Append] | None = None
+    i = 0
+    for a in sorted(acked, key=lambda a: a.invoked):
+        while i < len(by_end) and by_end[i].op.t < a.invoked:
+            last = by_end[i].positions[-1][0]
+            if highest is None or last > highest[0]:
+                highest = (last, by_end[i])
+            i += 1
+        first = a.positions[0][0]
+        if highest is not None and first <= highest[0]:
+            before = highest[1].op
+            bad(
+                "realtime",
+                first,
+                f"{a.op.p}'s append invoked after {before.p}'s was acknowledged at {highest[0]}",
+            )
+
+
+def as_ledger_history(
+    history: Iterable[Op], read_back: Iterable[tuple[str | Position, bytes]], ledgers: set[int]
+) -> list[Op]:
+    """The stream's history as the ledger checker's, for ``ledgers``: each acknowledged append
+    an ok add at its position, and each entry the cursor read an add of unknown outcome into
+    its ledger (so its bytes are no phantom there, and no rule requires it)."""
+    ops = [
+        Op(READ_BACK, "info", "add", position.ledger_id, None, digest(payload))
+        for position, payload in (
+            (p if isinstance(p, Position) else _position(p), payload) for p, payload in read_back
+        )
+        if position.ledger_id in ledgers
+    ]
+    for op in history:
+        if op.type == "ok" and op.ledger in ledgers:
+            ops.append(replace(op, f="add" if op.f == "append" else "add_batch"))
+    return ops
+
+
+async def check_stream_ledgers(
+    history: Sequence[Op],
+    read_back: Sequence[tuple[str | Position, bytes]],
+    metadata_url: str,
+    closed: set[int],
+) -> Verdict:
+    """The replicated ledgers' checker on the stream's ``closed`` ledgers: fresh readers agree
+    on each one's end, find it CLOSED with no gap, nothing served past its end, every
+    acknowledged append at its position and nothing the cursor did not read."""
+    return await check_cluster(as_ledger_history(history, read_back, closed), metadata_url)

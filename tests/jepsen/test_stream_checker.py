@@ -1,0 +1,223 @@
+"""The stream checker against crafted histories and read-backs: a clean run (across a
+takeover's new ledger) passes, and each way a stream can contradict its history is caught
+and named, with the position."""
+
+from __future__ import annotations
+
+from node.jepsen.checker import Observation, check
+from node.jepsen.history import Op, OpFunction, digest
+from node.jepsen.streams import KINDS, as_ledger_history, check_stream
+
+OLD, NEW = 5, 9  # the ledger before a takeover, the one after
+
+
+class Builder:
+    """Operations with explicit times (the real-time rule reads them)."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.t = 0.0
+
+    def _at(self) -> float:
+        self.t += 1.0
+        return self.t
+
+    def op(self, p: str, outcome: str, names: list[str], at: tuple[int, int] | None = None) -> None:
+        """``p`` invokes an append of ``names`` (a batch when several), then it ends with
+        ``outcome`` (ok: at position ``at``; None: never, its process died)."""
+        f: OpFunction = "append" if len(names) == 1 else "append_batch"
+        d: str | list[str] = (
+            digest(names[0].encode()) if len(names) == 1 else [digest(n.encode()) for n in names]
+        )
+        self.ops.append(Op(p, "invoke", f, None, None, d, self._at()))
+        if outcome == "ok":
+            assert at is not None
+            self.ops.append(Op(p, "ok", f, at[0], at[1], d, self._at()))
+        elif outcome is not None:
+            self.ops.append(Op(p, outcome, f, None, None, d, self._at()))
+
+
+def clean() -> tuple[Builder, list[tuple[str, bytes]]]:
+    """w0 appends three entries (ok), w1 a batch of two (ok), w2 one whose outcome is unknown
+    (it landed), one that failed and one unknown that did not land; then a takeover: w0 and
+    w1 go on in ledger NEW; w1's last append never got an answer (it is there)."""
+    b = Builder()
+    b.op("w0", "ok", ["w0-1"], (OLD, 0))
+    b.op("w0", "ok", ["w0-2"], (OLD, 1))
+    b.op("w1", "ok", ["w1-1", "w1-2"], (OLD, 2))
+    b.op("w0", "ok", ["w0-3"], (OLD, 4))
+    b.op("w2", "info", ["w2-1"])
+    b.op("w2", "fail", ["w2-2"])
+    b.op("w2", "info", ["w2-3"])
+    b.op("w0", "ok", ["w0-4"], (NEW, 0))
+    b.op("w1", "ok", ["w1-3"], (NEW, 1))
+    b.op("w1", None, ["w1-4"])
+    read = [
+        (f"{OLD}:0", b"w0-1"),
+        (f"{OLD}:1", b"w0-2"),
+        (f"{OLD}:2", b"w1-1"),
+        (f"{OLD}:3", b"w1-2"),
+        (f"{OLD}:4", b"w0-3"),
+        (f"{OLD}:5", b"w2-1"),
+        (f"{NEW}:0", b"w0-4"),
+        (f"{NEW}:1", b"w1-3"),
+        (f"{NEW}:2", b"w1-4"),
+    ]
+    return b, read
+
+
+def kinds(ops: list[Op], read: list[tuple[str, bytes]]) -> set[str]:
+    return check_stream(ops, read).kinds()
+
+
+def test_a_clean_history_across_a_takeover_is_clean() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, read)
+    assert verdict.ok, verdict
+    assert verdict.counts == {
+        "ok": 6,
+        "fail": 1,
+        "info": 2,
+        "unfinished": 1,
+        "acked_entries": 7,
+        "read": 9,
+    }
+
+
+def test_unknown_appends_may_be_absent() -> None:
+    b, read = clean()
+    assert check_stream(b.ops, [r for r in read if r[1] not in (b"w2-1", b"w1-4")]).ok
+
+
+def test_a_lost_acknowledged_append() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, [r for r in read if r[1] != b"w0-3"])
+    assert verdict.kinds() == {"lost"}
+    [violation] = verdict.violations
+    assert (violation.ledger, violation.entry) == (OLD, 4)
+    assert "w0" in violation.detail
+
+
+def test_an_entry_of_an_acknowledged_batch_lost() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, [r for r in read if r[1] != b"w1-2"])
+    assert verdict.kinds() == {"lost"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 3)]
+
+
+def test_a_duplicate_of_an_acknowledged_append() -> None:
+    """Appended twice (a retry inside the node, a replay after the takeover)."""
+    b, read = clean()
+    verdict = check_stream(b.ops, [*read, (f"{NEW}:3", b"w0-2")])
+    assert verdict.kinds() == {"duplicate"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(NEW, 3)]
+
+
+def test_an_unknown_append_present_twice() -> None:
+    b, read = clean()
+    assert kinds(b.ops, [*read, (f"{NEW}:3", b"w2-1")]) == {"duplicate"}
+
+
+def test_positions_read_back_out_of_order() -> None:
+    b, read = clean()
+    read[6], read[7] = read[7], read[6]  # NEW:1 read before NEW:0
+    verdict = check_stream(b.ops, read)
+    assert "order" in verdict.kinds()
+    assert "writer_order" not in verdict.kinds()  # w0 and w1 each still in order
+    assert [(v.ledger, v.entry) for v in verdict.violations if v.kind == "order"] == [(NEW, 0)]
+
+
+def test_a_position_repeated_in_the_read_back() -> None:
+    b, read = clean()
+    read[7] = (f"{NEW}:0", b"w1-3")
+    assert {"order", "position"} <= kinds(b.ops, read)
+
+
+def test_a_writers_appends_reordered() -> None:
+    """w0's appends read back in the order other than it made them, at the positions it was
+    told: the node acknowledged w0-2 before w0-1's position (the acks say so, too)."""
+    b = Builder()
+    b.op("w0", "ok", ["w0-1"], (OLD, 1))
+    b.op("w0", "ok", ["w0-2"], (OLD, 0))
+    verdict = check_stream(b.ops, [(f"{OLD}:0", b"w0-2"), (f"{OLD}:1", b"w0-1")])
+    assert verdict.kinds() == {"writer_order", "realtime"}
+    assert {(v.ledger, v.entry) for v in verdict.violations} == {(OLD, 0)}
+
+
+def test_a_phantom() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, [*read, (f"{NEW}:3", b"ghost")])
+    assert verdict.kinds() == {"phantom"}
+
+
+def test_a_failed_append_that_is_present() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, [*read, (f"{NEW}:3", b"w2-2")])
+    assert verdict.kinds() == {"failed_present"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(NEW, 3)]
+
+
+def test_an_acknowledged_append_at_another_position() -> None:
+    """The old owner acknowledged w0-4 at NEW:0, but it is in the stream at OLD:6."""
+    b, read = clean()
+    read[6] = (f"{OLD}:6", b"w0-4")
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"position"}
+    [violation] = verdict.violations
+    assert (violation.ledger, violation.entry) == (NEW, 0)
+    assert f"{OLD}:6" in violation.detail
+
+
+def test_two_appends_acknowledged_at_one_position() -> None:
+    b = Builder()
+    b.op("w0", "ok", ["w0-1"], (OLD, 0))
+    b.op("w1", "ok", ["w1-1"], (OLD, 0))
+    verdict = check_stream(b.ops, [(f"{OLD}:0", b"w0-1"), (f"{OLD}:1", b"w1-1")])
+    assert {"twice", "position", "realtime"} == verdict.kinds()
+
+
+def test_an_append_acknowledged_before_another_was_invoked_is_earlier() -> None:
+    """w1 is invoked after w0's append was acknowledged at OLD:1; it gets OLD:0 (a stale
+    owner's ledger position, say): linearizability is broken even though every entry is there
+    where it was acknowledged."""
+    b = Builder()
+    b.op("w0", "ok", ["w0-1"], (OLD, 1))
+    b.op("w1", "ok", ["w1-1"], (OLD, 0))
+    verdict = check_stream(b.ops, [(f"{OLD}:0", b"w1-1"), (f"{OLD}:1", b"w0-1")])
+    assert verdict.kinds() == {"realtime"}
+
+
+def test_concurrent_appends_may_land_in_either_order() -> None:
+    b = Builder()
+    b.ops += [
+        Op("w0", "invoke", "append", None, None, digest(b"w0-1"), 1.0),
+        Op("w1", "invoke", "append", None, None, digest(b"w1-1"), 2.0),
+        Op("w1", "ok", "append", OLD, 0, digest(b"w1-1"), 3.0),
+        Op("w0", "ok", "append", OLD, 1, digest(b"w0-1"), 4.0),
+    ]
+    assert check_stream(b.ops, [(f"{OLD}:0", b"w1-1"), (f"{OLD}:1", b"w0-1")]).ok
+
+
+def test_every_kind_is_documented_and_verdicts_name_them() -> None:
+    b, read = clean()
+    verdict = check_stream(b.ops, [r for r in read if r[1] != b"w0-1"] + [(f"{NEW}:3", b"x")])
+    assert verdict.kinds() <= set(KINDS)
+    text = str(verdict)
+    assert "lost: ledger 5 entry 0" in text and "phantom: ledger 9 entry 3" in text
+
+
+def test_the_stream_as_the_ledger_checkers_history() -> None:
+    """Each closed ledger of the stream, as its replicas hold it, checked by the replicated
+    ledgers' checker: clean when the replicas hold what the cursor read; an entry the cursor
+    never saw is a phantom; an acknowledged append the replicas lack is short."""
+    b, read = clean()
+    ops = as_ledger_history(b.ops, read, {OLD})
+    assert {op.ledger for op in ops} == {OLD}
+    assert sorted(op.f for op in ops if op.type == "ok") == ["add", "add", "add", "add_batch"]
+    held = [(int(p.split(":")[1]), payload) for p, payload in read if p.startswith(f"{OLD}:")]
+    whole = Observation.of("r0", "CLOSED", 5, held)
+    assert check(ops, {OLD: [whole]}).ok
+    extra = Observation.of("r0", "CLOSED", 6, [*held, (6, b"w2-3")])
+    assert check(ops, {OLD: [extra]}).kinds() == {"phantom"}
+    cut = Observation.of("r0", "CLOSED", 3, held[:4])
+    assert check(ops, {OLD: [cut]}).kinds() == {"short"}
