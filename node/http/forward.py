@@ -36,9 +36,8 @@ silent ``stream_forward_timeout_s``, plus a long poll's ``waitMs`` (at most
 ``max_long_poll_ms``), before the head of its answer and between its chunks. Nothing bounds
 the whole: a large answer to a slow client is bounded by ``reply_write_timeout_s``.
 
-Two clients: ``forward`` (aiohttp's, for whatever aiohttp's routes serve: any size, streamed)
-and ``forward_bytes`` (the fast lane's appends: raw bytes on keep-alive connections of its
-own, at a third of the CPU per request).
+Replicated streams' appends take aiohttp's route, not the fast lane (fastlane.py), so that
+``forward`` is the one client: aiohttp's, pooled, the answer streamed back.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from typing import Final
 
 import aiohttp
@@ -99,8 +98,6 @@ _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 # Idle pooled connections to owners are closed after this: well under the nodes'
 # keepalive_timeout_s (75 s), so that a node never reuses one its owner is closing.
 POOL_KEEPALIVE_S = 15.0
-POOL_IDLE_PER_OWNER = 64  # idle connections kept per owner for forward_bytes; more are closed
-POOL_OWNERS_KNOWN = 1024  # parsed owner URLs kept (nodes come and go)
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 ERROR_BODY_MAX = 64 * 1024  # a 503 up to this size is read to see whether it says not_owner
 
@@ -188,15 +185,13 @@ class _OwnerSilent(Exception):
 
 
 class Forwarder:
-    """The client side of forwarding, one per node: aiohttp's pooled session and the raw
-    client's pool (made on the app's startup, closed on its cleanup), shared by every
-    forwarded request."""
+    """The client side of forwarding, one per node: aiohttp's pooled session (made on the
+    app's startup, closed on its cleanup), shared by every forwarded request."""
 
     def __init__(self, settings: Settings, metrics: Metrics) -> None:
         self._settings = settings
         self._node_id = settings.id
         self._session: aiohttp.ClientSession | None = None
-        self._pool = _RawPool()  # forward_bytes's connections
         counter = metrics.stream_forwarded_requests
         # Every outcome's series from the start (0), on the nodes that forward: rate()
         # sees the first failure.
@@ -221,7 +216,6 @@ class Forwarder:
         )
 
     async def close(self) -> None:
-        self._pool.close()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -362,218 +356,6 @@ class Forwarder:
         finally:
             self._count(outcome)
         return reply
-
-    async def forward_bytes(
-        self,
-        method: str,
-        base_url: str,
-        path: str,
-        headers: Mapping[str, str],
-        body: bytes,
-        *,
-        raise_moved: bool = False,
-    ) -> tuple[int, dict[str, str], bytes]:
-        """The fast lane's forward (its requests are no aiohttp requests): the owner's
-        status, headers (hop-by-hop ones left out) and body, read whole (the answers to
-        appends are a few dozen bytes). ``path`` is the request target as received (query
-        string included); same errors, and ``raise_moved``, as ``forward``.
-
-        Written and read as bytes on keep-alive connections of its own (_RawPool), not
-        through aiohttp's client: that costs ~160 us of CPU per request against ~50 here,
-        which on loopback is the difference between a forwarded append at 2x the owner's
-        latency and one within 1.5x."""
-        append = is_append(method, path)
-        owner = _Owner.of(base_url)
-        request = owner.request(method, path, request_headers(headers.items(), self._node_id), body)
-        settings = self._settings
-        loop = asyncio.get_running_loop()
-        conn = self._pool.take(owner, loop.time())
-        connected = conn is not None  # a pooled connection may carry it to the owner at once
-        try:
-            if conn is None:
-                async with asyncio.timeout(settings.stream_forward_connect_timeout_s):
-                    conn = _Conn(*await asyncio.open_connection(owner.host, owner.port))
-                connected = True
-            async with asyncio.timeout(settings.stream_forward_timeout_s + _wait_s(path, settings)):
-                status, answer_headers, answer, keep = await conn.exchange(request, method)
-        except (OSError, TimeoutError, EOFError, ValueError, asyncio.LimitOverrunError) as error:
-            if conn is not None:
-                conn.close()
-            raise self._failure(error, base_url, append, connected) from None
-        except BaseException:
-            if conn is not None:  # cancelled: the answer may still come, on no one's watch
-                conn.close()
-            raise
-        if keep:
-            self._pool.give_back(owner, conn, loop.time())
-        else:
-            conn.close()
-        self._count("ok")
-        if raise_moved and status == 503 and _code(answer) == NOT_OWNER:
-            raise OwnerMoved(base_url)
-        kept = response_headers(answer_headers)
-        return status, {name: value for name, value in kept.items()}, answer
-
-
-class _BadAnswer(ValueError):
-    """The owner's answer is no HTTP/1.x answer this client reads."""
-
-
-class _Owner:
-    """An owner's address, parsed once per URL: the raw client's connection key."""
-
-    __slots__ = ("host", "host_header", "key", "port")
-    _known: dict[str, _Owner] = {}
-
-    def __init__(self, base_url: str) -> None:
-        url = URL(base_url)
-        if url.scheme != "http" or not url.host or url.port is None:
-            raise ApiError(
-                503, OWNER_UNREACHABLE, f"the stream's owner has no http:// URL: {base_url!r}"
-            )
-        self.host = url.host
-        self.port = url.port
-        self.host_header = url.raw_authority
-        self.key = (self.host, self.port)
-
-    @classmethod
-    def of(cls, base_url: str) -> _Owner:
-        owner = cls._known.get(base_url)
-        if owner is None:
-            if len(cls._known) > POOL_OWNERS_KNOWN:
-                cls._known.clear()  # owners come and go with nodes: no unbounded growth
-            owner = cls._known[base_url] = cls(base_url)
-        return owner
-
-    def request(self, method: str, target: str, headers: CIMultiDict[str], body: bytes) -> bytes:
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host_header}"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        if body or method in _BODY_METHODS:
-            lines.append(f"Content-Length: {len(body)}")
-        if any("\r" in line or "\n" in line for line in lines):
-            raise ValueError("a header or the target holds a line break")
-        head = "\r\n".join(lines)
-        # Header values as the lane decoded them (UTF-8, undecodable bytes kept as
-        # surrogates): the owner gets the very bytes the client sent.
-        return head.encode("utf-8", "surrogateescape") + b"\r\n\r\n" + body
-
-
-class _Conn:
-    """One keep-alive connection of the raw client."""
-
-    __slots__ = ("idle_since", "reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.idle_since = 0.0
-
-    def usable(self) -> bool:
-        # The owner closed it while it was idle (its keep-alive timeout, a restart).
-        return not self.reader.at_eof() and not self.writer.is_closing()
-
-    def close(self) -> None:
-        self.writer.close()
-
-    async def exchange(
-        self, request: bytes, method: str
-    ) -> tuple[int, list[tuple[str, str]], bytes, bool]:
-        """Send ``request``; the answer's status, headers, body, and whether the
-        connection may carry another request."""
-        self.writer.write(request)
-        await self.writer.drain()
-        reader = self.reader
-        head = await reader.readuntil(b"\r\n\r\n")
-        status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
-        version, _, rest = status_line.partition(" ")
-        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
-            raise _BadAnswer(f"not an HTTP/1.x answer: {status_line[:100]!r}")
-        status = int(rest[:3])
-        headers = []
-        length: int | None = None
-        chunked = False
-        keep = version == "HTTP/1.1"
-        for line in lines:
-            name, colon, value = line.partition(":")
-            if not colon:
-                raise _BadAnswer(f"a malformed header line: {line[:100]!r}")
-            name, value = name.strip(), value.strip()
-            key = name.lower()
-            if key == "content-length":
-                length = int(value)
-            elif key == "transfer-encoding":
-                chunked = "chunked" in value.lower()
-            elif key == "connection":
-                keep = keep and "close" not in value.lower()
-            headers.append((name, value))
-        if status < 200:
-            raise _BadAnswer(f"an interim answer ({status}) to a request that asked none")
-        if method == "HEAD" or status in (204, 304):
-            return status, headers, b"", keep
-        if chunked:
-            return status, headers, await self._chunked(), keep
-        if length is not None:
-            return status, headers, await reader.readexactly(length), keep
-        return status, headers, await reader.read(), False  # until the owner closes
-
-    async def _chunked(self) -> bytes:
-        body = bytearray()
-        while True:
-            size_line = await self.reader.readuntil(b"\r\n")
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-            if size == 0:
-                while await self.reader.readuntil(b"\r\n") != b"\r\n":
-                    pass  # trailers: none wanted
-                return bytes(body)
-            body += (await self.reader.readexactly(size + 2))[:-2]
-
-
-class _RawPool:
-    """Idle keep-alive connections of the raw client, by owner: reused newest first,
-    dropped once idle POOL_KEEPALIVE_S (well under the owner's keepalive_timeout_s)."""
-
-    def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
-        self._swept = 0.0
-
-    def take(self, owner: _Owner, now: float) -> _Conn | None:
-        idle = self._idle.get(owner.key)
-        while idle:
-            conn = idle.pop()
-            if now - conn.idle_since < POOL_KEEPALIVE_S and conn.usable():
-                return conn
-            conn.close()
-        return None
-
-    def give_back(self, owner: _Owner, conn: _Conn, now: float) -> None:
-        conn.idle_since = now
-        idle = self._idle.setdefault(owner.key, [])
-        if len(idle) >= POOL_IDLE_PER_OWNER:
-            conn.close()
-        else:
-            idle.append(conn)
-        if now - self._swept > POOL_KEEPALIVE_S:
-            self._sweep(now)
-
-    def _sweep(self, now: float) -> None:
-        """Close what idled too long, for every owner: one that is gone is never asked
-        again, and its connections would sit half closed."""
-        self._swept = now
-        for key, idle in list(self._idle.items()):
-            kept = [c for c in idle if now - c.idle_since < POOL_KEEPALIVE_S and c.usable()]
-            for conn in idle:
-                if conn not in kept:
-                    conn.close()
-            if kept:
-                self._idle[key] = kept
-            else:
-                del self._idle[key]
-
-    def close(self) -> None:
-        for idle in self._idle.values():
-            for conn in idle:
-                conn.close()
-        self._idle.clear()
 
 
 async def _chunks(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

@@ -4,15 +4,13 @@ misbehaves as a header asks: streams a large answer, holds it, dies, stays silen
 second real node app, as owner, with an admin token on both.
 
 The forwarding node forwards every stream route here (a test middleware stands in for the
-ownership logic of the stream routes); its fast lane is off so that appends reach aiohttp,
-and ``forward_bytes`` (the fast lane's form) is called directly."""
+ownership logic of the stream routes); its fast lane is off so that appends reach aiohttp."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import hashlib
-import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -504,131 +502,6 @@ async def test_many_forwarded_requests_in_flight_at_once(roomy: Setup) -> None:
     assert _count(client, "ok") == IN_FLIGHT
 
 
-async def test_forward_bytes_returns_the_owners_answer_whole(roomy: Setup) -> None:
-    client, owner = roomy
-    forwarder = client.app[FORWARDER]
-    owner_url = client.app[OWNER_URL][0]
-    status, headers, body = await forwarder.forward_bytes(
-        "POST",
-        owner_url,
-        "/api/v1/streams/orders/entries?x=1",
-        {
-            "Host": "node-a:8080",
-            "Content-Length": "3",
-            "Content-Type": "application/x-entry-batch",
-            "Authorization": "Bearer t",
-            "Connection": "keep-alive",
-        },
-        b"abc",
-    )
-    assert status == 207 and headers["X-Owner"] == "yes"
-    assert not {"Transfer-Encoding", "Connection", "Keep-Alive"} & set(headers)
-    echo = json.loads(body)
-    assert echo["method"] == "POST" and echo["target"] == "/api/v1/streams/orders/entries?x=1"
-    assert bytes.fromhex(echo["body"]) == b"abc"
-    sent = {name.lower(): value for name, value in echo["headers"]}
-    assert sent["authorization"] == "Bearer t"
-    assert sent["content-type"] == "application/x-entry-batch"
-    assert sent["x-forwarded-by"] == NODE_ID
-    assert sent["content-length"] == "3"
-    assert sent["host"] != "node-a:8080"  # the owner's own
-    # The owner down: unreachable; dead after the body: unknown.
-    with pytest.raises(ApiError) as down:
-        await forwarder.forward_bytes(
-            "POST", f"http://127.0.0.1:{free_port()}", "/api/v1/streams/o/entries", {}, b"a"
-        )
-    assert (down.value.status, down.value.code) == (503, "owner_unreachable")
-    with pytest.raises(ApiError) as dead:
-        await forwarder.forward_bytes(
-            "POST", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "die"}, b"a"
-        )
-    assert (dead.value.status, dead.value.code) == (503, "append_outcome_unknown")
-    # 200 at once, each its own answer.
-    results = await _staggered(
-        [
-            functools.partial(
-                forwarder.forward_bytes,
-                "POST",
-                owner_url,
-                f"/api/v1/streams/s{i}/entries",
-                {BEHAVE: "held"},
-                b"%d" % i,
-            )
-            for i in range(IN_FLIGHT)
-        ]
-    )
-    assert owner.most_in_flight == IN_FLIGHT
-    for i, (status, _, body) in enumerate(results):
-        assert status == 207 and bytes.fromhex(json.loads(body)["body"]) == b"%d" % i
-    assert (_count(client, "ok"), _count(client, "unknown")) == (IN_FLIGHT + 1, 1)
-
-
-async def test_a_real_owner_node_serves_the_forwarded_stream(
-    tmp_path: Path, aiohttp_client: Any
-) -> None:
-    """Two real nodes with the admin token: the stream's routes sent to node A are served by
-    node B (whose fast lane answers the forwarded appends), long poll included."""
-    owner_client = await aiohttp_client(
-        build_app(make_settings(tmp_path / "b", id="node-b", admin_token=TOKEN))
-    )
-    owner_url = str(owner_client.make_url("")).rstrip("/")
-    client = await aiohttp_client(
-        _forwarding_app(_settings(tmp_path, NODE_ID, admin_token=TOKEN), owner_url)
-    )
-    auth = {"Authorization": f"Bearer {TOKEN}"}
-    octet = {**auth, "Content-Type": "application/octet-stream"}
-    response = await client.put("/api/v1/streams/orders", json={}, headers=auth)
-    assert response.status == 201, await response.text()
-    assert response.headers["X-Node-Id"] == NODE_ID  # the answer came from node A
-    response = await client.put(
-        "/api/v1/streams/orders", json={}
-    )  # no token: refused (by A, as B would)
-    assert response.status == 401 and (await response.json())["code"] == "unauthorized"
-    response = await client.post("/api/v1/streams/orders/entries", data=b"one", headers=octet)
-    assert response.status == 201, await response.text()
-    first = (await response.json())["position"]
-    poll = asyncio.create_task(
-        client.get(f"/api/v1/streams/orders/entries?from={first}&waitMs=0&limit=10")
-    )
-    read = await poll
-    assert read.status == 200
-    assert [p for _, p in decode_stream_frames(await read.read())] == [b"one"]
-    # A long poll past the end, answered by an append sent to the owner directly.
-    nxt = read.headers["X-Next-Position"]
-    poll = asyncio.create_task(
-        client.get(f"/api/v1/streams/orders/entries?from={nxt}&waitMs=4000&limit=10")
-    )
-    await asyncio.sleep(0.3)
-    assert not poll.done()
-    response = await owner_client.post("/api/v1/streams/orders/entries", data=b"two", headers=octet)
-    assert response.status == 201
-    read = await asyncio.wait_for(poll, 5)
-    assert read.status == 200
-    assert [p for _, p in decode_stream_frames(await read.read())] == [b"two"]
-    # The owner's own errors pass through as it gave them.
-    response = await client.get("/api/v1/streams/missing")
-    assert response.status == 404 and (await response.json())["code"] == "stream_not_found"
-    # forward_bytes, the fast lane's form, to the real owner's fast lane.
-    status, _, body = await client.app[FORWARDER].forward_bytes(
-        "POST", owner_url, "/api/v1/streams/orders/entries", octet, b"three"
-    )
-    assert status == 201 and json.loads(body)["position"]
-
-    # 200 appends forwarded at once: each acknowledged once, at its own position.
-    async def append(i: int) -> str:
-        response = await client.post(
-            "/api/v1/streams/orders/entries", data=b"%d" % i, headers=octet
-        )
-        assert response.status == 201, await response.text()
-        return str((await response.json())["position"])
-
-    positions = await _staggered([functools.partial(append, i) for i in range(IN_FLIGHT)])
-    assert len(set(positions)) == IN_FLIGHT
-    response = await owner_client.get("/api/v1/streams/orders")
-    assert (await response.json())["entries"] == 3 + IN_FLIGHT
-    assert client.app[SEEN] and not owner_client.app.get(SEEN)
-
-
 async def test_the_session_closes_with_the_app(tmp_path: Path) -> None:
     app = build_app(_settings(tmp_path, NODE_ID))
     forwarder = forward.install(app)
@@ -673,71 +546,65 @@ async def test_an_owner_process_killed_during_an_append_leaves_it_unknown(
     assert stream["entries"] in (0, 1)  # either: that is what "unknown" says
 
 
-async def test_forward_bytes_keeps_its_connections_alive(setup: Setup) -> None:
-    """forward_bytes's own client: one connection for requests in turn; a new one when the
-    owner closed the idle one or said Connection: close; chunked answers read whole."""
-    client, _ = setup
-    forwarder = client.app[FORWARDER]
-    owner_url = client.app[OWNER_URL][0]
-    path = "/api/v1/streams/orders/entries"
-
-    async def peer(**headers: str) -> int:
-        status, _, body = await forwarder.forward_bytes("POST", owner_url, path, headers, b"a")
-        assert status == 207
-        return int(json.loads(body)["peer"])
-
-    first = await peer()
-    assert {await peer() for _ in range(5)} == {first}
-    dropped = await peer(**{BEHAVE: "close-later"})
-    await asyncio.sleep(0.3)  # the owner closed it meanwhile: a new one, and no failure
-    assert dropped == first and await peer() != first
-    closing = await peer(**{BEHAVE: "close"})
-    assert await peer() != closing
-    status, headers, body = await forwarder.forward_bytes(
-        "POST", owner_url, path, {BEHAVE: "chunked-small"}, b"a"
+async def test_a_real_owner_node_serves_the_forwarded_stream(
+    tmp_path: Path, aiohttp_client: Any
+) -> None:
+    """Two real nodes with the admin token: the stream's routes sent to node A are served by
+    node B, long poll included."""
+    owner_client = await aiohttp_client(
+        build_app(make_settings(tmp_path / "b", id="node-b", admin_token=TOKEN))
     )
-    assert (status, body) == (201, b'{"position": "1:2"}')
-    assert "Transfer-Encoding" not in headers
-    assert _count(client, "unknown") == _count(client, "unreachable") == 0
-
-
-async def test_forward_bytes_finds_a_silent_owner_within_the_timeout(setup: Setup) -> None:
-    client, owner = setup
-    forwarder = client.app[FORWARDER]
-    owner_url = client.app[OWNER_URL][0]
-    started = time.monotonic()
-    with pytest.raises(ApiError) as silent:
-        await forwarder.forward_bytes(
-            "POST", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b"a"
-        )
-    assert silent.value.code == "append_outcome_unknown"
-    assert 0.9 < time.monotonic() - started < 5  # stream_forward_timeout_s: 1 s
-    await asyncio.wait_for(owner.hung_up.wait(), 5)  # the connection is not kept
-    with pytest.raises(ApiError) as read:
-        await forwarder.forward_bytes(
-            "GET", owner_url, "/api/v1/streams/o/entries", {BEHAVE: "silent"}, b""
-        )
-    assert read.value.code == "owner_unreachable"
-    # A long poll's waitMs is waited for on top.
-    status, _, _ = await forwarder.forward_bytes(
-        "GET",
-        owner_url,
-        "/api/v1/streams/o/entries?waitMs=2000",
-        {BEHAVE: "slow", "X-Test-Delay": "1.5"},
-        b"",
+    owner_url = str(owner_client.make_url("")).rstrip("/")
+    client = await aiohttp_client(
+        _forwarding_app(_settings(tmp_path, NODE_ID, admin_token=TOKEN), owner_url)
     )
-    assert status == 207
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    octet = {**auth, "Content-Type": "application/octet-stream"}
+    response = await client.put("/api/v1/streams/orders", json={}, headers=auth)
+    assert response.status == 201, await response.text()
+    assert response.headers["X-Node-Id"] == NODE_ID  # the answer came from node A
+    response = await client.put(
+        "/api/v1/streams/orders", json={}
+    )  # no token: refused (by A, as B would)
+    assert response.status == 401 and (await response.json())["code"] == "unauthorized"
+    response = await client.post("/api/v1/streams/orders/entries", data=b"one", headers=octet)
+    assert response.status == 201, await response.text()
+    first = (await response.json())["position"]
+    poll = asyncio.create_task(
+        client.get(f"/api/v1/streams/orders/entries?from={first}&waitMs=0&limit=10")
+    )
+    read = await poll
+    assert read.status == 200
+    assert [p for _, p in decode_stream_frames(await read.read())] == [b"one"]
+    # A long poll past the end, answered by an append sent to the owner directly.
+    nxt = read.headers["X-Next-Position"]
+    poll = asyncio.create_task(
+        client.get(f"/api/v1/streams/orders/entries?from={nxt}&waitMs=4000&limit=10")
+    )
+    await asyncio.sleep(0.3)
+    assert not poll.done()
+    response = await owner_client.post("/api/v1/streams/orders/entries", data=b"two", headers=octet)
+    assert response.status == 201
+    read = await asyncio.wait_for(poll, 5)
+    assert read.status == 200
+    assert [p for _, p in decode_stream_frames(await read.read())] == [b"two"]
+    # The owner's own errors pass through as it gave them.
+    response = await client.get("/api/v1/streams/missing")
+    assert response.status == 404 and (await response.json())["code"] == "stream_not_found"
 
+    # 200 appends forwarded at once: each acknowledged once, at its own position.
+    async def append(i: int) -> str:
+        response = await client.post(
+            "/api/v1/streams/orders/entries", data=b"%d" % i, headers=octet
+        )
+        assert response.status == 201, await response.text()
+        return str((await response.json())["position"])
 
-def test_forward_bytes_refuses_line_breaks_in_what_it_writes() -> None:
-    """The lane's headers come from a parsed head and cannot hold one; a caller's mistake
-    must not split the request in two on the wire."""
-    owner = forward._Owner("http://127.0.0.1:1")
-    for headers in ({"X-A": "b\r\nX-Injected: 1"}, {"X-A\n": "b"}):
-        with pytest.raises(ValueError, match="line break"):
-            owner.request("POST", "/p", forward.request_headers(headers.items(), "n"), b"")
-    with pytest.raises(ValueError, match="line break"):
-        owner.request("GET", "/p HTTP/1.1\r\nX: y", forward.request_headers([], "n"), b"")
+    positions = await _staggered([functools.partial(append, i) for i in range(IN_FLIGHT)])
+    assert len(set(positions)) == IN_FLIGHT
+    response = await owner_client.get("/api/v1/streams/orders")
+    assert (await response.json())["entries"] == 2 + IN_FLIGHT
+    assert client.app[SEEN] and not owner_client.app.get(SEEN)
 
 
 async def test_an_owner_that_owns_the_stream_no_more(setup: Setup, aiohttp_server: Any) -> None:
@@ -763,17 +630,4 @@ async def test_an_owner_that_owns_the_stream_no_more(setup: Setup, aiohttp_serve
     body = await _error(response, "overloaded")
     assert body["message"] == "no" and response.headers["X-Request-Id"] == "rid-7"
     assert client.app[SEEN][-1] == "/api/v1/streams/orders/entries"  # no move
-    forwarder = client.app[FORWARDER]
-    owner.always = "not-owner"
-    status, _, raw = await forwarder.forward_bytes("POST", first, path, octet, b"two")
-    assert status == 503 and json.loads(raw)["code"] == "not_owner"
-    with pytest.raises(forward.OwnerMoved) as moved:
-        await forwarder.forward_bytes("POST", first, path, octet, b"two", raise_moved=True)
-    assert moved.value.url == first
-    owner.always = "overloaded"
-    status, headers, raw = await forwarder.forward_bytes(
-        "POST", first, path, octet, b"two", raise_moved=True
-    )
-    assert status == 503 and headers["Retry-After"] == "1"
-    assert json.loads(raw)["code"] == "overloaded"
     assert _count(client, "unknown") == _count(client, "unreachable") == 0
