@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.nodes < 1:
         parser.error("--nodes must be at least 1")
     root: Path = args.root
+    # SIGINT too: a process started with SIGINT ignored (by a parent that ignores it, as
+    # pytest-xdist's workers do) inherits that, and Python then leaves it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     print(f"starting etcd and {args.nodes} nodes under {root}/ ...", flush=True)
     try:
         cluster = LocalCluster(root.resolve(), nodes=args.nodes)
