@@ -84,7 +84,9 @@ def _workload(node: NodeProcess) -> None:
     result = _call(node, "POST", "/api/v1/offload/run", {"ledgers": [offloaded]})
     assert result["offloaded"], result
     _call(node, "GET", f"/api/v1/ledgers/{offloaded}/entries/0")
-    _call(node, "PUT", "/api/v1/streams/orders", {"retentionTimeInMinutes": 60})
+    # One node: its streams keep one copy (a replicated fleet's default, 3/3/2, needs three)
+    one = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
+    _call(node, "PUT", "/api/v1/streams/orders", {"retentionTimeInMinutes": 60, "replication": one})
     _call(node, "PUT", "/api/v1/streams/orders/cursors/billing", {"start": "earliest"})
     for _ in range(3):
         _call(node, "POST", "/api/v1/streams/orders/entries", b"order")

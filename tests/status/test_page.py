@@ -661,6 +661,10 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         store_write(etcd, prefix, TOTALS_KEY, {"fragments": 5, "entries": 50, "bytes": 5 << 20})
         page.wait_for_selector('#replication-under[data-value="2"]')
         page.wait_for_selector('#fleet-nodes tr[data-node="status-n1"]')
+        # The totals are a key of their own: a poll may land between the two writes.
+        page.wait_for_function(
+            "document.querySelector('#fleet-note').innerText.includes('5.0 MiB')"
+        )
         summary = replicated.get_json("/api/v1/status/summary")["replication"]
         for name in ("underReplicatedLedgers", "underReplicatedFragments", "lostNodes"):
             assert _field(page, f'[data-field="replication.{name}"]') == summary[name], name
