@@ -39,7 +39,6 @@ from node.client.errors import (
     NoSuchLedger,
     NotEnoughNodes,
     OutcomeUnknown,
-    ReadFailed,
 )
 from node.client.metadata.loop import read_with_retry
 from node.client.metadata.store import MetadataStore
@@ -100,7 +99,6 @@ class ReplicatedBackend:
         self._ownership = ownership
         self._replication_of = replication_of  # a stream's E/Qw/Qa, for its next ledger
         self._writers: dict[int, LedgerHandle] = {}  # open ledgers this node writes
-        self._writer_stream: dict[int, str] = {}
         self._closed: dict[int, LedgerMeta] = {}  # ledgers closed here, or recovered
         self._readers: OrderedDict[int, ReadHandle] = OrderedDict()
         self._ending: dict[int, asyncio.Future[LedgerMeta]] = {}  # recoveries under way
@@ -200,7 +198,6 @@ class ReplicatedBackend:
         except MetadataError as error:
             raise _metadata_error(error) from error
         self._writers[writer.id] = writer
-        self._writer_stream[writer.id] = stream
         meta = LedgerMeta(writer.id, created_ms=writer.metadata.ctime_ms, properties=properties)
         return meta, True
 
@@ -308,13 +305,13 @@ class ReplicatedBackend:
 
     def _forget(self, ledger_id: int) -> None:
         self._writers.pop(ledger_id, None)
-        self._writer_stream.pop(ledger_id, None)
 
     def forget_stream(self, name: str) -> None:
         """The stream is another node's now: drop its writers without closing them (the new
         owner closed the ledger; their adds in flight end fenced, outcome unknown)."""
-        for ledger_id in [i for i, s in self._writer_stream.items() if s == name]:
-            self._forget(ledger_id)
+        for ledger_id, writer in list(self._writers.items()):
+            if writer.metadata.properties.get(STREAM_PROPERTY) == name:
+                self._forget(ledger_id)
 
     async def _reader(self, ledger_id: int) -> ReadHandle:
         writer = self._writers.get(ledger_id)
@@ -346,7 +343,5 @@ class ReplicatedBackend:
         try:
             async for entry in reader.read(first, end):
                 yield entry
-        except ReadFailed as error:
-            raise StorageIoError(f"ledger {ledger_id}: {error}") from None
-        except ClientError as error:
+        except ClientError as error:  # ReadFailed, or the store: the entry may well exist
             raise StorageIoError(f"ledger {ledger_id}: {error}") from None

@@ -37,7 +37,7 @@ from node.client.metadata.store import MetadataStore
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.streams.manager import MetadataUnavailable, NotOwner, StreamManager, StreamNotFound
-from node.streams.model import Cursor, Replication, Stream
+from node.streams.model import Cursor, Replication, Stream, cursor_key
 from node.streams.ownership import OWNERS_PREFIX, Ownership
 from node.streams.replicated import (
     DOOMED_KEY,
@@ -156,7 +156,7 @@ class StreamRouter:
                 raise StreamNotFound(f"stream {name[:100]!r} does not exist")
             stream = Stream.decode(found.value)
             cursors = [
-                Cursor.decode(f"cursor/{name}\0{key.rsplit('/', 1)[1]}".encode(), value.value)
+                Cursor.decode(cursor_key(name, key.rsplit("/", 1)[1]), value.value)
                 for key, value in await self._store.range(cursor_prefix(name))
             ]
             settled = await self._settle_ends(stream)
