@@ -37,7 +37,7 @@ from node.client.metadata.store import MetadataStore
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.streams.manager import MetadataUnavailable, NotOwner, StreamManager, StreamNotFound
-from node.streams.model import Cursor, Replication, Stream, cursor_key
+from node.streams.model import NAME, Cursor, Replication, Stream, cursor_key
 from node.streams.ownership import OWNERS_PREFIX, Ownership
 from node.streams.replicated import (
     DOOMED_KEY,
@@ -115,6 +115,10 @@ class StreamRouter:
         the owner's URL. ``create``: a PUT, which may make the stream; otherwise a stream
         that does not exist is StreamNotFound."""
         if self.owns(name):
+            return None
+        if not NAME.fullmatch(name):
+            # No stream has such a name: answered here (a PUT: invalid_name; else not found)
+            # without an owner key written for it in the metadata store.
             return None
         cached = self._owners.get(name)
         if cached is not None and cached[1] > time.monotonic():

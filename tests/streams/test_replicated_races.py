@@ -6,6 +6,7 @@ owner killed in the middle of a rollover."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import struct
@@ -14,6 +15,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import pytest
 
 from node.localcluster import LocalCluster
 from node.settings import Settings
@@ -153,3 +156,32 @@ def test_an_owner_killed_between_a_rollovers_record_and_its_close_loses_nothing(
         [],
         [b"the append that rolls over"],
     ), frames
+
+
+def test_a_name_no_stream_can_have_is_answered_without_touching_the_store(
+    make_cluster: MakeCluster,
+) -> None:
+    """A hostile client asking for names that cannot be streams: the node answers at once
+    (404, or 400 for a PUT), and the metadata store gets no owner key for them."""
+    cluster = make_cluster(nodes=3)
+    before = store_revision(cluster)
+    for name in ("a" * 300, "-leading-dash"):
+        url = f"{cluster.url('n1')}/api/v1/streams/{name}"
+        with pytest.raises(urllib.error.HTTPError) as got:
+            http(url)
+        assert got.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as got:
+            http(url, "PUT", b"{}", json_body=True)
+        assert got.value.code == 400 and json.loads(got.value.read())["code"] == "invalid_name"
+    assert store_revision(cluster) == before
+
+
+def store_revision(cluster: LocalCluster) -> int:
+    """etcd's revision: it moves with every write to the store."""
+    request = urllib.request.Request(
+        cluster.etcd.client_url + "/v3/kv/range",
+        data=json.dumps({"key": base64.b64encode(b"/").decode(), "count_only": True}).encode(),
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return int(json.loads(reply.read())["header"]["revision"])
