@@ -27,6 +27,7 @@ from tests.harness.cluster import MakeCluster
 from tests.harness.streams import (
     REPLICATED,
     call,
+    etcd_get,
     etcd_keys,
     ledger_leftovers,
     leftovers,
@@ -350,6 +351,78 @@ async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywher
         op for op in merge(before, third.history()) if op.type != "ok" or op.ledger not in dropped
     ]
     clean(kept, read)
+
+
+TTL_S = 2  # messageTtlInSeconds of the TTL test: short, and longer than a retention run
+
+
+async def test_message_ttl_after_a_takeover_moves_the_cursor_on_the_new_owner(
+    stream_cluster: LocalCluster,
+) -> None:
+    """A stream with a message TTL and a cursor that reads nothing; ledgers rolled by A, A
+    SIGKILLed, more rolled by the new owner. Once the TTL has passed for every closed ledger,
+    a retention run on a node that does not own the stream moves nothing; one on the new
+    owner moves the cursor to the end of the last closed ledger (the ledger taking appends
+    never expires) and, the cursor being the slowest, trims every ledger before it (retention
+    time 0). A new cursor at earliest reads nothing of a trimmed ledger and every
+    acknowledged append of the rest once; the old cursor reads everything after its new
+    mark once, appends made after the run included."""
+    c = stream_cluster
+    await create(c, "n0", STREAM, retentionTimeInMinutes=0, messageTtlInSeconds=TTL_S, **ROLLOVER)
+    slow = f"{c.url('n3')}/api/v1/streams/{STREAM}/cursors/slow"
+    status, body = await call("PUT", slow, {"start": "earliest"})
+    assert status == 201, body
+    before, by_a, new_owner = await across_a_takeover(c)
+    assert len(by_a) >= 2
+    ledgers = await stream_ledgers(c, STREAM)
+    closed = [info for info in ledgers if info["closed"]]
+    assert by_a <= {info["id"] for info in closed} and len(closed) < len(ledgers)
+    await asyncio.sleep(
+        max(0.0, max(i["closed"] for i in closed) / 1000 + TTL_S + 0.2 - time.time())
+    )
+
+    # A node that does not own the stream: its run neither moves the cursor nor trims.
+    status, body = await call("POST", f"{c.url('n3')}/api/v1/retention/run")
+    assert status == 200 and STREAM not in body["streams"], body
+    status, cursor = await call("GET", slow)
+    assert status == 200 and cursor["markDeletePosition"] == f"{ledgers[0]['id']}:-1", cursor
+    status, body = await call("POST", f"{c.url(new_owner)}/api/v1/retention/run")
+    assert status == 200, body
+    # The run may first roll a full last ledger: that one closed just now, it has not expired.
+    last_closed = closed[-1]
+    after_it = ledgers[len(closed)]["id"]
+    # Past every entry of the last closed ledger (written as the next ledger's -1 once the
+    # trim dropped that one): without the TTL's move the cursor would have kept them all.
+    stored = await etcd_get(c, f"stream-cursors/{STREAM}/slow")
+    assert stored["markDelete"] in ([last_closed["id"], last_closed["entries"] - 1], [after_it, -1])
+    dropped = {entry["ledgerId"] for entry in body["streams"][STREAM]}
+    assert dropped == {info["id"] for info in closed}, (body, closed)
+    remaining = await stream_ledgers(c, STREAM)
+    assert not {info["id"] for info in remaining} & dropped
+    # Shown as nothing acknowledged of the first ledger left.
+    status, cursor = await call("GET", slow)
+    assert status == 200 and cursor["markDeletePosition"] == f"{remaining[0]['id']}:-1", cursor
+    backlog = cursor["backlogEntries"]
+
+    async with StreamWorkload([c.url("n3")], STREAM, writers=1, prefix="c") as after:
+        after.start(operations=3)
+        await after.join()
+    assert after.acked == 3, after.outcomes
+    history = merge(before, after.history())
+    # The acknowledgments into trimmed ledgers are left out (their invocations stay, as
+    # appends of unknown outcome that are now absent).
+    kept = [op for op in history if op.type != "ok" or op.ledger not in dropped]
+    fresh = await read_back(c.url("n3"), STREAM, cursor="fresh")
+    assert not {int(p.split(":")[0]) for p, _ in fresh} & dropped
+    clean(kept, fresh)
+    read = await read_back(c.url("n3"), STREAM, cursor="slow")  # from its new mark
+    clean(kept, read)
+    assert len(read) == backlog + after.acked and read == fresh  # nothing before the mark
+
+    async def reclaimed() -> bool:
+        return not await ledger_leftovers(c, dropped)
+
+    await until_true(reclaimed, "the trimmed ledgers' metadata and replicas gone", GONE_TIMEOUT_S)
 
 
 async def stored_objects(shared: Path) -> set[str]:
