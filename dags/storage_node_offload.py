@@ -7,7 +7,10 @@ ledgers (an upload that failed, or the object store failing: offload_store_error
 offload_store_unavailable, offload_store_timeout in the error) fails its task (its offloaded
 ledgers stay offloaded; the task's retries and the next run retry the rest), and so does a
 node that refused the run ("refused": its local store shares a data disk above the warning
-watermark, where offloading would fill the disk)."""
+watermark, where offloading would fill the disk).
+
+With a metadata store (replicated streams), each node's run offloads the streams it owns, after
+taking over those no live node owns: visiting every node reaches every stream, once."""
 
 from __future__ import annotations
 

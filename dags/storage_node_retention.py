@@ -1,7 +1,10 @@
 """Hourly stream retention on every node: POST /api/v1/retention/run, one mapped task per node.
 
 The node's own retention scheduler can be turned off (retention_scheduler_enabled=false) when
-this DAG drives it. A rerun does no harm: retention deletes only what is out of retention."""
+this DAG drives it. A rerun does no harm: retention deletes only what is out of retention.
+
+With a metadata store (replicated streams), each node's run acts on the streams it owns, after
+taking over those no live node owns: visiting every node reaches every stream, once."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ class BackgroundWork:
         self.gc = GarbageCollector(storage, clock)
         self.disks = DiskMonitor(storage, self.gc, clock)
         self.retention = Retention(
-            streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values())
+            streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values()), fleet
         )
         self.offload = OffloadService(storage, streams, clock, fleet)
         self._tasks: list[asyncio.Task[None]] = []

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from node.offload.service import FleetStreams
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
@@ -82,9 +83,14 @@ class RetentionStats:
 
 class Retention:
     def __init__(
-        self, streams: StreamManager, clock: Clock, disk_usage: Callable[[], float]
+        self,
+        streams: StreamManager,
+        clock: Clock,
+        disk_usage: Callable[[], float],
+        fleet: FleetStreams | None = None,
     ) -> None:
         self._streams = streams
+        self._fleet = fleet  # with a metadata store: streams no live node owns are taken over
         self._settings = streams._settings
         self._clock = clock
         self._disk_usage = disk_usage
@@ -111,6 +117,10 @@ class Retention:
             if forced is None:
                 forced = pressure == "forced"
             self.stats.runs += 0 if dry_run else 1
+            if self._fleet is not None and not dry_run:
+                # A stream whose owner died and that no client asked for since has no owner
+                # to run its retention: this node takes it (a dry run changes nothing).
+                await self._fleet.take_over_unowned()
             await self.roll_idle()  # a dry run too: a rollover is no deletion
             done: dict[str, list[Deletion]] = {}
             for stream in self._streams.streams():

@@ -80,6 +80,9 @@ class FleetStreams(Protocol):
     async def finish_deletions(self) -> None:
         """Finish the deletions trims and stream deletions left (ledgers, then objects)."""
 
+    async def take_over_unowned(self) -> list[str]:
+        """Take over the streams no live node owns (their lifecycle runs on an owner)."""
+
 
 class OffloadService:
     """The node's tiered storage (this module's docstring): which ledgers go and when, each
@@ -178,6 +181,8 @@ class OffloadService:
             result = RunResult()
             if not dry_run:
                 self.stats.runs += 1
+                if self._fleet is not None and stream is None and ledgers is None:
+                    await self._fleet.take_over_unowned()  # a run by policy reaches them all
                 result.failed.extend(await self.reap_deleted())
             candidates = self._plan(stream, ledgers, result)
             if candidates:

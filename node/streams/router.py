@@ -269,6 +269,32 @@ class StreamRouter:
                 found.append((Stream.decode(value.value), owners.get(name)))
         return found
 
+    async def take_over_unowned(self) -> list[str]:
+        """Take over every stream of the metadata store that no live node owns (its owner
+        died and no request came since): the retention and offload runs do this first, so
+        that a run on every node (the DAGs') reaches every stream, not only the ones clients
+        keep asking for. Concurrent runs on several nodes race through the ownership key:
+        one takes each stream, the others see its owner. A stream that cannot be taken now
+        (too few writable nodes for its new ledger, the store failing) is logged and left
+        for the next run; the names taken."""
+        taken: list[str] = []
+        try:
+            others = await self.elsewhere()
+        except MetadataUnavailable as error:
+            log.warning("streams without a live owner not looked for: %s", error)
+            return taken  # the run goes on with the streams this node owns
+        for stream, owner in others:
+            if owner is not None:
+                continue
+            try:
+                if await self.route(stream.name) is None:
+                    taken.append(stream.name)
+            except (StorageError, ClientError) as error:
+                log.warning("stream %s has no live owner and could not be taken over for "
+                            "its lifecycle now (the next run tries again): %s",
+                            stream.name, error)  # fmt: skip
+        return taken
+
     def lost(self, names: list[str]) -> None:
         """The ownership of ``names`` is gone (the lease expired, or a commit found another
         owner): stop serving them here."""

@@ -1,7 +1,9 @@
 """dag.test() runs of the offload and retention DAGs against replicated streams: etcd and four
-node processes sharing one object store (a local directory, as one S3 bucket would be), three
-3/3/2 streams each created through a different node (its creator owns it), the fourth node
-owning none. Discovery lists every node; each node's run acts on the streams it owns:
+node processes sharing one object store (a local directory, as one S3 bucket would be), four
+3/3/2 streams each created through a different node (its creator owns it). The fourth node is
+then SIGKILLed and left out of discovery (as Kubernetes discovery leaves out a pod that is not
+Ready): its stream has no live owner, and no client asks for it. Each node's run acts on the
+streams it owns, after taking over the ones nobody owns (one node takes each):
 
 - offload: every stream's closed ledgers go to the store, each by its owner, once (one
   attempt per ledger in the store); with no deletion lag their replicas leave every node;
@@ -9,9 +11,7 @@ owning none. Discovery lists every node; each node's run acts on the streams it 
 - retention: each owner trims what its stream's policies say (no cursor and a retention
   time of 0: every closed ledger; a cursor: only what it consumed; unlimited: nothing); the
   trimmed ledgers leave the record, their objects leave the store, their metadata and
-  doomed keys leave etcd; the rest reads back.
-
-A node that owns nothing has a successful run that does nothing."""
+  doomed keys leave etcd; the rest reads back."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from tests.harness.streams import (
     owner,
     put_stream,
     stream_ledgers,
+    wait_owner,
 )
 from tests.streams.conftest import STREAM_CLUSTER_ENV
 
@@ -48,8 +49,9 @@ STREAMS: dict[str, tuple[str, dict[str, int]]] = {
     "trimmed": ("n0", {"retentionTimeInMinutes": 0}),  # no cursor: every closed ledger goes
     "consumed": ("n1", {"retentionTimeInMinutes": 0}),  # a cursor: what it consumed goes
     "kept": ("n2", {"retentionTimeInMinutes": -1}),  # unlimited: nothing goes
+    "orphaned": ("n3", {"retentionTimeInMinutes": 0}),  # its owner dies: taken over
 }
-IDLE = "n3"  # owns no stream
+LOST = "n3"
 APPENDS = 8  # per writer, two writers: 16 entries, ledgers of 4
 GONE_TIMEOUT_S = 60.0  # for every node's GC sweep to reclaim dropped replicas
 
@@ -105,15 +107,17 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
     shared = tmp_path / "objects"
     env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(shared)}
     c: LocalCluster = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
-    urls = sorted(c.url(n) for n in c.node_ids)
-    node_of = {c.url(n): n for n in c.node_ids}
+    everyone = [c.url(n) for n in c.node_ids]
+    live = [n for n in c.node_ids if n != LOST]
+    urls = sorted(c.url(n) for n in live)
+    node_of = {c.url(n): n for n in live}
     histories: dict[str, list[Op]] = {}
     for name, (creator, retention) in STREAMS.items():
         body = {"replication": REPLICATED, **ROLLOVER, **OFFLOAD_NOW, **retention}
         status, reply = await put_stream(c.url(creator), name, body)
         assert status == 201 and reply["owner"] == creator, (status, reply)
         # Appends through every node (three of four forwarded to the owner).
-        async with StreamWorkload(urls, name, writers=2, prefix=name[0]) as load:
+        async with StreamWorkload(everyone, name, writers=2, prefix=name[0]) as load:
             load.start(operations=APPENDS)
             await load.join()
         assert load.acked == 2 * APPENDS, load.outcomes
@@ -122,13 +126,24 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
         name: {i["id"] for i in await stream_ledgers(c, name) if i["closed"]} for name in STREAMS
     }
     assert all(len(ids) >= 3 for ids in closed.values()), closed
+    await asyncio.to_thread(c.kill, LOST)
+    await wait_owner(c, "orphaned", {None})  # its lease ran out: nobody owns it now
 
     # --- offload ---------------------------------------------------------------------------
     offload = await asyncio.to_thread(run_dag, airflow, "storage_node_offload", urls)
     results = by_node(offload, "run_offload")
     assert sorted(results) == urls  # discovery visited every node
+    owners = {name: await owner(c, name) for name in STREAMS}
+    assert owners["orphaned"] in live, owners  # taken over by one of the runs
+    for name, (creator, _) in STREAMS.items():
+        if name != "orphaned":
+            assert owners[name] == creator, owners  # no run took a live owner's stream
+    # The takeover closed the orphan's last ledger, at its last entry: closed too now.
+    before = closed["orphaned"]
+    closed["orphaned"] = {i["id"] for i in await stream_ledgers(c, "orphaned") if i["closed"]}
+    assert before < closed["orphaned"], (before, closed["orphaned"])
     for url, result in results.items():
-        owned = {n for n, (creator, _) in STREAMS.items() if creator == node_of[url]}
+        owned = {name for name, node_id in owners.items() if node_id == node_of[url]}
         mine = set().union(*[closed[n] for n in owned])
         # Each owner offloaded its streams' closed ledgers and dropped their replicas; a
         # node offloads nothing of a stream it does not own (the idle one: nothing at all).
@@ -138,8 +153,7 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
     every_closed = set().union(*closed.values())
     objects = await stored_objects(shared)
     assert sorted(lid for lid, _ in objects) == sorted(every_closed), objects  # once each
-    for name, (creator, _) in STREAMS.items():
-        assert await owner(c, name) == creator  # no run took a stream over
+    for name in STREAMS:
         for info in await stream_ledgers(c, name):
             if info["id"] in closed[name]:
                 offloaded: Any = info["offload"]
@@ -152,8 +166,8 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
         return not await ledger_leftovers(c, every_closed)
 
     await until_true(replicas_gone, "the offloaded ledgers' replicas reclaimed", GONE_TIMEOUT_S)
-    for name, (creator, _) in STREAMS.items():
-        reader = c.url(next(n for n in c.node_ids if n != creator))
+    for name in STREAMS:
+        reader = c.url(next(n for n in live if n != owners[name]))
         clean(histories[name], await read_back(reader, name))  # from the store, through it
 
     # --- retention -------------------------------------------------------------------------
@@ -161,13 +175,14 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
     # the second: retention may take the first only.
     first, second = sorted(closed["consumed"])[:2]
     mark = f"{second}:1"
-    cursor = f"{c.url('n3')}/api/v1/streams/consumed/cursors/billing"
+    cursor = f"{c.url('n0')}/api/v1/streams/consumed/cursors/billing"
     status, reply = await call("PUT", cursor, {"start": "earliest"})
     assert status == 201, reply
     status, reply = await call("POST", f"{cursor}/ack", {"position": mark})
     assert status == 200, reply
     for name in STREAMS:  # read_back's cursors, which read everything, go
-        status, reply = await call("DELETE", f"{c.url(IDLE)}/api/v1/streams/{name}/cursors/checker")
+        checker = f"{c.url('n2')}/api/v1/streams/{name}/cursors/checker"
+        status, reply = await call("DELETE", checker)
         assert status == 204, (name, status, reply)
 
     retention = await asyncio.to_thread(run_dag, airflow, "storage_node_retention", urls)
@@ -175,13 +190,14 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
     assert sorted(results) == urls
     dropped: dict[str, set[int]] = {}
     for url, result in results.items():
-        owned = {n for n, (creator, _) in STREAMS.items() if creator == node_of[url]}
+        owned = {name for name, node_id in owners.items() if node_id == node_of[url]}
         assert set(result["deletedLedgers"]) <= owned, (url, result)  # its own streams only
         for name, ids in result["deletedLedgers"].items():
             dropped[name] = set(ids)
     # No cursor, retention time 0: every closed ledger (and maybe the full last one, which
     # the run rolls over first).
     assert closed["trimmed"] <= dropped["trimmed"], dropped
+    assert closed["orphaned"] <= dropped["orphaned"], dropped
     assert dropped["consumed"] == {first}, dropped
     assert "kept" not in dropped, dropped
     for name, ids in dropped.items():
@@ -196,16 +212,16 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
         return not await ledger_leftovers(c, gone)
 
     await until_true(trimmed_gone, "the trimmed ledgers' metadata and replicas", GONE_TIMEOUT_S)
-    for name, (creator, _) in STREAMS.items():
-        reader = c.url(next(n for n in c.node_ids if n != creator))
+    for name in STREAMS:
+        reader = c.url(next(n for n in live if n != owners[name]))
         read = await read_back(reader, name, cursor="after")
         # The acknowledgments into trimmed ledgers are left out (their invocations stay, as
         # appends of unknown outcome that are now absent).
         ids = dropped.get(name, set())
         kept = [op for op in histories[name] if op.type != "ok" or op.ledger not in ids]
         clean(kept, read)
-        if name != "trimmed":
+        if name in ("consumed", "kept"):
             assert read, name
-    # Nothing of a trimmed ledger on any node.
-    for node_id in c.node_ids:
+    # Nothing of a trimmed ledger on any live node.
+    for node_id in live:
         assert not await node_ledger_ids(c.url(node_id)) & gone, node_id
