@@ -4,8 +4,9 @@ stream back at the end, and the stream checker compares it with the history: eve
 acknowledged append exactly once, where it was acknowledged, in order; nothing failed, nothing
 twice, nothing invented. The faults: the owner SIGKILLed while appends are in flight; the
 owner SIGSTOPped past its lease while another node takes over, then resumed; two nodes taking
-over at once; rollover, retention and offload across a takeover; and the stream's deletion,
-which must leave nothing on any node, in etcd or in the object store.
+over at once; rollover, retention, message TTL and offload across a takeover; retention runs
+racing for a stream nobody owns; and the stream's deletion, which must leave nothing on any
+node, in etcd or in the object store.
 
 The owner's lease is short here (conftest.py: OWNER_TTL_S), so a takeover comes within
 seconds of a loss."""
@@ -351,6 +352,44 @@ async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywher
         op for op in merge(before, third.history()) if op.type != "ok" or op.ledger not in dropped
     ]
     clean(kept, read)
+
+
+async def test_retention_runs_racing_on_three_nodes_take_an_ownerless_stream_once(
+    stream_cluster: LocalCluster,
+) -> None:
+    """A stream whose owner was SIGKILLed, and that no client asks for: no node owns it. Three
+    retention runs at once, on the three other nodes (the DAG's mapped tasks): all succeed,
+    one of them takes the stream over (one owner, one new ledger) and trims it; the others
+    neither own nor trim it. Everything acknowledged in the ledgers left reads back."""
+    c = stream_cluster
+    await create(c, "n0", STREAM, retentionTimeInMinutes=0, **KILL_ROLLOVER)
+    async with StreamWorkload([c.url("n0")], STREAM, writers=2, prefix="a") as load:
+        load.start(operations=6)
+        await load.join()
+    assert load.acked == 12, load.outcomes
+    before = await stream_ledgers(c, STREAM)
+    await asyncio.to_thread(c.kill, "n0")
+    await wait_owner(c, STREAM, {None})
+    others = ["n1", "n2", "n3"]
+    answers = await asyncio.gather(
+        *(call("POST", f"{c.url(n)}/api/v1/retention/run") for n in others)
+    )
+    assert all(status == 200 for status, _ in answers), answers
+    taker = await owner(c, STREAM)
+    assert taker in others, taker
+    trimmed = {n: body["streams"].get(STREAM) for n, (_, body) in zip(others, answers, strict=True)}
+    assert all(trimmed[n] is None for n in others if n != taker), trimmed
+    dropped = {entry["ledgerId"] for entry in trimmed[taker] or []}
+    after = await stream_ledgers(c, STREAM)
+    # One takeover: the ledgers before it (the last one closed by its recovery) and one new
+    # ledger; the run trimmed the ones closed before the kill (and maybe the recovered one).
+    had, has = {i["id"] for i in before}, {i["id"] for i in after}
+    assert has - had == {after[-1]["id"]}, (before, after)
+    assert not has & dropped and had == (has - {after[-1]["id"]}) | dropped, (before, after)
+    assert {i["id"] for i in before[:-1]} <= dropped, (before, dropped)
+    reader = c.url(next(n for n in others if n != taker))
+    kept = [op for op in load.history() if op.type != "ok" or op.ledger not in dropped]
+    clean(kept, await read_back(reader, STREAM))
 
 
 TTL_S = 2  # messageTtlInSeconds of the TTL test: short, and longer than a retention run
