@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from node.jepsen.checker import Verdict
 from node.jepsen.history import Op, merge
@@ -432,3 +433,51 @@ async def test_offload_across_takeovers_drops_replicas_reads_on_and_deletes_obje
         return not await leftovers(c, STREAM, every)
 
     await until_true(nothing_left, "the deleted stream's keys and replicas gone", GONE_TIMEOUT_S)
+
+
+async def test_offload_races_reads_and_deletions(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """Offload runs (no deletion lag: replicas dropped within the run) fired together with
+    what touches the same ledgers: a cursor reading the stream through another node (a read
+    may begin on the replicas and find them gone), and the stream's deletion (an upload in
+    flight whose ledger goes). Reads stay clean; each deleted stream leaves no object, no key
+    and no replica behind, whichever finished first."""
+    shared = tmp_path / "objects"
+    env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(shared)}
+    c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
+    owner_url, reader = c.url("n0"), c.url("n1")
+    delays_s = [0.0, 0.01, 0.03, 0.06]  # the deletion fired this long after the run
+    names = [f"race-{n}" for n in range(len(delays_s))]
+    histories = {}
+    for name in names:
+        await create(c, "n0", name, **ROLLOVER, **OFFLOAD_NOW)
+        async with StreamWorkload([owner_url], name, writers=2, batch_max=3) as load:
+            load.start(operations=20)
+            await load.join()
+        assert load.acked == 40, load.outcomes
+        histories[name] = load.history()
+
+    run = call("POST", f"{owner_url}/api/v1/offload/run", {"stream": names[0]})
+    (status, body), read = await asyncio.gather(run, read_back(reader, names[0]))
+    assert status == 200 and body["offloaded"] and not body["failed"], body
+    clean(histories[names[0]], read)
+    clean(histories[names[0]], await read_back(reader, names[0], cursor="after"))
+
+    every: set[int] = set()
+    for n, name in enumerate(names):
+        every |= {info["id"] for info in await stream_ledgers(c, name)}
+
+        async def delete_later(name: str = name, delay_s: float = delays_s[n]) -> tuple[int, Any]:
+            await asyncio.sleep(delay_s)
+            return await call("DELETE", f"{reader}/api/v1/streams/{name}")
+
+        run = call("POST", f"{owner_url}/api/v1/offload/run", {"stream": name})
+        (status, body), (deleted, why) = await asyncio.gather(run, delete_later())
+        assert deleted == 204, why
+        # The run either finished first, or found the stream gone (404) or its ledgers gone.
+        assert status in (200, 404) and not (status == 200 and body["failed"]), body
+
+    async def nothing_left() -> bool:
+        left = [key for name in names for key in await leftovers(c, name, every)]
+        return not left and not await stored_objects(shared)
+
+    await until_true(nothing_left, "the deleted streams' objects, keys and replicas gone", 60)
