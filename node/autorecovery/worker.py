@@ -8,8 +8,9 @@ added to the replacement as a recovery add (it passes a fence; the same bytes ag
 a rerun after a crash repeats the copy harmlessly), and read back from it and compared. Only
 then the ledger's metadata is CAS-changed (the update loop re-checks that the node is still in
 its place; a writer's concurrent ensemble change only appends or replaces the last segment, never
-the one copied), ``autorecovery/totals`` is incremented (after the CAS, so a fragment copied twice
-is counted once), and the marker loses the node once no segment names it.
+the one copied) in the same commit as the increment of ``autorecovery/totals`` (so a fragment
+copied twice is counted once, and a worker killed after its CAS leaves no fragment uncounted),
+and the marker loses the node once no segment names it.
 
 The lock is ``underreplicated-locks/<id>`` under a lease of ``lock_ttl_s`` kept alive while the
 worker runs: a worker that dies loses it within the TTL, and a worker whose lease ends (a pause,
@@ -37,7 +38,7 @@ from node.autorecovery.markers import Lock, Marker, Reason
 from node.autorecovery.replicas import fragment_entries
 from node.client.bookies import within
 from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, ReplicaError
-from node.client.metadata.loop import read_with_retry, update
+from node.client.metadata.loop import read_with_retry
 from node.client.model import LedgerMetadata, Segment, decode, encode, ledger_key
 from node.client.placement import choose_replacement
 
@@ -368,11 +369,11 @@ async def _move(
         return encode(now.evolve(segments=tuple(segments)))
 
     await lease.check()
+    counted = m.Totals(1, len(entries), copied)
     after = decode(
-        (await update(client.store, ledger_key(meta.ledger_id), None, needs, transform)).value
+        await m.swap_counted(client.store, ledger_key(meta.ledger_id), needs, transform, counted)
     )
     if index < len(after.segments) and after.segments[index].ensemble[position] == replacement:
-        await m.add_totals(client.store, 1, len(entries), copied)
         result.fragments += 1
         result.entries += len(entries)
         result.size += copied
