@@ -354,7 +354,10 @@ def test_a_rereplicate_task_killed_mid_copy_and_the_dag_run_again(
     cluster.restart(killer, {"NODE_CRASH_POINTS": json.dumps(["autorecovery.after_copy"])})
     registered_anew(cluster, killer)
     cluster.wipe(LOST)
-    time.sleep(3)  # its registration's lease runs out
+    until(
+        f"{LOST}'s registration gone with its lease",
+        lambda: asyncio.run(_get(cluster.metadata_url, node_key(LOST))) is None,
+    )
 
     first = run(airflow, cluster, urls, allow_failure=True, lost_node_recovery_delay_s=0)
     assert xcom(first, "live_nodes") == [[cluster.url(n) for n in live]]

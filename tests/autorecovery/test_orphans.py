@@ -179,7 +179,7 @@ async def test_orphans_are_kept_under_a_lock_or_etcd_down_and_a_copy_racing_the_
         assert await holds(client, outsider, guarded) == last
 
         # A lock on the marker (a copy in flight): kept, sweep after sweep.
-        await sweeps(cluster, outsider, 3)
+        await sweeps(cluster, outsider, 2)
         assert await holds(client, outsider, guarded) == last
         await client.store.delete(markers.lock_key(guarded), lock.revision)
 
@@ -187,7 +187,7 @@ async def test_orphans_are_kept_under_a_lock_or_etcd_down_and_a_copy_racing_the_
         skipped = (await replication(cluster, outsider))["gcSkipped"]
         await asyncio.to_thread(cluster.kill_etcd)
         try:
-            await sweeps(cluster, outsider, 2)
+            await sweeps(cluster, outsider, 1)
             assert (await replication(cluster, outsider))["gcSkipped"] > skipped
             assert await holds(client, outsider, guarded) == last
             assert (await replication(cluster, outsider))["gcOverreplicatedReclaimed"] == 0
@@ -195,6 +195,12 @@ async def test_orphans_are_kept_under_a_lock_or_etcd_down_and_a_copy_racing_the_
             await asyncio.to_thread(cluster.restart_etcd)
         await reclaimed(cluster, outsider, 1)  # the store answers again: an orphan
         assert await holds(client, outsider, guarded) == -1
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{cluster.url(outsider)}/metrics") as resp,
+        ):
+            exported = await resp.text()
+        assert "storage_node_replication_gc_overreplicated_reclaimed_total 1.0" in exported
         await purged(cluster, outsider, 1)
         await assert_fully_replicated(client, {guarded: data})
 
