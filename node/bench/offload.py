@@ -60,6 +60,7 @@ from node.bench.common import (
     scratch_dir,
 )
 from node.offload.format import LedgerIndex, index_key
+from node.offload.offloader import LocalLedger
 from node.offload.service import OffloadService
 from node.runtime import run, tune
 from node.settings import MiB, Settings, load
@@ -236,7 +237,7 @@ async def _medium(
         entry_log = await _read_all(storage, ledger_id, entry_size)
 
         started = time.perf_counter()
-        await offload.offloader.offload(ledger_id)
+        await offload.offloader.offload(LocalLedger(storage, ledger_id))
         upload = Pass(entry_log.bytes, time.perf_counter() - started)
         dropped = await offload.run()  # deletion lag 0: the local copy goes now
         if dropped.local_deleted != [ledger_id]:

@@ -127,7 +127,7 @@ def build_app(
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store
         app.cleanup_ctx.append(_replication_identity)
-    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock)
+    app[WORK] = BackgroundWork(app[STORAGE], app[STREAMS], clock, app.get(streams.STREAM_ROUTER))
     app.cleanup_ctx.append(_storage_lifecycle if storage is None else _given_storage)
     if settings.metadata_url:
         app.cleanup_ctx.append(_replication_lifecycle)

@@ -8,21 +8,27 @@ import asyncio
 from node.lifecycle.disks import DiskMonitor, usage
 from node.lifecycle.gc import GarbageCollector
 from node.lifecycle.retention import Retention
-from node.offload.service import OffloadService
+from node.offload.service import FleetStreams, OffloadService
 from node.storage.clock import Clock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
 
 
 class BackgroundWork:
-    def __init__(self, storage: LedgerStorage, streams: StreamManager, clock: Clock) -> None:
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        streams: StreamManager,
+        clock: Clock,
+        fleet: FleetStreams | None = None,
+    ) -> None:
         self._settings = storage.settings
         self.gc = GarbageCollector(storage, clock)
         self.disks = DiskMonitor(storage, self.gc, clock)
         self.retention = Retention(
             streams, clock, lambda: max(usage(p) for p in self.disks.dirs().values())
         )
-        self.offload = OffloadService(storage, streams, clock)
+        self.offload = OffloadService(storage, streams, clock, fleet)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def before_storage_start(self) -> None:

@@ -22,6 +22,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from node.offload.errors import ObjectStoreError, OffloadFailed
 from node.offload.format import DataWriter, FormatError, LedgerIndex, check_block
@@ -70,6 +71,39 @@ def metadata_json(meta: LedgerMeta) -> dict[str, object]:
     }
 
 
+class OffloadTarget(Protocol):
+    """A ledger to offload, and where its offload record lives: the node's own ledger's
+    metadata (``LocalLedger``), or a replicated stream's record (``node.offload.streams``)."""
+
+    ledger_id: int
+
+    def meta(self) -> LedgerMeta:
+        """The ledger as it is now, its offload record included (LedgerNotFound: gone)."""
+
+    def entries(self, last: int) -> AsyncIterator[tuple[int, bytes]]:
+        """Its entries 0..last, in order."""
+
+    async def record(self, offload: OffloadInfo) -> None:
+        """Write its offload record durably (LedgerNotFound: gone)."""
+
+
+class LocalLedger:
+    """A ledger of this node's storage: the record is in the ledger's own metadata."""
+
+    def __init__(self, storage: LedgerStorage, ledger_id: int) -> None:
+        self._storage = storage
+        self.ledger_id = ledger_id
+
+    def meta(self) -> LedgerMeta:
+        return self._storage.ledger(self.ledger_id)
+
+    def entries(self, last: int) -> AsyncIterator[tuple[int, bytes]]:
+        return self._storage.read_range(self.ledger_id, 0, last)
+
+    async def record(self, offload: OffloadInfo) -> None:
+        await self._storage.record_offload(self.ledger_id, offload)
+
+
 @dataclass(slots=True, frozen=True)
 class Uploaded:
     attempt: str
@@ -82,13 +116,11 @@ class LedgerOffloader:
 
     def __init__(
         self,
-        storage: LedgerStorage,
         store: ObjectStore,
         settings: Settings,
         clock: Clock,
         stats: OffloadStats,
     ) -> None:
-        self._storage = storage
         self.store = store
         self._settings = settings
         self._clock = clock
@@ -105,8 +137,9 @@ class LedgerOffloader:
             await self.store.abort_upload(upload)
             self._stats.uploads_aborted += 1
 
-    async def offload(self, ledger_id: int) -> Uploaded:
-        meta = self._storage.ledger(ledger_id)
+    async def offload(self, target: OffloadTarget) -> Uploaded:
+        ledger_id = target.ledger_id
+        meta = target.meta()
         reason = ineligible_reason(meta)
         if reason is not None:
             raise Ineligible(reason)
@@ -118,19 +151,17 @@ class LedgerOffloader:
             )  # fmt: skip
             await self.remove_attempt(ledger_id, previous.attempt)
         attempt = uuid.uuid4().hex
-        await self._storage.record_offload(
-            ledger_id, OffloadInfo(OffloadState.IN_PROGRESS, attempt)
-        )
+        await target.record(OffloadInfo(OffloadState.IN_PROGRESS, attempt))
         self._crash.hit("offload.after_attempt_recorded")
         try:
-            index, index_bytes = await self._upload(meta, attempt)
+            index, index_bytes = await self._upload(target, meta, attempt)
             self._crash.hit("offload.after_upload")
             await self._verify(index, index_bytes, attempt)
         except Exception as e:
             with contextlib.suppress(Exception):
                 await self.remove_attempt(ledger_id, attempt)
             # Deleted meanwhile (its stream, retention): its reads and objects went with it.
-            self._storage.ledger(ledger_id)  # LedgerNotFound: not a failure
+            target.meta()  # LedgerNotFound: not a failure
             self._stats.upload_failures += 1
             if isinstance(e, ObjectStoreError):
                 raise  # its code says whether the store failed, was unreachable or slow
@@ -140,7 +171,7 @@ class LedgerOffloader:
             ) from e
         done = OffloadInfo(OffloadState.OFFLOADED, attempt, index.data_length, self._clock.now_ms())
         try:
-            await self._storage.record_offload(ledger_id, done)
+            await target.record(done)
         except LedgerNotFound:
             await self.remove_attempt(ledger_id, attempt)  # deleted while we uploaded
             raise
@@ -151,7 +182,9 @@ class LedgerOffloader:
         )  # fmt: skip
         return Uploaded(attempt, index.data_length)
 
-    async def _upload(self, meta: LedgerMeta, attempt: str) -> tuple[LedgerIndex, bytes]:
+    async def _upload(
+        self, target: OffloadTarget, meta: LedgerMeta, attempt: str
+    ) -> tuple[LedgerIndex, bytes]:
         s = self._settings
         writer = DataWriter(
             s.managed_ledger_offload_max_block_size_in_bytes,
@@ -159,7 +192,7 @@ class LedgerOffloader:
         )
 
         async def blocks() -> AsyncIterator[bytes]:
-            async for entry_id, payload in self._storage.read_range(meta.ledger_id, 0, meta.lac):
+            async for entry_id, payload in target.entries(meta.lac):
                 block = writer.add(entry_id, payload)
                 if block is not None:
                     self._stats.upload_bytes += len(block)

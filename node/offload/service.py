@@ -22,22 +22,29 @@ import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from node.offload.errors import ObjectStoreError, ObjectStoreTimeout, ObjectStoreUnavailable
 from node.offload.format import AUDIT_PREFIX, parse_key
 from node.offload.multipart import IncompleteUpload
-from node.offload.offloader import Ineligible, LedgerOffloader, ineligible_reason
+from node.offload.offloader import (
+    Ineligible,
+    LedgerOffloader,
+    LocalLedger,
+    OffloadTarget,
+    ineligible_reason,
+)
 from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
 from node.offload.store import ObjectStore, open_store
+from node.offload.streams import StreamLedger, replicated
 from node.storage.clock import Clock
 from node.storage.errors import InvalidArgument, LedgerNotFound, StorageError
-from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadState
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 from node.streams import rules
-from node.streams.manager import StreamManager, StreamNotFound
-from node.streams.model import Stream
+from node.streams.manager import MetadataUnavailable, StreamManager, StreamNotFound
+from node.streams.model import LedgerInfo, Stream
 
 log = logging.getLogger(__name__)
 
@@ -63,13 +70,31 @@ class RunResult:
         }
 
 
+class FleetStreams(Protocol):
+    """The replicated streams of the whole fleet, as the metadata store holds them
+    (node.streams.router), for what one node cannot know alone."""
+
+    async def offloaded_objects(self) -> set[tuple[int, str]]:
+        """(ledger id, attempt) of every offload a stream record or a doomed record names."""
+
+    async def finish_deletions(self) -> None:
+        """Finish the deletions trims and stream deletions left (ledgers, then objects)."""
+
+
 class OffloadService:
     """The node's tiered storage (this module's docstring): which ledgers go and when, each
     handed to the LedgerOffloader; the deletion lag, objects of deleted ledgers, status."""
 
-    def __init__(self, storage: LedgerStorage, streams: StreamManager, clock: Clock) -> None:
+    def __init__(
+        self,
+        storage: LedgerStorage,
+        streams: StreamManager,
+        clock: Clock,
+        fleet: FleetStreams | None = None,
+    ) -> None:
         self._storage = storage
         self._streams = streams
+        self._fleet = fleet  # with a metadata store: replicated streams
         self._settings = storage.settings
         self._clock = clock
         self.stats = OffloadStats()
@@ -83,11 +108,11 @@ class OffloadService:
     async def start(self) -> None:
         self._store = await open_store(self._settings, self.stats)
         self._reader = OffloadReader(self._store, self._settings, self._clock, self.stats)
-        self._offloader = LedgerOffloader(
-            self._storage, self._store, self._settings, self._clock, self.stats
-        )
+        self._offloader = LedgerOffloader(self._store, self._settings, self._clock, self.stats)
         self._storage.set_cold_reader(self._reader)
         self._storage.add_deletion_listener(self._ledger_deleted)
+        self._streams.cold = self._reader
+        self._streams.remove_objects = self._remove_attempt
         try:
             await self.reap_deleted()
         except Exception as e:  # the store may be down now: the next run retries
@@ -123,9 +148,16 @@ class OffloadService:
         self.reader.forget(meta.ledger_id)
         await self._storage.record_offload(meta.ledger_id, None)
 
+    async def _remove_attempt(self, ledger_id: int, attempt: str) -> None:
+        """Delete the objects of a replicated stream's ledger (its record is the stream's)."""
+        await self.offloader.remove_attempt(ledger_id, attempt)
+        self.reader.forget(ledger_id)
+
     async def reap_deleted(self) -> list[tuple[int, str]]:
         """Objects of deleted ledgers that a failure or a crash left: delete them now.
         Returns the ledgers whose objects must wait (the store failing), with the error."""
+        if self._fleet is not None:
+            await self._fleet.finish_deletions()  # logs what must wait
         waiting = []
         for meta in list(self._storage.all_ledgers()):
             if meta.state == LedgerState.DELETED and meta.offload is not None:
@@ -152,19 +184,21 @@ class OffloadService:
                 result.refused = await asyncio.to_thread(self._store_disk_refusal)
             if result.refused is not None:
                 log.warning("offload refused: %s", result.refused)
-                result.skipped.extend((lid, "store_disk_full") for lid in candidates)
+                result.skipped.extend((t.ledger_id, "store_disk_full") for t in candidates)
                 candidates = []
             if dry_run:
-                result.offloaded = candidates
+                result.offloaded = [target.ledger_id for target in candidates]
                 result.local_deleted = [m.ledger_id for m in self._local_copies_due()]
+                result.local_deleted += [lid for _stream, lid in self._replicas_due()]
                 return result
             unreachable: str | None = None
-            for ledger_id in candidates:
+            for target in candidates:
+                ledger_id = target.ledger_id
                 if unreachable is not None:  # each would wait as long to fail the same way
                     result.skipped.append((ledger_id, "store_unreachable"))
                     continue
                 try:
-                    await self.offloader.offload(ledger_id)
+                    await self.offloader.offload(target)
                 except Ineligible as e:
                     result.skipped.append((ledger_id, str(e)))
                 except LedgerNotFound:
@@ -209,15 +243,18 @@ class OffloadService:
                 )
         return None
 
-    def _plan(self, stream: str | None, ledgers: list[int] | None, result: RunResult) -> list[int]:
+    def _plan(
+        self, stream: str | None, ledgers: list[int] | None, result: RunResult
+    ) -> list[OffloadTarget]:
         if ledgers is not None:
             named = None
             if stream is not None:
                 named = {info.ledger_id for info in self._streams.stream(stream).ledgers}
-            chosen = []
+            chosen: list[OffloadTarget] = []
             for ledger_id in ledgers:
+                target = self._target(ledger_id)
                 try:
-                    meta = self._storage.ledger(ledger_id)
+                    meta = target.meta()
                 except LedgerNotFound:
                     result.skipped.append((ledger_id, "not_found"))
                     continue
@@ -225,7 +262,7 @@ class OffloadService:
                 if named is not None and ledger_id not in named:
                     reason = "not_in_stream"
                 if reason is None:
-                    chosen.append(ledger_id)
+                    chosen.append(target)
                 else:
                     result.skipped.append((ledger_id, reason))
             return chosen
@@ -233,15 +270,32 @@ class OffloadService:
         chosen = []
         for s in streams:
             for ledger_id in self.select(s):
+                target = self._target(ledger_id, s)
                 try:
-                    reason = ineligible_reason(self._storage.ledger(ledger_id))
+                    reason = ineligible_reason(target.meta())
                 except LedgerNotFound:
                     continue
                 if reason is None:
-                    chosen.append(ledger_id)
+                    chosen.append(target)
                 elif reason != "already_offloaded":
                     result.skipped.append((ledger_id, reason))
         return chosen
+
+    def _target(self, ledger_id: int, stream: Stream | None = None) -> OffloadTarget:
+        """Where the ledger's offload record lives: its replicated stream's record (the
+        stream is looked for among the ones this node owns when not given), else its own
+        metadata."""
+        if stream is None:
+            stream = next(
+                (s for s in self._replicated() if any(i.ledger_id == ledger_id for i in s.ledgers)),
+                None,
+            )
+        if stream is not None and replicated(stream):
+            return StreamLedger(self._streams, stream.name, ledger_id)
+        return LocalLedger(self._storage, ledger_id)
+
+    def _replicated(self) -> list[Stream]:
+        return [s for s in self._streams.streams() if replicated(s)]
 
     def select(self, stream: Stream) -> list[int]:
         """Ledgers of ``stream`` its policies send to the object store, oldest first
@@ -266,8 +320,28 @@ class OffloadService:
                 due.append(meta)
         return due
 
+    def _replicas_due(self) -> list[tuple[str, int]]:
+        """Offloaded ledgers of replicated streams whose replicas the deletion lag let go."""
+        now = self._clock.now_ms()
+        due = []
+        for s in self._replicated():
+            lag_ms = s.policies.offloadDeletionLagInMillis
+            for info in s.ledgers:
+                at = rules.local_copy_due_ms(info.offload, lag_ms)
+                if at is not None and now >= at:
+                    due.append((s.name, info.ledger_id))
+        return due
+
     async def _delete_local_copies(self) -> list[int]:
         dropped = []
+        for stream, ledger_id in self._replicas_due():
+            try:
+                await self._streams.drop_replicas(stream, ledger_id)
+            except StorageError as e:
+                log.warning("ledger %d: replicas kept for now: %s", ledger_id, e)
+                continue
+            self.stats.local_copies_deleted += 1
+            dropped.append(ledger_id)
         for meta in self._local_copies_due():
             try:
                 await self._storage.drop_local_copy(meta.ledger_id)
@@ -289,17 +363,25 @@ class OffloadService:
 
     # --- status and unknown objects ------------------------------------------------------
 
-    def _known(self) -> set[tuple[int, str]]:
-        return {
+    async def _known(self) -> set[tuple[int, str]]:
+        """Attempts an offload record names: the node's own ledgers', and with a metadata
+        store every replicated stream's, whichever node owns it (MetadataUnavailable when
+        the store does not answer: then nothing can be called unknown)."""
+        known = {
             (meta.ledger_id, meta.offload.attempt)
             for meta in list(self._storage.all_ledgers())
             if meta.offload is not None
         }
+        if self._fleet is not None:
+            known |= await self._fleet.offloaded_objects()
+        return known
 
     async def unknown_objects(self) -> list[tuple[str, int]]:
-        """Objects that no ledger's offload record names."""
+        """Objects that no offload record names."""
+        # Listed first: an attempt is recorded before its objects are written, so every
+        # object listed here whose offload is in flight, on any node, has its record read next.
         found = await self.store.list()
-        known = self._known()
+        known = await self._known()
         return [
             (key, size)
             for key, size in found
@@ -337,15 +419,18 @@ class OffloadService:
             for s in self._streams.streams()
             for lid in self.select(s)
             for info in s.ledgers
-            if info.ledger_id == lid and not self._is_offloaded(lid)
+            if info.ledger_id == lid and not self._is_offloaded(s, info)
         ]
         return max(0.0, (now - min(oldest)) / MS_PER_S) if oldest else 0.0
 
-    def _is_offloaded(self, ledger_id: int) -> bool:
-        try:
-            offload = self._storage.ledger(ledger_id).offload
-        except LedgerNotFound:
-            return True  # gone: nothing to wait for
+    def _is_offloaded(self, stream: Stream, info: LedgerInfo) -> bool:
+        if replicated(stream):
+            offload = info.offload
+        else:
+            try:
+                offload = self._storage.ledger(info.ledger_id).offload
+            except LedgerNotFound:
+                return True  # gone: nothing to wait for
         return offload is not None and offload.offloaded
 
     def summary(self) -> dict[str, Any]:
@@ -365,28 +450,34 @@ class OffloadService:
                 },
             )
 
-        for s in self._streams.streams():
-            g = group(s.name)
-            closed = {info.ledger_id: info.closed_ms for info in s.ledgers}
-            due = [lid for lid in self.select(s) if not self._is_offloaded(lid)]
-            if due:
-                g["oldestEligible"] = {
-                    "ledgerId": due[0],
-                    "closedTime": closed[due[0]],
-                    "lagSeconds": max(0.0, (now - closed[due[0]]) / MS_PER_S),
-                }
-        for meta in list(self._storage.ledgers()):
-            offload = meta.offload
-            if offload is None:
-                continue
-            g = group(meta.properties.get(STREAM_PROPERTY, ""))
+        def count(g: dict[str, Any], offload: OffloadInfo, local_bytes: int) -> None:
             if offload.state == OffloadState.IN_PROGRESS:
                 g["inProgress"] += 1
             elif offload.offloaded:
                 g["offloadedLedgers"] += 1
                 g["offloadedBytes"] += offload.data_bytes
                 if not offload.local_deleted:
-                    g["awaitingDeletionBytes"] += meta.payload_bytes
+                    g["awaitingDeletionBytes"] += local_bytes
+
+        for s in self._streams.streams():
+            g = group(s.name)
+            infos = {info.ledger_id: info for info in s.ledgers}
+            due = [lid for lid in self.select(s) if not self._is_offloaded(s, infos[lid])]
+            if due:
+                closed = infos[due[0]].closed_ms
+                g["oldestEligible"] = {
+                    "ledgerId": due[0],
+                    "closedTime": closed,
+                    "lagSeconds": max(0.0, (now - closed) / MS_PER_S),
+                }
+            if replicated(s):  # its records hold the offloads (its replicas: the local copy)
+                for info in s.ledgers:
+                    if info.offload is not None:
+                        count(g, info.offload, info.size_bytes)
+        for meta in list(self._storage.ledgers()):
+            if meta.offload is not None:
+                count(group(meta.properties.get(STREAM_PROPERTY, "")), meta.offload,
+                      meta.payload_bytes)  # fmt: skip
         totals = {
             key: sum(g[key] for g in groups.values())
             for key in ("offloadedLedgers", "offloadedBytes", "inProgress", "awaitingDeletionBytes")
@@ -404,7 +495,7 @@ class OffloadService:
             unknown = [{"key": key, "bytes": size} for key, size in await self.unknown_objects()]
             if self.store.lists_uploads:
                 uploads = [_upload_json(u) for u in await self.incomplete_uploads()]
-        except ObjectStoreError as e:
+        except (ObjectStoreError, MetadataUnavailable) as e:
             store_error = {"code": e.code, "message": e.message}
         return {
             "store": self.store.description,

@@ -47,14 +47,15 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 from node.settings import MiB, Settings
 from node.storage.clock import Clock
 from node.storage.errors import LedgerClosed, LedgerFenced, LedgerNotFound, StorageError
 from node.storage.faults import Faults
-from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo
+from node.storage.reads import ColdReader
 from node.streams.backend import StreamBackend
 from node.streams.model import (
     CURSOR_PREFIX,
@@ -186,6 +187,10 @@ class StreamManager:
         # stream -> ledgers it rolled over to from a previous one (its first is not counted)
         self.rollovers_by_stream: dict[str, int] = {}
         self.appended: dict[str, tuple[int, int]] = {}  # stream -> (entries, bytes) since start
+        # Tiered storage of replicated streams (node.offload sets them): the reader of a
+        # ledger whose replicas went after its offload, and the deletion of its objects.
+        self.cold: ColdReader | None = None
+        self.remove_objects: Callable[[int, str], Awaitable[None]] | None = None
 
     # --- start ---------------------------------------------------------------------------
 
@@ -406,12 +411,12 @@ class StreamManager:
             for cursor in self._cursors.get(name, {}).values():
                 changes[cursor.key()] = None
             for info in stream.ledgers:
-                changes[doomed_key(info.ledger_id)] = encode_doomed(name)
+                changes[doomed_key(info.ledger_id)] = encode_doomed(name, _attempt(info))
             await self._storage.write_records(changes)
             del self._streams[name]
             self._cursors.pop(name, None)
         self._wake(name)
-        await self._delete_doomed([info.ledger_id for info in stream.ledgers])
+        await self._delete_dropped(stream.ledgers)
 
     # --- appends -------------------------------------------------------------------------
 
@@ -685,22 +690,93 @@ class StreamManager:
         entry = max(0, start.entry_id)
         for info in stream.ledgers[first:]:
             last = self._last_entry(info)
-            if entry <= last:
+            while entry <= last:
+                cold = _replicas_deleted(info)
                 try:
-                    async for eid, payload in self._storage.read_range(
-                        info.ledger_id, entry, min(last, entry + limit - len(found) - 1)
+                    async for eid, payload in self.ledger_entries(
+                        stream, info, entry, min(last, entry + limit - len(found) - 1)
                     ):
                         if admit is not None and not await admit(len(payload)):
                             return found
                         found.append((Position(info.ledger_id, eid), payload))
-                except LedgerNotFound:
-                    if info in stream.ledgers:
+                        entry = eid + 1
+                    break
+                except StorageError as e:
+                    if not cold and _replicas_deleted(info):
+                        continue  # its replicas went during the read: the rest from the store
+                    if not isinstance(e, LedgerNotFound) or info in stream.ledgers:
                         raise
-                    # Trimmed meanwhile: the rest of it is gone, as for _resume.
+                    break  # trimmed meanwhile: the rest of it is gone, as for _resume
             if len(found) >= limit:
                 break
             entry = 0
         return found
+
+    def ledger_entries(
+        self, stream: Stream, info: LedgerInfo, first: int, last: int
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """A ledger's entries [first, last]: from the object store once an offload deleted
+        its replicas (replicated streams), else from the backend."""
+        offload = info.offload
+        if offload is None or not offload.local_deleted:
+            return self._storage.read_range(info.ledger_id, first, last)
+        cold = self.cold
+        if cold is None:
+            raise LedgerNotFound(f"ledger {info.ledger_id} is offloaded: no store to read it")
+        meta = info.meta(stream.name)
+
+        async def entries() -> AsyncIterator[tuple[int, bytes]]:
+            for entry_id in range(first, last + 1):
+                yield entry_id, await cold.read(meta, entry_id)
+
+        return entries()
+
+    # --- tiered storage of replicated streams (node.offload) -----------------------------
+
+    async def record_offload(self, name: str, ledger_id: int, offload: OffloadInfo) -> None:
+        """Write a replicated stream's ledger's offload record (in the stream record).
+        LedgerNotFound when the ledger left the stream (retention, deletion)."""
+        stream = self.stream(name)
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            if self._streams.get(name) is not stream:
+                raise LedgerNotFound(f"stream {name} was deleted")
+            index = self._index_of_kept(stream, ledger_id)
+            written = list(stream.ledgers)
+            written[index] = dataclasses.replace(written[index], offload=offload)
+            record = dataclasses.replace(stream, ledgers=written)
+            await self._storage.write_records({record.key(): record.encode()})
+            stream.ledgers[index].offload = offload
+
+    async def drop_replicas(self, name: str, ledger_id: int) -> None:
+        """After an offload's deletion lag: the stream reads the ledger from the object
+        store from now on, and its replicated ledger is deleted (each node reclaims its
+        replica). The record says so first, with a ``doomed`` record, so that a crash before
+        the deletion leaves it for the next start to finish, not forgotten."""
+        stream = self.stream(name)
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            if self._streams.get(name) is not stream:
+                raise LedgerNotFound(f"stream {name} was deleted")
+            index = self._index_of_kept(stream, ledger_id)
+            offload = stream.ledgers[index].offload
+            if offload is None or not offload.offloaded:
+                raise LedgerNotFound(f"ledger {ledger_id} is not offloaded")
+            dropped = dataclasses.replace(offload, local_deleted=True)
+            written = list(stream.ledgers)
+            written[index] = dataclasses.replace(written[index], offload=dropped)
+            record = dataclasses.replace(stream, ledgers=written)
+            await self._storage.write_records(
+                {record.key(): record.encode(), doomed_key(ledger_id): encode_doomed(name)}
+            )
+            stream.ledgers[index].offload = dropped
+        with contextlib.suppress(LedgerNotFound):
+            await self._storage.delete_ledger(ledger_id)
+        await self._storage.write_records({doomed_key(ledger_id): None})
+
+    def _index_of_kept(self, stream: Stream, ledger_id: int) -> int:
+        for i, info in enumerate(stream.ledgers):
+            if info.ledger_id == ledger_id:
+                return i
+        raise LedgerNotFound(f"ledger {ledger_id} is no longer part of stream {stream.name}")
 
     def _wake(self, name: str) -> None:
         event = self._arrivals.get(name)
@@ -878,17 +954,34 @@ class StreamManager:
                 c.key(): Cursor(c.stream, c.name, first, c.created_ms).encode() for c in behind
             }
             for info in removed:
-                changes[doomed_key(info.ledger_id)] = encode_doomed(name)
+                changes[doomed_key(info.ledger_id)] = encode_doomed(name, _attempt(info))
             await self._storage.write_records({stream.key(): stream.encode(), **changes})
             for cursor in behind:
                 cursor.mark_delete = first
-        for n, info in enumerate(removed):
+        await self._delete_dropped(removed, pace_s)
+        return [info.ledger_id for info in removed]
+
+    async def _delete_dropped(self, dropped: list[LedgerInfo], pace_s: float = 0) -> None:
+        """Delete ledgers a trim or a stream deletion dropped (``pace_s`` apart), the objects
+        of offloaded ones, then their ``doomed`` records. A record whose objects the store
+        could not delete stays: the next offload run, or the next start, finishes it."""
+        done = []
+        for n, info in enumerate(dropped):
             if n and pace_s > 0:
                 await self._clock.sleep(pace_s)
             with contextlib.suppress(LedgerNotFound):
                 await self._storage.delete_ledger(info.ledger_id)
-        await self._storage.write_records({doomed_key(info.ledger_id): None for info in removed})
-        return [info.ledger_id for info in removed]
+            attempt = _attempt(info)
+            if attempt is not None and self.remove_objects is not None:
+                try:
+                    await self.remove_objects(info.ledger_id, attempt)
+                except StorageError as e:
+                    log.warning("ledger %d is deleted; its objects stay for now: %s",
+                                info.ledger_id, e.message)  # fmt: skip
+                    continue
+            done.append(info.ledger_id)
+        if done:
+            await self._storage.write_records({doomed_key(lid): None for lid in done})
 
     async def expire(self, name: str, end: Position) -> list[str]:
         """Message TTL: move every cursor of the stream forward to ``end``
@@ -899,6 +992,15 @@ class StreamManager:
                 if await self._move(cursor, end, forward_only=True):
                     moved.append(cursor.name)
         return moved
+
+
+def _replicas_deleted(info: LedgerInfo) -> bool:
+    return info.offload is not None and info.offload.local_deleted
+
+
+def _attempt(info: LedgerInfo) -> str | None:
+    """The offload attempt whose objects go with the ledger (replicated streams)."""
+    return info.offload.attempt if info.offload is not None else None
 
 
 def parse_position(text: str) -> Position:

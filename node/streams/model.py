@@ -5,15 +5,23 @@ Records (JSON values, each with a format version ``v``)::
     key  b"stream/" + name              value {"v": 1, "name", "created", "policies", "ledgers",
                                                    "replication" (replicated streams only)}
     key  b"cursor/" + name + 0x00 + cur value {"v": 1, "markDelete": [ledger, entry], "created"}
-    key  b"doomed/" + ledger id (decimal) value {"v": 1, "stream"}
+    key  b"doomed/" + ledger id (decimal) value {"v": 1, "stream", "offload" (optional)}
 
 A ``doomed`` record names a ledger that a trim or a stream deletion dropped from its stream
-and has yet to delete: written in the same batch as the stream record that drops it, removed
-once the ledger is deleted, so that start() tells a ledger it must finish deleting from one
-that no stream names for another reason (which it keeps: it may hold acknowledged data).
+and has yet to delete (with ``"offload"``, the attempt whose objects go with it; the
+replicated ledger under an offloaded ledger of a replicated stream gets one, without
+``"offload"``, when its replicas go after the deletion lag): written in the same batch as
+the stream record that drops it, removed once the ledger is deleted, so that start() tells a
+ledger it must finish deleting from one that no stream names for another reason (which it
+keeps: it may hold acknowledged data).
 
 ``ledgers`` lists the stream's ledgers oldest first, each ``{"id", "entries", "bytes",
-"created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed.
+"created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed. A
+replicated stream's ledger also carries its offload record once an offload began (a node's own
+ledger keeps it in the ledger's metadata instead): ``"offload": {"state": "in_progress" |
+"offloaded", "attempt", "bytes", "at", "replicasDeleted"}`` (Pulsar's OffloadContext:
+``replicasDeleted`` is its bookkeeperDeleted; from then on the ledger is read from the
+object store).
 Positions are (ledger id, entry id), written ``L:E``. A cursor's mark-delete position is the
 last entry it acknowledged: everything at or before it is consumed; (L, -1) means nothing of
 ledger L yet. A cursor made on a stream with no ledger yet is stored at (0, -1), before every
@@ -25,9 +33,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from node.streams.policies import INT64_MAX, Policies
+
+if TYPE_CHECKING:  # Spark workers import this module without the engine (and its RocksDB)
+    from node.storage.index import LedgerMeta, OffloadInfo
 
 FORMAT_VERSION = 1
 STREAM_PREFIX = b"stream/"
@@ -84,6 +95,9 @@ class Position(NamedTuple):
         return position
 
 
+OFFLOAD_STATES = {1: "in_progress", 2: "offloaded"}  # node.storage.index.OffloadState's values
+
+
 @dataclass(slots=True)
 class LedgerInfo:
     ledger_id: int
@@ -91,19 +105,65 @@ class LedgerInfo:
     size_bytes: int = 0
     created_ms: int = 0
     closed_ms: int = 0  # 0 while it takes appends
+    offload: OffloadInfo | None = None  # replicated streams only (see the module's docstring)
 
-    def to_json(self) -> dict[str, int]:
-        return {
+    def to_json(self) -> dict[str, object]:
+        data: dict[str, object] = {
             "id": self.ledger_id,
             "entries": self.entries,
             "bytes": self.size_bytes,
             "created": self.created_ms,
             "closed": self.closed_ms,
         }
+        if self.offload is not None:
+            data["offload"] = {
+                "state": OFFLOAD_STATES[self.offload.state],
+                "attempt": self.offload.attempt,
+                "bytes": self.offload.data_bytes,
+                "at": self.offload.offloaded_ms,
+                "replicasDeleted": self.offload.local_deleted,
+            }
+        return data
+
+    def meta(self, stream: str) -> LedgerMeta:
+        """The ledger as the stream record has it, in the storage's terms (what offload
+        and its cold reads take)."""
+        from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+
+        return LedgerMeta(
+            self.ledger_id,
+            LedgerState.CLOSED if self.closed_ms else LedgerState.OPEN,
+            lac=self.entries - 1,
+            last_entry_id=self.entries - 1,
+            entries=self.entries,
+            payload_bytes=self.size_bytes,
+            created_ms=self.created_ms,
+            closed_ms=self.closed_ms,
+            properties={STREAM_PROPERTY: stream},
+            offload=self.offload,
+        )
 
     @classmethod
-    def from_json(cls, data: dict[str, int]) -> LedgerInfo:
-        return cls(data["id"], data["entries"], data["bytes"], data["created"], data["closed"])
+    def from_json(cls, data: dict[str, Any]) -> LedgerInfo:
+        from node.storage.index import OffloadInfo, OffloadState
+
+        offload = data.get("offload")
+        return cls(
+            data["id"],
+            data["entries"],
+            data["bytes"],
+            data["created"],
+            data["closed"],
+            None
+            if offload is None
+            else OffloadInfo(
+                OffloadState(next(k for k, v in OFFLOAD_STATES.items() if v == offload["state"])),
+                offload["attempt"],
+                offload["bytes"],
+                offload["at"],
+                offload["replicasDeleted"],
+            ),
+        )
 
 
 @dataclass(slots=True)
@@ -185,8 +245,18 @@ def doomed_key(ledger_id: int) -> bytes:
     return DOOMED_PREFIX + str(ledger_id).encode()
 
 
-def encode_doomed(stream: str) -> bytes:
-    return json.dumps({"v": FORMAT_VERSION, "stream": stream}).encode()
+def encode_doomed(stream: str, offload: str | None = None) -> bytes:
+    """``offload``: the attempt whose objects are deleted with the ledger."""
+    record: dict[str, object] = {"v": FORMAT_VERSION, "stream": stream}
+    if offload is not None:
+        record["offload"] = offload
+    return json.dumps(record).encode()
+
+
+def doomed_objects(value: bytes) -> str | None:
+    """The offload attempt a doomed record deletes the objects of (None: none)."""
+    offload = json.loads(value).get("offload")
+    return offload if isinstance(offload, str) else None
 
 
 def decode_doomed_key(key: bytes) -> int:

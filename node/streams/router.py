@@ -36,8 +36,9 @@ from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKe
 from node.client.metadata.store import MetadataStore
 from node.settings import Settings
 from node.storage.clock import Clock
+from node.storage.errors import StorageError
 from node.streams.manager import MetadataUnavailable, NotOwner, StreamManager, StreamNotFound
-from node.streams.model import NAME, Cursor, Replication, Stream, cursor_key
+from node.streams.model import NAME, Cursor, Replication, Stream, cursor_key, doomed_objects
 from node.streams.ownership import OWNERS_PREFIX, Ownership
 from node.streams.replicated import (
     DOOMED_KEY,
@@ -81,21 +82,49 @@ class StreamRouter:
 
     async def start(self) -> None:
         await self._ownership.start()
-        self._sweep = asyncio.get_running_loop().create_task(self._finish_deletions())
+        self._sweep = asyncio.get_running_loop().create_task(self.finish_deletions())
 
-    async def _finish_deletions(self) -> None:
+    async def finish_deletions(self) -> None:
         """Ledgers a trim or a stream deletion dropped but did not delete (its node died
-        between the two steps): any node finishes them; deleting one twice is harmless."""
+        between the two steps), and the objects of offloaded ones: any node finishes them
+        (at its start and at each offload run); deleting one twice is harmless. A record
+        whose objects the store would not delete stays for the next time."""
         try:
             doomed = await self._store.range(DOOMED_KEY)
             for key, found in doomed:
+                ledger_id = int(key.removeprefix(DOOMED_KEY))
                 with contextlib.suppress(NoSuchLedger):
-                    await self._client.delete_ledger(int(key.removeprefix(DOOMED_KEY)))
+                    await self._client.delete_ledger(ledger_id)
+                attempt = doomed_objects(found.value)
+                if attempt is not None and self._manager.remove_objects is not None:
+                    try:
+                        await self._manager.remove_objects(ledger_id, attempt)
+                    except StorageError as error:
+                        log.warning("ledger %d is deleted; its objects stay for now: %s",
+                                    ledger_id, error.message)  # fmt: skip
+                        continue
                 with contextlib.suppress(CasConflict, NoSuchKey):
                     await self._store.delete(key, found.revision)
                 log.info("deleted %s, which a trim or a stream deletion left", key)
         except ClientError as error:
-            log.warning("left deletions not finished (next start does): %s", error)
+            log.warning("left deletions not finished (the next try does): %s", error)
+
+    async def offloaded_objects(self) -> set[tuple[int, str]]:
+        """(ledger id, attempt) of every offload a replicated stream's record or a doomed
+        record names, whichever node owns the stream: objects no node may call unknown."""
+        known = set()
+        try:
+            for _key, found in await self._store.range(STREAMS_KEY):
+                for info in Stream.decode(found.value).ledgers:
+                    if info.offload is not None:
+                        known.add((info.ledger_id, info.offload.attempt))
+            for key, found in await self._store.range(DOOMED_KEY):
+                attempt = doomed_objects(found.value)
+                if attempt is not None:
+                    known.add((int(key.removeprefix(DOOMED_KEY)), attempt))
+        except MetadataError as error:
+            raise MetadataUnavailable(f"the metadata store did not answer: {error}") from None
+        return known
 
     async def stop(self) -> None:
         """Give every owned stream up at once (the lease is revoked: the next request to any
@@ -190,6 +219,8 @@ class StreamRouter:
         in that state. Recovering a CLOSED ledger only reads its metadata."""
         changed = False
         for info in stream.ledgers[-2:]:
+            if info.offload is not None:
+                continue  # closed, with its count, before its offload began (maybe no replica left)
             try:
                 meta = await self._client.recover_ledger(info.ledger_id)
             except NoSuchLedger:

@@ -21,6 +21,7 @@ from node.client.model import LedgerMetadata
 from node.client.sync import SyncClient
 from node.localcluster import LocalCluster
 from node.offload.format import BLOCK_HEADER, ENTRY_HEADER, data_key
+from node.offload.offloader import LocalLedger
 from node.offload.service import OffloadService
 from node.storage import entrylog, logformat
 from node.storage.clock import SystemClock
@@ -109,7 +110,7 @@ async def _build(data_dir: Path) -> World:
         await storage.add_entries(world.offloaded, [payload(world.offloaded, e) for e in range(40)])
         await storage.close_ledger(world.offloaded)
         await storage.checkpoint()
-        await offload.offloader.offload(world.offloaded)
+        await offload.offloader.offload(LocalLedger(storage, world.offloaded))
 
         await streams.put_stream(
             STREAM,

@@ -4,8 +4,8 @@ stream back at the end, and the stream checker compares it with the history: eve
 acknowledged append exactly once, where it was acknowledged, in order; nothing failed, nothing
 twice, nothing invented. The faults: the owner SIGKILLed while appends are in flight; the
 owner SIGSTOPped past its lease while another node takes over, then resumed; two nodes taking
-over at once; rollover and retention across a takeover (offload of replicated streams is not
-built yet); and the stream's deletion, which must leave nothing on any node or in etcd.
+over at once; rollover, retention and offload across a takeover; and the stream's deletion,
+which must leave nothing on any node, in etcd or in the object store.
 
 The owner's lease is short here (conftest.py: OWNER_TTL_S), so a takeover comes within
 seconds of a loss."""
@@ -17,11 +17,13 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from node.jepsen.checker import Verdict
 from node.jepsen.history import Op, merge
 from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
 from node.localcluster import LocalCluster
+from tests.harness.cluster import MakeCluster
 from tests.harness.streams import (
     REPLICATED,
     call,
@@ -35,7 +37,7 @@ from tests.harness.streams import (
     stream_record,
     wait_owner,
 )
-from tests.streams.conftest import OWNER_TTL_S
+from tests.streams.conftest import NODES, OWNER_TTL_S, STREAM_CLUSTER_ENV
 
 STREAM = "orders"
 ROLLOVER = {"maxEntriesPerLedger": 20, "minLedgerRolloverTimeMinutes": 0}
@@ -45,6 +47,9 @@ KILL_ROLLOVER = {"maxEntriesPerLedger": 4, "minLedgerRolloverTimeMinutes": 0}
 TAKEOVER_TIMEOUT_S = 90.0  # a lease's end, a fencing recovery and a new ledger: well within
 RACED_STREAMS = 3  # streams two nodes take over at once, in one race each
 GONE_TIMEOUT_S = 60.0  # for every node's GC sweep to reclaim a deleted stream's replicas
+# Offload with no threshold and no deletion lag: every closed ledger goes, and its replicas
+# right after.
+OFFLOAD_NOW = {"offloadThresholdInBytes": 0, "offloadDeletionLagInMillis": 0}
 
 
 async def create(cluster: LocalCluster, via: str, name: str, **policies: int) -> None:
@@ -345,3 +350,85 @@ async def test_retention_after_a_takeover_drops_the_old_owners_ledgers_everywher
         op for op in merge(before, third.history()) if op.type != "ok" or op.ledger not in dropped
     ]
     clean(kept, read)
+
+
+async def stored_objects(shared: Path) -> set[str]:
+    """The offload objects in a local-directory store (audit snapshots aside)."""
+
+    def listing() -> set[str]:
+        return {
+            str(path.relative_to(shared))
+            for path in shared.rglob("*")
+            if path.is_file() and path.suffix in (".data", ".index")
+        }
+
+    return await asyncio.to_thread(listing)
+
+
+async def test_offload_across_takeovers_drops_replicas_reads_on_and_deletes_objects(
+    make_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    """Every node shares one object store (a local directory, as one S3 bucket would be).
+    Ledgers rolled by A, A killed, more rolled by the new owner B; an offload run on B sends
+    every closed ledger, A's included, to the store and, with no deletion lag, deletes their
+    replicated ledgers: their replicas leave every node, the record says so, the ledger taking
+    appends keeps its replicas. No node calls those objects unknown (they are another node's
+    stream's). A cursor through a third node reads every acknowledged append from the store.
+    Then B stops and another node takes the stream over (the offloaded ledgers have no
+    replica left to recover): appends go on, and everything still reads back. Deleting the
+    stream deletes its objects too."""
+    shared = tmp_path / "objects"
+    env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(shared)}
+    c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
+    await create(c, "n0", STREAM, **ROLLOVER, **OFFLOAD_NOW)
+    history, by_a, new_owner = await across_a_takeover(c)
+    ledgers = await stream_ledgers(c, STREAM)
+    closed = {info["id"] for info in ledgers if info["closed"]}
+    last = ledgers[-1]["id"]
+    assert len(closed) >= 3 and by_a <= closed and last not in closed
+
+    status, body = await call("POST", f"{c.url(new_owner)}/api/v1/offload/run", {})
+    assert status == 200, body
+    assert set(body["offloaded"]) == closed and set(body["localDeleted"]) == closed, body
+    record = {info["id"]: info for info in await stream_ledgers(c, STREAM)}
+    for lid in closed:
+        offload = record[lid]["offload"]
+        assert offload["state"] == "offloaded" and offload["replicasDeleted"], record[lid]
+    assert "offload" not in record[last]
+    objects = await stored_objects(shared)
+    assert {int(key.split("/")[0]) for key in objects} == closed, objects
+
+    async def replicas_gone() -> bool:
+        return not await ledger_leftovers(c, closed)
+
+    await until_true(replicas_gone, "the offloaded ledgers' replicas reclaimed", GONE_TIMEOUT_S)
+    assert last in set().union(*[await node_ledger_ids(c.url(n)) for n in ("n1", "n2", "n3")])
+    others = [n for n in c.node_ids if n not in ("n0", new_owner)]
+    for node_id in others:
+        status, body = await call("GET", f"{c.url(node_id)}/api/v1/offload/status")
+        assert status == 200 and body["unknownObjects"] == [], (node_id, body)
+    reader = c.url(others[0])
+    clean(history, await read_back(reader, STREAM))
+
+    # The next owner: the one before stops cleanly (its lease revoked), n0 comes back so that
+    # four nodes can form a new ensemble of three, and the next request takes the stream over.
+    await asyncio.to_thread(c.terminate, new_owner)
+    await asyncio.to_thread(c.start, "n0")
+    async with StreamWorkload([reader], STREAM, writers=1, prefix="c") as third:
+        third.start(operations=5)
+        await third.join()
+    assert third.acked == 5, third.outcomes
+    assert await owner(c, STREAM) == others[0]
+    clean(merge(history, third.history()), await read_back(c.url("n0"), STREAM, cursor="again"))
+
+    status, body = await call("DELETE", f"{reader}/api/v1/streams/{STREAM}")
+    assert status == 204, body
+    assert await stored_objects(shared) == set()
+    every = {info["id"] for info in ledgers} | {
+        op.ledger for op in third.history() if op.ledger is not None
+    }
+
+    async def nothing_left() -> bool:
+        return not await leftovers(c, STREAM, every)
+
+    await until_true(nothing_left, "the deleted stream's keys and replicas gone", GONE_TIMEOUT_S)

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.http import models
+from node.storage.index import OffloadInfo, OffloadState
 from node.streams import rules
 from node.streams.model import MINUTE_MS, Cursor, LedgerInfo, Position, Stream
 from node.streams.policies import POLICIES, Policies, default_policies
@@ -180,3 +181,25 @@ def test_the_policies_defaults_are_the_settings_and_the_api_lists_every_policy(
     # a node without a metadata store changes it)
     assert list(get_type_hints(models.StreamPolicies)) == [*POLICIES, "replication"]
     assert list(models.PolicyValues.model_fields) == list(POLICIES)
+
+
+def test_a_stream_record_keeps_its_ledgers_offload_records_and_reads_older_records() -> None:
+    """A replicated stream's ledger carries its offload record through encode and decode; a
+    record written before offload records existed (no "offload" key) still decodes."""
+    offloaded = OffloadInfo(OffloadState.OFFLOADED, "a" * 32, 1234, NOW_MS, local_deleted=True)
+    in_progress = OffloadInfo(OffloadState.IN_PROGRESS, "b" * 32)
+    stream = Stream(
+        "s",
+        default_policies(make_settings(Path("/nonexistent"))),
+        NOW_MS,
+        [
+            LedgerInfo(1, 10, 100, NOW_MS, NOW_MS, offloaded),
+            LedgerInfo(2, 10, 100, NOW_MS, NOW_MS, in_progress),
+            LedgerInfo(3, 1, 10, NOW_MS),
+        ],
+    )
+    decoded = Stream.decode(stream.encode())
+    assert [info.offload for info in decoded.ledgers] == [offloaded, in_progress, None]
+    assert decoded.ledgers[0].meta("s").offload == offloaded
+    old = stream.encode().replace(b', "offload": {', b', "x": {')
+    assert [info.offload for info in Stream.decode(old).ledgers] == [None, None, None]
