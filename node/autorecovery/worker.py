@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crc32c import crc32c
 
@@ -54,6 +54,20 @@ DONE = "done"  # no marked node is in the ledger any more; the marker is deleted
 LOCKED = "locked"  # another worker holds the marker's lock
 WAITING = "waiting"  # an open ledger within its grace period (only with wait=False)
 GONE = "gone"  # no marker (done by someone else), or the ledger was deleted
+
+
+class Steps(Protocol):
+    """Named steps a test may crash or stall at (a node passes its ``Faults``)."""
+
+    def hit(self, name: str) -> None: ...
+
+
+class _NoSteps:
+    def hit(self, name: str) -> None:
+        pass
+
+
+NO_STEPS: Steps = _NoSteps()
 
 
 class LockLost(ClientError):
@@ -138,9 +152,12 @@ async def rereplicate(
     open_ledger_grace_s: float,
     lock_ttl_s: int,
     wait: bool = True,
+    faults: Steps = NO_STEPS,
 ) -> ReplicationResult:
     """Re-replicate what the ledger's marker names. ``wait=False``: an open ledger within its
-    grace period answers WAITING instead of sleeping through it."""
+    grace period answers WAITING instead of sleeping through it. ``faults.hit`` is called at
+    each step a test may crash at: ``autorecovery.after_copy``, a fragment copied and read
+    back, its CAS not sent."""
     store = client.store
     if await read_with_retry(store, m.marker_key(ledger_id)) is None:
         return ReplicationResult(ledger_id, GONE)
@@ -160,7 +177,7 @@ async def rereplicate(
     lease = _Lease(client, ledger_id, worker_id, lease_id, lock_ttl_s)
     keeper = asyncio.create_task(lease.keep())
     result = ReplicationResult(ledger_id, DONE)
-    work = asyncio.create_task(_work(client, lease, result, open_ledger_grace_s, wait))
+    work = asyncio.create_task(_work(client, lease, result, open_ledger_grace_s, wait, faults))
     lost = asyncio.create_task(lease.lost.wait())
     try:
         await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -179,7 +196,12 @@ async def rereplicate(
 
 
 async def _work(
-    client: Client, lease: _Lease, result: ReplicationResult, grace_s: float, wait: bool
+    client: Client,
+    lease: _Lease,
+    result: ReplicationResult,
+    grace_s: float,
+    wait: bool,
+    faults: Steps,
 ) -> ReplicationResult:
     store, ledger_id = client.store, result.ledger_id
     recovered = False
@@ -210,7 +232,7 @@ async def _work(
         if settled:  # an open ledger's older segments first: they need no fence
             index, node = settled[0]
             with contextlib.suppress(NoSuchKey):  # deleted meanwhile: the next turn sees it
-                await _move(client, lease, meta, index, node, marker, result)
+                await _move(client, lease, meta, index, node, marker, result, faults)
             continue
         remaining_s = marker.created_ms / 1000 + grace_s - time.time()
         if remaining_s > 0 and not recovered:
@@ -299,6 +321,7 @@ async def _move(
     node: str,
     marker: Marker,
     result: ReplicationResult,
+    faults: Steps,
 ) -> None:
     """Copy the fragment (meta, index, node) to a replacement and CAS it into the segment."""
     segment = meta.segments[index]
@@ -368,6 +391,7 @@ async def _move(
         segments[index] = Segment(first, tuple(ensemble))
         return encode(now.evolve(segments=tuple(segments)))
 
+    faults.hit("autorecovery.after_copy")
     await lease.check()
     counted = m.Totals(1, len(entries), copied)
     after = decode(
