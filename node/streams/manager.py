@@ -301,6 +301,7 @@ class StreamManager:
             return
         info.entries, info.size_bytes = meta.last_entry_id + 1, meta.payload_bytes
         info.closed_ms = info.closed_ms or meta.closed_ms
+        info.closing = False
 
     async def _refresh(self, info: LedgerInfo) -> None:
         """Counts of the ledger taking appends, from the storage (the record lags them)."""
@@ -555,7 +556,7 @@ class StreamManager:
             fresh = LedgerInfo(meta.ledger_id, created_ms=now)
             written = [dataclasses.replace(info) for info in stream.ledgers]
             if old is not None:
-                written[-1].closed_ms = now
+                written[-1].closed_ms, written[-1].closing = now, True
             record = dataclasses.replace(stream, ledgers=[*written, fresh])
             try:
                 await self._storage.write_records({record.key(): record.encode()})
@@ -564,7 +565,7 @@ class StreamManager:
                     await self._storage.delete_ledger(meta.ledger_id)
                 raise
             if old is not None:
-                old.closed_ms = now
+                old.closed_ms, old.closing = now, True
             stream.ledgers = [*stream.ledgers, fresh]
         if old is not None:
             self._crash.hit("stream.rollover.after_record")  # the old ledger closes after this
@@ -577,12 +578,17 @@ class StreamManager:
 
     async def _seal(self, stream: Stream, old: LedgerInfo | None) -> None:
         """Close the replaced ledger once the adds in flight on it settled, so that its final
-        counts are theirs, and write them into the stream record."""
+        counts are theirs, and write them into the stream record; with it, any earlier one
+        whose close failed (the metadata store down for a moment)."""
         if old is None:
             return
         flight = self._in_flight.get(old.ledger_id)
         if flight is not None:
             await flight.settled.wait()
+        for info in stream.ledgers[:-1]:
+            if info.closing and info is not old:
+                with contextlib.suppress(StorageError):
+                    await self._close_ledger(info)
         await self._close_ledger(old)
         await self._save(stream)
 

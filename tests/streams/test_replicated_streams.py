@@ -13,6 +13,7 @@ seconds of a loss."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections import Counter
@@ -20,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from node.client import Client
 from node.jepsen.checker import Verdict
 from node.jepsen.history import Op, merge
 from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
@@ -481,3 +483,52 @@ async def test_offload_races_reads_and_deletions(make_cluster: MakeCluster, tmp_
         return not left and not await stored_objects(shared)
 
     await until_true(nothing_left, "the deleted streams' objects, keys and replicas gone", 60)
+
+
+async def test_a_takeover_settles_every_ledger_whose_close_was_not_confirmed(
+    stream_cluster: LocalCluster,
+) -> None:
+    """An owner whose rollover's close failed (etcd away for a moment), then rolled over
+    again and died, leaves a record whose third-to-last ledger is still OPEN in etcd and
+    holds more acknowledged entries than the record counts (``closing``). The next owner
+    fences and recovers it too, so that a reader sees every entry in it."""
+    c = stream_cluster
+    name = "unsealed"
+    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
+    assert status == 201, body
+    client = Client(c.metadata_url)
+    try:
+        props = {"stream": name}
+        first = await client.create_ledger(3, 3, 2, props)
+        for n in range(5):
+            await first.add(f"first {n}".encode())  # acknowledged; the record counts two
+        second = await client.create_ledger(3, 3, 2, props)
+        for n in range(2):
+            await second.add(f"second {n}".encode())
+        await second.close()
+        last = await client.create_ledger(3, 3, 2, props)
+        await last.add(b"last 0")
+        await asyncio.to_thread(c.terminate, "n0")  # its lease revoked; it writes nothing more
+        record = await stream_record(c, name)
+        now = int(time.time() * 1000)
+        record["ledgers"] = [
+            {"id": first.id, "entries": 2, "bytes": 14, "created": now, "closed": now,
+             "closing": True},
+            {"id": second.id, "entries": 2, "bytes": 16, "created": now, "closed": now},
+            {"id": last.id, "entries": 0, "bytes": 0, "created": now, "closed": 0},
+        ]  # fmt: skip
+        key = f"streams/{name}"
+        found = await client.store.get(key)
+        assert found is not None
+        await client.store.cas(key, json.dumps(record).encode(), found.revision)
+    finally:
+        await client.close()
+    read = await read_back(c.url("n1"), name)  # n1 takes the stream over
+    assert [payload for _position, payload in read] == [
+        *(f"first {n}".encode() for n in range(5)),
+        b"second 0",
+        b"second 1",
+        b"last 0",
+    ]
+    settled = await stream_ledgers(c, name)
+    assert settled[0]["entries"] == 5 and "closing" not in settled[0], settled
