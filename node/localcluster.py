@@ -42,6 +42,7 @@ METADATA_PREFIX = "storage"  # the cluster's key prefix in etcd (NODE_METADATA_U
 # local end of any outgoing connection live. A port from there can be taken by a connection
 # while its process is down, and the restart then fails with "address already in use".
 PORTS = range(24000, 25000)
+STOPPED_TIMEOUT_S = 5.0  # for a SIGSTOPped process to be stopped (the signal is asynchronous)
 _handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
 
 
@@ -170,6 +171,7 @@ class EtcdProcess:
     def pause(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -258,6 +260,8 @@ class LocalNode:
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signum)
+            if signum == signal.SIGSTOP:
+                wait_stopped(self.proc.pid)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -395,3 +399,20 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def wait_stopped(pid: int) -> None:
+    """Until the kernel has stopped the child ``pid``: a SIGSTOP is only sent when
+    send_signal returns, and a request made right after could still be answered. Spins on
+    waitid for stops only (an exit is left for Popen to reap) rather than sleeping: it is
+    called from tests' event loops, where a sleep is refused, and a stop takes microseconds
+    to a few scheduler slices."""
+    deadline = time.monotonic() + STOPPED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG) is not None:
+                return
+        except ChildProcessError:
+            return  # not our child, or gone: nothing to wait on
+        os.sched_yield()
+    raise RuntimeError(f"process {pid} not stopped {STOPPED_TIMEOUT_S} s after SIGSTOP")
