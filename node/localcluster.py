@@ -46,10 +46,24 @@ STOPPED_TIMEOUT_S = 5.0  # for a SIGSTOPped process to be stopped (the signal is
 _handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
 
 
+def _ports() -> range:
+    """PORTS, or under pytest-xdist this worker's share of it: a node killed in one worker's
+    test leaves its port free until its restart, and another worker's next cluster must not
+    take it meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return PORTS
+    share = len(PORTS) // count
+    start = PORTS.start + int(worker.removeprefix("gw")) % count * share
+    return range(start, start + share)
+
+
 def free_port() -> int:
     """A loopback port of PORTS that nobody listens on now and this process has not handed
     out before (another process may still take it: the range is outside the kernel's)."""
-    candidates = [p for p in PORTS if p not in _handed_out]
+    ports = _ports()
+    candidates = [p for p in ports if p not in _handed_out]
     random.shuffle(candidates)
     for port in candidates:
         with socket.socket() as s:
@@ -59,7 +73,7 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
+    raise RuntimeError(f"no free loopback port in {ports.start}-{ports.stop - 1}")
 
 
 def _tail(path: Path) -> str:
