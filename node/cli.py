@@ -31,6 +31,7 @@ OFFLOAD_RANDOM_READS = 300
 AUDIT_GIB = 1.0
 AUDIT_SPLIT_MIB = 64
 DEFAULT_REPLAY_MIB = 256  # bench replay's journal
+REREPLICATE_MIB = 64  # bench rereplicate's ledgers: ~3/4 of them on the lost node
 JEPSEN_RUNS = 200  # bench jepsen's fault runs (make jepsen)
 WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
 
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
             "replay",
             "jepsen",
             "replicated",
+            "rereplicate",
         ],
         help="write: the engine in-process; http: the live server over loopback; "
         "wal: the raw-device WAL against fio on a loop device and a file; "
@@ -180,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         "audit: the audit's Spark scan of entry logs, local[1] and local[2], against inspect; "
         "replay: the start after a crash with a long journal, against reading it; "
         "jepsen: seeded fault runs against a local cluster, then the checker's verdict; "
-        "replicated: E=3/Qw=3/Qa=2 ledgers against single-copy ones on a local cluster",
+        "replicated: E=3/Qw=3/Qa=2 ledgers against single-copy ones on a local cluster; "
+        "rereplicate: autorecovery's copy of a lost node's fragments against a client's "
+        "reads and adds of the same bytes",
     )
     bench.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
     bench.add_argument(
@@ -215,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--entry-size",
         type=int,
         default=OFFLOAD_ENTRY_SIZE,
-        help="offload, audit: entry size in bytes",
+        help="offload, audit, rereplicate: entry size in bytes",
     )
     bench.add_argument(
         "--random-reads",
@@ -227,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--replay-mib", type=int, default=DEFAULT_REPLAY_MIB, help="replay: MiB of journal"
     )
     bench.add_argument("--gib", type=float, default=AUDIT_GIB, help="audit: GiB of entry logs")
+    bench.add_argument(
+        "--rereplicate-mib",
+        type=float,
+        default=REREPLICATE_MIB,
+        help="rereplicate: MiB written before a node is lost",
+    )
     bench.add_argument(
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
     )

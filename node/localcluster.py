@@ -42,13 +42,28 @@ METADATA_PREFIX = "storage"  # the cluster's key prefix in etcd (NODE_METADATA_U
 # local end of any outgoing connection live. A port from there can be taken by a connection
 # while its process is down, and the restart then fails with "address already in use".
 PORTS = range(24000, 25000)
+STOPPED_TIMEOUT_S = 5.0  # for a SIGSTOPped process to be stopped (the signal is asynchronous)
 _handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
+
+
+def _ports() -> range:
+    """PORTS, or under pytest-xdist this worker's share of it: a node killed in one worker's
+    test leaves its port free until its restart, and another worker's next cluster must not
+    take it meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return PORTS
+    share = len(PORTS) // count
+    start = PORTS.start + int(worker.removeprefix("gw")) % count * share
+    return range(start, start + share)
 
 
 def free_port() -> int:
     """A loopback port of PORTS that nobody listens on now and this process has not handed
     out before (another process may still take it: the range is outside the kernel's)."""
-    candidates = [p for p in PORTS if p not in _handed_out]
+    ports = _ports()
+    candidates = [p for p in ports if p not in _handed_out]
     random.shuffle(candidates)
     for port in candidates:
         with socket.socket() as s:
@@ -58,7 +73,7 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free loopback port in {PORTS.start}-{PORTS.stop - 1}")
+    raise RuntimeError(f"no free loopback port in {ports.start}-{ports.stop - 1}")
 
 
 def _tail(path: Path) -> str:
@@ -170,6 +185,7 @@ class EtcdProcess:
     def pause(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None
@@ -258,6 +274,8 @@ class LocalNode:
         if self.alive():
             assert self.proc is not None
             self.proc.send_signal(signum)
+            if signum == signal.SIGSTOP:
+                wait_stopped(self.proc.pid)
 
     def kill(self) -> None:
         if self.proc is not None:
@@ -395,3 +413,20 @@ class LocalCluster:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def wait_stopped(pid: int) -> None:
+    """Until the kernel has stopped the child ``pid``: a SIGSTOP is only sent when
+    send_signal returns, and a request made right after could still be answered. Spins on
+    waitid for stops only (an exit is left for Popen to reap) rather than sleeping: it is
+    called from tests' event loops, where a sleep is refused, and a stop takes microseconds
+    to a few scheduler slices."""
+    deadline = time.monotonic() + STOPPED_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG) is not None:
+                return
+        except ChildProcessError:
+            return  # not our child, or gone: nothing to wait on
+        os.sched_yield()
+    raise RuntimeError(f"process {pid} not stopped {STOPPED_TIMEOUT_S} s after SIGSTOP")

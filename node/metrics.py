@@ -256,6 +256,7 @@ class Metrics:
         self.registrations: Counter | None = None
         self.replication_gc_skipped: Counter | None = None
         self.replication_gc_reclaimed: Counter | None = None
+        self.replication_gc_overreplicated: Counter | None = None
         self.streams_owned: Gauge | None = None
         self.stream_takeovers: Counter | None = None
         if settings.metadata_url:
@@ -280,6 +281,12 @@ class Metrics:
             self.replication_gc_reclaimed = Counter(
                 f"{PREFIX}_replication_gc_reclaimed",
                 "Replicas deleted by the sweep once the store said their ledger was gone.",
+                registry=self.registry,
+            )
+            self.replication_gc_overreplicated = Counter(
+                f"{PREFIX}_replication_gc_overreplicated_reclaimed",
+                "Replicas deleted by the sweep because no segment of their ledger names this "
+                "node (an interrupted re-replication's copy), after the over-replicated grace.",
                 registry=self.registry,
             )
             self.streams_owned = Gauge(

@@ -197,6 +197,9 @@ class Settings(BaseSettings):
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica
+    # a replica no segment names (an interrupted re-replication's copy) is deleted only after
+    # this long without a replica add (BookKeeper's gcOverreplicatedLedgerWaitTime: one day)
+    replication_overreplicated_grace_s: int = Field(86_400, ge=0)
     lost_node_recovery_delay_s: float = Field(600, ge=0)  # unregistered this long: a lost node
     open_ledger_rereplication_grace_s: float = Field(30, ge=0)  # an open ledger's writer's time
     autorecovery_lock_ttl_s: int = Field(30, gt=0)  # lease of a marker's lock (worker dies: freed)

@@ -30,13 +30,15 @@ has been gone longer than the lost-node delay), "decommissioning" (an operator a
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from node.client.errors import CasConflict, NoSuchKey
-from node.client.metadata.loop import update
+from node.client.errors import CasConflict, NoSuchKey, OutcomeUnknown, StoreUnavailable
+from node.client.metadata.loop import DEFAULT_ATTEMPTS, DEFAULT_PAUSE_S, read_with_retry, update
 from node.client.metadata.store import MetadataStore, Versioned
 from node.client.model import DECOMMISSIONING_PREFIX as DECOMMISSIONING_PREFIX
 from node.client.model import MetadataFormatError
@@ -255,20 +257,46 @@ async def read_report(store: MetadataStore) -> AuditReport | None:
     return AuditReport.decode(found.value) if found else None
 
 
-async def add_totals(store: MetadataStore, fragments: int, entries: int, size: int) -> Totals:
-    """Add to ``autorecovery/totals`` (a CAS increment: two workers never lose each other's)."""
+async def swap_counted(
+    store: MetadataStore,
+    key: str,
+    needs_update: Callable[[bytes], bool],
+    transform: Callable[[bytes], bytes],
+    counted: Totals,
+    *,
+    attempts: int = DEFAULT_ATTEMPTS,
+    pause_s: float = DEFAULT_PAUSE_S,
+) -> bytes:
+    """The update loop (node.client.metadata.loop.update) of ``key``, with ``counted`` added
+    to ``autorecovery/totals`` in the same commit: a worker that dies right after its CAS
+    cannot leave a fragment replaced but not counted, and one that finds the change made
+    (by another worker, or its own commit whose answer was lost) counts nothing. Returns the
+    key's value that satisfies the caller. NoSuchKey when the key is gone."""
+    failures = 0
     while True:
-        found = await store.get(TOTALS_KEY)
-        if found is None:
-            try:
-                await store.create(TOTALS_KEY, Totals(fragments, entries, size).encode())
-                return Totals(fragments, entries, size)
-            except CasConflict:
-                continue
-        old = Totals.decode(found.value)
-        new = Totals(old.fragments + fragments, old.entries + entries, old.size + size)
         try:
-            await store.cas(TOTALS_KEY, new.encode(), found.revision)
-            return new
-        except (CasConflict, NoSuchKey):
-            continue
+            current = await read_with_retry(store, key, attempts=attempts, pause_s=pause_s)
+            if current is None:
+                raise NoSuchKey(key)
+            if not needs_update(current.value):
+                return current.value
+            found = await read_with_retry(store, TOTALS_KEY, attempts=attempts, pause_s=pause_s)
+            old = Totals.decode(found.value) if found is not None else Totals()
+            new = Totals(
+                old.fragments + counted.fragments,
+                old.entries + counted.entries,
+                old.size + counted.size,
+            )
+            changed = transform(current.value)
+            await store.commit(
+                {key: current.revision, TOTALS_KEY: found.revision if found is not None else 0},
+                {key: changed, TOTALS_KEY: new.encode()},
+            )
+            return changed
+        except CasConflict:
+            continue  # another writer of either key went first: read both again
+        except (StoreUnavailable, OutcomeUnknown):
+            failures += 1
+            if failures >= attempts:
+                raise
+            await asyncio.sleep(pause_s)

@@ -8,8 +8,9 @@ added to the replacement as a recovery add (it passes a fence; the same bytes ag
 a rerun after a crash repeats the copy harmlessly), and read back from it and compared. Only
 then the ledger's metadata is CAS-changed (the update loop re-checks that the node is still in
 its place; a writer's concurrent ensemble change only appends or replaces the last segment, never
-the one copied), ``autorecovery/totals`` is incremented (after the CAS, so a fragment copied twice
-is counted once), and the marker loses the node once no segment names it.
+the one copied) in the same commit as the increment of ``autorecovery/totals`` (so a fragment
+copied twice is counted once, and a worker killed after its CAS leaves no fragment uncounted),
+and the marker loses the node once no segment names it.
 
 The lock is ``underreplicated-locks/<id>`` under a lease of ``lock_ttl_s`` kept alive while the
 worker runs: a worker that dies loses it within the TTL, and a worker whose lease ends (a pause,
@@ -28,7 +29,7 @@ import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crc32c import crc32c
 
@@ -37,7 +38,7 @@ from node.autorecovery.markers import Lock, Marker, Reason
 from node.autorecovery.replicas import fragment_entries
 from node.client.bookies import within
 from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, ReplicaError
-from node.client.metadata.loop import read_with_retry, update
+from node.client.metadata.loop import read_with_retry
 from node.client.model import LedgerMetadata, Segment, decode, encode, ledger_key
 from node.client.placement import choose_replacement
 
@@ -53,6 +54,20 @@ DONE = "done"  # no marked node is in the ledger any more; the marker is deleted
 LOCKED = "locked"  # another worker holds the marker's lock
 WAITING = "waiting"  # an open ledger within its grace period (only with wait=False)
 GONE = "gone"  # no marker (done by someone else), or the ledger was deleted
+
+
+class Steps(Protocol):
+    """Named steps a test may crash or stall at (a node passes its ``Faults``)."""
+
+    def hit(self, name: str) -> None: ...
+
+
+class _NoSteps:
+    def hit(self, name: str) -> None:
+        pass
+
+
+NO_STEPS: Steps = _NoSteps()
 
 
 class LockLost(ClientError):
@@ -137,9 +152,12 @@ async def rereplicate(
     open_ledger_grace_s: float,
     lock_ttl_s: int,
     wait: bool = True,
+    faults: Steps = NO_STEPS,
 ) -> ReplicationResult:
     """Re-replicate what the ledger's marker names. ``wait=False``: an open ledger within its
-    grace period answers WAITING instead of sleeping through it."""
+    grace period answers WAITING instead of sleeping through it. ``faults.hit`` is called at
+    each step a test may crash at: ``autorecovery.after_copy``, a fragment copied and read
+    back, its CAS not sent."""
     store = client.store
     if await read_with_retry(store, m.marker_key(ledger_id)) is None:
         return ReplicationResult(ledger_id, GONE)
@@ -159,7 +177,7 @@ async def rereplicate(
     lease = _Lease(client, ledger_id, worker_id, lease_id, lock_ttl_s)
     keeper = asyncio.create_task(lease.keep())
     result = ReplicationResult(ledger_id, DONE)
-    work = asyncio.create_task(_work(client, lease, result, open_ledger_grace_s, wait))
+    work = asyncio.create_task(_work(client, lease, result, open_ledger_grace_s, wait, faults))
     lost = asyncio.create_task(lease.lost.wait())
     try:
         await asyncio.wait({work, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -178,7 +196,12 @@ async def rereplicate(
 
 
 async def _work(
-    client: Client, lease: _Lease, result: ReplicationResult, grace_s: float, wait: bool
+    client: Client,
+    lease: _Lease,
+    result: ReplicationResult,
+    grace_s: float,
+    wait: bool,
+    faults: Steps,
 ) -> ReplicationResult:
     store, ledger_id = client.store, result.ledger_id
     recovered = False
@@ -209,7 +232,7 @@ async def _work(
         if settled:  # an open ledger's older segments first: they need no fence
             index, node = settled[0]
             with contextlib.suppress(NoSuchKey):  # deleted meanwhile: the next turn sees it
-                await _move(client, lease, meta, index, node, marker, result)
+                await _move(client, lease, meta, index, node, marker, result, faults)
             continue
         remaining_s = marker.created_ms / 1000 + grace_s - time.time()
         if remaining_s > 0 and not recovered:
@@ -298,6 +321,7 @@ async def _move(
     node: str,
     marker: Marker,
     result: ReplicationResult,
+    faults: Steps,
 ) -> None:
     """Copy the fragment (meta, index, node) to a replacement and CAS it into the segment."""
     segment = meta.segments[index]
@@ -367,12 +391,13 @@ async def _move(
         segments[index] = Segment(first, tuple(ensemble))
         return encode(now.evolve(segments=tuple(segments)))
 
+    faults.hit("autorecovery.after_copy")
     await lease.check()
+    counted = m.Totals(1, len(entries), copied)
     after = decode(
-        (await update(client.store, ledger_key(meta.ledger_id), None, needs, transform)).value
+        await m.swap_counted(client.store, ledger_key(meta.ledger_id), needs, transform, counted)
     )
     if index < len(after.segments) and after.segments[index].ensemble[position] == replacement:
-        await m.add_totals(client.store, 1, len(entries), copied)
         result.fragments += 1
         result.entries += len(entries)
         result.size += copied

@@ -14,6 +14,8 @@
   beside the single-threaded ``inspect`` CRC pass;
 - ``replicated`` (replicated.py): replicated ledgers against single-copy ones through the
   client, on a local cluster (etcd and three nodes);
+- ``rereplicate`` (rereplicate.py): autorecovery's copy of a lost node's fragments through the
+  nodes' route, against the same bytes read and added by a plain client (etcd and four nodes);
 - ``jepsen`` (jepsen.py): seeded fault runs against etcd and five nodes on loopback, each
   checked against its history (node/jepsen/).
 

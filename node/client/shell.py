@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import json
 import os
 import re
@@ -441,9 +442,30 @@ async def auditor(client: Client, args: argparse.Namespace) -> Outcome:
         f"lost: {', '.join(report.lost_nodes) or NONE}; decommissioning: "
         f"{', '.join(report.decommissioning_nodes) or NONE}",
     ]
+    waiting = await _not_lost_yet(client, report.lost_nodes, args.lost_node_delay)
+    if waiting:
+        lines.append(
+            f"unregistered, not counted lost yet: {', '.join(waiting)} (--lost-node-delay "
+            f"{args.lost_node_delay:g} s: how long a node may be away before its copies are made)"
+        )
     if args.check_replicas:
         lines.append(f"replicas check: {report.replicas_checked} entries read")
     return Outcome(document, lines)
+
+
+async def _not_lost_yet(client: Client, lost: list[str], delay_s: float) -> list[str]:
+    """Nodes the auditor noted unregistered that the delay has not made lost yet, each with
+    when it will (a newcomer who killed a node sees why nothing was marked)."""
+    from node.autorecovery import markers as m
+
+    waiting = []
+    for key, found in await client.store.range(m.LOST_PREFIX):
+        node = key.removeprefix(m.LOST_PREFIX)
+        if node not in lost:
+            at = (m.decode_since(found.value) + delay_s * 1000) / 1000
+            when = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%H:%M:%S UTC")
+            waiting.append(f"{node} (lost at {when})")
+    return waiting
 
 
 async def rereplicate(client: Client, args: argparse.Namespace) -> Outcome:

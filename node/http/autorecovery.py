@@ -21,6 +21,7 @@ from node.http import models
 from node.http.errors import ApiError
 from node.http.jsonreply import json_response
 from node.http.state import SETTINGS
+from node.storage.faults import Faults
 
 if TYPE_CHECKING:
     from node.client import Client
@@ -37,8 +38,11 @@ class Autorecovery:
     """The node's Client for autorecovery, over the store its replication service holds
     (made on first use, closed with the application)."""
 
-    def __init__(self, replication: Replication, node_id: str, token: str | None) -> None:
+    def __init__(
+        self, replication: Replication, node_id: str, token: str | None, faults: Faults
+    ) -> None:
         self.replication = replication
+        self.faults = faults  # the worker's named crash points (tests)
         self._token = token  # its copies are replica adds: the fleet's admin token, if any
         self._client: Client | None = None
         self.worker_prefix = f"{node_id}/pid {os.getpid()}"  # the lock's holder, with a nonce
@@ -65,7 +69,9 @@ AUTORECOVERY: web.AppKey[Autorecovery] = web.AppKey("autorecovery")
 def install(app: web.Application, replication: Replication) -> None:
     settings = app[SETTINGS]
     token = settings.admin_token.get_secret_value() if settings.admin_token else None
-    app[AUTORECOVERY] = Autorecovery(replication, settings.id, token)
+    app[AUTORECOVERY] = Autorecovery(
+        replication, settings.id, token, Faults.from_settings(settings)
+    )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         yield
@@ -177,6 +183,7 @@ async def rereplicate(request: web.Request) -> web.Response:
             worker_id=f"{service.worker_prefix}/{uuid.uuid4().hex[:12]}",
             open_ledger_grace_s=settings.open_ledger_rereplication_grace_s,
             lock_ttl_s=settings.autorecovery_lock_ttl_s,
+            faults=service.faults,
         )
     except ClientError as error:
         raise _refusal(error) from None

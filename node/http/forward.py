@@ -25,7 +25,9 @@ can hold ``max_read_reply_bytes`` of frames: nothing is held whole). The owner's
 When the owner does not answer: no connection (refused, unreachable, the connect timeout)
 or, for any request but an append, a connection that broke or stayed silent before the head
 of the answer -> 503 ``owner_unreachable`` (retryable: the owner's lease runs out, another
-node takes the stream over). An append (``POST .../entries``) whose connection broke or
+node takes the stream over). A refused connection to an owner the node remembered is asked
+about once more first (the stream routes): an owner that stopped cleanly revoked its lease,
+and the node asked takes the stream over at once. An append (``POST .../entries``) whose connection broke or
 timed out after it was sent may have been appended by the owner: 503
 ``append_outcome_unknown``, never "failed" (a retry may append it twice). A break in the
 middle of the answer's body aborts the client's connection: the client sees a truncated
@@ -265,8 +267,8 @@ class Forwarder:
         """Send ``request`` to the owner at ``base_url`` (``http://host:port``) and stream
         its answer back; 503 ``owner_unreachable`` or ``append_outcome_unknown`` when it
         does not answer. ``raise_moved``: OwnerMoved when that node answers 503 not_owner
-        (instead of passing that answer on), for a caller that remembers owners to ask
-        again."""
+        (instead of passing that answer on) or refuses the connection, for a caller that
+        remembers owners to ask again."""
         target = request.raw_path  # path and query string as received, still encoded
         url = base_url.rstrip("/") + target
         append = is_append(request.method, target)
@@ -289,6 +291,13 @@ class Forwarder:
                     timeout=self._timeout(target),
                     allow_redirects=False,
                 )
+        except aiohttp.ClientConnectorError as error:
+            # Nothing listens there (the owner stopped; its key may be gone with its lease
+            # revoked): nothing was sent, so a caller that remembered it may ask again.
+            if raise_moved:
+                self._count("unreachable")
+                raise OwnerMoved(base_url) from None
+            raise self._failure(error, base_url, append) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._failure(error, base_url, append) from None
         async with answer:

@@ -772,6 +772,10 @@ class StatusReplication(Reply):
     gcReclaimed: Annotated[
         Count | None, Field(description="Replicas deleted: their ledger left the store")
     ] = None
+    gcOverreplicatedReclaimed: Annotated[
+        Count | None,
+        Field(description="Replicas deleted: no segment of their ledger names this node"),
+    ] = None
     gcSkipped: Annotated[
         Count | None, Field(description="Replicas kept: the store could not confirm")
     ] = None

@@ -85,8 +85,9 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             try:
                 return await request.app[FORWARDER].forward(request, url, raise_moved=True)
             except OwnerMoved:
-                # The node remembered as the owner no longer is (a takeover since), and it
-                # did nothing with the request: ask the store again, once.
+                # The node remembered as the owner no longer is (a takeover since) or is
+                # gone (it stopped), and it did nothing with the request: ask the store
+                # again, once (with the owner's key gone, this node takes the stream over).
                 router.forget_owner(name)
             except ApiError:
                 router.forget_owner(name)

@@ -13,6 +13,13 @@ Objects and ledgers: a ledger's offload record (in its metadata) names its objec
 the ledger is deleted, its objects go and then the record; GC purges the ledger only after
 that, so a failure or a crash in between is retried (at start and every run), never
 orphaned. Objects that no record names are reported by status and deleted only on request.
+
+Replicated streams (a metadata store): the stream's owner offloads its ledgers, and their
+offload records live in the stream's record (node.offload.streams); "the local copy" is then
+the replicated ledger, deleted after the lag so that every node reclaims its replica. Their
+objects go with a trim or the stream's deletion, named by the ``doomed`` records, which any
+node finishes (``FleetStreams``). No node calls an object unknown before it has read every
+stream record of the fleet: another node's stream names it.
 """
 
 from __future__ import annotations

@@ -38,7 +38,10 @@ class StreamLedger:
         return self._streams.ledger_entries(stream, info, 0, last)
 
     async def record(self, offload: OffloadInfo) -> None:
-        await self._streams.record_offload(self._stream, self.ledger_id, offload)
+        try:
+            await self._streams.record_offload(self._stream, self.ledger_id, offload)
+        except StreamNotFound:
+            raise LedgerNotFound(f"stream {self._stream} was deleted") from None
 
 
 def replicated(stream: Stream) -> bool:

@@ -11,7 +11,9 @@ replica younger than ``replication_gc_grace_s`` is never looked at (a ledger bei
 written to its replicas before, or while, its metadata becomes visible to everyone). A
 confirmed one gets the ordinary journaled delete; the existing GC reclaims its space later.
 Any error or timeout keeps everything and counts ``replication_gc_skipped`` (the guard's
-errors, whichever path asked, and deletes the storage refused).
+errors, whichever path asked, and deletes the storage refused). A replica of a ledger the store
+still has goes to the over-replicated pass (node/replication/orphans.py), which deletes it only
+if no segment names this node, under guards of its own.
 """
 
 from __future__ import annotations
@@ -19,16 +21,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from node.autorecovery.markers import lock_key
 from node.client.errors import ClientError, MetadataError
 from node.client.metadata.store import MetadataStore
-from node.client.model import CLUSTER_KEY, ledger_key
+from node.client.model import CLUSTER_KEY, LedgerMetadata, MetadataFormatError, decode, ledger_key
 from node.replication.tasks import cancel_and_wait
 from node.storage.errors import LedgerNotFound, StorageError
 
+if TYPE_CHECKING:
+    from node.replication.orphans import OrphanReclaim
+
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class ReplicaStorage(Protocol):
@@ -55,38 +62,76 @@ class StoreGuard:
         self.errors = 0  # answers it could not give: the replica was kept
 
     async def confirm_deleted(self, ledger_id: int) -> bool:
-        try:
-            return await self._confirm(ledger_id)
-        except MetadataError:
-            self.errors += 1
-            self._on_error()
-            raise
+        return await self.lookup(ledger_id) is None
 
-    async def _confirm(self, ledger_id: int) -> bool:
-        """True only when the store, read linearizably, has no ``ledgers/<id>`` and is this
-        node's cluster. MetadataError when it cannot say (unreachable, slow, malformed)."""
+    async def lookup(self, ledger_id: int) -> bytes | None:
+        """The ledger's metadata as the store holds it now (a linearizable read), or None
+        only when it has none *and* is this node's cluster. MetadataError when it cannot say
+        (unreachable, slow, another cluster): the caller keeps the replica."""
+        return await self._ask(self._lookup(ledger_id))
+
+    async def orphaned(self, ledger_id: int, node_id: str) -> bool:
+        """True only when, read linearizably in this order, no worker holds the ledger's
+        marker lock (a copy to this node may be in flight), the store is this node's cluster,
+        and the ledger exists with no segment naming ``node_id``. The metadata is read last:
+        nothing can have named the node between this answer and the caller's delete except a
+        worker whose adds the caller's delete then refuses (node/replication/orphans.py)."""
+        return await self._ask(self._orphaned(ledger_id, node_id))
+
+    async def _ask(self, question: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await question
+        except TimeoutError:
+            error = MetadataError(f"the store did not answer in {self._timeout_s} s")
+        except MetadataError as raised:
+            error = raised
+        except ClientError as raised:
+            error = MetadataError(str(raised))
+        self.errors += 1
+        self._on_error()
+        raise error
+
+    def _mine(self) -> str:
         mine = self._cluster_id()
         if mine is None:
             raise MetadataError("this node's cookie is not checked yet")
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                found = await self._store.get(ledger_key(ledger_id), linearizable=True)
-                if found is not None:
-                    return False
-                cluster = await self._store.get(CLUSTER_KEY, linearizable=True)
-        except TimeoutError:
-            raise MetadataError(f"the store did not answer in {self._timeout_s} s") from None
-        except MetadataError:
-            raise
-        except ClientError as error:
-            raise MetadataError(str(error)) from error
+        return mine
+
+    async def _check_cluster(self, mine: str) -> None:
+        cluster = await self._store.get(CLUSTER_KEY, linearizable=True)
         cluster_id = _cluster_id(cluster.value) if cluster is not None else None
         if cluster_id != mine:
             raise MetadataError(
                 f"the store's cluster is {cluster_id or 'absent'}, this node's is "
                 f"{mine}: not the store to ask about this node's ledgers"
             )
-        return True
+
+    async def _lookup(self, ledger_id: int) -> bytes | None:
+        mine = self._mine()
+        found = await self._store.get(ledger_key(ledger_id), linearizable=True)
+        if found is not None:
+            return found.value
+        await self._check_cluster(mine)
+        return None
+
+    async def _orphaned(self, ledger_id: int, node_id: str) -> bool:
+        mine = self._mine()
+        if await self._store.get(lock_key(ledger_id), linearizable=True) is not None:
+            return False  # a worker may be copying to this very replica
+        await self._check_cluster(mine)
+        found = await self._store.get(ledger_key(ledger_id), linearizable=True)
+        if found is None:
+            return False  # deleted meanwhile: the deleted ledgers' pass takes it
+        try:
+            return not names(decode(found.value), node_id)
+        except MetadataFormatError as error:
+            raise MetadataError(f"ledger {ledger_id}: {error}") from error
+
+
+def names(meta: LedgerMetadata, node_id: str) -> bool:
+    """Whether a segment of the ledger names the node (it holds a fragment of it)."""
+    return any(node_id in segment.ensemble for segment in meta.segments)
 
 
 def _cluster_id(value: bytes) -> str | None:
@@ -108,7 +153,9 @@ class Sweep:
         now_ms: Callable[[], int],
         on_skip: Callable[[], None] = lambda: None,
         on_reclaim: Callable[[], None] = lambda: None,
+        orphans: OrphanReclaim | None = None,
     ) -> None:
+        self._orphans = orphans  # the over-replicated pass, asked about ledgers that exist
         self._storage = storage
         self._guard = guard
         self._interval_s = interval_s
@@ -137,19 +184,25 @@ class Sweep:
                 log.exception("replica GC sweep failed")
 
     async def sweep(self) -> int:
-        """One pass; the number of replicas deleted."""
+        """One pass; the number of replicas of deleted ledgers deleted (the over-replicated
+        ones deleted are ``orphans.reclaimed``)."""
         self.passes += 1
         deleted = 0
         now = self._now_ms()
-        for ledger_id, created_ms in self._storage.replicated_ledgers():
+        held = self._storage.replicated_ledgers()
+        if self._orphans is not None:
+            self._orphans.track([ledger_id for ledger_id, _created in held])
+        for ledger_id, created_ms in held:
             if now - created_ms < self._grace_ms:
                 continue
             try:
-                gone = await self._guard.confirm_deleted(ledger_id)
+                metadata = await self._guard.lookup(ledger_id)
+                if metadata is not None:
+                    if self._orphans is not None:
+                        await self._orphans.consider(ledger_id, metadata)
+                    continue
             except MetadataError as error:  # counted by the guard
                 log.warning("replica GC keeps ledger %d: %s", ledger_id, error)
-                continue
-            if not gone:
                 continue
             try:
                 await self._storage.delete_ledger(ledger_id)

@@ -16,6 +16,7 @@ from node.metrics import Metrics
 from node.replication import cookie as cookies
 from node.replication.cookie import Cookie
 from node.replication.fleet import FleetPoller
+from node.replication.orphans import OrphanReclaim
 from node.replication.reconcile import StoreGuard, Sweep
 from node.replication.registration import Registration
 from node.settings import Settings
@@ -55,6 +56,7 @@ class Replication:
         )
         self.registration: Registration | None = None
         self.sweep: Sweep | None = None
+        self.orphans: OrphanReclaim | None = None
         assert metrics.fleet is not None  # made with the store's other metrics
         self.fleet = FleetPoller(
             self.store, metrics.fleet, settings.autorecovery_poll_s, settings.metadata_timeout_s
@@ -81,9 +83,19 @@ class Replication:
         self.fleet.start()  # read-only: runs without the cookie too
         if await self.check_cookie(required=False) is None:
             return  # the guard refuses to confirm anything without the cookie's cluster
-        skipped, reclaimed = (
+        skipped, reclaimed, orphans = (
             self._metrics.replication_gc_skipped,
             self._metrics.replication_gc_reclaimed,
+            self._metrics.replication_gc_overreplicated,
+        )
+        self.orphans = OrphanReclaim(
+            self._storage,
+            self.guard,
+            self._settings.id,
+            self._settings.replication_overreplicated_grace_s,
+            self._clock.now_ms,
+            on_reclaim=orphans.inc if orphans else lambda: None,
+            on_skip=skipped.inc if skipped else lambda: None,
         )
         self.sweep = Sweep(
             self._storage,
@@ -93,6 +105,7 @@ class Replication:
             self._clock.now_ms,
             on_skip=skipped.inc if skipped else lambda: None,
             on_reclaim=reclaimed.inc if reclaimed else lambda: None,
+            orphans=self.orphans,
         )
         self.sweep.start()
 
@@ -142,6 +155,9 @@ class Replication:
             "lastRegistrationError": registration.last_error if registration else None,
             "gcSweeps": sweep.passes if sweep else 0,
             "gcReclaimed": sweep.reclaimed if sweep else 0,
-            "gcSkipped": self.guard.errors + (sweep.skipped if sweep else 0),
+            "gcOverreplicatedReclaimed": self.orphans.reclaimed if self.orphans else 0,
+            "gcSkipped": self.guard.errors
+            + (sweep.skipped if sweep else 0)
+            + (self.orphans.skipped if self.orphans else 0),
             **self.fleet.summary(),
         }

@@ -326,6 +326,7 @@ class AddPath:
             self._table.ledger(meta.ledger_id)  # LedgerNotFound
         check_open(meta, replica.recovery)
         self._read_only.check()
+        meta.replica_adds += 1  # a resend of bytes held too: its sender may name us next
         if replica.lac > meta.writer_lac:
             # The writer's claim holds whatever this replica holds: Qa replicas acked it.
             meta.writer_lac = replica.lac

@@ -33,7 +33,8 @@ The points (a fault elsewhere is refused at start, as a name that would never fi
 - Step points (``STEP_POINTS``, through ``hit``), ``eio``, ``delay`` and ``crash``: the
   crash points, and ``checkpoint.mark`` (just before lastMark is written);
   ``stream.rollover.after_record`` is a stream's record naming its new ledger written, the
-  old one not closed yet.
+  old one not closed yet; ``autorecovery.after_copy`` is a fragment copied to its
+  replacement and read back, the segment's CAS not sent (a node's re-replication route).
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ STEP_POINTS = frozenset(
         "offload.mid_upload",
         "offload.after_upload",
         "stream.rollover.after_record",
+        "autorecovery.after_copy",
     }
 )
 Action = Literal["eio", "short", "short:crash", "delay", "crash"]

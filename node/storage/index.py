@@ -154,6 +154,9 @@ class LedgerMeta:
     replication: tuple[int, int, int] | None = None
     writer_lac: int = -1
     writer_lac_length: int = 0
+    # Replica adds taken since this process started (not stored): the over-replicated sweep
+    # deletes a replica only if none came between its look at the store and its delete.
+    replica_adds: int = field(default=0, compare=False)
 
     def encode(self) -> bytes:
         props = json.dumps(self.properties, separators=(",", ":"), sort_keys=True).encode()

@@ -297,6 +297,21 @@ class LedgerStorage:
         (the identity side's GC asks the metadata store about each)."""
         return [(m.ledger_id, m.created_ms) for m in self._table.ledgers() if m.replication]
 
+    def replica_adds(self, ledger_id: int) -> int:
+        """Replica adds the ledger took since start (resends included); LedgerNotFound."""
+        return self._table.ledger(ledger_id).replica_adds
+
+    async def delete_quiet_replica(self, ledger_id: int, replica_adds: int) -> bool:
+        """Delete the replicated ledger only if it took no replica add since ``replica_adds``
+        was read; False (kept) otherwise. The test and the deletion's first, synchronous step
+        (the ledger unreadable, no add taken) run with no await between them, so an add is
+        either counted before it or refused after it."""
+        meta = self._table.ledger(ledger_id)
+        if meta.replica_adds != replica_adds:
+            return False
+        await self._transitions.delete(ledger_id, None)
+        return True
+
     # --- state -----------------------------------------------------------------------------
 
     def set_read_only(

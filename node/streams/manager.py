@@ -301,6 +301,7 @@ class StreamManager:
             return
         info.entries, info.size_bytes = meta.last_entry_id + 1, meta.payload_bytes
         info.closed_ms = info.closed_ms or meta.closed_ms
+        info.closing = False
 
     async def _refresh(self, info: LedgerInfo) -> None:
         """Counts of the ledger taking appends, from the storage (the record lags them)."""
@@ -555,7 +556,7 @@ class StreamManager:
             fresh = LedgerInfo(meta.ledger_id, created_ms=now)
             written = [dataclasses.replace(info) for info in stream.ledgers]
             if old is not None:
-                written[-1].closed_ms = now
+                written[-1].closed_ms, written[-1].closing = now, True
             record = dataclasses.replace(stream, ledgers=[*written, fresh])
             try:
                 await self._storage.write_records({record.key(): record.encode()})
@@ -564,7 +565,7 @@ class StreamManager:
                     await self._storage.delete_ledger(meta.ledger_id)
                 raise
             if old is not None:
-                old.closed_ms = now
+                old.closed_ms, old.closing = now, True
             stream.ledgers = [*stream.ledgers, fresh]
         if old is not None:
             self._crash.hit("stream.rollover.after_record")  # the old ledger closes after this
@@ -577,12 +578,17 @@ class StreamManager:
 
     async def _seal(self, stream: Stream, old: LedgerInfo | None) -> None:
         """Close the replaced ledger once the adds in flight on it settled, so that its final
-        counts are theirs, and write them into the stream record."""
+        counts are theirs, and write them into the stream record; with it, any earlier one
+        whose close failed (the metadata store down for a moment)."""
         if old is None:
             return
         flight = self._in_flight.get(old.ledger_id)
         if flight is not None:
             await flight.settled.wait()
+        for info in stream.ledgers[:-1]:
+            if info.closing and info is not old:
+                with contextlib.suppress(StorageError):
+                    await self._close_ledger(info)
         await self._close_ledger(old)
         await self._save(stream)
 
@@ -736,47 +742,43 @@ class StreamManager:
     async def record_offload(self, name: str, ledger_id: int, offload: OffloadInfo) -> None:
         """Write a replicated stream's ledger's offload record (in the stream record).
         LedgerNotFound when the ledger left the stream (retention, deletion)."""
-        stream = self.stream(name)
-        async with self._writing.setdefault(name, asyncio.Lock()):
-            if self._streams.get(name) is not stream:
-                raise LedgerNotFound(f"stream {name} was deleted")
-            index = self._index_of_kept(stream, ledger_id)
-            written = list(stream.ledgers)
-            written[index] = dataclasses.replace(written[index], offload=offload)
-            record = dataclasses.replace(stream, ledgers=written)
-            await self._storage.write_records({record.key(): record.encode()})
-            stream.ledgers[index].offload = offload
+        await self._write_offload(name, ledger_id, offload, {})
 
     async def drop_replicas(self, name: str, ledger_id: int) -> None:
         """After an offload's deletion lag: the stream reads the ledger from the object
         store from now on, and its replicated ledger is deleted (each node reclaims its
         replica). The record says so first, with a ``doomed`` record, so that a crash before
         the deletion leaves it for the next start to finish, not forgotten."""
-        stream = self.stream(name)
-        async with self._writing.setdefault(name, asyncio.Lock()):
-            if self._streams.get(name) is not stream:
-                raise LedgerNotFound(f"stream {name} was deleted")
-            index = self._index_of_kept(stream, ledger_id)
-            offload = stream.ledgers[index].offload
-            if offload is None or not offload.offloaded:
-                raise LedgerNotFound(f"ledger {ledger_id} is not offloaded")
-            dropped = dataclasses.replace(offload, local_deleted=True)
-            written = list(stream.ledgers)
-            written[index] = dataclasses.replace(written[index], offload=dropped)
-            record = dataclasses.replace(stream, ledgers=written)
-            await self._storage.write_records(
-                {record.key(): record.encode(), doomed_key(ledger_id): encode_doomed(name)}
-            )
-            stream.ledgers[index].offload = dropped
+        offload = self.stream(name).ledgers[self._index_of_kept(name, ledger_id)].offload
+        if offload is None or not offload.offloaded:
+            raise LedgerNotFound(f"ledger {ledger_id} is not offloaded")
+        dropped = dataclasses.replace(offload, local_deleted=True)
+        doomed: dict[bytes, bytes | None] = {doomed_key(ledger_id): encode_doomed(name)}
+        await self._write_offload(name, ledger_id, dropped, doomed)
         with contextlib.suppress(LedgerNotFound):
             await self._storage.delete_ledger(ledger_id)
         await self._storage.write_records({doomed_key(ledger_id): None})
 
-    def _index_of_kept(self, stream: Stream, ledger_id: int) -> int:
-        for i, info in enumerate(stream.ledgers):
+    async def _write_offload(
+        self, name: str, ledger_id: int, offload: OffloadInfo, more: dict[bytes, bytes | None]
+    ) -> None:
+        stream = self.stream(name)
+        async with self._writing.setdefault(name, asyncio.Lock()):
+            if self._streams.get(name) is not stream:
+                raise LedgerNotFound(f"stream {name} was deleted")
+            index = self._index_of_kept(name, ledger_id)
+            written = list(stream.ledgers)
+            written[index] = dataclasses.replace(written[index], offload=offload)
+            record = dataclasses.replace(stream, ledgers=written)
+            await self._storage.write_records({record.key(): record.encode(), **more})
+            stream.ledgers[index].offload = offload
+
+    def _index_of_kept(self, name: str, ledger_id: int) -> int:
+        """Where the ledger is in the stream; LedgerNotFound once a trim dropped it."""
+        for i, info in enumerate(self.stream(name).ledgers):
             if info.ledger_id == ledger_id:
                 return i
-        raise LedgerNotFound(f"ledger {ledger_id} is no longer part of stream {stream.name}")
+        raise LedgerNotFound(f"ledger {ledger_id} is no longer part of stream {name}")
 
     def _wake(self, name: str) -> None:
         event = self._arrivals.get(name)

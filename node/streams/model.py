@@ -16,7 +16,9 @@ ledger it must finish deleting from one that no stream names for another reason 
 keeps: it may hold acknowledged data).
 
 ``ledgers`` lists the stream's ledgers oldest first, each ``{"id", "entries", "bytes",
-"created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed. A
+"created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed
+(``"closing": true`` while a rollover's close of it is not confirmed: its counts may be short
+until then). A
 replicated stream's ledger also carries its offload record once an offload began (a node's own
 ledger keeps it in the ledger's metadata instead): ``"offload": {"state": "in_progress" |
 "offloaded", "attempt", "bytes", "at", "replicasDeleted"}`` (Pulsar's OffloadContext:
@@ -106,6 +108,9 @@ class LedgerInfo:
     created_ms: int = 0
     closed_ms: int = 0  # 0 while it takes appends
     offload: OffloadInfo | None = None  # replicated streams only (see the module's docstring)
+    # Rolled over from, its close not confirmed yet: ``entries`` may lag what was acknowledged
+    # in it until the close (or a takeover's recovery) settles its end.
+    closing: bool = False
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -115,6 +120,8 @@ class LedgerInfo:
             "created": self.created_ms,
             "closed": self.closed_ms,
         }
+        if self.closing:
+            data["closing"] = True
         if self.offload is not None:
             data["offload"] = {
                 "state": OFFLOAD_STATES[self.offload.state],
@@ -132,7 +139,7 @@ class LedgerInfo:
 
         return LedgerMeta(
             self.ledger_id,
-            LedgerState.CLOSED if self.closed_ms else LedgerState.OPEN,
+            LedgerState.CLOSED if self.closed_ms and not self.closing else LedgerState.OPEN,
             lac=self.entries - 1,
             last_entry_id=self.entries - 1,
             entries=self.entries,
@@ -163,6 +170,7 @@ class LedgerInfo:
                 offload["at"],
                 offload["replicasDeleted"],
             ),
+            bool(data.get("closing", False)),
         )
 
 

@@ -211,14 +211,16 @@ class StreamRouter:
         """Fence and recover the ledgers whose end the record may not hold, and take their
         ends from the recovery; whether anything changed (the caller commits the record).
 
-        Those are the last ledger, when OPEN, and the one before it: a rollover writes the
-        record naming the new ledger first and closes the old one in the metadata store only
-        once its adds in flight settled, so an owner that dies between leaves the old ledger
-        OPEN there, with acknowledged entries past the count the record has. Rollovers are
-        one at a time per stream (the manager's rolling lock), so no earlier ledger can be
-        in that state. Recovering a CLOSED ledger only reads its metadata."""
+        Those are the last ledger, when OPEN, and every one the record says is ``closing``:
+        a rollover writes the record naming the new ledger first and closes the old one in
+        the metadata store only once its adds in flight settled, so an owner that dies
+        between (or whose close failed) leaves the old ledger OPEN there, with acknowledged
+        entries past the count the record has. The one before the last is recovered in any
+        case (records written before ``closing`` existed). Recovering a CLOSED ledger only
+        reads its metadata."""
         changed = False
-        for info in stream.ledgers[-2:]:
+        earlier = [info for info in stream.ledgers[:-2] if info.closing]
+        for info in [*earlier, *stream.ledgers[-2:]]:
             if info.offload is not None:
                 continue  # closed, with its count, before its offload began (maybe no replica left)
             try:
@@ -231,9 +233,10 @@ class StreamRouter:
                 changed = True
                 continue
             end = (meta["lastEntryId"] + 1, meta["length"])
-            if (info.entries, info.size_bytes) != end or not info.closed_ms:
+            if (info.entries, info.size_bytes) != end or not info.closed_ms or info.closing:
                 info.entries, info.size_bytes = end
                 info.closed_ms = info.closed_ms or int(time.time() * 1000)
+                info.closing = False
                 changed = True
             self._backend.remember_closed(info.ledger_id, meta["lastEntryId"], meta["length"])
         return changed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import Awaitable
 
 import pytest
 
@@ -51,13 +52,24 @@ def test_a_marker_of_another_version_or_shape_is_refused(raw: bytes) -> None:
 
 @pytest.mark.parametrize("kind", ["etcd", "memory"])
 async def test_totals_add_up_under_concurrent_workers(etcd: EtcdServer, kind: str) -> None:
-    """Twenty increments at once (on etcd they interleave: CAS conflicts and retries); none
-    is lost. ``put`` creates, then replaces."""
+    """Twenty swaps at once, each of its own key and each counted in the totals in the same
+    commit (on etcd they interleave: conflicts on the totals and retries); none is lost. A
+    swap of a key already changed counts nothing. ``put`` creates, then replaces."""
     store: MetadataStore = (
         EtcdStore(etcd.url(f"t-{uuid.uuid4().hex[:12]}")) if kind == "etcd" else MemoryStore()
     )
     try:
-        await asyncio.gather(*(markers.add_totals(store, 1, 10, 100) for _ in range(20)))
+        for n in range(20):
+            await store.create(f"k/{n}", b"old")
+
+        def swap(n: int) -> Awaitable[bytes]:
+            return markers.swap_counted(
+                store, f"k/{n}", lambda v: v == b"old", lambda _v: b"new", Totals(1, 10, 100)
+            )
+
+        assert await asyncio.gather(*(swap(n) for n in range(20))) == [b"new"] * 20
+        assert await markers.read_totals(store) == Totals(20, 200, 2000)
+        assert await swap(0) == b"new"  # already swapped: not counted again
         assert await markers.read_totals(store) == Totals(20, 200, 2000)
         await markers.put(store, markers.AUDITOR_KEY, b"a")
         await markers.put(store, markers.AUDITOR_KEY, b"b")

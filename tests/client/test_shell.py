@@ -468,3 +468,15 @@ def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: A
         assert read.stdout == "0\tsurvives a restart\n", read.stderr
     finally:
         assert _interrupt(proc) == 0
+
+
+def test_the_auditor_says_which_unregistered_nodes_are_not_lost_yet(metadata: str) -> None:
+    """n2 has a cookie and no registration: within the delay the audit marks nothing for it,
+    and its text says so, with when n2 counts as lost; with no delay it is lost at once."""
+    url = ("--metadata-url", metadata)
+    text = shell("auditor", "--once", *url)
+    assert text.returncode == 0, text.stderr
+    assert "lost: -" in text.stdout
+    assert "unregistered, not counted lost yet: n2 (lost at " in text.stdout, text.stdout
+    text = shell("auditor", "--once", "--lost-node-delay", "0", *url)
+    assert "lost: n2;" in text.stdout and "not counted lost yet" not in text.stdout, text.stdout

@@ -631,3 +631,23 @@ async def test_an_owner_that_owns_the_stream_no_more(setup: Setup, aiohttp_serve
     assert body["message"] == "no" and response.headers["X-Request-Id"] == "rid-7"
     assert client.app[SEEN][-1] == "/api/v1/streams/orders/entries"  # no move
     assert _count(client, "unknown") == _count(client, "unreachable") == 0
+
+
+async def test_an_owner_that_is_down_is_asked_again_by_a_caller_that_remembers(
+    setup: Setup, aiohttp_server: Any
+) -> None:
+    """A refused connection (the remembered owner stopped) sent nothing: with raise_moved,
+    OwnerMoved, and the caller asks again, an append too (it reaches the next owner once);
+    counted unreachable."""
+    client, _ = setup
+    down = f"http://127.0.0.1:{free_port()}"
+    client.app[OWNER_URL][0] = down
+    second = Owner()
+    client.app[OWNER_URL].append(str((await aiohttp_server(second.app)).make_url("")).rstrip("/"))
+    octet = {"Content-Type": "application/octet-stream"}
+    response = await client.post("/api/v1/streams/orders/entries", data=b"one", headers=octet)
+    assert response.status == 207, await response.text()
+    assert bytes.fromhex((await response.json())["body"]) == b"one"
+    assert client.app[SEEN][-1] == f"moved from {down}"
+    assert second.bodies_read == 1
+    assert (_count(client, "unreachable"), _count(client, "unknown")) == (1, 0)

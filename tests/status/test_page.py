@@ -636,6 +636,7 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         for name in (
             *("nodeId", "zone", "url", "clusterId", "instanceId", "replicatedLedgers"),
             *("streamsOwned", "streamTakeovers", "streamRequestsForwarded"),
+            *("gcReclaimed", "gcOverreplicatedReclaimed", "gcSkipped"),
         ):
             shown = _field(page, f'[data-field="replication.{name}"]')
             assert shown == summary[name], (name, shown, summary)

@@ -14,12 +14,15 @@ seconds of a loss."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
+from node.client import Client
 from node.jepsen.checker import Verdict
 from node.jepsen.history import Op, merge
 from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
@@ -544,3 +547,100 @@ async def test_offload_across_takeovers_drops_replicas_reads_on_and_deletes_obje
         return not await leftovers(c, STREAM, every)
 
     await until_true(nothing_left, "the deleted stream's keys and replicas gone", GONE_TIMEOUT_S)
+
+
+async def test_offload_races_reads_and_deletions(make_cluster: MakeCluster, tmp_path: Path) -> None:
+    """Offload runs (no deletion lag: replicas dropped within the run) fired together with
+    what touches the same ledgers: a cursor reading the stream through another node (a read
+    may begin on the replicas and find them gone), and the stream's deletion (an upload in
+    flight whose ledger goes). Reads stay clean; each deleted stream leaves no object, no key
+    and no replica behind, whichever finished first."""
+    shared = tmp_path / "objects"
+    env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(shared)}
+    c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
+    owner_url, reader = c.url("n0"), c.url("n1")
+    delays_s = [0.0, 0.01, 0.03, 0.06]  # the deletion fired this long after the run
+    names = [f"race-{n}" for n in range(len(delays_s))]
+    histories = {}
+    for name in names:
+        await create(c, "n0", name, **ROLLOVER, **OFFLOAD_NOW)
+        async with StreamWorkload([owner_url], name, writers=2, batch_max=3) as load:
+            load.start(operations=20)
+            await load.join()
+        assert load.acked == 40, load.outcomes
+        histories[name] = load.history()
+
+    run = call("POST", f"{owner_url}/api/v1/offload/run", {"stream": names[0]})
+    (status, body), read = await asyncio.gather(run, read_back(reader, names[0]))
+    assert status == 200 and body["offloaded"] and not body["failed"], body
+    clean(histories[names[0]], read)
+    clean(histories[names[0]], await read_back(reader, names[0], cursor="after"))
+
+    every: set[int] = set()
+    for n, name in enumerate(names):
+        every |= {info["id"] for info in await stream_ledgers(c, name)}
+
+        async def delete_later(name: str = name, delay_s: float = delays_s[n]) -> tuple[int, Any]:
+            await asyncio.sleep(delay_s)
+            return await call("DELETE", f"{reader}/api/v1/streams/{name}")
+
+        run = call("POST", f"{owner_url}/api/v1/offload/run", {"stream": name})
+        (status, body), (deleted, why) = await asyncio.gather(run, delete_later())
+        assert deleted == 204, why
+        # The run either finished first, or found the stream gone (404) or its ledgers gone.
+        assert status in (200, 404) and not (status == 200 and body["failed"]), body
+
+    async def nothing_left() -> bool:
+        left = [key for name in names for key in await leftovers(c, name, every)]
+        return not left and not await stored_objects(shared)
+
+    await until_true(nothing_left, "the deleted streams' objects, keys and replicas gone", 60)
+
+
+async def test_a_takeover_settles_every_ledger_whose_close_was_not_confirmed(
+    stream_cluster: LocalCluster,
+) -> None:
+    """An owner whose rollover's close failed (etcd away for a moment), then rolled over
+    again and died, leaves a record whose third-to-last ledger is still OPEN in etcd and
+    holds more acknowledged entries than the record counts (``closing``). The next owner
+    fences and recovers it too, so that a reader sees every entry in it."""
+    c = stream_cluster
+    name = "unsealed"
+    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
+    assert status == 201, body
+    client = Client(c.metadata_url)
+    try:
+        props = {"stream": name}
+        first = await client.create_ledger(3, 3, 2, props)
+        for n in range(5):
+            await first.add(f"first {n}".encode())  # acknowledged; the record counts two
+        second = await client.create_ledger(3, 3, 2, props)
+        for n in range(2):
+            await second.add(f"second {n}".encode())
+        await second.close()
+        last = await client.create_ledger(3, 3, 2, props)
+        await last.add(b"last 0")
+        await asyncio.to_thread(c.terminate, "n0")  # its lease revoked; it writes nothing more
+        record = await stream_record(c, name)
+        now = int(time.time() * 1000)
+        record["ledgers"] = [
+            {"id": first.id, "entries": 2, "bytes": 14, "created": now, "closed": now,
+             "closing": True},
+            {"id": second.id, "entries": 2, "bytes": 16, "created": now, "closed": now},
+            {"id": last.id, "entries": 0, "bytes": 0, "created": now, "closed": 0},
+        ]  # fmt: skip
+        key = f"streams/{name}"
+        found = await client.store.get(key)
+        assert found is not None
+        await client.store.cas(key, json.dumps(record).encode(), found.revision)
+    finally:
+        await client.close()
+    read = await read_back(c.url("n1"), name)  # n1 takes the stream over
+    assert [payload for _position, payload in read] == [
+        *(f"first {n}".encode() for n in range(5)),
+        b"second 0",
+        b"second 1",
+        b"last 0",
+    ]
+    settled = await stream_ledgers(c, name)
+    assert settled[0]["entries"] == 5 and "closing" not in settled[0], settled
