@@ -6,19 +6,35 @@ from aiohttp import web
 
 from node.http import models
 from node.http.errors import ApiError
+from node.http.forward import FORWARDER, forwarded
 from node.http.jsonreply import json_response
 from node.http.state import WORK
+from node.http.streams import STREAM_ROUTER, owner_url
 
 routes = web.RouteTableDef()
 
 
 @routes.post("/api/v1/offload/run")
-async def run_offload(request: web.Request) -> web.Response:
+async def run_offload(request: web.Request) -> web.StreamResponse:
     dry_run = request.query.get("dryRun", "false").lower()
     if dry_run not in ("true", "false"):
         raise ApiError(400, "invalid_query", "dryRun is true or false")
     body = models.OFFLOAD_RUN.parse(await request.read())
     stream, ledgers = body.get("stream"), body.get("ledgers")
+    if stream is not None:
+        # A replicated stream is offloaded by its owner only (its offload records are
+        # guarded by the ownership): a run naming one that another node owns goes there.
+        url = await owner_url(request.app, stream)
+        if url is not None:
+            if forwarded(request):
+                raise ApiError(
+                    503,
+                    "not_owner",
+                    f"stream {stream[:100]!r} moved again while the request was forwarded "
+                    f"(to {url}): retry",
+                )
+            request.app[STREAM_ROUTER].forwarded += 1
+            return await request.app[FORWARDER].forward(request, url)
     result = await request.app[WORK].offload.run(dry_run == "true", stream, ledgers)
     return json_response(result.to_json(dry_run == "true"))
 

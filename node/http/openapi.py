@@ -773,7 +773,8 @@ def _offload_paths() -> dict[str, Any]:
         "/api/v1/offload/run": {
             "post": {
                 "summary": "Offload eligible ledgers now (a stream's by its policies, or the "
-                "ledgers named), then drop local copies past their deletion lag",
+                "ledgers named), then drop local copies past their deletion lag; a replicated "
+                "stream named here that another node owns: forwarded to its owner",
                 "parameters": [
                     {
                         "name": "dryRun",
@@ -785,7 +786,7 @@ def _offload_paths() -> dict[str, Any]:
                 "requestBody": _body("OffloadRun", required=False),
                 "responses": {
                     "200": _json(run_result, "Offloaded, skipped and failed ledgers"),
-                    **_errors(400, 401, 403, 404),
+                    **_errors(400, 401, 403, 404, 503),
                 },
             }
         },

@@ -130,6 +130,11 @@ async def test_offload_and_retention_dags_act_on_each_owners_replicated_streams(
     await wait_owner(c, "orphaned", {None})  # its lease ran out: nobody owns it now
 
     # --- offload ---------------------------------------------------------------------------
+    # A run naming a stream, sent to a node that does not own it, is the owner's (a dry run).
+    status, reply = await call(
+        "POST", f"{c.url('n2')}/api/v1/offload/run?dryRun=true", {"stream": "trimmed"}
+    )
+    assert status == 200 and set(reply["offloaded"]) == closed["trimmed"], (status, reply)
     offload = await asyncio.to_thread(run_dag, airflow, "storage_node_offload", urls)
     results = by_node(offload, "run_offload")
     assert sorted(results) == urls  # discovery visited every node
