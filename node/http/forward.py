@@ -27,8 +27,8 @@ or, for any request but an append, a connection that broke or stayed silent befo
 of the answer -> 503 ``owner_unreachable`` (retryable: the owner's lease runs out, another
 node takes the stream over). A refused connection to an owner the node remembered is asked
 about once more first (the stream routes): an owner that stopped cleanly revoked its lease,
-and the node asked takes the stream over at once. An append (``POST .../entries``) whose connection broke or
-timed out after it was sent may have been appended by the owner: 503
+and the node asked takes the stream over at once. An append (``POST .../entries``) whose
+connection broke or timed out after it was sent may have been appended by the owner: 503
 ``append_outcome_unknown``, never "failed" (a retry may append it twice). A break in the
 middle of the answer's body aborts the client's connection: the client sees a truncated
 answer, never a complete-looking wrong one.
