@@ -6,10 +6,10 @@ from aiohttp import web
 
 from node.http import models
 from node.http.errors import ApiError
-from node.http.forward import FORWARDER, forwarded
+from node.http.forward import FORWARDER
 from node.http.jsonreply import json_response
 from node.http.state import WORK
-from node.http.streams import STREAM_ROUTER, owner_url
+from node.http.streams import STREAM_ROUTER, not_twice, owner_url
 
 routes = web.RouteTableDef()
 
@@ -26,13 +26,7 @@ async def run_offload(request: web.Request) -> web.StreamResponse:
         # guarded by the ownership): a run naming one that another node owns goes there.
         url = await owner_url(request.app, stream)
         if url is not None:
-            if forwarded(request):
-                raise ApiError(
-                    503,
-                    "not_owner",
-                    f"stream {stream[:100]!r} moved again while the request was forwarded "
-                    f"(to {url}): retry",
-                )
+            not_twice(request, stream, url)
             request.app[STREAM_ROUTER].forwarded += 1
             return await request.app[FORWARDER].forward(request, url)
     result = await request.app[WORK].offload.run(dry_run == "true", stream, ledgers)

@@ -59,12 +59,13 @@ async def owner_url(app: web.Application, name: str, *, create: bool = False) ->
     return await router.route(name, create=create)
 
 
-def _not_twice(request: web.Request, url: str) -> None:
+def not_twice(request: web.Request, stream: str, url: str) -> None:
+    """One hop: a request forwarded here that this node would send on is refused."""
     if forwarded(request):
         raise ApiError(
             503,
             "not_owner",
-            f"stream {_name(request)[:100]!r} moved again while the request was forwarded "
+            f"stream {stream[:100]!r} moved again while the request was forwarded "
             f"(to {url}): retry",
         )
 
@@ -79,7 +80,7 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             url = await owner_url(request.app, _name(request), create=create)
             if url is None:
                 return await handler(request)
-            _not_twice(request, url)
+            not_twice(request, _name(request), url)
             router, name = request.app[STREAM_ROUTER], _name(request)
             router.forwarded += 1
             try:
