@@ -20,6 +20,30 @@ from tests.harness.moto import MotoServer, aws_variables
 from tests.harness.node import reap_nodes  # noqa: F401 (an autouse fixture, for every test)
 from tests.harness.settings import make_settings
 
+# The longest files (by --durations), longest first: `make test` hands whole files to two
+# workers in collection order, and a long file collected late can run alone at the end
+# while the other worker idles; longest first keeps both busy to the end.
+LONGEST_FILES = (
+    "tests/crash/test_crash_blockdev.py",
+    "tests/streams/test_replicated_faults.py",
+    "tests/streams/test_replicated_streams.py",
+    "tests/airflow/test_autorecovery_run.py",
+    "tests/airflow/test_audit_replicas.py",
+    "tests/airflow/test_runs.py",
+    "tests/audit/test_audit.py",
+    "tests/airflow/test_local.py",
+    "tests/crash/test_crash.py",
+    "tests/autorecovery/test_orphans.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FILES.index(path) if path in LONGEST_FILES else len(LONGEST_FILES)
+
+    items.sort(key=rank)  # stable: every file keeps its own order
+
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
