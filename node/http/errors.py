@@ -150,9 +150,11 @@ STATUSES: dict[int, Status] = {
         "(owner_unreachable), that moved to another node (not_owner), an append whose "
         "ledger a takeover fenced or whose owner went silent (append_outcome_unknown: it may "
         "or may not be in the stream), fewer writable nodes than its ensemble "
-        "(not_enough_nodes); see Retry-After",
+        "(not_enough_nodes), a takeover whose recovery of the stream's last ledgers too few "
+        "replicas answered (recovery_failed); see Retry-After",
         (
             stream_errors.NotOwner,
+            stream_errors.RecoveryFailed,
             stream_errors.AppendOutcomeUnknown,
             stream_errors.MetadataUnavailable,
             stream_errors.NotEnoughNodes,

@@ -146,6 +146,13 @@ class NotEnoughNodes(StorageError):
     code = "not_enough_nodes"
 
 
+class RecoveryFailed(StorageError):
+    """A takeover could not settle the end of the stream's last ledgers (too few of their
+    replicas answered): nothing changed, the next request tries again."""
+
+    code = "recovery_failed"
+
+
 @dataclass(slots=True)
 class Backlog:
     entries: int
@@ -441,9 +448,13 @@ class StreamManager:
                 # the next attempt rolls over to a new ledger rather than landing here again.
                 async with self._rolling.setdefault(name, asyncio.Lock()):
                     if not info.closed_ms:
+                        # No append lands here again; the stream moves past it only once
+                        # its end is confirmed (_settle_closing): an add whose outcome was
+                        # unknown may still be in it, and readers must never see entries
+                        # after it before they can see it.
+                        info.closed_ms, info.closing = self._clock.now_ms(), True
                         with contextlib.suppress(StorageError):
                             await self._close_ledger(info)
-                        info.closed_ms = info.closed_ms or self._clock.now_ms()
                 continue
             except LedgerNotFound:
                 if self._streams.get(name) is not stream:
@@ -487,9 +498,13 @@ class StreamManager:
 
     def _reserve_now(self, stream: Stream, count: int, size: int) -> LedgerInfo | None:
         """Room for the append in the ledger taking appends, reserved (no await: nothing
-        else reserves between the check and the reservation); None: it must roll first."""
+        else reserves between the check and the reservation); None: it must roll first, or
+        the ledger before it is still closing (its rollover's close is under way or failed:
+        see _settle_closing)."""
         current = stream.ledgers[-1] if stream.ledgers else None
         if current is None or not self._has_room(stream, current, count, size):
+            return None
+        if len(stream.ledgers) > 1 and stream.ledgers[-2].closing:
             return None
         return self._reserve(current, count, size)
 
@@ -499,6 +514,7 @@ class StreamManager:
         if info is not None:
             return info
         async with self._rolling.setdefault(stream.name, asyncio.Lock()):
+            await self._settle_closing(stream)
             info = self._reserve_now(stream, count, size)  # another append rolled meanwhile
             if info is not None:
                 return info
@@ -577,20 +593,34 @@ class StreamManager:
         return fresh, old
 
     async def _seal(self, stream: Stream, old: LedgerInfo | None) -> None:
-        """Close the replaced ledger once the adds in flight on it settled, so that its final
-        counts are theirs, and write them into the stream record; with it, any earlier one
-        whose close failed (the metadata store down for a moment)."""
-        if old is None:
-            return
-        flight = self._in_flight.get(old.ledger_id)
-        if flight is not None:
-            await flight.settled.wait()
-        for info in stream.ledgers[:-1]:
-            if info.closing and info is not old:
-                with contextlib.suppress(StorageError):
-                    await self._close_ledger(info)
-        await self._close_ledger(old)
-        await self._save(stream)
+        """Close the ledger a rollover replaced (``closing`` since the record named the new
+        one) and write its final counts into the stream record."""
+        if old is not None:
+            await self._settle_closing(stream)
+
+    async def _settle_closing(self, stream: Stream) -> None:
+        """Close every ``closing`` ledger of the stream once the adds in flight on it
+        settled, so that its final counts are theirs, and write them into the stream record.
+        Called under the stream's rolling lock before anything reaches a later ledger: an
+        add of a closing ledger may have an unknown outcome, and its fate is only fixed by
+        the close (the writer's end, or a recovery's). Were appends to go on past it, a
+        client that read the stream without its unknown append and appended it again
+        would see it twice once the close (or a takeover's recovery) kept the first one,
+        behind positions readers had consumed. A close that fails (the metadata store down)
+        fails the append that needed it; nothing of that append was sent."""
+        closing = [info for info in stream.ledgers if info.closing]
+        for info in closing:
+            flight = self._in_flight.get(info.ledger_id)
+            if flight is not None:
+                await flight.settled.wait()
+            await self._close_ledger(info)
+        if closing:
+            await self._save(stream)
+
+    async def save(self, name: str) -> None:
+        """Write the stream's record as it is now (a takeover that recovered its ledgers'
+        ends but could not open a new ledger)."""
+        await self._save(self.stream(name))
 
     async def _save(self, stream: Stream) -> None:
         """Write the stream record as it is now, unless the stream was deleted."""

@@ -171,7 +171,12 @@ class ReplicatedBackend:
         return closed
 
     def remember_closed(self, ledger_id: int, last_entry_id: int, length: int) -> None:
-        """A ledger a takeover recovered: its end, as the metadata store holds it."""
+        """A ledger closed here or recovered (by a takeover, or after an add whose outcome
+        the writer lost): its end, as the metadata store holds it. Its writer, if this node
+        had one, goes: the writer's LAC stops short of entries the recovery kept, and
+        readers must see those at once (an append settled by the recovered end is
+        acknowledged)."""
+        self._forget(ledger_id)
         self._closed[ledger_id] = LedgerMeta(
             ledger_id,
             LedgerState.CLOSED,
@@ -263,7 +268,6 @@ class ReplicatedBackend:
             return await self._recovered_end(ledger_id)
         except MetadataError as error:
             raise _metadata_error(error) from error
-        self._forget(ledger_id)
         self.remember_closed(ledger_id, meta.last_entry_id, meta.length)
         return self._closed[ledger_id]
 

@@ -32,12 +32,26 @@ import weakref
 from collections.abc import Callable
 
 from node.client import Client
-from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKey, NoSuchLedger
+from node.client.errors import (
+    CasConflict,
+    ClientError,
+    MetadataError,
+    NoSuchKey,
+    NoSuchLedger,
+)
+from node.client.errors import RecoveryFailed as ClientRecoveryFailed
 from node.client.metadata.store import MetadataStore
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
-from node.streams.manager import MetadataUnavailable, NotOwner, StreamManager, StreamNotFound
+from node.streams.manager import (
+    MetadataUnavailable,
+    NotOwner,
+    RecoveryFailed,
+    StreamManager,
+    StreamNotFound,
+)
+from node.streams.manager import NotEnoughNodes as StreamNotEnoughNodes
 from node.streams.model import NAME, Cursor, Replication, Stream, cursor_key, doomed_objects
 from node.streams.ownership import OWNERS_PREFIX, Ownership
 from node.streams.replicated import (
@@ -195,7 +209,7 @@ class StreamRouter:
             settled = await self._settle_ends(stream)
             self._manager.adopt(stream, cursors)
             if settled:
-                await self._manager.open_ledger(name)  # commits the recovered ends with it
+                await self._open_or_read_only(stream)
         except BaseException:
             if not creating:
                 self._manager.drop(name)
@@ -206,6 +220,20 @@ class StreamRouter:
         self.on_takeover()
         log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
         return None
+
+    async def _open_or_read_only(self, stream: Stream) -> None:
+        """Open the stream's next ledger, committing the recovered ends with it. Too few
+        writable nodes for a new ensemble does not keep the stream from its readers: the
+        recovery needed only the nodes that are there, so the recovered ends are committed
+        alone and the stream is served read-only. Its last ledger is closed, so the next
+        append opens a new one (503 not_enough_nodes until the nodes come back); no add of
+        the old owner can land anywhere meanwhile: its ledgers are fenced and closed."""
+        try:
+            await self._manager.open_ledger(stream.name)
+        except StreamNotEnoughNodes as error:
+            await self._manager.save(stream.name)
+            log.warning("stream %s taken over read-only: %s; appends open its next ledger "
+                        "once enough nodes are writable", stream.name, error)  # fmt: skip
 
     async def _settle_ends(self, stream: Stream) -> bool:
         """Fence and recover the ledgers whose end the record may not hold, and take their
@@ -225,6 +253,8 @@ class StreamRouter:
                 continue  # closed, with its count, before its offload began (maybe no replica left)
             try:
                 meta = await self._client.recover_ledger(info.ledger_id)
+            except ClientRecoveryFailed as error:
+                raise RecoveryFailed(f"stream {stream.name}: {error}") from None
             except NoSuchLedger:
                 if info.entries or info is not stream.ledgers[-1]:
                     raise
