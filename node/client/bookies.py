@@ -23,10 +23,12 @@ from node.client.protocol import (
     EXPECT_NODE_HEADER,
     LAC_HEADER,
     LAC_LENGTH_HEADER,
+    NEXT_ENTRY_HEADER,
     OCTET_CONTENT_TYPE,
     RANGE_CONTENT_TYPE,
     RECOVERY_ADD_HEADER,
     REPLICATED_HEADER,
+    decode_range,
     encode_batch,
     encode_range,
     replication_header,
@@ -58,6 +60,15 @@ Replication = tuple[int, int, int]
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class RangeAnswer:
+    """A node's answer to a range read: the entries it holds in the range asked, ascending,
+    and where to read on when its byte budget cut the reply (None: the range is complete)."""
+
+    entries: list[tuple[int, bytes]]
+    next_entry_id: int | None
+
+
 class Transport(Protocol):
     async def add(
         self,
@@ -79,6 +90,10 @@ class Transport(Protocol):
     async def read_entry(
         self, node_id: str, ledger_id: int, entry_id: int, *, fence: bool
     ) -> bytes: ...
+
+    async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
+        """The entries of [first, last] the node holds, ascending (a replica of a striped
+        ledger holds only its stripe, one that missed adds has gaps), never fencing."""
 
     async def close(self) -> None: ...
 
@@ -204,6 +219,16 @@ class BookieClient:
             "GET", node_id, f"/api/v1/ledgers/{ledger_id}/entries/{entry_id}{query}", headers={}
         )
         return raw
+
+    async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
+        path = f"/api/v1/ledgers/{ledger_id}/entries?from={first}&to={last}"
+        raw, headers = await self._request("GET", node_id, path, headers={})
+        try:
+            entries = list(decode_range(raw))
+            cut = headers.get(NEXT_ENTRY_HEADER)
+            return RangeAnswer(entries, None if cut is None else int(cut))
+        except ValueError as error:
+            raise ReplicaError(node_id, "bad_answer", 200, str(error)) from None
 
     async def close(self) -> None:
         if self._session is not None:

@@ -57,8 +57,11 @@ DEFAULT_RECOVERY_TIMEOUT_S = 15.0
 DEFAULT_RECOVERY_READ_WINDOW = 64
 # Ensemble changes one writer may make before it gives the ledger up.
 DEFAULT_MAX_ENSEMBLE_CHANGES = 50
-# Entries a reader has in flight ahead of the one it yields.
-DEFAULT_READ_WINDOW = 32
+# Entries a reader asks one replica for in one range request (the node's
+# max_read_reply_bytes cuts a reply of large entries; the reader reads on from the cut).
+DEFAULT_READ_RANGE_ENTRIES = 1024
+# Ranges a reader has in flight: the next one is on its way while the caller takes one.
+DEFAULT_READ_AHEAD_RANGES = 2
 # The largest payload an add accepts (the node's max_entry_size default): larger is AddFailed.
 DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024
 # Payload bytes in one replica add request (a node refuses bodies over its max_request_size).
@@ -89,7 +92,8 @@ class Client:
         recovery_timeout_s: float = DEFAULT_RECOVERY_TIMEOUT_S,
         recovery_read_window: int = DEFAULT_RECOVERY_READ_WINDOW,
         max_ensemble_changes: int = DEFAULT_MAX_ENSEMBLE_CHANGES,
-        read_window: int = DEFAULT_READ_WINDOW,
+        read_range_entries: int = DEFAULT_READ_RANGE_ENTRIES,
+        read_ahead_ranges: int = DEFAULT_READ_AHEAD_RANGES,
         max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_request_entries: int = DEFAULT_MAX_REQUEST_ENTRIES,
@@ -114,7 +118,8 @@ class Client:
         self.recovery_timeout_s = recovery_timeout_s
         self.recovery_read_window = recovery_read_window
         self.max_ensemble_changes = max_ensemble_changes
-        self.read_window = read_window
+        self.read_range_entries = read_range_entries
+        self.read_ahead_ranges = read_ahead_ranges
         self.max_entry_size = max_entry_size
         self.max_request_bytes = max_request_bytes
         self.max_request_entries = max_request_entries

@@ -14,6 +14,7 @@ X-Replicated      replica add         ``E/Qw/Qa``: marks the ledger replicated o
 X-Recovery-Add    replica add         ``1``: a recovery's re-add, accepted on a fenced ledger
 X-Expect-Node     any request         the node id the caller means; another node answers 421
 X-Node-Id         every reply         the id of the node that answered
+X-Next-Entry-Id   range read reply    the reply was cut (its byte budget): read on from here
 ================  ==================  =====================================================
 
 Query flags: ``?fence=1`` on a LAC read or an entry read fences the ledger (journaled) before
@@ -33,6 +34,7 @@ REPLICATED_HEADER = "X-Replicated"
 RECOVERY_ADD_HEADER = "X-Recovery-Add"
 EXPECT_NODE_HEADER = "X-Expect-Node"
 NODE_ID_HEADER = "X-Node-Id"
+NEXT_ENTRY_HEADER = "X-Next-Entry-Id"
 
 BATCH_CONTENT_TYPE = "application/x-entry-batch"  # len u32 | payload, consecutive ids
 RANGE_CONTENT_TYPE = "application/x-entry-range"  # entry id u64 | len u32 | payload

@@ -1,15 +1,17 @@
-"""Reading a replicated ledger (BookKeeper's ReadOnlyLedgerHandle, PendingReadOp): each entry
-from any replica of its write set, failing over on any error; "no such entry" from one replica is
-not final (another may hold it). An OPEN ledger is read up to its LAC only, unless asked: the LAC
-comes from a non-fencing LAC read over a coverage of the last segment's ensemble, so opening
-without recovery never disturbs the writer."""
+"""Reading a replicated ledger (BookKeeper's ReadOnlyLedgerHandle, PendingReadOp and batch
+reads): ranges from one replica (sticky) or each replica's stripe, and each entry no range
+answer carried from any replica of its write set, failing over on any error; "no such entry"
+from one replica is not final (another may hold it). An OPEN ledger is read up to its LAC
+only, unless asked: the LAC comes from a non-fencing LAC read over a coverage of the last
+segment's ensemble, so opening without recovery never disturbs the writer."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from node.client.bookies import LacAnswer, within
 from node.client.errors import ClientError, ReadFailed, ReplicaError
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
     from node.client.client import Client
 
 ABSENT_LAC = LacAnswer(lac=-1, lac_length=0, last_entry_id=-1, fenced=False)
+T = TypeVar("T")
+MAX_ENTRY_ID = 2**63 - 1  # entry ids are u63: no segment ends before it
 
 
 async def read_lac_coverage(
@@ -84,21 +88,21 @@ def replica_order(client: Client, nodes: Sequence[str], prefer: Sequence[str] = 
     return sorted(rotated, key=lambda n: n not in prefer)
 
 
-async def read_entry(
-    client: Client, meta: LedgerMetadata, entry_id: int, prefer: Sequence[str] = ()
-) -> bytes:
-    """``entry_id`` from the first replica of its write set that returns it: the next replica is
+async def first_answer(
+    client: Client, nodes: Sequence[str], ask: Callable[[str], Awaitable[T]]
+) -> tuple[str, T]:
+    """The first node of ``nodes`` whose ``ask`` succeeds, with its answer: the next node is
     asked when one fails, and also when one has not answered in ``speculative_read_s`` (the
-    first answer wins, a paused node costs that delay, not the read timeout)."""
-    nodes = iter(replica_order(client, meta.write_set(entry_id), prefer))
-    asking: dict[asyncio.Task[bytes], str] = {}
+    first answer wins: a paused node costs that delay, not the read timeout). ReadFailed,
+    naming every node's error, when none answers."""
+    remaining = iter(nodes)
+    asking: dict[asyncio.Task[T], str] = {}
     errors: list[str] = []
 
     def ask_next() -> None:
-        node = next(nodes, None)
+        node = next(remaining, None)
         if node is not None:
-            call = client.transport.read_entry(node, meta.ledger_id, entry_id, fence=False)
-            asking[client._spawn(within(node, call, client.read_timeout_s))] = node
+            asking[client._spawn(within(node, ask(node), client.read_timeout_s))] = node
 
     ask_next()
     try:
@@ -113,24 +117,51 @@ async def read_entry(
                 node = asking.pop(task)
                 error = task.exception()
                 if error is None:
-                    return task.result()
+                    return node, task.result()
                 errors.append(f"{node}: {getattr(error, 'code', repr(error))}")
                 ask_next()
     finally:
         for task in asking:
             task.cancel()
-    raise ReadFailed(f"ledger {meta.ledger_id} entry {entry_id}: no replica returned it ({errors})")
+    raise ReadFailed(f"no replica answered ({errors})")
+
+
+async def read_entry(
+    client: Client, meta: LedgerMetadata, entry_id: int, prefer: Sequence[str] = ()
+) -> bytes:
+    """``entry_id`` from the first replica of its write set that returns it (``first_answer``:
+    failing over on errors and on silence)."""
+
+    def ask(node: str) -> Awaitable[bytes]:
+        return client.transport.read_entry(node, meta.ledger_id, entry_id, fence=False)
+
+    nodes = replica_order(client, meta.write_set(entry_id), prefer)
+    try:
+        return (await first_answer(client, nodes, ask))[1]
+    except ReadFailed as error:
+        raise ReadFailed(f"ledger {meta.ledger_id} entry {entry_id}: {error}") from None
 
 
 class ReadHandle:
     """A ledger opened for reading: ``last_entry_id`` (the end of a CLOSED ledger, the LAC of an
-    OPEN one when opened), ``read(first, last)``, ``read_lac()``."""
+    OPEN one when opened), ``read(first, last)``, ``read_lac()``.
+
+    ``read`` goes by ranges (BookKeeper's batch reads, BP-62, with sticky reads): entries up
+    to the LAC are immutable on every replica that holds them, so one replica can answer a
+    whole range. With E = Qw every replica holds every entry: one range request to one
+    replica, the same one while it answers (sticky), the next one when it fails. With E > Qw
+    each replica holds its stripe: every replica of the segment is asked for the range and
+    the stripes merge in order. An entry no range answer carried (a replica that missed an
+    add, a reply cut by its byte budget and not read on, a failed replica) is read alone
+    from its write set (``read_entry``): an entry is never taken as absent because one
+    replica did not return it."""
 
     def __init__(self, client: Client, meta: LedgerMetadata, lac: int) -> None:
         self._client = client
         self.metadata = meta
         self.id = meta.ledger_id
         self._lac = lac
+        self._sticky: str | None = None  # the replica whose last range answer was whole
 
     @property
     def closed(self) -> bool:
@@ -173,21 +204,90 @@ class ReadHandle:
     async def read(
         self, first: int, last: int, *, past_lac: bool = False
     ) -> AsyncIterator[tuple[int, bytes]]:
-        """(entry_id, payload) for first..last in order; ``read_window`` entries in flight."""
+        """(entry_id, payload) for first..last in order, by ranges of ``read_range_entries``
+        (never across a segment's start), ``read_ahead_ranges`` of them in flight: the next
+        range is on its way while the caller takes the current one."""
         if last < first and last == first - 1:
             return  # an empty ledger read 0..-1
         self._check_range(first, last, past_lac)
-        window: deque[asyncio.Task[bytes]] = deque()
+        ahead: deque[asyncio.Task[list[tuple[int, bytes]]]] = deque()
         next_id = first
         try:
-            while next_id <= last or window:
-                while next_id <= last and len(window) < self._client.read_window:
-                    window.append(
-                        asyncio.ensure_future(read_entry(self._client, self.metadata, next_id))
-                    )
-                    next_id += 1
-                entry_id = next_id - len(window)
-                yield entry_id, await window.popleft()
+            while next_id <= last or ahead:
+                while next_id <= last and len(ahead) < self._client.read_ahead_ranges:
+                    end = min(last, next_id + self._client.read_range_entries - 1)
+                    end = min(end, self._segment_end(next_id))
+                    ahead.append(self._client._spawn(self._read_range(next_id, end)))
+                    next_id = end + 1
+                for entry in await ahead.popleft():
+                    yield entry
         finally:
-            for task in window:
+            for task in ahead:
                 task.cancel()
+
+    def _segment_end(self, entry_id: int) -> int:
+        """The last id of the segment holding ``entry_id`` (a range never spans two)."""
+        later = [s.first_entry_id for s in self.metadata.segments if s.first_entry_id > entry_id]
+        return min(later) - 1 if later else MAX_ENTRY_ID
+
+    async def _read_range(self, first: int, last: int) -> list[tuple[int, bytes]]:
+        meta = self.metadata
+        ensemble = meta.segment_of(first).ensemble
+        found: dict[int, bytes] = {}
+        if meta.ensemble_size == meta.write_quorum:
+            # No replica answering the range: each entry is asked for alone below.
+            with contextlib.suppress(ReadFailed):
+                self._sticky, found = await first_answer(
+                    self._client,
+                    self._replicas(ensemble),
+                    lambda node: self._range_on(node, first, last),
+                )
+        else:
+            timeout_s = self._client.read_timeout_s
+            stripes = await asyncio.gather(
+                *(within(node, self._range_on(node, first, last), timeout_s) for node in ensemble),
+                return_exceptions=True,
+            )
+            for stripe in stripes:
+                if isinstance(stripe, dict):
+                    found.update(stripe)
+                elif not isinstance(stripe, ReplicaError):
+                    raise stripe
+        entries = []
+        for entry_id in range(first, last + 1):
+            payload = found.get(entry_id)
+            if payload is None:
+                payload = await read_entry(self._client, meta, entry_id)
+            entries.append((entry_id, payload))
+        return entries
+
+    def _replicas(self, ensemble: Sequence[str]) -> list[str]:
+        """Who is asked for a range, in order: the sticky replica first while it is one of
+        ``ensemble`` (else a random one: spreads the readers of a ledger), then the ones
+        after it in the ensemble."""
+        if self._sticky in ensemble:
+            start = ensemble.index(self._sticky)
+        else:
+            start = self._client.rng.randrange(len(ensemble))
+        self._sticky = ensemble[start]  # ranges asked for meanwhile go to the same one
+        return [*ensemble[start:], *ensemble[:start]]  # failing over in one order, too
+
+    async def _range_on(self, node: str, first: int, last: int) -> dict[int, bytes]:
+        """What ``node`` holds of [first, last], reading on where its byte budget cut a
+        reply. ReplicaError when its first answer fails; a later failure keeps what came
+        (the rest is read entry by entry). The caller times the whole."""
+        found: dict[int, bytes] = {}
+        start = first
+        while start <= last:
+            try:
+                answer = await self._client.transport.read_range(node, self.id, start, last)
+            except ReplicaError:
+                if not found:
+                    raise
+                break
+            found.update((e, p) for e, p in answer.entries if start <= e <= last)
+            cut = answer.next_entry_id
+            if cut is None or cut <= start:
+                break
+            start = cut
+        return found

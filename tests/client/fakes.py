@@ -10,7 +10,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from node.client.bookies import LacAnswer, Replication
+from node.client.bookies import LacAnswer, RangeAnswer, Replication
 from node.client.errors import ReplicaError
 from node.client.metadata.memory import MemoryStore
 from node.client.model import NodeInfo, node_key
@@ -100,6 +100,22 @@ class FakeNode:
         if entry_id not in ledger.entries:
             raise self._fail(ENTRY_NOT_FOUND, 404)
         return ledger.entries[entry_id]
+
+    def read_range(self, ledger_id: int, first: int, last: int) -> RangeAnswer:
+        """As a node's replica range read: the ids it holds in [first, last]; an id whose
+        read fails cuts the reply there (read on from it: its error comes then)."""
+        ledger = self.ledgers.get(ledger_id)
+        if ledger is None:
+            raise self._fail(LEDGER_NOT_FOUND, 404)
+        held = sorted(e for e in ledger.entries if first <= e <= last)
+        entries = []
+        for entry_id in held:
+            if entry_id in self.read_errors:
+                if not entries:
+                    raise self._fail(IO_ERROR, 500)
+                return RangeAnswer(entries, entry_id)
+            entries.append((entry_id, ledger.entries[entry_id]))
+        return RangeAnswer(entries, None)
 
 
 # (client, node, kind: add|lac|read, direction: request|reply) -> hold here?
@@ -247,6 +263,16 @@ class FakeTransport:
             lambda n: n.read_entry(ledger_id, entry_id, fence),
         )
         assert isinstance(answer, bytes)
+        return answer
+
+    async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
+        answer = await self._call(
+            node_id,
+            "read",
+            {"entry_id": first, "last": last, "fence": False},
+            lambda n: n.read_range(ledger_id, first, last),
+        )
+        assert isinstance(answer, RangeAnswer)
         return answer
 
     async def close(self) -> None:
