@@ -10,12 +10,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from node.autorecovery import markers
-from node.autorecovery.worker import DONE, rereplicate
+from node.autorecovery.worker import DONE
 from node.client import AddOutcomeUnknown, Client
 from node.client.client import DEFAULT_RECOVERY_TIMEOUT_S
 from node.client.errors import LedgerClosedElsewhere, LedgerClosedError, ReplicaError
@@ -23,6 +22,7 @@ from node.client.metrics import ADDS_UNKNOWN
 from node.client.model import LedgerState, decode, encode, ledger_key
 from node.localcluster import LocalCluster
 from tests.client.realnodes import running_cluster
+from tests.client.rereplication import mark_lost, rereplicate_at
 
 NODES = 4
 # A shrunken recovery timeout, besides the default: the recovery must not scale with it.
@@ -123,19 +123,9 @@ async def test_a_swap_in_an_older_segment_during_recovery_survives_its_close(
     assert [s.first_entry_id for s in ledger.metadata.segments] == [0, 10]
     assert lost not in ledger.metadata.segments[1].ensemble
     async with Client(four_nodes.metadata_url) as recoverer:
-        marker = markers.Marker(ledger.id, {lost: markers.Reason.LOST}, int(time.time() * 1000))
-        await recoverer.store.create(markers.marker_key(ledger.id), marker.encode())
-        swaps: list[Any] = []
-
-        async def rereplicate_at_close(phase: str, info: dict[str, Any]) -> None:
-            if phase == "close":
-                swaps.append(
-                    await rereplicate(
-                        recoverer, ledger.id, worker_id="test", open_ledger_grace_s=0, lock_ttl_s=30
-                    )
-                )
-
-        closed = await recoverer.recover_ledger(ledger.id, on_phase=rereplicate_at_close)
+        await mark_lost(recoverer, ledger.id, lost, int(time.time() * 1000))
+        hook, swaps = rereplicate_at("close", recoverer, ledger.id)
+        closed = await recoverer.recover_ledger(ledger.id, on_phase=hook)
         assert [(r.outcome, r.fragments) for r in swaps] == [(DONE, 1)]
         stored = await recoverer.ledger_metadata(ledger.id)
         for metadata in (closed, stored):

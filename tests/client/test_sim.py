@@ -419,9 +419,9 @@ async def test_recovery_close_merges_its_segment_with_a_swap_of_an_older_one() -
     writer's ensemble change at 5; e6 past the replicas' LAC. The recovery replaces a node
     that is down for e6's re-add (its own segment from 6), and at its "close" phase the
     autorecovery worker swaps the lost node of segment 0: the closed metadata has both."""
-    from node.autorecovery import markers
-    from node.autorecovery.worker import DONE, rereplicate
+    from node.autorecovery.worker import DONE
     from node.client.model import node_key
+    from tests.client.rereplication import mark_lost, rereplicate_at
 
     s = await sim(5)
     writer = s.client("w")
@@ -441,20 +441,10 @@ async def test_recovery_close_merges_its_segment_with_a_swap_of_an_older_one() -
     assert second.first_entry_id == 5 and lost not in second.ensemble
     down = second.ensemble[1]
     s.net.nodes[down].down = True
-    marker = markers.Marker(ledger.id, {lost: markers.Reason.LOST}, 0)
-    await s.store.create(markers.marker_key(ledger.id), marker.encode())
     recoverer = s.client("r")
-    swaps = []
-
-    async def rereplicate_at_close(phase: str, info: dict[str, object]) -> None:
-        if phase == "close":
-            swaps.append(
-                await rereplicate(
-                    recoverer, ledger.id, worker_id="w", open_ledger_grace_s=0, lock_ttl_s=60
-                )
-            )
-
-    closed = await recoverer.recover_ledger(ledger.id, on_phase=rereplicate_at_close)
+    await mark_lost(recoverer, ledger.id, lost)
+    hook, swaps = rereplicate_at("close", recoverer, ledger.id)
+    closed = await recoverer.recover_ledger(ledger.id, on_phase=hook)
     assert [(r.outcome, r.fragments) for r in swaps] == [(DONE, 1)]
     assert closed["lastEntryId"] == 6
     segments = [(seg["firstEntryId"], seg["ensemble"]) for seg in closed["segments"]]
