@@ -10,6 +10,7 @@ import random
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Coroutine, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
@@ -127,6 +128,8 @@ class Client:
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._handles: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()  # writers to settle
+        self.closed = False
 
     async def __aenter__(self) -> Client:
         return self
@@ -141,7 +144,11 @@ class Client:
 
     async def close(self) -> None:
         """Stop every request still out (late replica adds, fences), close the transport and an
-        owned store."""
+        owned store. Adds in flight end AddOutcomeUnknown (``client_closed``): they were sent,
+        and the ledgers stay OPEN (a recovery decides)."""
+        self.closed = True
+        for handle in list(self._handles):
+            handle._client_closed()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:

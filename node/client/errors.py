@@ -98,7 +98,8 @@ class AddFailed(ClientError):
 class AddOutcomeUnknown(ClientError):
     """An add that was sent but not acknowledged: it may be in the ledger or not (a recovery
     decides). Never a subclass of AddFailed. ``reason``: fenced, closed, in_recovery,
-    no_replacement, ensemble_changes, unauthorized (a node refused the client's admin token)."""
+    no_replacement, ensemble_changes, unauthorized (a node refused the client's admin token),
+    client_closed (the client closed with the add in flight)."""
 
     def __init__(self, entry_id: int, reason: str) -> None:
         super().__init__(f"entry {entry_id}: outcome unknown ({reason})")

@@ -16,7 +16,7 @@ RECOVERIES = Counter(
 )
 ADDS_UNKNOWN = Counter(
     "storage_client_adds_unknown_total",
-    "Adds whose outcome is unknown to the writer, by reason (fenced, in_recovery, closed, ...)",
+    "Adds whose outcome is unknown to the writer, by reason (fenced, closed, client_closed, ...)",
     ["reason"],
 )
 REPLICA_ADD_SECONDS = Histogram(
@@ -28,4 +28,8 @@ REPLICA_ADD_SECONDS = Histogram(
 UNDER_REPLICATED_ADDS = Counter(
     "storage_client_under_replicated_adds_total",
     "Replica adds that failed after their entry was acknowledged (the ensemble changes anyway)",
+)
+RECOVERY_READDS_SHORT = Counter(
+    "storage_client_recovery_readds_short_total",
+    "Recovery re-adds that failed after their entry had Qa copies (the auditor repairs them)",
 )

@@ -9,16 +9,22 @@ the writer acknowledged.
    before the current segment, whose nodes are the only ones asked).
 4. Read forward with *fencing* reads to each entry's write set (BookKeeper #2614: the fence lands
    on a replica before it says "no such entry", so the old writer cannot complete the entry
-   there afterwards). Present if any replica returns it: re-added to its whole write set (Qa
-   needed). Absent only when Qw-Qa+1 replicas say the index has no such entry or ledger; any
-   other answer aborts (BookKeeper #2908: an error is not "absent").
-5. CAS-close at the last entry kept (another recoverer closed first: its end, the same one).
+   there afterwards). Present if any replica returns it: re-added to its whole write set, done
+   at Qa durable copies (BookKeeper's recovery adds): a paused replica holds nothing up, its
+   copy goes on in the background and a copy it never makes is the auditor's to repair.
+   Absent only when Qw-Qa+1 replicas say the index has no such entry or ledger; any other
+   answer aborts (BookKeeper #2908: an error is not "absent").
+5. CAS-close at the last entry kept (another recoverer closed first: its end, the same one),
+   on the metadata as it is then, with only the recovery's own segments put in (BookKeeper's
+   closeRecovered): a re-replication that swapped a node of an older segment meanwhile stays.
 
 A RecoveryFailed leaves the ledger IN_RECOVERY; running recovery again resumes it."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -35,13 +41,15 @@ from node.client.errors import (
 )
 from node.client.metadata.loop import read_with_retry, update
 from node.client.metadata.store import Versioned
-from node.client.metrics import RECOVERIES
+from node.client.metrics import RECOVERIES, RECOVERY_READDS_SHORT
 from node.client.model import LedgerMetadata, LedgerState, Segment, decode, encode, ledger_key
 from node.client.placement import choose_replacement
 from node.client.reader import read_entry, read_lac_coverage
 
 if TYPE_CHECKING:
     from node.client.client import Client
+
+log = logging.getLogger(__name__)
 
 # A test hook: awaited at "in_recovery", "lac_read", "entry" (before each entry's reads, info
 # has "entry_id") and "close", so a test can change the network between phases.
@@ -141,19 +149,30 @@ async def _recover(
             task.cancel()
 
     await hook("close", {"ledger_id": ledger_id, "last_entry_id": last, "length": length})
+    # The segments this recovery made (nodes replaced from a recovered entry on): a suffix.
+    own = tuple(s for s in written.segments if s not in meta.segments)
 
     def needs(raw: bytes) -> bool:
         return decode(raw).state is LedgerState.IN_RECOVERY
 
     def transform(raw: bytes) -> bytes:
-        now = int(time.time() * 1000)
+        found = decode(raw)
+        segments = found.segments
+        if own:
+            first = own[0].first_entry_id
+            if found.last_segment.first_entry_id > first:  # nobody adds one while IN_RECOVERY
+                raise RecoveryFailed(
+                    f"ledger {ledger_id}: a segment from {found.last_segment.first_entry_id} "
+                    f"appeared during the recovery (its own start at {first})"
+                )
+            segments = (*(s for s in segments if s.first_entry_id < first), *own)
         return encode(
-            decode(raw).evolve(
+            found.evolve(
                 state=LedgerState.CLOSED,
                 last_entry_id=last,
                 length=length,
-                closed_ms=now,
-                segments=written.segments,
+                closed_ms=int(time.time() * 1000),
+                segments=segments,
             )
         )
 
@@ -200,10 +219,13 @@ async def _decide(client: Client, meta: LedgerMetadata, entry_id: int) -> bytes 
 async def _write_back(
     client: Client, meta: LedgerMetadata, entry_id: int, payload: bytes, lac: int, length: int
 ) -> LedgerMetadata:
-    """Re-add a recovered entry to its whole write set (a recovery add passes the fence). A node
-    that fails is replaced for this entry and the ones after it (a recovery segment, written
-    into the metadata with the close, BookKeeper's newEnsemblesFromRecovery); Qa durable copies
-    on the final write set are needed. The metadata to write the next entries by."""
+    """Re-add a recovered entry to its write set (a recovery add passes the fence): done once Qa
+    nodes of the final write set hold it durably (BookKeeper's recovery adds complete at Qa).
+    The adds still out then go on in the background, each within ``recovery_timeout_s`` (the
+    client's close stops them); a copy that fails there is left to the auditor. Only failures
+    that put Qa out of reach replace the failed nodes, for this entry and the ones after it (a
+    recovery segment, written into the metadata with the close, BookKeeper's
+    newEnsemblesFromRecovery), once per entry. The metadata to write the next entries by."""
     replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
 
     async def put(node: str) -> None:
@@ -221,34 +243,58 @@ async def _write_back(
             client.recovery_timeout_s,
         )
 
-    async def put_all(nodes: list[str]) -> dict[str, str]:
-        results = await asyncio.gather(*(put(n) for n in nodes), return_exceptions=True)
-        return {
-            n: getattr(r, "code", repr(r))
-            for n, r in zip(nodes, results, strict=True)
-            if r is not None
-        }
+    stored: set[str] = set()
+    failed: dict[str, str] = {}
+    asking: dict[asyncio.Task[None], str] = {}
 
-    errors = await put_all(meta.write_set(entry_id))
-    if errors:
-        try:
-            meta = await _swap(client, meta, entry_id, list(errors))
-        except NotEnoughNodes as error:
-            stored = meta.write_quorum - len(errors)
-            if stored < meta.ack_quorum:
+    def ask(nodes: list[str]) -> None:
+        for node in nodes:
+            asking[client._spawn(put(node))] = node
+
+    ask(meta.write_set(entry_id))
+    swapped = False
+    while len(stored) < meta.ack_quorum:
+        if len(stored) + len(asking) < meta.ack_quorum:
+            if swapped:
                 raise RecoveryFailed(
-                    f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
-                    f"{meta.ack_quorum} needed ({errors}), and {error}"
+                    f"ledger {meta.ledger_id} entry {entry_id}: re-added on {len(stored)} "
+                    f"replicas, {meta.ack_quorum} needed ({failed})"
+                )
+            try:
+                meta = await _swap(client, meta, entry_id, list(failed))
+            except NotEnoughNodes as error:
+                raise RecoveryFailed(
+                    f"ledger {meta.ledger_id} entry {entry_id}: re-added on {len(stored)} "
+                    f"replicas, {meta.ack_quorum} needed ({failed}), and {error}"
                 ) from error
-            return meta
-        errors = await put_all([n for n in meta.write_set(entry_id) if n not in errors])
-        stored = meta.write_quorum - len(errors)
-        if stored < meta.ack_quorum:
-            raise RecoveryFailed(
-                f"ledger {meta.ledger_id} entry {entry_id}: re-added on {stored} replicas, "
-                f"{meta.ack_quorum} needed ({errors})"
-            )
+            swapped = True
+            ask([n for n in meta.write_set(entry_id) if n not in stored | set(asking.values())])
+            continue
+        done, _ = await asyncio.wait(asking, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            node = asking.pop(task)
+            problem = task.exception()
+            if problem is None:
+                stored.add(node)
+            else:
+                failed[node] = getattr(problem, "code", repr(problem))
+    for task, node in asking.items():
+        task.add_done_callback(functools.partial(_late, meta.ledger_id, entry_id, node))
     return meta
+
+
+def _late(ledger_id: int, entry_id: int, node: str, task: asyncio.Task[None]) -> None:
+    """A re-add that went on after its entry had Qa copies: a failure leaves one copy short."""
+    if not task.cancelled() and task.exception() is not None:
+        RECOVERY_READDS_SHORT.inc()
+        log.warning(
+            "ledger %d entry %d: recovery re-add to %s failed after the ack quorum (%s); "
+            "the copy is left to the auditor",
+            ledger_id,
+            entry_id,
+            node,
+            getattr(task.exception(), "code", repr(task.exception())),
+        )
 
 
 async def _swap(

@@ -58,6 +58,7 @@ NO_REPLACEMENT = "no_replacement"
 ENSEMBLE_CHANGES_EXHAUSTED = "ensemble_changes"
 METADATA = "metadata"
 UNAUTHORIZED = "unauthorized"
+CLIENT_CLOSED = "client_closed"
 
 # A node's answers that mean the client is misconfigured (no or another admin token): replacing
 # the node would only meet the same answer on the next one.
@@ -109,6 +110,7 @@ class LedgerHandle:
         self._closed: LedgerMetadata | None = None
         self._drained = asyncio.Event()
         self._drained.set()
+        client._handles.add(self)  # settled by the client's close
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -278,6 +280,12 @@ class LedgerHandle:
                 future.exception()  # the caller may not await it: no warning then
         self._drained.set()
 
+    def _client_closed(self) -> None:
+        """The client closes (its requests are about to be cancelled): every pending add's
+        outcome is unknown, and the handle is unusable."""
+        if self._closed is None:
+            self._give_up(CLIENT_CLOSED, LedgerClosedError(f"ledger {self.id}: the client closed"))
+
     def _node_failed(self, node: str) -> None:
         if self._error is not None or self._closed is not None:
             return
@@ -375,25 +383,30 @@ class LedgerHandle:
     async def close(self) -> LedgerMetadata:
         """Wait for the pending adds, then close the ledger at the LAC in the metadata (a CAS).
         Idempotent. LedgerFencedError when a recovery took the ledger; LedgerClosedElsewhere
-        when someone closed it at another end."""
+        when someone closed it at another end (lastEntryId or length); LedgerClosedError when
+        the client closed first (the ledger stays OPEN: a recovery ends it)."""
         if self._closed is not None:
             return self._closed
         self._closing = True
         while self._pending or self._changing is not None:
             await self._drained.wait()
             if self._changing is not None:
-                await asyncio.shield(self._changing)
+                # Not shield: a change cancelled by the client's close must not raise here.
+                await asyncio.wait({self._changing})
         if isinstance(self._error, LedgerFencedError):
             raise LedgerFencedError(f"ledger {self.id}: fenced, not closed by this writer")
+        if self._client.closed:
+            raise LedgerClosedError(f"ledger {self.id}: the client is closed, the ledger not")
         lac, length = self.lac, self._lac_length
 
         def needs(raw: bytes) -> bool:
             meta = decode(raw)
             if meta.state is LedgerState.CLOSED:
-                if meta.last_entry_id == lac:
+                if (meta.last_entry_id, meta.length) == (lac, length):
                     return False
                 raise LedgerClosedElsewhere(
-                    f"ledger {self.id}: closed at {meta.last_entry_id}, this writer's end is {lac}"
+                    f"ledger {self.id}: closed at {meta.last_entry_id} ({meta.length} bytes), "
+                    f"this writer's end is {lac} ({length} bytes)"
                 )
             if meta.state is LedgerState.IN_RECOVERY:
                 raise LedgerFencedError(f"ledger {self.id}: in recovery, not closed by this writer")

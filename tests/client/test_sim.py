@@ -414,6 +414,49 @@ async def test_recovery_replaces_a_node_that_fails_its_re_add() -> None:
     await s.close()
 
 
+async def test_recovery_close_merges_its_segment_with_a_swap_of_an_older_one() -> None:
+    """E=Qw=Qa=3 on five nodes. A lost node (its registration gone) left in segment 0 by the
+    writer's ensemble change at 5; e6 past the replicas' LAC. The recovery replaces a node
+    that is down for e6's re-add (its own segment from 6), and at its "close" phase the
+    autorecovery worker swaps the lost node of segment 0: the closed metadata has both."""
+    from node.autorecovery.worker import DONE
+    from node.client.model import node_key
+    from tests.client.rereplication import mark_lost, rereplicate_at
+
+    s = await sim(5)
+    writer = s.client("w")
+    ledger = await writer.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+    history = History()
+    for i in range(5):
+        await add(ledger, b"e%d" % i, history)
+    lost = ledger.metadata.segments[0].ensemble[2]
+    s.net.nodes[lost].down = True
+    registration = await s.store.get(node_key(lost))
+    assert registration is not None
+    await s.store.delete(node_key(lost), registration.revision)
+    for i in range(5, 7):
+        await add(ledger, b"e%d" % i, history)
+    assert history.ok == set(range(7))
+    first, second = ledger.metadata.segments
+    assert second.first_entry_id == 5 and lost not in second.ensemble
+    down = second.ensemble[1]
+    s.net.nodes[down].down = True
+    recoverer = s.client("r")
+    await mark_lost(recoverer, ledger.id, lost)
+    hook, swaps = rereplicate_at("close", recoverer, ledger.id)
+    closed = await recoverer.recover_ledger(ledger.id, on_phase=hook)
+    assert [(r.outcome, r.fragments) for r in swaps] == [(DONE, 1)]
+    assert closed["lastEntryId"] == 6
+    segments = [(seg["firstEntryId"], seg["ensemble"]) for seg in closed["segments"]]
+    assert [first_id for first_id, _ in segments] == [0, 5, 6]
+    assert lost not in segments[0][1] and segments[0][1][:2] == list(first.ensemble[:2])
+    assert segments[1] == (5, list(second.ensemble))
+    assert down not in segments[2][1]
+    s.net.nodes[lost].down = False
+    assert await check(s, ledger.id, history) == []
+    await s.close()
+
+
 # --- random split brains: the old writer wakes up after the recovery decided -------------------
 
 
