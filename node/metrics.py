@@ -173,6 +173,8 @@ class EngineSnapshot:
     streams: list[StreamSnapshot] = field(default_factory=list)  # the largest backlog first
     stream_totals: StreamTotals = field(default_factory=StreamTotals)
     orphan_ledgers: int = 0  # ledgers of streams that no stream names yet hold entries
+    # the owner's entry cache of replicated streams (node.streams.cache): hits, misses, bytes
+    stream_cache: tuple[int, int, int] = (0, 0, 0)
     retention: RetentionStats = field(default_factory=RetentionStats)
     wal_ring: RingSnapshot | None = None  # with wal_kind=blockdev, once the ring started
     offload: OffloadStats = field(default_factory=OffloadStats)
@@ -448,6 +450,8 @@ class Metrics:
                 streams, self._settings.metrics_max_streams
             )
             self._snapshot.orphan_ledgers = len(streams.live_orphans())
+            cache = streams.cache
+            self._snapshot.stream_cache = (cache.stats.hits, cache.stats.misses, cache.size_bytes)
 
     def _ring_snapshot(self) -> RingSnapshot | None:
         ring = self._ring
@@ -937,6 +941,22 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
     yield from (appended, appended_bytes, rollovers, ledgers, retained, backlog, backlog_bytes)
     yield from (oldest, deleted, deleted_bytes)
     yield from _stream_totals_metrics(s.stream_totals, r)
+    hits, misses, cached = s.stream_cache
+    yield CounterMetricFamily(
+        f"{PREFIX}_stream_entry_cache_hits",
+        "Stream entries a read took from the owner's entry cache (replicated streams).",
+        value=hits,
+    )
+    yield CounterMetricFamily(
+        f"{PREFIX}_stream_entry_cache_misses",
+        "Stream entries a read took from their ledger instead of the entry cache.",
+        value=misses,
+    )
+    yield GaugeMetricFamily(
+        f"{PREFIX}_stream_entry_cache_bytes",
+        "Payload bytes in the owner's entry cache (bounded by stream_entry_cache_bytes).",
+        value=cached,
+    )
     yield CounterMetricFamily(f"{PREFIX}_retention_runs", "Retention runs.", value=r.runs)
     yield GaugeMetricFamily(
         f"{PREFIX}_retention_last_run_timestamp_seconds",

@@ -38,6 +38,13 @@ from pydantic_settings import (
 
 KiB = 1024
 MiB = 1024 * KiB
+ENTRY_CACHE_MEMORY_SHARE = 0.10  # of physical memory, for stream_entry_cache_bytes' default
+ENTRY_CACHE_MAX_DEFAULT = 256 * MiB
+
+
+def _entry_cache_default() -> int:
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(ENTRY_CACHE_MAX_DEFAULT, int(memory * ENTRY_CACHE_MEMORY_SHARE))
 GiB = 1024 * MiB
 SECTOR = 512  # the smallest unit a disk writes atomically
 WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
@@ -194,6 +201,9 @@ class Settings(BaseSettings):
     # a non-owner forwards to the owner it read this long ago without reading it again (after
     # a takeover, a request sent to the old owner in that window is answered 503 not_owner)
     stream_owner_cache_ms: int = Field(1000, ge=0)
+    # entries the owner of replicated streams keeps after their append, for tailing readers
+    # (Pulsar's managedLedgerCacheSizeMB); 0: none. Default: 10 % of memory, at most 256 MiB
+    stream_entry_cache_bytes: int = Field(default_factory=lambda: _entry_cache_default(), ge=0)
     metadata_timeout_s: float = Field(5.0, gt=0)  # longest wait for one metadata store request
     replication_gc_interval_s: int = Field(600, gt=0)  # sweep for replicas of deleted ledgers
     replication_gc_grace_s: int = Field(600, ge=0)  # the sweep never reclaims a younger replica

@@ -57,6 +57,7 @@ from node.storage.faults import Faults
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo
 from node.storage.reads import ColdReader
 from node.streams.backend import StreamBackend
+from node.streams.cache import EntryCache
 from node.streams.model import (
     CURSOR_PREFIX,
     DOOMED_PREFIX,
@@ -198,6 +199,9 @@ class StreamManager:
         # ledger whose replicas went after its offload, and the deletion of its objects.
         self.cold: ColdReader | None = None
         self.remove_objects: Callable[[int, str], Awaitable[None]] | None = None
+        # Entries appended here, for tailing readers (replicated streams: the ledger's
+        # replicas are a network hop away; a node's own ledgers have the engine's caches).
+        self.cache = EntryCache(0)
 
     # --- start ---------------------------------------------------------------------------
 
@@ -390,8 +394,10 @@ class StreamManager:
     def drop(self, name: str) -> None:
         """Stop serving a stream that another node owns now. Nothing is written (the new
         owner's record is the truth); waiting readers wake up and are told to retry."""
-        if self._streams.pop(name, None) is not None:
+        dropped = self._streams.pop(name, None)
+        if dropped is not None:
             self._moved.add(name)
+            self.cache.drop_ledgers({info.ledger_id for info in dropped.ledgers})
         self._cursors.pop(name, None)
         self._wake(name)
 
@@ -462,6 +468,7 @@ class StreamManager:
                 raise
             entries, total = self.appended.get(name, (0, 0))
             self.appended[name] = (entries + len(ids), total + size)
+            self.cache.put(info.ledger_id, ids[0], payloads)
             self._wake(name)
             return [Position(info.ledger_id, entry) for entry in ids]
         raise LedgerClosed(f"stream {name}: appends kept landing on closed ledgers; retry")
@@ -726,7 +733,15 @@ class StreamManager:
         entry = max(0, start.entry_id)
         for info in stream.ledgers[first:]:
             last = self._last_entry(info)
-            while entry <= last:
+            while entry <= last and len(found) < limit:
+                payload = self.cache.get(info.ledger_id, entry)
+                if payload is None:
+                    break
+                if admit is not None and not await admit(len(payload)):
+                    return found
+                found.append((Position(info.ledger_id, entry), payload))
+                entry += 1
+            while entry <= last and len(found) < limit:
                 cold = _replicas_deleted(info)
                 try:
                     async for eid, payload in self.ledger_entries(
@@ -736,6 +751,7 @@ class StreamManager:
                             return found
                         found.append((Position(info.ledger_id, eid), payload))
                         entry = eid + 1
+                        self.cache.stats.misses += 1
                     break
                 except StorageError as e:
                     if not cold and _replicas_deleted(info):
@@ -910,7 +926,19 @@ class StreamManager:
             moved = Cursor(cursor.stream, cursor.name, mark, cursor.created_ms)
             await self._storage.write_records({moved.key(): moved.encode()})
             cursor.mark_delete = mark
+            self._evict_read(stream)
             return True
+
+    def _evict_read(self, stream: Stream) -> None:
+        """Drop the cached entries every cursor of the stream has acknowledged (Pulsar
+        evicts its entry cache behind the slowest cursor)."""
+        cursors = self._cursors.get(stream.name)
+        if not cursors or not self.cache.max_bytes:
+            return
+        slowest = min(c.mark_delete for c in cursors.values())
+        behind = {i.ledger_id for i in stream.ledgers if i.ledger_id < slowest.ledger_id}
+        self.cache.drop_ledgers(behind)
+        self.cache.drop_through(slowest.ledger_id, slowest.entry_id)
 
     async def delete_cursor(self, name: str, cursor: str) -> None:
         self.cursor(name, cursor)
@@ -998,6 +1026,7 @@ class StreamManager:
         of offloaded ones, then their ``doomed`` records. A record whose objects the store
         could not delete stays: the next offload run, or the next start, finishes it."""
         done = []
+        self.cache.drop_ledgers({info.ledger_id for info in dropped})
         for n, info in enumerate(dropped):
             if n and pace_s > 0:
                 await self._clock.sleep(pace_s)

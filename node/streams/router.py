@@ -44,6 +44,7 @@ from node.client.metadata.store import MetadataStore
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import StorageError
+from node.streams.cache import EntryCache
 from node.streams.manager import (
     MetadataUnavailable,
     NotOwner,
@@ -355,6 +356,7 @@ def replicated_streams(
         settings, client, store, ownership, lambda name: _replication(manager, name)
     )
     manager = StreamManager(backend, clock)
+    manager.cache = EntryCache(settings.stream_entry_cache_bytes)
     manager.default_replication = Replication(
         settings.stream_ensemble_size, settings.stream_write_quorum, settings.stream_ack_quorum
     )
