@@ -80,6 +80,7 @@ from node.streams.policies import Policies, PolicyConflict, default_policies
 log = logging.getLogger(__name__)
 
 APPEND_ATTEMPTS = 3  # an append that lands on a ledger closed by a rollover tries again
+READ_AHEAD_CACHE_SHARE = 4  # a read-ahead fills at most 1/4 of the entry cache
 
 Read = list[tuple[Position, bytes]]  # entries read, in order
 Admit = Callable[[int], Awaitable[bool]]  # may an entry of this many bytes join a read?
@@ -188,6 +189,7 @@ class StreamManager:
         self._writing: dict[str, asyncio.Lock] = {}
         self._arrivals: dict[str, asyncio.Event] = {}
         self._in_flight: dict[int, _InFlight] = {}  # ledger id -> its unsettled appends
+        self._reading_ahead: dict[str, asyncio.Task[None]] = {}  # stream -> its read-ahead
         # Ledgers of streams that no stream record names yet hold entries (see the module's
         # docstring): ledger id -> the stream its properties name.
         self.orphans: dict[int, str] = {}
@@ -727,10 +729,14 @@ class StreamManager:
     ) -> Read:
         if not stream.ledgers:
             return []
+        ahead = self._reading_ahead.get(stream.name)
+        if ahead is not None:  # most likely fetching what this read asks for: into the cache
+            await asyncio.shield(ahead)
         start = self.first_position(stream) if start is None else self._resume(stream, start)
         found: Read = []
         first = self._index_of(stream, start.ledger_id)
         entry = max(0, start.entry_id)
+        misses = self.cache.stats.misses
         for info in stream.ledgers[first:]:
             last = self._last_entry(info)
             while entry <= last and len(found) < limit:
@@ -762,7 +768,39 @@ class StreamManager:
             if len(found) >= limit:
                 break
             entry = 0
+        if len(found) >= limit and self.cache.stats.misses > misses:
+            self._read_ahead(stream, found[-1][0], limit)
         return found
+
+    def _read_ahead(self, stream: Stream, after: Position, count: int) -> None:
+        """A read that went to the ledgers and stopped at its limit is likely a reader
+        catching up: the next ``count`` entries are fetched into the entry cache meanwhile
+        (Pulsar's read-ahead of a dispatcher behind), so its next read finds them there.
+        Only entries at or below the LAC are read: what the cache may hold. One per stream."""
+        if stream.name in self._reading_ahead or not self.cache.max_bytes:
+            return
+        task = asyncio.get_running_loop().create_task(self._fetch(stream, after, count))
+        self._reading_ahead[stream.name] = task
+        task.add_done_callback(lambda _: self._reading_ahead.pop(stream.name, None))
+
+    async def _fetch(self, stream: Stream, after: Position, count: int) -> None:
+        start = self.next_position(stream, after)
+        if start is None:
+            return
+        budget = self.cache.max_bytes // READ_AHEAD_CACHE_SHARE
+        payloads: list[bytes] = []
+        try:
+            info = stream.ledgers[self._index_of(stream, start.ledger_id)]
+            last = min(self._last_entry(info), start.entry_id + count - 1)
+            async for _, payload in self.ledger_entries(stream, info, start.entry_id, last):
+                payloads.append(payload)
+                budget -= len(payload)
+                if budget <= 0:
+                    break  # more would push out of the cache what it just read
+        except StorageError as error:  # the reader's own read meets it, and says it
+            log.debug("read-ahead of stream %s stopped: %s", stream.name, error)
+        if self._streams.get(stream.name) is stream and info in stream.ledgers:
+            self.cache.put(info.ledger_id, start.entry_id, payloads)
 
     def ledger_entries(
         self, stream: Stream, info: LedgerInfo, first: int, last: int

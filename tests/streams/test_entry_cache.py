@@ -7,6 +7,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
+from node.http.frames import decode_stream_frames
 from node.jepsen.streams import read_back
 from node.localcluster import LocalCluster
 from node.streams.cache import EntryCache
@@ -78,3 +79,21 @@ async def test_a_tailing_cursor_reads_from_the_owners_cache_and_catch_up_from_re
     replay = await read_back(owner_url, name, cursor="replay")
     assert [p for _, p in replay] == payloads
     assert (await metrics(owner_url))[MISSES] - after[MISSES] == len(payloads)
+
+    # A reader catching up page by page: each page that went to the replicas fetches the
+    # next one into the cache meanwhile (read-ahead), so the next page is answered from it.
+    page = 10
+    before = await metrics(owner_url)
+    async with aiohttp.ClientSession() as session:
+        url = f"{owner_url}/api/v1/streams/{name}/entries?limit={page}"
+        async with session.get(url) as response:
+            assert response.status == 200
+            following = response.headers["X-Next-Position"]
+        middle = await metrics(owner_url)
+        async with session.get(f"{url}&from={following}") as response:
+            assert response.status == 200
+            second = decode_stream_frames(await response.read())
+    after = await metrics(owner_url)
+    assert [p for _, p in second] == payloads[page : 2 * page]
+    assert middle[MISSES] - before[MISSES] == page
+    assert after[HITS] - middle[HITS] == page and after[MISSES] == middle[MISSES]
