@@ -48,7 +48,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Final
 
 import aiohttp
@@ -172,6 +172,29 @@ class OwnerMoved(Exception):
         self.url = url
 
 
+class _OwnerLost(Exception):
+    """The node a request was forwarded to lost the stream before it answered."""
+
+    def __str__(self) -> str:
+        return "it lost the stream (its lease ended) before answering"
+
+
+async def _unless(
+    call: Awaitable[aiohttp.ClientResponse], lost: Awaitable[None]
+) -> aiohttp.ClientResponse:
+    """``call``'s answer, or _OwnerLost (``call`` cancelled) if ``lost`` comes first."""
+    answer, watch = asyncio.ensure_future(call), asyncio.ensure_future(lost)
+    try:
+        await asyncio.wait({answer, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not answer.done():
+            answer.cancel()
+    if answer.done() and not answer.cancelled():
+        return answer.result()
+    raise _OwnerLost()
+
+
 def _code(body: bytes) -> str | None:
     """The code of a JSON error body (the node's shape), or None."""
     try:
@@ -262,13 +285,20 @@ class Forwarder:
         )
 
     async def forward(
-        self, request: web.Request, base_url: str, *, raise_moved: bool = False
+        self,
+        request: web.Request,
+        base_url: str,
+        *,
+        raise_moved: bool = False,
+        owner_lost: Callable[[], Awaitable[None]] | None = None,
     ) -> web.StreamResponse:
         """Send ``request`` to the owner at ``base_url`` (``http://host:port``) and stream
         its answer back; 503 ``owner_unreachable`` or ``append_outcome_unknown`` when it
         does not answer. ``raise_moved``: OwnerMoved when that node answers 503 not_owner
         (instead of passing that answer on) or refuses the connection, for a caller that
-        remembers owners to ask again."""
+        remembers owners to ask again. ``owner_lost``: returns once that node no longer owns
+        the stream; before the head of the answer, that ends the wait the same way (a paused
+        owner's lease runs out long before the forward's timeout)."""
         target = request.raw_path  # path and query string as received, still encoded
         url = base_url.rstrip("/") + target
         append = is_append(request.method, target)
@@ -283,7 +313,7 @@ class Forwarder:
         )
         try:
             with hangup:
-                answer = await session.request(
+                sent = session.request(
                     request.method,
                     URL(url, encoded=True),
                     headers=headers,
@@ -291,6 +321,9 @@ class Forwarder:
                     timeout=self._timeout(target),
                     allow_redirects=False,
                 )
+                answer = await (sent if owner_lost is None else _unless(sent, owner_lost()))
+        except _OwnerLost:
+            raise self._failure(_OwnerLost(), base_url, append) from None
         except aiohttp.ClientConnectorError as error:
             # Nothing listens there (the owner stopped; its key may be gone with its lease
             # revoked): nothing was sent, so a caller that remembered it may ask again.

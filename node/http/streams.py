@@ -84,7 +84,12 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             router, name = request.app[STREAM_ROUTER], _name(request)
             router.forwarded += 1
             try:
-                return await request.app[FORWARDER].forward(request, url, raise_moved=True)
+                return await request.app[FORWARDER].forward(
+                    request,
+                    url,
+                    raise_moved=True,
+                    owner_lost=functools.partial(router.until_owner_changes, name, url),
+                )
             except OwnerMoved:
                 # The node remembered as the owner no longer is (a takeover since) or is
                 # gone (it stopped), and it did nothing with the request: ask the store
@@ -96,7 +101,9 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             url = await owner_url(request.app, name, create=create)
             if url is None:
                 return await handler(request)
-            return await request.app[FORWARDER].forward(request, url)
+            return await request.app[FORWARDER].forward(
+                request, url, owner_lost=functools.partial(router.until_owner_changes, name, url)
+            )
 
         return route
 

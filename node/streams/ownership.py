@@ -151,6 +151,10 @@ class Ownership:
             except (ClientError, TimeoutError) as error:
                 log.warning("could not revoke the stream owner lease (it will expire): %s", error)
 
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
+
     async def owner(self, name: str) -> Owner | None:
         """Who owns ``name`` now (a linearizable read), or None. It may name this node for a
         stream it does not own: a key of a lease this node gave up, until etcd ends it (an

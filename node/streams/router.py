@@ -54,7 +54,7 @@ from node.streams.manager import (
 )
 from node.streams.manager import NotEnoughNodes as StreamNotEnoughNodes
 from node.streams.model import NAME, Cursor, Replication, Stream, cursor_key, doomed_objects
-from node.streams.ownership import OWNERS_PREFIX, Ownership
+from node.streams.ownership import KEEPALIVES_PER_TTL, OWNERS_PREFIX, Ownership
 from node.streams.replicated import (
     DOOMED_KEY,
     STREAMS_KEY,
@@ -279,6 +279,25 @@ class StreamRouter:
             "streamTakeovers": self.takeovers,
             "streamRequestsForwarded": self.forwarded,
         }
+
+    async def until_owner_changes(self, name: str, url: str) -> None:
+        """Returns once the owner key of ``name`` no longer names the node at ``url`` (its
+        lease ended, or another node took the stream over), read every third of the lease
+        (the owner's own keepalive pace). A forwarded request waits on this beside the
+        owner's answer: a paused owner would otherwise hold it for the forward timeout,
+        long after the stream could be taken over. A store that does not answer changes
+        nothing here (the forward's own timeout still bounds the wait)."""
+        interval = self._ownership.ttl_s / KEEPALIVES_PER_TTL
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                owner = await self._ownership.owner(name)
+                if owner is None:
+                    return
+                if (owner.url or await self._client.registry.url(owner.node)) != url:
+                    return
+            except (ClientError, ValueError) as error:
+                log.debug("owner of stream %s not read (%s): the forward goes on", name, error)
 
     def forget_owner(self, name: str) -> None:
         """The owner read last did not serve the request (gone, or not the owner any more):

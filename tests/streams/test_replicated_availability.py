@@ -186,3 +186,46 @@ async def test_an_append_of_unknown_outcome_retried_after_reading_is_never_kept_
     await asyncio.to_thread(c.terminate, "n0")  # n1 takes the stream over, recovering ledgers
     found_back = await read_back(c.url("n1"), name)
     assert [p for _, p in found_back] == [b"a0", b"a1", b"a2", b"X"], found_back
+
+
+@pytest.fixture
+def four_default_nodes(make_cluster: MakeCluster) -> LocalCluster:
+    return make_cluster(nodes=4)
+
+
+TAKEOVER_SLACK_S = 6.0  # past the lease: noticing it ended (a third of it), the takeover
+
+
+async def test_appends_through_another_node_work_again_soon_after_a_paused_owners_lease(
+    four_default_nodes: LocalCluster,
+) -> None:
+    """The owner SIGSTOPped: a request forwarded to it waits while it is the owner, and no
+    longer (not the forward timeout): once its lease ends the append answers 503 and the next
+    one takes the stream over, within the lease and a few seconds, at default settings."""
+    c = four_default_nodes
+    name = "paused-owner"
+    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
+    assert status == 201, body
+    for i in range(5):
+        status, text = await append(c.url("n0"), name, b"before-%d" % i)
+        assert status == 201, text
+    stream_owner = await owner(c, name)
+    assert stream_owner is not None
+    other = next(n for n in c.node_ids if n != stream_owner)
+    loop = asyncio.get_running_loop()
+    c.stop(stream_owner)
+    try:
+        paused_at = loop.time()
+        limit = Settings().stream_owner_ttl_s + TAKEOVER_SLACK_S
+        answers = []
+        status = 0
+        while status != 201 and loop.time() - paused_at < 2 * limit:
+            status, text = await append(c.url(other), name, b"after")
+            answers.append((round(loop.time() - paused_at, 1), status, text[:80]))
+        took = loop.time() - paused_at
+        assert status == 201 and took < limit, answers
+    finally:
+        c.cont(stream_owner)
+    found = await read_back(c.url(other), name)
+    assert [p for _, p in found][:5] == [b"before-%d" % i for i in range(5)]
+    assert [p for _, p in found].count(b"after") >= 1
