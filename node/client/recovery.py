@@ -135,15 +135,22 @@ async def _recover(
             payload = await ahead.popleft()
             if payload is None:
                 break
-            entry_id = last + 1
+            batch = [(last + 1, payload)]
+            size = len(payload)
+            # The entries decided already go back with it, in one request per node.
+            while ahead and ahead[0].done() and len(batch) < client.max_request_entries:
+                following = ahead[0].result()
+                if following is None or size + len(following) > client.max_request_bytes:
+                    break
+                ahead.popleft()
+                batch.append((last + 1 + len(batch), following))
+                size += len(following)
             # The re-adds carry the LAC the replicas had, not the recovered one: a recovery
             # that fails later (its segments unwritten) must leave no LAC claim that a rerun
             # would trust over entries it re-added only on nodes the metadata does not name.
-            written = await _write_back(
-                client, written, entry_id, payload, best.lac, best.lac_length
-            )
-            length += len(payload)
-            last = entry_id
+            written = await _write_back_batch(client, written, batch, best.lac, best.lac_length)
+            length += size
+            last = batch[-1][0]
     finally:
         for task in ahead:  # past the end: their answers no longer matter
             task.cancel()
@@ -214,6 +221,62 @@ async def _decide(client: Client, meta: LedgerMetadata, entry_id: int) -> bytes 
         f"ledger {meta.ledger_id} entry {entry_id}: neither present nor absent "
         f"(absent on {absent}, {absent_needed} needed; unknown {errors})"
     )
+
+
+async def _write_back_batch(
+    client: Client, meta: LedgerMetadata, entries: list[tuple[int, bytes]], lac: int, length: int
+) -> LedgerMetadata:
+    """Re-add consecutive recovered entries: all at once, one request per node of their
+    write sets, done once each entry has Qa copies (the rest go on in the background, as
+    ``_write_back``'s); at the first node that fails, one by one through ``_write_back``,
+    which replaces failed nodes (re-adding an entry twice stores the same bytes)."""
+    if len(entries) > 1 and await _put_together(client, meta, entries, lac, length):
+        return meta
+    for entry_id, payload in entries:
+        meta = await _write_back(client, meta, entry_id, payload, lac, length)
+    return meta
+
+
+async def _put_together(
+    client: Client, meta: LedgerMetadata, entries: list[tuple[int, bytes]], lac: int, length: int
+) -> bool:
+    """Whether every entry reached Qa copies with no node failing."""
+    replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+    groups: dict[str, list[tuple[int, bytes]]] = {}
+    for entry in entries:
+        for node in meta.write_set(entry[0]):
+            groups.setdefault(node, []).append(entry)
+    asking = {
+        client._spawn(
+            within(
+                node,
+                client.transport.add(
+                    node,
+                    meta.ledger_id,
+                    group,
+                    lac=lac,
+                    lac_length=length,
+                    replication=replication,
+                    recovery=True,
+                ),
+                client.recovery_timeout_s,
+            )
+        ): node
+        for node, group in groups.items()
+    }
+    write_sets = [set(meta.write_set(entry_id)) for entry_id, _ in entries]
+    stored: set[str] = set()
+    while any(len(nodes & stored) < meta.ack_quorum for nodes in write_sets):
+        done, _ = await asyncio.wait(asking, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            node = asking.pop(task)
+            if task.exception() is not None:
+                return False  # the requests still out finish on their own
+            stored.add(node)
+    first = entries[0][0]
+    for task, node in asking.items():
+        task.add_done_callback(functools.partial(_late, meta.ledger_id, first, node))
+    return True
 
 
 async def _write_back(

@@ -533,5 +533,9 @@ async def test_recovery_reads_ahead_and_decides_in_order() -> None:
     assert read_ahead == set(range(16))
     re_added = [m.detail["ids"] for m in mine if m.kind == "add"]
     assert re_added == sorted(re_added)  # in entry order
+    # The entries decided together go back together: one request per node, not per entry.
+    ids = [i for request in re_added for i in request]  # type: ignore[attr-defined]
+    assert sorted(ids) == sorted(list(range(50)) * 3)
+    assert len(re_added) <= 3 * 50 // 8, re_added
     assert await check(s, ledger.id, history) == []
     await s.close()
