@@ -51,6 +51,11 @@ REPLICATED_LEDGER = "replicated_ledger"  # 409: a plain add/close on a replicate
 NOT_REPLICATED = "not_replicated"  # 409: a replica add to a node-local ledger
 WRONG_NODE = "wrong_node"  # 421: X-Expect-Node names another node
 RESERVED_LEDGER_ID = "reserved_ledger_id"  # 400: a local create in the fleet-wide id range
+INVALID_LAC = "invalid_lac"  # 422: a replica add whose X-Lac is past the entries it carries
+
+# The largest E, Qw or Qa: a replica's index keeps each in 16 bits (node/storage/index.py,
+# REPLICATION_FIXED); an X-Replicated past it is refused, never stored cut.
+MAX_QUORUM = 0xFFFF
 
 
 def replication_header(ensemble: int, write_quorum: int, ack_quorum: int) -> str:
@@ -58,13 +63,15 @@ def replication_header(ensemble: int, write_quorum: int, ack_quorum: int) -> str
 
 
 def parse_replication_header(value: str) -> tuple[int, int, int]:
-    """``E/Qw/Qa`` -> (E, Qw, Qa); ValueError unless E >= Qw >= Qa >= 1."""
+    """``E/Qw/Qa`` -> (E, Qw, Qa); ValueError unless MAX_QUORUM >= E >= Qw >= Qa >= 1."""
     parts = value.split("/")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ValueError(f"{REPLICATED_HEADER} must be E/Qw/Qa, not {value!r}")
+        raise ValueError(f"{REPLICATED_HEADER} must be E/Qw/Qa, not {value[:40]!r}")
     e, qw, qa = (int(p) for p in parts)
-    if not e >= qw >= qa >= 1:
-        raise ValueError(f"{REPLICATED_HEADER} needs E >= Qw >= Qa >= 1, not {value!r}")
+    if not MAX_QUORUM >= e >= qw >= qa >= 1:
+        raise ValueError(
+            f"{REPLICATED_HEADER} needs {MAX_QUORUM} >= E >= Qw >= Qa >= 1, not {value!r}"
+        )
     return e, qw, qa
 
 

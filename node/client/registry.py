@@ -56,6 +56,10 @@ class Registry:
             for n in await self.nodes()
         ]
 
+    def registered(self, node_id: str) -> bool:
+        """Whether ``node_id`` was registered at the last read of ``nodes`` (no read here)."""
+        return node_id in self._urls
+
     async def url(self, node_id: str) -> str:
         """The base URL of ``node_id``: the override, else its registration (re-read on a miss)."""
         if node_id in self._override:

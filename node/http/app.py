@@ -109,6 +109,7 @@ def build_app(
     app[AUDIT] = AuditState()
     if settings.metadata_url:
         # Imported only here: a node without a metadata store never loads node.client.
+        from node.client.registry import Registry
         from node.replication.service import Replication
         from node.streams.router import replicated_streams
 
@@ -118,6 +119,7 @@ def build_app(
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
         app[STREAMS], router = replicated_streams(settings, replication.store, clock, token)
         app[streams.STREAM_ROUTER] = router
+        app[streams.NODE_REGISTRY] = Registry(replication.store)
         if metrics.streams_owned is not None and metrics.stream_takeovers is not None:
             manager = app[STREAMS]
             metrics.streams_owned.set_function(lambda: len(manager.streams()))

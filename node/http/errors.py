@@ -36,7 +36,8 @@ STATUSES: dict[int, Status] = {
     400: Status(
         "Malformed id, query, body or frame (against this document's schemas); an empty "
         "batch (empty_batch); a reserved ledger property (reserved_property); a malformed "
-        "header of the replica protocol (invalid_header) or query flag (invalid_query); a "
+        "header of the replica protocol (invalid_header) or query flag (invalid_query); an "
+        "X-Forwarded-By that names no node of the fleet (invalid_header); a "
         "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id)",
         (
             storage_errors.InvalidArgument,
@@ -47,7 +48,9 @@ STATUSES: dict[int, Status] = {
         "bad_request",
     ),
     401: Status(
-        "Missing bearer token (when an admin token is configured)", aiohttp_code="unauthorized"
+        "Missing bearer token (when an admin token is configured: state changes, fencing "
+        "reads included)",
+        aiohttp_code="unauthorized",
     ),
     403: Status(
         "Wrong bearer token (forbidden) or write token (write_token_mismatch); a Host "
@@ -108,8 +111,9 @@ STATUSES: dict[int, Status] = {
         "a range whose from is after its to (invalid_range), an audit snapshot target outside "
         "the snapshot directory (invalid_target), an audit summary whose status disagrees "
         "with its counts, that finished ahead of the node's clock or that has no check "
-        "(invalid_summary); a replica add whose X-Replicated breaks E >= Qw >= Qa >= 1 "
-        "(invalid_replication) or that lacks X-Lac or X-Entry-Id (missing_header); fence=1 "
+        "(invalid_summary); a replica add whose X-Replicated breaks 65535 >= E >= Qw >= Qa "
+        ">= 1 (invalid_replication), whose X-Lac is past its last entry (invalid_lac) or that "
+        "lacks X-Lac or X-Entry-Id (missing_header); fence=1 "
         "on a LAC read without replicated=1 (invalid_flags); a stream's replication "
         "breaking E >= Qw >= Qa (invalid_policy), or other than 1/1/1 on a node without a "
         "metadata store (replication_off)",
@@ -144,7 +148,8 @@ STATUSES: dict[int, Status] = {
         "in flight filling max_request_bytes_in_flight (max_read_bytes_in_flight): "
         "overloaded, max_connections connections open (too_many_connections), or the object "
         "store unreachable (offload_store_unavailable), or the metadata store unreachable "
-        "when a replicated ledger's deletion or autorecovery asks it (metadata_unavailable), "
+        "when a replicated ledger's deletion, autorecovery or a stream's new ledger asks it, "
+        "or with this node's own registration missing from it (metadata_unavailable), "
         "an autorecovery step the nodes did not answer (entry_unavailable, recovery_failed); "
         "a replicated stream whose owner did not answer a forwarded request "
         "(owner_unreachable), that moved to another node (not_owner), an append whose "

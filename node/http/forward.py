@@ -48,6 +48,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Final
 
@@ -205,6 +206,26 @@ def _code(body: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
+def in_words(error: BaseException) -> str:
+    """Why a request to another node got no answer, as an operator reads it: the OS's
+    reason or the timeout that ran out, not an exception's repr."""
+    if isinstance(error, aiohttp.ClientConnectorError):
+        return f"could not connect ({_os_reason(error.os_error)})"
+    if isinstance(error, aiohttp.ConnectionTimeoutError):
+        return "could not connect within stream_forward_connect_timeout_s"
+    if isinstance(error, TimeoutError):  # aiohttp's read timeouts are TimeoutErrors too
+        return "silent for longer than stream_forward_timeout_s"
+    if isinstance(error, aiohttp.ServerDisconnectedError):
+        return "it closed the connection without answering"
+    if isinstance(error, OSError):
+        return f"the connection failed ({_os_reason(error)})"
+    return str(error) or type(error).__name__
+
+
+def _os_reason(error: OSError) -> str:
+    return os.strerror(error.errno) if error.errno else error.strerror or str(error)
+
+
 class _OwnerSilent(Exception):
     """The owner's answer broke off or stalled after its head was passed on."""
 
@@ -275,13 +296,15 @@ class Forwarder:
             return ApiError(
                 503,
                 APPEND_OUTCOME_UNKNOWN,
-                f"the stream's owner at {url} did not answer the append ({error!r}): the "
-                "append may or may not be in the stream",
+                f"the stream's owner at {url} did not answer the append: {in_words(error)}; "
+                "the append may or may not be in the stream",
             )
         self._count("unreachable")
         log.info("request forwarded to %s: no answer (%r)", url, error)
         return ApiError(
-            503, OWNER_UNREACHABLE, f"the stream's owner at {url} did not answer ({error!r})"
+            503,
+            OWNER_UNREACHABLE,
+            f"the stream's owner at {url} did not answer: {in_words(error)}",
         )
 
     async def forward(

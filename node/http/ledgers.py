@@ -325,8 +325,8 @@ async def add(
 
 def parse_replication(text: str) -> tuple[int, int, int]:
     """X-Replicated: 400 ``invalid_header`` when it is no E/Qw/Qa, 422
-    ``invalid_replication`` when its numbers break E >= Qw >= Qa >= 1 (a rule between
-    values, as the document's schemas cannot state)."""
+    ``invalid_replication`` when its numbers break MAX_QUORUM >= E >= Qw >= Qa >= 1 (a rule
+    between values, as the document's schemas cannot state)."""
     try:
         return protocol.parse_replication_header(text)
     except ValueError as e:
@@ -395,6 +395,22 @@ async def _replica_entries(
     return [(_first_id(first), body)]
 
 
+def _lac_within(replica: ReplicaAdd, last_entry_id: int) -> None:
+    """422 ``invalid_lac`` for a writer's add whose X-Lac is past the entries it carries: a
+    writer confirms an entry only once Qa replicas stored it, so the LAC it sends with an add
+    is below the add's entries (BookKeeper packs the LAC into the entry when it first sends
+    it). Stored, a LAC past every entry would have readers and a recovery take entries that
+    no replica holds for confirmed. A recovery add (X-Recovery-Add) is exempt: the copy of
+    a closed ledger's older fragment carries the ledger's end, known from the metadata."""
+    if not replica.recovery and replica.lac > last_entry_id:
+        raise ApiError(
+            422,
+            protocol.INVALID_LAC,
+            f"{protocol.LAC_HEADER} {replica.lac} is past the add's last entry "
+            f"{last_entry_id}: a writer's LAC never runs ahead of what it sends",
+        )
+
+
 def _fenced(app: web.Application, error: Exception) -> None:
     if isinstance(error, LedgerFenced):
         app[METRICS].replica_adds_refused_fenced.inc()
@@ -407,6 +423,7 @@ async def replica_add(
     reply's JSON (``lac`` is the writer's LAC as the adds carried it)."""
     first, replica = _replica_headers(header)
     entries = await _replica_entries(app, content_type, first, body)
+    _lac_within(replica, max(entry_id for entry_id, _payload in entries))
     started = time.perf_counter()
     try:
         meta = await app[STORAGE].add_replica(ledger_id, entries, replica)
@@ -423,8 +440,10 @@ def begin_replica_add(
     """``begin_add`` of a replica add of one raw entry (the fast lane): the add queued, or
     None when ``replica_add`` must do it (the ledger's first add, a resend, a full cache)."""
     first, replica = _replica_headers(header)
+    entry_id = _first_id(first)
+    _lac_within(replica, entry_id)
     try:
-        return app[STORAGE].begin_replica_add(ledger_id, _first_id(first), body, replica)
+        return app[STORAGE].begin_replica_add(ledger_id, entry_id, body, replica)
     except StorageError as e:
         _fenced(app, e)
         raise

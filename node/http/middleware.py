@@ -30,6 +30,9 @@ MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 GUARDED_PREFIX = "/api/v1/"
 # Reads that need the admin token too: the settings name host paths, endpoints, buckets.
 GUARDED_READS = frozenset({"/api/v1/config/server_config"})
+# The query flag of a fencing read (an entry or LAC read of a recovery): it fences the ledger,
+# or creates an unknown one fenced, before it answers, so it is a state change.
+FENCE_FLAG = "fence"
 # nginx's status for a client that closed the connection before the answer: in the metrics
 # it tells a careless client from a failing node (it never goes on the wire).
 CLIENT_CLOSED_REQUEST = 499
@@ -129,15 +132,23 @@ def token_refusal(authorization: str, admin_token: bytes) -> ApiError | None:
     return None
 
 
+def needs_admin_token(request: web.BaseRequest) -> bool:
+    """Whether the admin token, when one is set, guards this request: every state change
+    under /api/v1/, a fencing read included (whatever its method or its flag's spelling: the
+    route refuses a flag other than 0 or 1, and none but 0 may pass here unchecked), and the
+    reads of GUARDED_READS."""
+    if request.path in GUARDED_READS:
+        return True
+    if not request.path.startswith(GUARDED_PREFIX):
+        return False
+    return request.method in MUTATING or request.query.get(FENCE_FLAG, "0") != "0"
+
+
 @web.middleware
 async def require_admin_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With an admin token configured, every state change under /api/v1/ needs it, and the
-    reads of GUARDED_READS."""
+    """With an admin token configured, the requests of ``needs_admin_token`` need it."""
     secret = request.app[SETTINGS].admin_token
-    if secret is not None and (
-        (request.method in MUTATING and request.path.startswith(GUARDED_PREFIX))
-        or request.path in GUARDED_READS
-    ):
+    if secret is not None and needs_admin_token(request):
         authorization = request.headers.get("Authorization", "")
         refusal = token_refusal(authorization, secret.get_secret_value().encode())
         if refusal is not None:

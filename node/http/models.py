@@ -529,7 +529,10 @@ class Stream(Reply):
 
 
 class StreamList(Reply):
-    streams: list[Stream]
+    total: Annotated[Count, Field(description="Streams in all (every page)")]
+    offset: Count
+    limit: Count
+    streams: Annotated[list[Stream], Field(description="In name order")]
 
 
 class Appended(Reply):

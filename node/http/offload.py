@@ -26,7 +26,7 @@ async def run_offload(request: web.Request) -> web.StreamResponse:
         # guarded by the ownership): a run naming one that another node owns goes there.
         url = await owner_url(request.app, stream)
         if url is not None:
-            not_twice(request, stream, url)
+            await not_twice(request, stream, url)
             request.app[STREAM_ROUTER].forwarded += 1
             return await request.app[FORWARDER].forward(request, url)
     result = await request.app[WORK].offload.run(dry_run == "true", stream, ledgers)

@@ -31,7 +31,7 @@ from node.http.frames import (
 )
 from node.http.jsonreply import json_response
 from node.http.state import SETTINGS
-from node.http.status import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
+from node.http.streams import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
 from node.settings import Settings
 from node.storage.index import MAX_ID
 
@@ -95,17 +95,19 @@ MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
 # request headers are described in words, not as parameters: their rules tie several
 # together (X-Lac comes with X-Replicated, E >= Qw >= Qa), which no parameter schema states.
 REPLICA_ADD_HEADERS = (
-    f"With `{protocol.REPLICATED_HEADER}: E/Qw/Qa` (E >= Qw >= Qa >= 1) the add is a replica "
+    f"With `{protocol.REPLICATED_HEADER}: E/Qw/Qa` ({protocol.MAX_QUORUM} >= E >= Qw >= Qa "
+    ">= 1) the add is a replica "
     "add of a replicated ledger at the writer's ids, the ledger created replicated (and "
     f"journaled) by its first: `{protocol.ENTRY_ID_HEADER}` the body's first id (one entry, "
     "or a batch's consecutive ids; a range body carries its own ids), "
-    f"`{protocol.LAC_HEADER}` the writer's last add confirmed (required), "
+    f"`{protocol.LAC_HEADER}` the writer's last add confirmed (required; past the add's "
+    f"last entry it is 422 {protocol.INVALID_LAC}, but on a recovery's re-add), "
     f"`{protocol.LAC_LENGTH_HEADER}` the ledger's bytes up to it, "
     f"`{protocol.RECOVERY_ADD_HEADER}: 1` a recovery's re-add (taken on a fenced ledger, "
     "never a closed or deleted one). The same bytes again at an id: 201; other bytes: 409 "
     "entry_conflict; a fenced ledger: 409 ledger_fenced; a local ledger: 409 not_replicated; "
     "a plain add to a replicated ledger: 409 replicated_ledger. A malformed header is 400, "
-    "a missing X-Lac or X-Entry-Id or quorums out of order 422."
+    "a missing X-Lac or X-Entry-Id or quorums out of order or out of bounds 422."
 )
 EXPECT_NODE_TEXT = (
     f"Any request may carry `{protocol.EXPECT_NODE_HEADER}: <node id>`: another node answers "
@@ -129,8 +131,34 @@ def _flag(name: str, description: str) -> dict[str, Any]:
 FENCE = _flag(
     "fence",
     "1: a recovery's fencing read: the fence is journaled and durable before the answer "
-    "(an entry read: before the lookup); a ledger the node does not know is created fenced",
+    "(an entry read: before the lookup); a ledger the node does not know is created fenced. "
+    "A state change: with an admin token set, it needs the token (401, 403), as writes do",
 )
+# offset and limit of the stream lists (GET /api/v1/streams, /api/v1/status/streams).
+STREAM_PAGE = [
+    {
+        "name": "offset",
+        "in": "query",
+        "required": False,
+        "schema": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_ID,  # as the route parses it (parse_id)
+            "default": 0,
+        },
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": STREAM_PAGE_MAX,
+            "default": STREAM_PAGE_DEFAULT,
+        },
+    },
+]
 OFFLOAD_READ_ERRORS = (502, 503, 504)  # reads of an offloaded ledger: the object store
 
 
@@ -229,7 +257,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                         },
                         "content": {OCTET_CONTENT_TYPE: BINARY},
                     },
-                    **_errors(400, 403, 404, 409, 421, 500, *OFFLOAD_READ_ERRORS, 507),
+                    **_errors(400, 401, 403, 404, 409, 421, 500, *OFFLOAD_READ_ERRORS, 507),
                 },
             },
         },
@@ -317,7 +345,7 @@ def _ledger_paths(max_long_poll_ms: int) -> dict[str, Any]:
                         ),
                         "headers": NODE_ID_REPLY,
                     },
-                    **_errors(400, 403, 404, 409, 421, 422, 503, 507),
+                    **_errors(400, 401, 403, 404, 409, 421, 422, 503, 507),
                 },
             },
         },
@@ -484,8 +512,10 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
     return {
         "/api/v1/streams": {
             "get": {
-                "summary": "List streams",
-                "responses": {"200": _json(_ref("StreamList"), "Streams"), **_errors()},
+                "summary": "The streams, a page at a time in name order (with a metadata "
+                "store, the fleet's)",
+                "parameters": STREAM_PAGE,
+                "responses": {"200": _json(_ref("StreamList"), "Streams"), **_errors(400)},
             },
         },
         "/api/v1/streams/{name}": {
@@ -682,30 +712,7 @@ def _status_paths() -> dict[str, Any]:
             "get": {
                 "summary": "Every stream with its cursors' backlogs, a page at a time in name "
                 "order (the summary carries only those with the largest backlog)",
-                "parameters": [
-                    {
-                        "name": "offset",
-                        "in": "query",
-                        "required": False,
-                        "schema": {
-                            "type": "integer",
-                            "minimum": 0,
-                            "maximum": MAX_ID,  # as the route parses it (parse_id)
-                            "default": 0,
-                        },
-                    },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "required": False,
-                        "schema": {
-                            "type": "integer",
-                            "minimum": 1,
-                            "maximum": STREAM_PAGE_MAX,
-                            "default": STREAM_PAGE_DEFAULT,
-                        },
-                    },
-                ],
+                "parameters": STREAM_PAGE,
                 "responses": {"200": _json(_ref("StatusStreamPage"), "Streams"), **_errors(400)},
             }
         },

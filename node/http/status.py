@@ -24,8 +24,8 @@ from node.http import models
 from node.http.errors import ApiError
 from node.http.frames import CSS_CONTENT_TYPE, HTML_CONTENT_TYPE, JAVASCRIPT_CONTENT_TYPE
 from node.http.jsonreply import json_response
-from node.http.ledgers import parse_id
 from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
+from node.http.streams import stream_page
 from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
 from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
 from node.settings import Settings
@@ -49,10 +49,6 @@ CONTENT_SECURITY_POLICY = (
 PINNED_LOGS_SHOWN = 5  # the oldest logs the map explains
 PINS_PER_LOG = 10  # ledgers named per log, the largest first (a log may hold thousands)
 MS_PER_S = 1000
-# GET /api/v1/status/streams: streams per page unless asked, and at most (a page of 1,000
-# is ~200 KB of JSON, fetched on demand, never polled).
-STREAM_PAGE_DEFAULT = 100
-STREAM_PAGE_MAX = 1000
 
 
 @dataclass(slots=True)
@@ -365,11 +361,7 @@ def _replication(app: web.Application) -> models.StatusReplication:
 @routes.get("/api/v1/status/streams")
 async def streams_page(request: web.Request) -> web.Response:
     """Every stream, a page at a time in name order: what the summary leaves out."""
-    query = request.query
-    offset = parse_id(query.get("offset"), "offset", default=0)
-    limit = parse_id(query.get("limit"), "limit", default=STREAM_PAGE_DEFAULT)
-    if not 1 <= limit <= STREAM_PAGE_MAX:
-        raise ApiError(400, "invalid_limit", f"limit must be in [1, {STREAM_PAGE_MAX}]")
+    offset, limit = stream_page(request)
     manager = request.app[STREAMS]
     everything = manager.streams()
     now_ms = streams_now_ms()

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from node.client.errors import MetadataError
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.forward import FORWARDER, OwnerMoved, forwarded
+from node.http.forward import FORWARDED_BY, FORWARDER, NOT_OWNER, OwnerMoved, forwarded
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -33,16 +34,23 @@ from node.streams.manager import Read, StreamManager, parse_position
 from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
 
 if TYPE_CHECKING:
+    from node.client.registry import Registry
     from node.streams.router import StreamRouter
 
 routes = web.RouteTableDef()
 # Which node serves each replicated stream (only on a node with a metadata store).
 STREAM_ROUTER: web.AppKey[StreamRouter] = web.AppKey("stream_router")
+# The fleet's registered nodes (with STREAM_ROUTER): who may have forwarded a request here.
+NODE_REGISTRY: web.AppKey[Registry] = web.AppKey("node_registry")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 LOCAL = Replication(1, 1, 1)  # a stream of a node without a metadata store: its own ledgers
 DEFAULT_READ_LIMIT = 100
 MAX_READ_LIMIT = 10_000
+# The stream lists (GET /api/v1/streams, /api/v1/status/streams): streams per page unless
+# asked, and at most (a page of 1,000 is ~200 KB of JSON; 2,000 streams in one were 1.3 MB).
+STREAM_PAGE_DEFAULT = 100
+STREAM_PAGE_MAX = 1000
 
 
 def _streams(request: web.Request) -> StreamManager:
@@ -59,15 +67,48 @@ async def owner_url(app: web.Application, name: str, *, create: bool = False) ->
     return await router.route(name, create=create)
 
 
-def not_twice(request: web.Request, stream: str, url: str) -> None:
-    """One hop: a request forwarded here that this node would send on is refused."""
-    if forwarded(request):
+async def not_twice(request: web.Request, stream: str, url: str) -> None:
+    """One hop: a request forwarded here that this node would send on is refused, with
+    what happened: ownership moved while a node forwarded it (503 ``not_owner``, retry), or
+    the header names no node of the fleet (400 ``invalid_header``: a client or a proxy set
+    it, and a retry would be refused alike)."""
+    if not forwarded(request):
+        return
+    by = request.headers[FORWARDED_BY]
+    where = (
+        f"stream {stream[:100]!r} is served by the node at {url}, not by this node "
+        f"({request.app[SETTINGS].id!r})"
+    )
+    known = await _registered(request.app, by)
+    if known is False:
         raise ApiError(
-            503,
-            "not_owner",
-            f"stream {stream[:100]!r} moved again while the request was forwarded "
-            f"(to {url}): retry",
+            400,
+            "invalid_header",
+            f"{where}, and the request carries {FORWARDED_BY}: {by[:100]!r}, which names no "
+            "node of the fleet: only a node sets it, on the one hop it forwards a request. "
+            f"Send the request without {FORWARDED_BY}",
         )
+    said = (
+        f"node {by[:100]!r} forwarded this request here as the owner"
+        if known
+        else f"the request says node {by[:100]!r} forwarded it here ({FORWARDED_BY})"
+    )
+    raise ApiError(
+        503,
+        NOT_OWNER,
+        f"{where}; {said}, so ownership moved while it was on its way, and a forwarded "
+        "request is never sent on: retry",
+    )
+
+
+async def _registered(app: web.Application, node_id: str) -> bool | None:
+    """Whether ``node_id`` is a registered node (None: the store did not answer)."""
+    registry = app[NODE_REGISTRY]
+    try:
+        await registry.nodes()
+    except MetadataError:
+        return None
+    return registry.registered(node_id)
 
 
 def served(*, create: bool = False) -> Callable[[Handler], Handler]:
@@ -80,7 +121,7 @@ def served(*, create: bool = False) -> Callable[[Handler], Handler]:
             url = await owner_url(request.app, _name(request), create=create)
             if url is None:
                 return await handler(request)
-            not_twice(request, _name(request), url)
+            await not_twice(request, _name(request), url)
             router, name = request.app[STREAM_ROUTER], _name(request)
             router.forwarded += 1
             try:
@@ -208,15 +249,34 @@ async def _frames(request: web.Request, reply: ReplyBytes, found: Read) -> web.S
     return await send(request, reply, STREAM_CONTENT_TYPE, stream_pieces(found), headers)
 
 
+def stream_page(request: web.Request) -> tuple[int, int]:
+    """``offset`` and ``limit`` of a stream list's page (400 out of bounds)."""
+    offset = parse_id(request.query.get("offset"), "offset", default=0)
+    limit = parse_id(request.query.get("limit"), "limit", default=STREAM_PAGE_DEFAULT)
+    if not 1 <= limit <= STREAM_PAGE_MAX:
+        raise ApiError(400, "invalid_limit", f"limit must be in [1, {STREAM_PAGE_MAX}]")
+    return offset, limit
+
+
 @routes.get("/api/v1/streams")
 async def list_streams(request: web.Request) -> web.Response:
-    streams = _streams(request)
-    found = [_stream_model(streams, s, _owner_here(request.app)) for s in streams.streams()]
+    """A page of the streams in name order; with a metadata store, the fleet's."""
+    offset, limit = stream_page(request)
+    streams, here = _streams(request), _owner_here(request.app)
+    # Each row's reply is made only for the page: a stream's cursors and backlogs cost.
+    rows: list[tuple[str, Callable[[], models.Stream]]] = [
+        (s.name, functools.partial(_stream_model, streams, s, here)) for s in streams.streams()
+    ]
     router = request.app.get(STREAM_ROUTER)
     if router is not None:
-        found += [_record_model(s, owner) for s, owner in await router.elsewhere()]
-        found.sort(key=lambda s: s.name)
-    return json_response(models.StreamList(streams=found).to_json())
+        rows += [
+            (s.name, functools.partial(_record_model, s, owner))
+            for s, owner in await router.elsewhere()
+        ]
+    rows.sort(key=lambda row: row[0])
+    page = [make() for _name, make in rows[offset : offset + limit]]
+    reply = models.StreamList(streams=page, total=len(rows), offset=offset, limit=limit)
+    return json_response(reply.to_json())
 
 
 @routes.put("/api/v1/streams/{name}")

@@ -199,12 +199,27 @@ class ReplicatedBackend:
         try:
             writer = await self._client.create_ledger(e, qw, qa, properties)
         except NotEnoughNodes as error:
-            raise StreamNotEnoughNodes(str(error)) from None
+            raise self._too_few_nodes(error) from None
         except MetadataError as error:
             raise _metadata_error(error) from error
         self._writers[writer.id] = writer
         meta = LedgerMeta(writer.id, created_ms=writer.metadata.ctime_ms, properties=properties)
         return meta, True
+
+    def _too_few_nodes(self, error: NotEnoughNodes) -> StorageError:
+        """Too few registered nodes, or a registry the store lost: this node registers as
+        long as it runs, so its own registration missing from the read that placement just
+        made means the store dropped registrations (their leases ended, as they all do when
+        etcd comes back from a pause longer than registration_ttl_s), not that nodes left:
+        the nodes register again within registration_ttl_s / 3."""
+        node_id = self.settings.id
+        if self._client.registry.registered(node_id):
+            return StreamNotEnoughNodes(str(error))
+        return MetadataUnavailable(
+            f"the metadata store holds no registration of this node ({node_id!r}), so its "
+            f"list of nodes is not current (leases lost, e.g. after an etcd pause or "
+            f"restart): the nodes register again shortly ({error})"
+        )
 
     def _writer(self, ledger_id: int) -> LedgerHandle:
         writer = self._writers.get(ledger_id)

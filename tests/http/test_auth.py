@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from node.client import protocol
+from node.client.metadata.store import LEDGER_ID_BASE
 from node.http.app import build_app
 from node.http.fastlane import SERVER_HEADER as FAST_LANE_SERVER
 from tests.harness.settings import make_settings
@@ -57,6 +59,63 @@ async def test_the_right_token_passes_and_reads_need_none(guarded: Any) -> None:
     assert (await guarded.get("/api/v1/bookie/state")).status == 200
     config = await (await guarded.get("/api/v1/config/server_config", headers=auth)).json()
     assert config["admin_token"] == "******"  # never echoed
+
+
+FENCING_READS = (
+    "/api/v1/ledgers/{lid}/lac?replicated=1&fence=1",
+    "/api/v1/ledgers/{lid}/entries/0?fence=1",
+    "/api/v1/ledgers/{lid}/entries/0?fence=yes",  # whatever the route makes of the flag
+    "/api/v1/ledgers/{lid}/lac?fence=1",
+)
+
+
+async def test_a_fencing_read_needs_the_token(guarded: Any) -> None:
+    """A fencing read fences a live ledger (its writer's next add fails), or creates an
+    unknown one fenced: a state change. Without the token (401) or with another (403) it
+    changes nothing: the writer's next add goes in, no ledger is created; with it, it
+    fences, and creates an unknown ledger fenced (BookKeeper's rule)."""
+    live, unknown = LEDGER_ID_BASE + 5, LEDGER_ID_BASE + 6
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def replica_add(entry_id: int) -> Any:
+        headers = {
+            **auth,
+            "Content-Type": protocol.OCTET_CONTENT_TYPE,
+            protocol.REPLICATED_HEADER: "3/3/2",
+            protocol.ENTRY_ID_HEADER: str(entry_id),
+            protocol.LAC_HEADER: str(entry_id - 1),
+        }
+        path = f"/api/v1/ledgers/{live}/entries"
+        return await guarded.post(path, data=b"e%d" % entry_id, headers=headers)
+
+    async def ledgers() -> list[tuple[int, str]]:
+        listed = (await (await guarded.get("/api/v1/ledgers")).json())["ledgers"]
+        return [(m["ledgerId"], m["state"]) for m in listed]
+
+    assert (await replica_add(0)).status == 201
+    for lid in (live, unknown):
+        for template in FENCING_READS:
+            path = template.format(lid=lid)
+            for method in ("GET", "HEAD"):
+                r = await guarded.request(method, path)
+                assert r.status == 401, (method, path)
+                r = await guarded.request(method, path, headers={"Authorization": "Bearer no"})
+                assert r.status == 403, (method, path)
+            r = await guarded.get(path)
+            assert (await r.json())["code"] == "unauthorized"
+    assert await ledgers() == [(live, "open")]
+    assert (await replica_add(1)).status == 201  # not fenced
+    # Reads that fence nothing need no token, as before.
+    for path in ("entries/1", "entries/1?fence=0", "lac", "lac?replicated=1"):
+        assert (await guarded.get(f"/api/v1/ledgers/{live}/{path}")).status == 200, path
+    # With the token: a fence, and an unknown ledger created fenced.
+    r = await guarded.get(f"/api/v1/ledgers/{live}/entries/1?fence=1", headers=auth)
+    assert r.status == 200 and await r.read() == b"e1"
+    r = await replica_add(2)
+    assert r.status == 409 and (await r.json())["code"] == protocol.LEDGER_FENCED
+    r = await guarded.get(f"/api/v1/ledgers/{unknown}/lac?replicated=1&fence=1", headers=auth)
+    assert r.status == 200 and (await r.json())["fenced"] is True
+    assert await ledgers() == [(live, "fenced"), (unknown, "fenced")]
 
 
 async def test_the_settings_need_the_token_and_show_no_credential(

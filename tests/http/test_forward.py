@@ -399,7 +399,11 @@ async def test_an_owner_that_is_down_is_unreachable(setup: Setup) -> None:
             method, "/api/v1/streams/orders/entries", data=b"x" if method == "POST" else None
         )
         body = await _error(response, "owner_unreachable")
-        assert down in body["message"]
+        # In words: the owner's URL and the OS's reason, no exception's repr.
+        said = (
+            f"the stream's owner at {down} did not answer: could not connect (Connection refused)"
+        )
+        assert body["message"] == said, body
     assert _count(client, "unreachable") == 2
     assert _count(client, "unknown") == 0
 
@@ -415,6 +419,8 @@ async def test_an_owner_that_dies_after_an_appends_body_leaves_it_unknown(
     )
     body = await _error(response, "append_outcome_unknown")
     assert "may or may not be in the stream" in body["message"]
+    assert "closed the connection without answering" in body["message"], body
+    assert "Error(" not in body["message"], body
     assert owner.bodies_read == 1
     # A request that changes nothing twice (a read, a cursor's ack) is just unreachable.
     for method, path in (
@@ -432,7 +438,8 @@ async def test_an_owner_silent_after_an_append_leaves_it_unknown(setup: Setup) -
     response = await client.post(
         "/api/v1/streams/orders/entries", data=b"payload", headers={BEHAVE: "silent"}
     )
-    await _error(response, "append_outcome_unknown")
+    body = await _error(response, "append_outcome_unknown")
+    assert "silent for longer than stream_forward_timeout_s" in body["message"], body
     assert time.monotonic() - started < 5  # stream_forward_timeout_s: 1 s
     await asyncio.wait_for(owner.hung_up.wait(), 5)  # its connection was closed
 

@@ -233,6 +233,66 @@ async def test_bad_replica_headers(node: Client) -> None:
     assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404
 
 
+async def test_quorums_past_what_the_index_holds_are_refused(node: Client) -> None:
+    """E, Qw and Qa are 16 bits each in a replica's index: past that, 422 (it was a 500,
+    the index's pack failing), on the add and on the fencing read that creates a ledger."""
+    widest = 0xFFFF  # REPLICATION_FIXED's u16
+    for text in ("999999/3/2", f"{widest + 1}/3/2", "70000/70000/70000"):
+        bad = {protocol.REPLICATED_HEADER: text}
+        add = await _add(node, LID, 0, b"x", **bad)
+        fence = await node.get(f"/api/v1/ledgers/{LID}/lac?replicated=1&fence=1", headers=bad)
+        for response in (add, fence):
+            refused = await _json(response, 422)
+            assert refused["code"] == "invalid_replication", text
+            assert str(widest) in refused["message"]
+    assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404  # nothing created
+    added = await _add(node, LID, 0, b"x", **{protocol.REPLICATED_HEADER: f"{widest}/3/2"})
+    assert (await _json(added, 201))["lastEntryId"] == 0
+    assert node.app[STORAGE].ledger(LID).replication == (widest, 3, 2)
+
+
+async def test_a_lac_past_the_adds_entries_is_refused(node: Client) -> None:
+    """A writer confirms an entry once Qa replicas hold it: the LAC an add carries is never
+    past the add's own entries. Such an add is refused (it was taken, and the replica then
+    said lac 1000, lastEntryId 0); a recovery's copy, which carries a closed ledger's end,
+    is not."""
+
+    async def lac_view() -> Any:
+        return await _json(await node.get(f"/api/v1/ledgers/{LID}/lac?replicated=1"), 200)
+
+    async def post(body: bytes, content_type: str, headers: dict[str, str]) -> Any:
+        headers = {"Content-Type": content_type, **headers}
+        return await node.post(f"/api/v1/ledgers/{LID}/entries", data=body, headers=headers)
+
+    # The fast lane (one raw entry), first add of the ledger: refused, nothing created.
+    refused = await _json(await _add(node, LID, 0, b"a", lac=1000), 422)
+    assert refused["code"] == protocol.INVALID_LAC and "1000" in refused["message"]
+    assert (await node.get(f"/api/v1/ledgers/{LID}")).status == 404
+    assert (await _add(node, LID, 0, b"a", lac=-1)).status == 201
+    # A batch (aiohttp's route): its last entry bounds the LAC, which may name it.
+    batch = protocol.encode_batch([b"b", b"c", b"d"])
+    refused = await _json(await post(batch, protocol.BATCH_CONTENT_TYPE, _replica(1, lac=4)), 422)
+    assert refused["code"] == protocol.INVALID_LAC
+    assert await lac_view() == {
+        "ledgerId": LID,
+        "lac": -1,
+        "lacLength": 0,
+        "lastEntryId": 0,
+        "fenced": False,
+    }
+    assert (await _add(node, LID, 1, b"b", lac=1000)).status == 422  # the fast lane, again
+    # A range: its highest id bounds it.
+    striped = protocol.encode_range([(5, b"x"), (8, b"y")])
+    refused = await _json(await post(striped, protocol.RANGE_CONTENT_TYPE, _replica(5, lac=9)), 422)
+    assert refused["code"] == protocol.INVALID_LAC
+    assert (await lac_view())["lastEntryId"] == 0
+    assert (await post(batch, protocol.BATCH_CONTENT_TYPE, _replica(1, lac=3))).status == 201
+    assert (await lac_view())["lac"] == 3
+    # A recovery's copy of a closed ledger's older fragment carries the ledger's end.
+    copy = await _add(node, LID, 4, b"e", lac=40, recovery=True)
+    assert (await _json(copy, 201))["lac"] == 40
+
+
 async def test_reserved_ledger_ids_with_a_metadata_store(
     tmp_path: Path, aiohttp_client: Any
 ) -> None:
