@@ -38,6 +38,7 @@ from pydantic_settings import (
 
 KiB = 1024
 MiB = 1024 * KiB
+GiB = 1024 * MiB
 ENTRY_CACHE_MEMORY_SHARE = 0.10  # of physical memory, for stream_entry_cache_bytes' default
 ENTRY_CACHE_MAX_DEFAULT = 256 * MiB
 
@@ -45,7 +46,8 @@ ENTRY_CACHE_MAX_DEFAULT = 256 * MiB
 def _entry_cache_default() -> int:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return min(ENTRY_CACHE_MAX_DEFAULT, int(memory * ENTRY_CACHE_MEMORY_SHARE))
-GiB = 1024 * MiB
+
+
 SECTOR = 512  # the smallest unit a disk writes atomically
 WAL_BLOCK_ALIGNMENT = 4 * KiB  # raw-device WAL blocks start and end on these boundaries
 

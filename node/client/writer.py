@@ -227,6 +227,9 @@ class LedgerHandle:
         """One replica add; a node that pushes back (its write cache full, too many requests)
         is asked again after a pause, until the add's time is up."""
         deadline = started + self._client.add_timeout_s
+        # The LAC as the request was first made: a retry must not claim one past its own
+        # entries (acknowledged meanwhile on other nodes), which a node refuses (invalid_lac).
+        lac, lac_length = self.lac, self._lac_length
         while True:
             try:
                 await within(
@@ -235,8 +238,8 @@ class LedgerHandle:
                         node,
                         self.id,
                         [(p.entry_id, p.payload) for p in group],
-                        lac=self.lac,
-                        lac_length=self._lac_length,
+                        lac=lac,
+                        lac_length=lac_length,
                         replication=self._replication,
                     ),
                     max(deadline - time.monotonic(), 0.001),

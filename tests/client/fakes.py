@@ -17,6 +17,7 @@ from node.client.model import NodeInfo, node_key
 from node.client.protocol import (
     ENTRY_CONFLICT,
     ENTRY_NOT_FOUND,
+    INVALID_LAC,
     LEDGER_FENCED,
     LEDGER_NOT_FOUND,
 )
@@ -64,6 +65,8 @@ class FakeNode:
         if self.busy:
             self.busy -= 1
             raise self._fail("backpressure", 503)
+        if not recovery and lac > entries[-1][0]:  # as a node: a LAC past the entries sent
+            raise self._fail(INVALID_LAC, 422)
         ledger = self.ledgers.setdefault(ledger_id, FakeLedger(replication))
         if ledger.fenced and not recovery:
             raise self._fail(LEDGER_FENCED, 409)

@@ -215,6 +215,23 @@ async def test_a_busy_node_is_asked_again_not_replaced() -> None:
         assert len(ledger.metadata.segments) == 1
 
 
+async def test_a_busy_nodes_retry_carries_the_lac_its_request_was_made_with() -> None:
+    """Qa=2 of 3: while one node pushes back on entry 0, the two others acknowledge entries
+    0 and 1. The retry must not claim LAC 1 for a request of entry 0 (a node refuses that
+    with invalid_lac, and the writer would replace a node that only was busy)."""
+    store, net = await cluster(4)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        busy = ledger.metadata.last_segment.ensemble[2]
+        net.nodes[busy].busy = 1
+        assert await ledger.add(b"a") == 0
+        assert await ledger.add(b"b") == 1
+        await asyncio.sleep(0.2)  # past the busy node's pause: its retry of entry 0 went
+        await ledger.close()
+        assert len(ledger.metadata.segments) == 1, ledger.metadata.segments
+        assert set(net.nodes[busy].ledgers[ledger.id].entries) == {0, 1}
+
+
 async def test_metrics_count_changes_unknown_adds_and_recoveries() -> None:
     from prometheus_client.metrics import MetricWrapperBase
 
