@@ -13,7 +13,8 @@ in production):
   (long poll) and acknowledging the last of each read before the next.
 
 With ``--replicated``: replicated streams on a local cluster against a single node's
-(stream_replicated.py).
+(stream_replicated.py), which also uses this load process's ``tail-paced`` mode: one writer at
+``TAIL_RATE`` appends/s and the reader long-polling, perhaps on another node than the writer's.
 
 End-to-end latency: each payload starts with the monotonic time its append started (in
 the load process, which also runs the reader); the reader's receipt minus it. It covers
