@@ -34,6 +34,8 @@ DEFAULT_REPLAY_MIB = 256  # bench replay's journal
 REREPLICATE_MIB = 64  # bench rereplicate's ledgers: ~3/4 of them on the lost node
 JEPSEN_RUNS = 200  # bench jepsen's fault runs (make jepsen)
 WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
+READ_ENTRIES = 40_000  # the read rows' stream or ledger (issue 39's catch-up measurement)
+READ_PAGE = 10_000  # ... read in pages of this many entries (a stream read's largest limit)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -245,6 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stream: replicated (3/3/2) streams on etcd and four local nodes against a "
         "single node's, and an append forwarded by a non-owner against the owner's",
+    )
+    bench.add_argument(
+        "--rows",
+        help="stream --replicated: appends, reads, tail; replicated: appends, reads "
+        "(comma-separated; default: all)",
+    )
+    bench.add_argument(
+        "--read-entries",
+        type=int,
+        default=READ_ENTRIES,
+        help="stream --replicated, replicated: entries of 1 KiB the read rows read",
+    )
+    bench.add_argument(
+        "--read-page",
+        type=int,
+        default=READ_PAGE,
+        help="stream --replicated, replicated: entries per read request of the read rows",
     )
     bench.add_argument("--runs", type=int, default=JEPSEN_RUNS, help="jepsen: fault runs")
     bench.add_argument("--seed", type=int, default=0, help="jepsen: seed of the first run")

@@ -7,13 +7,15 @@
 - ``http`` (http.py): the live server over loopback, next to the engine in-process;
 - ``stream`` (stream.py): stream appends and append-to-tailing-reader latency over loopback;
   with ``--replicated`` (stream_replicated.py), replicated streams on a local cluster
-  (etcd and four nodes) against a single node's, and a forwarded append against the owner's;
+  (etcd and four nodes) against a single node's: appends, a forwarded append, catch-up reads
+  (stream_reads.py, the load process) and a tailing consumer's end-to-end latency;
 - ``offload`` (offload.py): upload and reads of an offloaded ledger (local store, S3 on moto)
   beside entry-log reads of the same ledger, and the bytes a random read fetches;
 - ``audit`` (audit.py): the audit's Spark scan of entry logs with local[1] and local[2]
   beside the single-threaded ``inspect`` CRC pass;
 - ``replicated`` (replicated.py): replicated ledgers against single-copy ones through the
-  client, on a local cluster (etcd and three nodes);
+  client, on a local cluster (etcd and three nodes), and a closed ledger's reads through the
+  client against one node's range reads;
 - ``rereplicate`` (rereplicate.py): autorecovery's copy of a lost node's fragments through the
   nodes' route, against the same bytes read and added by a plain client (etcd and four nodes);
 - ``jepsen`` (jepsen.py): seeded fault runs against etcd and five nodes on loopback, each

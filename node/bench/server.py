@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,12 @@ from node.settings import KiB
 
 ENTRY_SIZE = 1 * KiB  # every entry over HTTP
 BATCH_ENTRIES = 100  # entries per batch request
+FILL_BATCH = 1000  # entries per add filling a stream or ledger for a read bench
 WARMUP_S = 1.0  # the load process's warm-up before its measured window
 READY_TIMEOUT_S = 30.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+INDEX_BYTES = 8  # an entry index in a read bench's payload
+STDERR_CHARS = 2000  # of a failed load process's stderr, in the error
 
 
 def call(url: str, method: str = "GET", body: bytes | None = None, content_type: str = "") -> Any:
@@ -93,16 +96,52 @@ def run_load(pids: list[int], url: str, module: str, *argv: object) -> tuple[dic
     measures and prints its figures as JSON. Returns them, and the CPU seconds processes
     ``pids`` (the nodes serving it) used, charged to the measured window (their share of the
     CPU used during the whole run)."""
-    cpu_before = sum(cpu_seconds(pid) for pid in pids)
-    out = subprocess.run(
-        [sys.executable, "-m", module, url, *map(str, argv)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    cpu = sum(cpu_seconds(pid) for pid in pids) - cpu_before
-    result: dict[str, Any] = json.loads(out)
-    return result, cpu * result["seconds"] / (result["seconds"] + WARMUP_S)
+    result, by_pid = run_load_by_pid(pids, url, module, *argv)
+    return result, sum(by_pid.values())
+
+
+def run_load_by_pid(
+    pids: list[int], url: str, module: str, *argv: object
+) -> tuple[dict[str, Any], dict[int, float]]:
+    """``run_load`` with each process's CPU seconds apart (the owner's against the others')."""
+    cpu_before = cpu_by_pid(pids)
+    result = load_process(module, url, *argv)
+    cpu_after = cpu_by_pid(pids)
+    share = result["seconds"] / (result["seconds"] + WARMUP_S)
+    return result, {pid: (cpu_after[pid] - cpu_before[pid]) * share for pid in pids}
+
+
+def load_process(module: str, *argv: object) -> dict[str, Any]:
+    """Runs ``python -m module ARGV...`` to its end: the figures it prints as JSON
+    (LoadFailed with the end of its stderr if it fails)."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *map(str, argv)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise LoadFailed(f"{module} exited {done.returncode}: {done.stderr[-STDERR_CHARS:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+class LoadFailed(RuntimeError):
+    """A load process that did not finish its run."""
+
+
+def cpu_by_pid(pids: list[int]) -> dict[int, float]:
+    return {pid: cpu_seconds(pid) for pid in pids}
+
+
+def indexed_payload(index: int, size: int = ENTRY_SIZE) -> bytes:
+    """The payload of the ``index``-th entry a read bench writes: its index over and over, so
+    that a read that returns another entry, a shifted or a cut one, compares unequal."""
+    stamp = index.to_bytes(INDEX_BYTES, "big")
+    return (stamp * (size // INDEX_BYTES + 1))[:size]
+
+
+def misread(first: int, payloads: Iterable[bytes], size: int = ENTRY_SIZE) -> int:
+    """How many of ``payloads``, read in order from entry ``first`` of what a read bench
+    wrote (entries of ``size``), are not the entry that belongs there."""
+    return sum(p != indexed_payload(first + n, size) for n, p in enumerate(payloads))
 
 
 @contextlib.contextmanager

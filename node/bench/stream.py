@@ -13,7 +13,8 @@ in production):
   (long poll) and acknowledging the last of each read before the next.
 
 With ``--replicated``: replicated streams on a local cluster against a single node's
-(stream_replicated.py).
+(stream_replicated.py), which also uses this load process's ``tail-paced`` mode: one writer at
+``TAIL_RATE`` appends/s and the reader long-polling, perhaps on another node than the writer's.
 
 End-to-end latency: each payload starts with the monotonic time its append started (in
 the load process, which also runs the reader); the reader's receipt minus it. It covers
@@ -61,7 +62,9 @@ STAMP = struct.Struct(">Q")  # the append's start, perf_counter_ns, at the paylo
 NEVER_NS = 1 << 63  # after any perf_counter_ns
 NS_PER_S = 1e9
 
+TAIL_RATE = 100  # appends/s of the paced tail's one writer: far below what a node sustains
 SINGLE, BATCH, TAIL_READ, TAIL_CURSOR = "single", "batch", "tail-read", "tail-cursor"
+TAIL_PACED = "tail-paced"  # one writer at TAIL_RATE, the reader long-polling (stream_replicated)
 
 
 @dataclass(slots=True)
@@ -82,23 +85,31 @@ def _stamped(size: int) -> bytes:
 
 
 async def _load(
-    url: str, mode: str, connections: int, seconds: float, stream: str
+    url: str, mode: str, connections: int, seconds: float, stream: str, reader_url: str = ""
 ) -> dict[str, Any]:
+    """``reader_url``: the node the tailing reader asks (default: ``url``, the writers')."""
     import aiohttp  # the load process only
 
     base = f"{url}/api/v1/streams/{stream}"
+    read_base = f"{reader_url or url}/api/v1/streams/{stream}"
     batch = encode_batch([bytes(ENTRY_SIZE)] * BATCH_ENTRIES)
     appends: list[float] = []
     starts: list[int] = []  # perf_counter_ns of every acknowledged single append
     e2e: list[float] = []
-    counts = {"requests": 0, "entries": 0, "errors": 0, "delivered": 0}
+    # misread: an entry received cut, or (one paced writer) out of its append order
+    counts = {"requests": 0, "entries": 0, "errors": 0, "delivered": 0, "misread": 0}
+    last_stamp = [-1]
     phase = Phase()
     draining = False
     # perf_counter_ns of the measured window; until it opens, no stamp is in it.
     window = {"start": NEVER_NS, "end": NEVER_NS}
 
     async def writer(session: aiohttp.ClientSession) -> None:
+        next_send = time.perf_counter()
         while phase.running:
+            if mode == TAIL_PACED:  # a steady rate: the latency of a light load, no queue
+                await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
+                next_send = max(next_send + 1 / TAIL_RATE, time.perf_counter())
             started = time.perf_counter()
             if mode == BATCH:
                 body, content_type, entries = batch, BATCH_CONTENT_TYPE, BATCH_ENTRIES
@@ -125,6 +136,9 @@ async def _load(
         last = None
         for position, payload in decode_stream_frames(body):
             (stamp,) = STAMP.unpack_from(payload)
+            if len(payload) != ENTRY_SIZE or (mode == TAIL_PACED and stamp <= last_stamp[0]):
+                counts["misread"] += 1
+            last_stamp[0] = stamp
             if window["start"] <= stamp <= window["end"]:
                 counts["delivered"] += 1
                 e2e.append((received - stamp) / NS_PER_S)
@@ -137,9 +151,9 @@ async def _load(
             wait_ms = DRAIN_WAIT_MS if draining else TAIL_WAIT_MS
             query = f"limit={READ_LIMIT}&waitMs={wait_ms}"
             if mode == TAIL_CURSOR:
-                url = f"{base}/cursors/tail/entries?{query}"
+                url = f"{read_base}/cursors/tail/entries?{query}"
             else:
-                url = f"{base}/entries?{query}" + (f"&from={position}" if position else "")
+                url = f"{read_base}/entries?{query}" + (f"&from={position}" if position else "")
             async with session.get(url) as response:
                 body = await response.read()
                 if response.status != 200:
@@ -151,19 +165,21 @@ async def _load(
             last = receive(body)
             if last is not None and mode == TAIL_CURSOR:
                 async with session.post(
-                    f"{base}/cursors/tail/ack", json={"position": last}
+                    f"{read_base}/cursors/tail/ack", json={"position": last}
                 ) as response:
                     await response.read()
             if last is None and draining:
                 return
 
-    tailing = mode in (TAIL_READ, TAIL_CURSOR)
+    tailing = mode in (TAIL_READ, TAIL_CURSOR, TAIL_PACED)
     async with (
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections)) as writers,
         aiohttp.ClientSession() as readers,  # its own connection, never queued behind appends
     ):
         if mode == TAIL_CURSOR:
-            async with readers.put(f"{base}/cursors/tail", json={"start": "earliest"}) as response:
+            async with readers.put(
+                f"{read_base}/cursors/tail", json={"start": "earliest"}
+            ) as response:
                 assert response.status == 201, await response.text()
         read_task = asyncio.create_task(reader(readers)) if tailing else None
         tasks = [asyncio.create_task(writer(writers)) for _ in range(connections)]
@@ -192,8 +208,9 @@ async def _load(
 def load_main(argv: list[str]) -> None:
     from node.runtime import run
 
-    url, mode, connections, seconds, stream = argv
-    json.dump(run(_load(url, mode, int(connections), float(seconds), stream)), sys.stdout)
+    url, mode, connections, seconds, stream, *reader_url = argv
+    result = run(_load(url, mode, int(connections), float(seconds), stream, *reader_url))
+    json.dump(result, sys.stdout)
 
 
 # --- the runs --------------------------------------------------------------------------------
