@@ -510,11 +510,40 @@ def check_stream(
     return verdict
 
 
+@dataclass
+class _Cursor:
+    """Where a cursor reader's cursor may be, as indexes into the final stream of its
+    mark-delete (the entry before the next one it reads). An ack or a reset of unknown
+    outcome may take effect at any time after it was sent, even after later ones answered
+    (a request stuck in a paused node): it stays pending for good. ``marks`` None: somewhere
+    the final stream does not name (an ack of an entry it does not keep)."""
+
+    marks: set[int] | None = field(default_factory=set)
+    acks: set[int] = field(default_factory=set)  # pending: each moves it forward to there
+    resets: set[int] = field(default_factory=set)  # pending: each puts it there
+
+    def candidates(self) -> set[int] | None:
+        if self.marks is None:
+            return None
+        base = self.marks | self.resets
+        return base | {max(m, ack) for m in base for ack in self.acks}
+
+    def move(self, f: OpFunction, mark: int | None, certain: bool) -> None:
+        if mark is None:
+            self.marks = None
+        elif not certain:
+            (self.acks if f == "cursor_ack" else self.resets).add(mark)
+        elif f == "cursor_ack":  # an acknowledgment never moves a cursor back
+            now = self.candidates()
+            self.marks = None if now is None else {max(m, mark) for m in now or {mark}}
+        else:  # created at the earliest entry, or reset
+            self.marks = {mark}
+
+
 class _ReadJudge:
     """The reads of the run against the stream as read back at the end (``final``): what
-    each got, where each began, and for each cursor where its acknowledgments and resets
-    left it (a set of indexes into ``final``: an ack or reset of unknown outcome may have
-    moved it or not; None when it is somewhere ``final`` does not name)."""
+    each got, where each began (a cursor's read: after one of its ``_Cursor.candidates``)
+    and whether it left out entries acknowledged before it began."""
 
     def __init__(
         self,
@@ -537,20 +566,20 @@ class _ReadJudge:
 
     def judge(self) -> None:
         started: dict[str, float] = {}
-        marks: dict[str, set[int] | None] = {}
+        cursors: dict[str, _Cursor] = {}
         for op in self.history:
             if op.type == "invoke":
                 started[op.p] = op.t
                 continue
-            if op.f in ("cursor_create", "cursor_ack", "cursor_reset"):
-                self._move(op, marks)
+            if op.f in ("cursor_create", "cursor_ack", "cursor_reset") and op.type != "fail":
+                cursors.setdefault(op.p, _Cursor()).move(op.f, self._mark(op), op.type == "ok")
             elif op.f in STREAM_READS and op.type == "ok":
                 got = self._entries(op)
                 if op.f == "stream_read":
                     at = None if op.ledger is None else Position(op.ledger, op.entry or 0)
                     begin: set[int] | None = {self._first_at(at)}
                 else:
-                    found = marks.get(op.p)
+                    found = cursors.setdefault(op.p, _Cursor()).candidates()
                     begin = {m + 1 for m in found} if found else None
                 self._judge_read(op, got, begin, started.get(op.p, op.t))
 
@@ -560,23 +589,14 @@ class _ReadJudge:
             return 0
         return next((i for i, (p, _) in enumerate(self.final) if p >= at), len(self.final))
 
-    def _move(self, op: Op, marks: dict[str, set[int] | None]) -> None:
-        if op.type == "fail":
-            return
-        at = None if op.ledger is None else Position(op.ledger, op.entry or 0)
+    def _mark(self, op: Op) -> int | None:
+        """The mark-delete ``op`` sets (an ack: at most), None where the stream has no entry."""
         if op.f == "cursor_create":
-            moved: int | None = -1  # at the earliest entry: before the first
-        else:
-            i = self.index.get(at) if at is not None else None
-            moved = None if i is None else (i if op.f == "cursor_ack" else i - 1)
-        current = marks.get(op.p, set())
-        if moved is None or (current is None and op.f == "cursor_ack"):
-            marks[op.p] = None
-            return
-        # An acknowledgment never moves a cursor back; a creation or a reset puts it there.
-        ack = op.f == "cursor_ack"
-        new = {max(m, moved) for m in current or {moved}} if ack else {moved}
-        marks[op.p] = new if op.type == "ok" else (current or set()) | new
+            return -1  # at the earliest entry: before the first
+        i = None if op.ledger is None else self.index.get(Position(op.ledger, op.entry or 0))
+        if i is None:
+            return None
+        return i if op.f == "cursor_ack" else i - 1
 
     def _entries(self, op: Op) -> list[tuple[Position, str]]:
         positions = [_position(p) for p in op.positions or []]

@@ -378,3 +378,21 @@ def test_the_stream_reads_as_the_ledger_checkers_reads() -> None:
         "dirty_read",
         "phantom",
     }
+
+
+def test_an_ack_of_unknown_outcome_may_land_after_a_later_reset() -> None:
+    """Seen in a fault round: an ack sent to a paused owner timed out; much later the cursor
+    was reset (ok) to an earlier entry, and the next read began after the timed-out ack's
+    entry: that ack landed after the reset. Legal: its outcome was unknown. A read that
+    begins past both is still a skip."""
+    b, read = clean()
+    b.call("c0", "cursor_create")
+    b.read("c0", entries(read, 0, 1))
+    b.call("c0", "cursor_ack", f"{OLD}:3", outcome="info")
+    b.call("c0", "cursor_ack", f"{OLD}:4")
+    b.call("c0", "cursor_reset", f"{OLD}:0")
+    b.read("c0", entries(read, 4, 5))  # after OLD:3: the late ack
+    assert check_stream(b.ops, read).ok
+    b.read("c0", entries(read, 7, 8))  # after OLD:3 or at OLD:0, never at NEW:1
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"skip"}
