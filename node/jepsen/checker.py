@@ -7,12 +7,17 @@ giving an ``Observation``; ``check`` compares them with the history and lists ev
 lost           an acknowledged (ok) entry is missing, or holds other bytes
 short          the ledger ends before an acknowledged entry (lastEntryId < its id)
 disagree       readers see different lastEntryIds (or a close/recovery ended elsewhere)
-past_end       a read past lastEntryId was served
+past_end       a replica served, past lastEntryId, bytes an add was acknowledged for
 gap            an id in 0..lastEntryId could not be read as absent (no entry there)
 order          a reader got entries out of id order
 failed_present an add the client was told failed is in the ledger
 phantom        the ledger holds bytes no add of the history wrote
-read_mismatch  an entry a client read during the run differs from the final ledger
+read_mismatch  an entry a reader got during the run differs from the final ledger, or from
+               the bytes acknowledged at its id
+dirty_read     a reader got an entry (or was told a LAC) past the final lastEntryId: it saw
+               an entry the ledger does not keep
+stale_read     every replica of an entry's write set said "no such entry" to a read invoked
+               after that entry's add was acknowledged
 not_closed     the metadata is not CLOSED after recovery
 unreadable     a reader could not read the ledger at all (the check could not be made)
 twice          two acknowledged adds of different bytes were given the same id
@@ -21,6 +26,19 @@ twice          two acknowledged adds of different bytes were given the same id
 ``info`` operations (unknown outcomes), and adds invoked that never completed (their process
 was killed: ``unfinished`` in the counts), may be present or absent: no rule names them,
 except that their bytes are not phantoms.
+
+Reads during the run (workload.Reader: ``read`` and ``read_lac`` operations) are judged too:
+every entry a read returned (a read that ended early: those it got) must be at its id in the
+final ledger with the same bytes, bytes some add wrote (else ``phantom``) and, when an add was
+acknowledged at that id, its bytes; a closed ledger's end a reader was told must be the final
+one (else ``disagree``).
+
+The past-end probe asks every node of the last segment's ensemble itself for the ids after
+lastEntryId, past the client's range check. A replica may keep an add the recovery did not
+find (it reached too few replicas to be acknowledged: BookKeeper leaves such an entry where it
+is and no reader asks for it); such bytes, of an add whose outcome is unknown, are counted
+(``leftovers``), not a violation; an acknowledged add's bytes there are ``past_end``, a failed
+one's ``failed_present``, anyone else's ``phantom``.
 """
 
 from __future__ import annotations
@@ -31,7 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.client import Client, ClientError
-from node.jepsen.history import Op, digest
+from node.jepsen.history import ABSENT, READS, Op, digest
+from node.jepsen.workload import ask_replicas
 
 READERS = 3  # fresh clients that read every ledger back, each from its own node order
 PAST_END_PROBES = 2  # ids past lastEntryId a reader asks for (each must be refused)
@@ -45,7 +64,9 @@ class Observation:
     state: str = ""  # the metadata's state
     last_entry_id: int | None = None  # None: the reader could not open the ledger
     entries: list[tuple[int, str]] = field(default_factory=list)  # (id, digest) as read, in order
-    past_end: list[int] = field(default_factory=list)  # ids > lastEntryId a read served
+    # (id, node, digest) of what a replica served past lastEntryId
+    past_end: list[tuple[int, str, str]] = field(default_factory=list)
+    probe_errors: int = 0  # past-end probes answered neither with bytes nor "absent"
     error: str = ""  # why it could not read, when it could not
 
     @staticmethod
@@ -101,12 +122,17 @@ class _Expected:
     failed: set[str] = field(default_factory=set)  # digests of failed adds
     written: set[str] = field(default_factory=set)  # every digest any add carried
     ends: list[tuple[str, int]] = field(default_factory=list)  # ok close/recover: (f, end)
-    reads: list[tuple[int, str]] = field(default_factory=list)  # ok reads: (id, digest)
     twice: set[int] = field(default_factory=set)  # ids two ok adds of other bytes were given
+    acked_at: dict[int, float] = field(default_factory=dict)  # id -> when its add was ok
+    reads: list[tuple[int, str, str]] = field(default_factory=list)  # (id, digest, reader)
+    absent: list[tuple[int, float, str]] = field(default_factory=list)  # (id, invoked, reader)
+    lacs: list[tuple[int, str]] = field(default_factory=list)  # (LAC told, reader)
+    closed_ends: list[tuple[int, str]] = field(default_factory=list)  # (end told, reader)
 
 
 def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
     ledgers: dict[int, _Expected] = {}
+    invoked: dict[str, float] = {}  # a reader's last invoke: it runs one read at a time
     for op in history:
         if op.ledger is None:
             continue
@@ -118,12 +144,24 @@ def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
                     if exp.acked.get(entry, d) != d:
                         exp.twice.add(entry)
                     exp.acked[entry] = d
+                    exp.acked_at.setdefault(entry, op.t)
             elif op.type == "fail":
                 exp.failed.update(op.digests())
         elif op.type == "ok" and op.f in ("close", "recover") and op.entry is not None:
             exp.ends.append((op.f, op.entry))
-        elif op.type == "ok" and op.f == "read" and op.entry is not None:
-            exp.reads.extend((op.entry, d) for d in op.digests())
+        elif op.f in ("read", "read_lac") and op.type == "invoke":
+            invoked[op.p] = op.t
+        elif op.f == "read" and op.entry is not None:
+            # A read that ended early returned these too: each is judged.
+            exp.reads.extend((entry, d, op.p) for entry, d in op.entries())
+            if op.error == ABSENT:
+                missing = op.entry + len(op.digests())
+                exp.absent.append((missing, invoked.get(op.p, op.t), op.p))
+        elif op.f == "read_lac" and op.type == "ok" and op.entry is not None:
+            if op.last is not None:
+                exp.closed_ends.append((op.last, op.p))
+            else:
+                exp.lacs.append((op.entry, op.p))
     return ledgers
 
 
@@ -143,11 +181,7 @@ def _unfinished(history: Iterable[Op]) -> int:
 def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) -> Verdict:
     """Every ledger the history names must have been observed by at least one reader."""
     verdict = Verdict()
-    types: dict[str, int] = {}
-    for op in history:
-        if op.type != "invoke":
-            types[op.type] = types.get(op.type, 0) + 1
-    verdict.counts = {**types, "unfinished": _unfinished(history), "ledgers": 0}
+    verdict.counts = {**_op_counts(history), "unfinished": _unfinished(history), "ledgers": 0}
     for ledger, exp in sorted(_expectations(history).items()):
         verdict.counts["ledgers"] += 1
         views = list(observed.get(ledger, []))
@@ -155,7 +189,35 @@ def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) 
             verdict.violations.append(Violation("unreadable", ledger, None, "no reader saw it"))
             continue
         verdict.violations.extend(_check_ledger(ledger, exp, views))
+        for view in views:
+            leftovers = sum(d in exp.written and _unknown(d, exp) for _, _, d in view.past_end)
+            if leftovers:
+                verdict.counts["leftovers"] = verdict.counts.get("leftovers", 0) + leftovers
+            if view.probe_errors:
+                errors = verdict.counts.get("probe_errors", 0) + view.probe_errors
+                verdict.counts["probe_errors"] = errors
     return verdict
+
+
+def _op_counts(history: Iterable[Op]) -> dict[str, int]:
+    """Completed writes by outcome (ok, fail, info); completed reads (``reads``), those that
+    got everything they asked (``reads_ok``) and the entries reads returned (``read_entries``)."""
+    counts: dict[str, int] = {"reads": 0, "reads_ok": 0, "read_entries": 0}
+    for op in history:
+        if op.type == "invoke":
+            continue
+        if op.f in READS:
+            counts["reads"] += 1
+            counts["reads_ok"] += op.type == "ok"
+            counts["read_entries"] += len(op.digests())
+        else:
+            counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
+def _unknown(d: str, exp: _Expected) -> bool:
+    """The bytes of an add whose outcome is unknown (neither acknowledged nor failed)."""
+    return d not in exp.failed and d not in exp.acked.values()
 
 
 def _check_ledger(ledger: int, exp: _Expected, views: list[Observation]) -> list[Violation]:
@@ -183,9 +245,32 @@ def _check_ledger(ledger: int, exp: _Expected, views: list[Observation]) -> list
     for entry, _ in sorted(exp.acked.items()):
         if entry > last:
             bad("short", entry, f"acknowledged, but the ledger ends at {last}")
+    _check_reads(exp, last, bad)
     for view in readable:
         _check_view(view, exp, bad)
     return found
+
+
+def _check_reads(exp: _Expected, last: int, bad: Any) -> None:
+    """What readers got during the run against the acknowledged adds and the final end."""
+    for entry, got, reader in exp.reads:
+        want = exp.acked.get(entry)
+        if entry > last:
+            bad("dirty_read", entry, f"{reader} read {got}, but the ledger ends at {last}")
+        if want is not None and got != want:
+            bad("read_mismatch", entry, f"{reader} read {got}, {want} was acknowledged")
+        if got not in exp.written:
+            bad("phantom", entry, f"{reader} read bytes no add wrote")
+    for lac, reader in exp.lacs:
+        if lac > last:
+            bad("dirty_read", lac, f"{reader} was told LAC {lac}, but the ledger ends at {last}")
+    for end, reader in exp.closed_ends:
+        if end != last:
+            bad("disagree", None, f"{reader} saw the ledger closed at {end}, readers see {last}")
+    for entry, invoked, reader in exp.absent:
+        acked_at = exp.acked_at.get(entry)
+        if acked_at is not None and acked_at < invoked:
+            bad("stale_read", entry, f"{reader}: absent from every replica, acknowledged before")
 
 
 def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
@@ -194,8 +279,14 @@ def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
     assert last is not None
     if view.state != "CLOSED":
         bad("not_closed", None, f"{name}: metadata state {view.state!r}")
-    for entry in view.past_end:
-        bad("past_end", entry, f"{name}: served past lastEntryId {last}")
+    for entry, node, served in view.past_end:
+        where = f"{name}: {node} served it past lastEntryId {last}"
+        if served in exp.failed:
+            bad("failed_present", entry, f"{where}, bytes of a failed add")
+        elif served not in exp.written:
+            bad("phantom", entry, f"{where}, bytes no add wrote")
+        elif not _unknown(served, exp):
+            bad("past_end", entry, f"{where}, bytes of an acknowledged add")
     ids = [e for e, _ in view.entries]
     if ids != sorted(ids) or len(set(ids)) != len(ids):
         bad("order", None, f"{name}: read ids {ids[:20]} out of order")
@@ -207,10 +298,10 @@ def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
         got = held.get(entry)
         if entry <= last and got != want:
             bad("lost", entry, f"{name}: acknowledged {want}, read {got}")
-    for entry, want in exp.reads:
+    for entry, want, reader in exp.reads:
         got = held.get(entry)
         if entry <= last and got is not None and got != want:
-            bad("read_mismatch", entry, f"{name}: read {want} during the run, now {got}")
+            bad("read_mismatch", entry, f"{name}: {reader} read {want} during the run, now {got}")
     for entry, got in held.items():
         if got in exp.failed:
             bad("failed_present", entry, f"{name}: bytes of a failed add")
@@ -220,7 +311,8 @@ def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
 
 async def observe(client: Client, reader: str, ledger_id: int) -> Observation:
     """What ``client`` reads of ``ledger_id``: its metadata's state, lastEntryId, every entry
-    up to it and whether ids past it are served. Nothing is fenced or recovered."""
+    up to it and what each node of the last ensemble serves past it (asked directly: the
+    client itself refuses ids past the end). Nothing is fenced or recovered."""
     try:
         meta = await client.ledger_metadata(ledger_id)
         handle = await client.open_ledger(ledger_id)
@@ -229,12 +321,13 @@ async def observe(client: Client, reader: str, ledger_id: int) -> Observation:
     except ClientError as error:
         return Observation(reader, error=f"{type(error).__name__}: {error}")
     seen = Observation.of(reader, meta["state"], last, entries)
+    nodes = list(handle.metadata.last_segment.ensemble)
     for entry in range(last + 1, last + 1 + PAST_END_PROBES):
-        try:
-            await handle.read_entry(entry, past_lac=True)
-        except (ClientError, ValueError):
-            continue  # refused: right
-        seen.past_end.append(entry)
+        for node, answer in (await ask_replicas(client, ledger_id, entry, nodes)).items():
+            if isinstance(answer, bytes):
+                seen.past_end.append((entry, node, digest(answer)))
+            elif not answer.absent:
+                seen.probe_errors += 1
     return seen
 
 

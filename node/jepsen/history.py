@@ -5,13 +5,21 @@ AddOutcomeUnknown, a process killed before the answer). One JSON object per line
     {"p": "w0", "type": "invoke", "f": "add", "ledger": 4611686018427387905,
      "entry": null, "digest": "9f2c...", "t": 1764170000.123}
 
-``f`` is add | add_batch | close | recover | read, or a stream's append | append_batch
-(node/jepsen/streams.py: ``ledger``/``entry`` are then the position ``L:E`` it was given).
-``entry``: the id an add got (a batch: its first id), the lastEntryId a close or a recovery
-ended at, the id a read asked for. ``digest``:
-the payload's digest (a batch: a list, one per entry); payloads of a run are unique, so a
-digest names its operation. Several processes each write their own file (a writer child
-appends line by line, so a SIGKILL loses at most a torn last line); ``load`` merges them.
+``f`` is add | add_batch | close | recover, or a reader's read | read_lac | read_end, or a
+stream's append | append_batch (node/jepsen/streams.py: ``ledger``/``entry`` are then the
+position ``L:E`` it was given) and its readers' stream_read | cursor_create | cursor_read |
+cursor_ack | cursor_reset. ``entry``: the id an add got (a batch: its first id), the lastEntryId
+a close or a recovery ended at, the first id a read asked for (``last``: the last), the LAC an
+open ledger's reader was told (read_lac) or the end of a closed one (read_end). ``digest``: the
+payload's digest (a batch, or a read: a list, one per entry); payloads of a run are unique,
+so a digest names its operation. A ledger read that ends early is logged with the digests it
+got, from ``entry`` on; the id after them is the one that failed (``error``: ``absent`` when
+every replica of its write set said it holds no such entry, else why it is unknown). A stream
+read's ``positions`` are those of its digests; ``ledger``/``entry`` of a stream read, an ack
+or a reset are the position it named (a plain read's ``from``).
+
+Several processes each write their own file (a writer child appends line by line, so a
+SIGKILL loses at most a torn last line); ``load`` merges them.
 """
 
 from __future__ import annotations
@@ -26,7 +34,24 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 OpType = Literal["invoke", "ok", "fail", "info"]
-OpFunction = Literal["add", "add_batch", "close", "recover", "read", "append", "append_batch"]
+OpFunction = Literal[
+    "add",
+    "add_batch",
+    "close",
+    "recover",
+    "read",
+    "read_lac",
+    "read_end",
+    "append",
+    "append_batch",
+    "stream_read",
+    "cursor_create",
+    "cursor_read",
+    "cursor_ack",
+    "cursor_reset",
+]
+READS = frozenset({"read", "read_lac", "read_end", "stream_read", "cursor_read"})
+ABSENT = "absent"  # ``error`` of a read every replica of the entry's write set said it lacks
 DIGEST_BYTES = 16  # of BLAKE2b: unique enough for one run's payloads, short in the file
 
 
@@ -43,6 +68,9 @@ class Op:
     entry: int | None = None
     digest: str | list[str] | None = None
     t: float = 0.0
+    last: int | None = None  # the last id a ledger read asked for
+    error: str | None = None  # why a read did not get everything (ABSENT: not there)
+    positions: list[str] | None = None  # "L:E" of each digest a stream read returned
 
     def digests(self) -> list[str]:
         if self.digest is None:
@@ -56,11 +84,16 @@ class Op:
         return [(self.entry + i, d) for i, d in enumerate(self.digests())]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        # The fields only reads use are left out when unset: adds stay as short as before.
+        fields = {k: v for k, v in asdict(self).items() if v is not None or k not in _READ_ONLY}
+        return json.dumps(fields, separators=(",", ":"))
 
     @staticmethod
     def from_json(line: str) -> Op:
         return Op(**json.loads(line))
+
+
+_READ_ONLY = ("last", "error", "positions")
 
 
 class History:
@@ -80,8 +113,12 @@ class History:
         ledger: int | None = None,
         entry: int | None = None,
         digest: str | list[str] | None = None,
+        *,
+        last: int | None = None,
+        error: str | None = None,
+        positions: list[str] | None = None,
     ) -> Op:
-        op = Op(self.process, type_, f, ledger, entry, digest, time.time())
+        op = Op(self.process, type_, f, ledger, entry, digest, time.time(), last, error, positions)
         self.ops.append(op)
         if self._file is not None:
             self._file.write(op.to_json() + "\n")

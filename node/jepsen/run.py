@@ -5,9 +5,12 @@ with violations, operations with an unknown outcome, the seeds of failing runs);
 run broke a rule or could not be checked.
 
 A run with seed S: 1-2 writer processes (E/Qw/Qa drawn per writer), each behind its own
-proxies, add at random; meanwhile 1-2 faults hit within ``--seconds``, each healed after a
-random while. Then everything is healed, the writers close their ledgers (or leave them open, as a
-crash would), a fresh client recovers every ledger, and fresh readers check it. Its histories
+proxies, add at random while readers (workload.Reader, in this process) read their ledgers
+without recovery; meanwhile 1-2 faults hit within ``--seconds``, each healed after a random
+while. Then everything is healed, the writers close their ledgers (or leave them open, as a
+crash would), a fresh client recovers every ledger, the readers read each once more (whole,
+now that it is closed) and stop, and fresh readers check the ledgers against the history,
+reads included. Its histories
 stay under ``<dir>/seed-S/`` when it failed."""
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ from node.jepsen.checker import Verdict, check_cluster
 from node.jepsen.history import History, load_async, merge
 from node.jepsen.nemesis import Nemesis
 from node.jepsen.proxy import ProxyMesh
-from node.jepsen.workload import ChildWriter, WriterConfig, recover
+from node.jepsen.workload import ChildWriter, Reader, WriterConfig, recover
 from node.localcluster import LocalCluster
 
 NODES = 5  # enough for E=4 with a spare, so a failed node can always be replaced
 SHAPES = [(3, 3, 2), (3, 2, 2), (4, 3, 2), (3, 3, 3), (4, 2, 1)]  # (E, Qw, Qa) drawn per writer
 MAX_WRITERS = 2
+READER_TASKS = 2  # readers of a run, each on every writer's ledger
 MAX_FAULTS = 2
 FAULT_HOLD_MIN_S = 0.3  # a fault lasts at least ...
 FAULT_HOLD_MAX_S = 1.5  # ... and at most, before it is healed
@@ -41,6 +45,9 @@ CLOSE_SHARE = 0.5  # share of live writers that close their ledger (the rest lea
 WRITER_GRACE_S = 60.0  # past --seconds, for a writer's in-flight adds to end (timeouts included)
 RECOVERY_ATTEMPTS = 3  # a recovery that fails right after healing is tried again ...
 RECOVERY_RETRY_S = 2.0  # ... after this pause
+# The checker's counts of reads the summary adds up (checker.py): read operations, those
+# that got all they asked, the entries they returned, and what replicas served past an end.
+READ_COUNTS = ("reads", "reads_ok", "read_entries", "leftovers", "probe_errors")
 ERROR_LINE_CHARS = 200  # of a run's error on its line (verdict.json keeps it whole)
 
 
@@ -90,6 +97,8 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
     await asyncio.to_thread(work.mkdir, parents=True, exist_ok=True)
     mesh = ProxyMesh({n: cluster.url(n) for n in cluster.node_ids})
     writers: list[ChildWriter] = []
+    stop_reading = asyncio.Event()
+    reading: list[asyncio.Task[None]] = []
     try:
         for i in range(rng.randint(1, MAX_WRITERS)):
             process = f"w{i}"
@@ -107,6 +116,12 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
             writers.append(ChildWriter(config, work / f"{process}.log"))
         for writer in writers:
             await writer.start()
+        ledgers = sorted(w.ledger_id for w in writers)
+        readers = [History(f"rd{i}") for i in range(READER_TASKS)]
+        reading = [
+            asyncio.create_task(_read(cluster.metadata_url, h, seed, ledgers, stop_reading))
+            for h in readers
+        ]
         recoverer = History("r")
         nemesis = Nemesis(cluster, mesh, writers, rng, recoverer)
         for writer in writers:  # writing until the last fault may have hit
@@ -122,23 +137,39 @@ async def one_run(cluster: LocalCluster, seed: int, seconds: float, work: Path) 
         await nemesis.heal_all()
         for writer in writers:
             await _finish(writer, rng)
-        ledgers = sorted(w.ledger_id for w in writers)
         try:
             await _recover_all(cluster.metadata_url, ledgers, recoverer)
         finally:
             await asyncio.to_thread(recoverer.dump, work / "r.jsonl")
+            stop_reading.set()
+            await asyncio.gather(*reading)
+            for h in readers:
+                await asyncio.to_thread(h.dump, work / f"{h.process}.jsonl")
         ops = merge(
-            await load_async(work / f"{w.config.process}.jsonl" for w in writers), recoverer.ops
+            await load_async(work / f"{w.config.process}.jsonl" for w in writers),
+            recoverer.ops,
+            *(h.ops for h in readers),
         )
         result.verdict = await check_cluster(ops, cluster.metadata_url)
     except (ClientError, RuntimeError, TimeoutError, OSError) as error:
         result.error = f"{type(error).__name__}: {error}"
     finally:
+        stop_reading.set()
+        await asyncio.gather(*reading, return_exceptions=True)
         for writer in writers:
             await writer.kill()
         await mesh.close()
         result.seconds = time.monotonic() - started
     return result
+
+
+async def _read(
+    metadata_url: str, history: History, seed: int, ledgers: list[int], stop: asyncio.Event
+) -> None:
+    # Seeded apart from the run's RNG: a seed draws the same writers and faults as before.
+    rng = random.Random(f"{seed}-{history.process}")
+    async with Client(metadata_url, rng=random.Random(rng.random())) as client:
+        await Reader(client, history, rng, ledgers).run(stop)
 
 
 async def _healed(cluster: LocalCluster, root: Path, generation: int) -> LocalCluster:
@@ -201,6 +232,10 @@ def summarize(results: list[RunResult]) -> tuple[str, bool]:
         if r.verdict
     )
     acked = sum(r.verdict.counts.get("ok", 0) for r in results if r.verdict)
+    reads = Counter[str]()
+    for r in results:
+        if r.verdict:
+            reads.update({k: r.verdict.counts.get(k, 0) for k in READ_COUNTS})
     violating = [r for r in results if r.verdict and not r.verdict.ok]
     errored = [r for r in results if r.error]
     kinds: Counter[str] = Counter(v.kind for r in violating for v in r.verdict.violations)  # type: ignore[union-attr]
@@ -210,6 +245,7 @@ def summarize(results: list[RunResult]) -> tuple[str, bool]:
         f"with violations: {len(violating)} {dict(kinds) if kinds else ''}".rstrip(),
         f"could not be checked (errors): {len(errored)}",
         f"operations ok: {acked}, unknown outcome (info or unfinished): {unknown}",
+        "reads: " + ", ".join(f"{k} {reads[k]}" for k in READ_COUNTS),
         f"faults: {dict(Counter(kind for r in results for kind in r.kinds))}",
     ]
     failing = [r.seed for r in violating + errored]

@@ -16,8 +16,18 @@ Outcomes:
 
 A retry is a new operation with new payloads, so a payload names its operation.
 
+Readers run beside the writers (``cursor_readers``, ``plain_readers``): a cursor reader
+creates its cursor at the earliest entry, reads (``cursor_read``), acknowledges the last entry
+it got (``cursor_ack``; now and then not, so the next read gets the same entries again) and
+now and then resets the cursor to an entry it read before (``cursor_reset``); a plain reader
+reads on from the ``X-Next-Position`` of its last read, now and then from the start
+(``stream_read``, ``ledger``/``entry`` its ``from``). A read's ``positions`` and digests are
+what it got, ``last`` its limit.
+
 ``check_stream`` lists every violation (``KINDS``); ``info`` appends, and appends whose
-process died before the answer (``unfinished``), may be present (once) or absent.
+process died before the answer (``unfinished``), may be present (once) or absent. The
+entries the final cursor read back are the stream: what a reader got during the run is
+judged against them.
 ``check_stream_ledgers`` goes one level down: the closed ledgers of the stream, read from
 their replicas by fresh clients, are checked by the replicated ledgers' checker (checker.py)
 against the acknowledged appends and what the cursor read.
@@ -26,6 +36,7 @@ against the acknowledged appends and what the cursor read.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections.abc import Iterable, Sequence
@@ -59,6 +70,12 @@ POLL_S = 0.02  # between two looks at the acknowledged count (``wait_acked``)
 # history and the nodes' logs with refusals.
 RETRY_PAUSE_S = 0.05
 READ_BACK = "read-back"  # the process of check_stream_ledgers' adds of what the cursor read
+RUN_READ_LIMIT = 20  # entries of a reader's read during the run (small: many reads)
+READER_PAUSE_S = 0.02  # between two operations of a reader
+SKIP_ACK_SHARE = 0.2  # of a cursor reader's reads it does not acknowledge
+RESET_SHARE = 0.05  # of a cursor reader's rounds that reset it to an entry it read before
+RESTART_SHARE = 0.05  # of a plain reader's reads that start from the stream's first entry
+STREAM_READS = ("stream_read", "cursor_read")
 
 KINDS = {
     "lost": "an acknowledged append is not in the stream",
@@ -70,6 +87,11 @@ KINDS = {
     "twice": "two acknowledged appends were given the same position",
     "writer_order": "a writer's acknowledged appends are not in its invocation order",
     "realtime": "an append acknowledged before another was invoked has a later position",
+    "read_mismatch": "a read got other bytes at a position than the stream (or the ack) has",
+    "dirty_read": "a read got an entry at a position the stream does not keep",
+    "skip": "a read (or a cursor's next read) passed over entries of the stream",
+    "read_twice": "a cursor's read got again an entry its acknowledgment had passed",
+    "stale_read": "a read left out an entry whose append was acknowledged before it began",
 }
 
 
@@ -94,24 +116,31 @@ class StreamWorkload:
     timeout_s: float = APPEND_TIMEOUT_S
     pause_s: float = 0.0  # between two operations of a writer
     retry_pause_s: float = RETRY_PAUSE_S  # after an operation that was not ok
+    cursor_readers: int = 0  # each with its own cursor, named after its process
+    plain_readers: int = 0
+    read_limit: int = RUN_READ_LIMIT
     histories: list[History] = field(init=False)
+    readers: list[History] = field(init=False)
     outcomes: dict[str, int] = field(init=False, default_factory=dict)  # "201", "503 code", ...
     acked: int = field(init=False, default=0)  # ok operations so far
     _turn: int = field(init=False, default=0)
     _counts: list[int] = field(init=False)
     _running: bool = field(init=False, default=False)
     _tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
+    _reader_tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
     _session: aiohttp.ClientSession | None = field(init=False, default=None)
     _rng: random.Random = field(init=False)
 
     def __post_init__(self) -> None:
         self.histories = [History(f"{self.prefix}{i}") for i in range(self.writers)]
+        self.readers = [History(f"{self.prefix}c{i}") for i in range(self.cursor_readers)]
+        self.readers += [History(f"{self.prefix}r{i}") for i in range(self.plain_readers)]
         self._counts = [0] * self.writers
         self._rng = random.Random(self.seed)
 
     def history(self) -> list[Op]:
-        """Every writer's operations, in time order."""
-        return merge(*(h.ops for h in self.histories))
+        """Every writer's and reader's operations, in time order."""
+        return merge(*(h.ops for h in self.histories + self.readers))
 
     def next_url(self) -> str:
         url = self.urls[self._turn % len(self.urls)]
@@ -183,11 +212,105 @@ class StreamWorkload:
             if pause:
                 await asyncio.sleep(pause)
 
+    async def _request(
+        self, method: str, url: str, body: Any = None
+    ) -> tuple[int, bytes, str | None, str]:
+        """(status, body, X-Next-Position, "") or (0, b"", None, why) without an answer."""
+        try:
+            async with self._open().request(
+                method, url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+            ) as response:
+                raw = await response.read()
+                return response.status, raw, response.headers.get("X-Next-Position"), ""
+        except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
+            return 0, b"", None, type(error).__name__
+
+    async def read(
+        self, history: History, url: str, f: OpFunction, at: Position | None = None
+    ) -> tuple[Op, str | None]:
+        """One read, logged: a cursor's (``cursor_read``: the cursor named after the process)
+        or a plain one from ``at``; the operation and the next position to read from."""
+        if f == "cursor_read":
+            target = f"{url}/api/v1/streams/{self.stream}/cursors/{history.process}/entries"
+        else:
+            target = f"{url}/api/v1/streams/{self.stream}/entries"
+        query = f"?limit={self.read_limit}" + (f"&from={at}" if at is not None else "")
+        ledger, entry = _at(at)
+        history.log("invoke", f, ledger, entry, last=self.read_limit)
+        status, raw, following, why = await self._request("GET", target + query)
+        if status != 200:
+            error = why or f"{status} {_code(raw)}"
+            return history.log("info", f, ledger, entry, last=self.read_limit, error=error), None
+        frames = decode_stream_frames(raw)
+        op = history.log(
+            "ok",
+            f,
+            ledger,
+            entry,
+            [digest(payload) for _, payload in frames],
+            last=self.read_limit,
+            positions=[str(position) for position, _ in frames],
+        )
+        return op, following
+
+    async def cursor_call(
+        self, history: History, url: str, f: OpFunction, at: Position | None = None
+    ) -> Op:
+        """The cursor's creation (at the earliest entry), an ack or a reset to ``at``, logged:
+        ok, fail (4xx: refused) or info."""
+        base = f"{url}/api/v1/streams/{self.stream}/cursors/{history.process}"
+        ledger, entry = _at(at)
+        history.log("invoke", f, ledger, entry)
+        if f == "cursor_create":
+            answer = await self._request("PUT", base, {"start": "earliest"})
+        else:
+            path = "ack" if f == "cursor_ack" else "reset"
+            answer = await self._request("POST", f"{base}/{path}", {"position": str(at)})
+        status, raw, _, why = answer
+        if status in (200, 201):
+            return history.log("ok", f, ledger, entry)
+        outcome: OpType = "fail" if 400 <= status < 500 else "info"
+        return history.log(outcome, f, ledger, entry, error=why or f"{status} {_code(raw)}")
+
+    async def _cursor_reader(self, history: History) -> None:
+        while self._running:
+            if (await self.cursor_call(history, self.next_url(), "cursor_create")).type == "ok":
+                break
+            await asyncio.sleep(self.retry_pause_s)
+        seen: list[Position] = []
+        while self._running:
+            op, _ = await self.read(history, self.next_url(), "cursor_read")
+            got = [_position(p) for p in op.positions or []]
+            seen += got
+            if got and self._rng.random() >= SKIP_ACK_SHARE:
+                await self.cursor_call(history, self.next_url(), "cursor_ack", got[-1])
+            if seen and self._rng.random() < RESET_SHARE:
+                back = self._rng.choice(seen)
+                await self.cursor_call(history, self.next_url(), "cursor_reset", back)
+            await asyncio.sleep(READER_PAUSE_S if op.type == "ok" else self.retry_pause_s)
+
+    async def _plain_reader(self, history: History) -> None:
+        at: Position | None = None
+        while self._running:
+            if self._rng.random() < RESTART_SHARE:
+                at = None
+            op, following = await self.read(history, self.next_url(), "stream_read", at)
+            if following is not None:
+                at = _position(following)
+            await asyncio.sleep(READER_PAUSE_S if op.type == "ok" else self.retry_pause_s)
+
     def start(self, operations: int | None = None) -> None:
-        """Starts the writers: each runs ``operations`` operations, or until ``stop``."""
+        """Starts the writers (each runs ``operations`` operations, or until ``stop``) and
+        the readers (until ``stop``)."""
         self._running = True
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._writer(i, operations)) for i in range(self.writers)]
+        self._reader_tasks = [
+            loop.create_task(
+                self._cursor_reader(h) if i < self.cursor_readers else self._plain_reader(h)
+            )
+            for i, h in enumerate(self.readers)
+        ]
 
     async def join(self) -> None:
         """Until every writer has ended (its operations done, or ``stop``)."""
@@ -197,6 +320,7 @@ class StreamWorkload:
         """No new operation; waits for those in flight (each ends within ``timeout_s``)."""
         self._running = False
         await self.join()
+        await asyncio.gather(*self._reader_tasks)
 
     async def wait_acked(self, count: int, timeout_s: float = 60.0) -> None:
         """Until ``count`` operations in all were acknowledged; AssertionError past
@@ -212,9 +336,9 @@ class StreamWorkload:
 
     async def close(self) -> None:
         self._running = False
-        for task in self._tasks:
+        for task in self._tasks + self._reader_tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._reader_tasks, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -224,6 +348,10 @@ class StreamWorkload:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _at(position: Position | None) -> tuple[int | None, int | None]:
+    return (None, None) if position is None else (position.ledger_id, position.entry_id)
 
 
 def _code(raw: bytes) -> str:
@@ -338,11 +466,15 @@ def check_stream(
     counts: dict[str, int] = {"ok": 0, "fail": 0, "info": 0}
     for a in appends:
         counts[a.op.type] = counts.get(a.op.type, 0) + 1
+    reads = [op for op in history if op.f in STREAM_READS and op.type != "invoke"]
     verdict.counts = {
         **counts,
         "unfinished": unfinished,
         "acked_entries": sum(len(a.op.digests()) for a in acked),
         "read": len(read_back),
+        "reads": len(reads),
+        "reads_ok": sum(op.type == "ok" for op in reads),
+        "read_entries": sum(len(op.digests()) for op in reads),
     }
 
     read = [
@@ -374,7 +506,147 @@ def check_stream(
                 bad("position", position, f"{a.op.p}'s payload {d} read at {read[indexes[0]][0]}")
     _check_writer_order(acked, where, bad)
     _check_realtime(acked, bad)
+    _ReadJudge(history, read, acked, invoked, bad).judge()
     return verdict
+
+
+@dataclass
+class _Cursor:
+    """Where a cursor reader's cursor may be, as indexes into the final stream of its
+    mark-delete (the entry before the next one it reads). An ack or a reset of unknown
+    outcome may take effect at any time after it was sent, even after later ones answered
+    (a request stuck in a paused node): it stays pending for good. ``marks`` None: somewhere
+    the final stream does not name (an ack of an entry it does not keep)."""
+
+    marks: set[int] | None = field(default_factory=set)
+    acks: set[int] = field(default_factory=set)  # pending: each moves it forward to there
+    resets: set[int] = field(default_factory=set)  # pending: each puts it there
+
+    def candidates(self) -> set[int] | None:
+        if self.marks is None:
+            return None
+        base = self.marks | self.resets
+        return base | {max(m, ack) for m in base for ack in self.acks}
+
+    def move(self, f: OpFunction, mark: int | None, certain: bool) -> None:
+        if mark is None:
+            self.marks = None
+        elif not certain:
+            (self.acks if f == "cursor_ack" else self.resets).add(mark)
+        elif f == "cursor_ack":  # an acknowledgment never moves a cursor back
+            now = self.candidates()
+            self.marks = None if now is None else {max(m, mark) for m in now or {mark}}
+        else:  # created at the earliest entry, or reset
+            self.marks = {mark}
+
+
+class _ReadJudge:
+    """The reads of the run against the stream as read back at the end (``final``): what
+    each got, where each began (a cursor's read: after one of its ``_Cursor.candidates``)
+    and whether it left out entries acknowledged before it began."""
+
+    def __init__(
+        self,
+        history: Sequence[Op],
+        final: list[tuple[Position, str]],
+        acked: list[_Append],
+        invoked: set[str],
+        bad: Any,
+    ) -> None:
+        self.history = history
+        self.final = final
+        self.index = {position: i for i, (position, _) in enumerate(final)}
+        self.acked = {p: d for a in acked for p, d in a.positions}
+        # (when acknowledged, the highest index of its entries in final), by completion
+        self.done = sorted(
+            (a.op.t, max(self.index.get(p, -1) for p, _ in a.positions)) for a in acked
+        )
+        self.invoked = invoked
+        self.bad = bad
+
+    def judge(self) -> None:
+        started: dict[str, float] = {}
+        cursors: dict[str, _Cursor] = {}
+        for op in self.history:
+            if op.type == "invoke":
+                started[op.p] = op.t
+                continue
+            if op.f in ("cursor_create", "cursor_ack", "cursor_reset") and op.type != "fail":
+                cursors.setdefault(op.p, _Cursor()).move(op.f, self._mark(op), op.type == "ok")
+            elif op.f in STREAM_READS and op.type == "ok":
+                got = self._entries(op)
+                if op.f == "stream_read":
+                    at = None if op.ledger is None else Position(op.ledger, op.entry or 0)
+                    begin: set[int] | None = {self._first_at(at)}
+                else:
+                    found = cursors.setdefault(op.p, _Cursor()).candidates()
+                    begin = {m + 1 for m in found} if found else None
+                self._judge_read(op, got, begin, started.get(op.p, op.t))
+
+    def _first_at(self, at: Position | None) -> int:
+        """The index in ``final`` of the first entry at ``at`` or after it."""
+        if at is None:
+            return 0
+        return next((i for i, (p, _) in enumerate(self.final) if p >= at), len(self.final))
+
+    def _mark(self, op: Op) -> int | None:
+        """The mark-delete ``op`` sets (an ack: at most), None where the stream has no entry."""
+        if op.f == "cursor_create":
+            return -1  # at the earliest entry: before the first
+        i = None if op.ledger is None else self.index.get(Position(op.ledger, op.entry or 0))
+        if i is None:
+            return None
+        return i if op.f == "cursor_ack" else i - 1
+
+    def _entries(self, op: Op) -> list[tuple[Position, str]]:
+        positions = [_position(p) for p in op.positions or []]
+        return list(zip(positions, op.digests(), strict=True))
+
+    def _judge_read(
+        self, op: Op, got: list[tuple[Position, str]], begin: set[int] | None, started: float
+    ) -> None:
+        name = f"{op.p}'s {op.f}"
+        indexes: list[int] = []
+        for position, d in got:
+            i = self.index.get(position)
+            acked = self.acked.get(position)
+            if d not in self.invoked:
+                self.bad("phantom", position, f"{name} got {d}: no append carried it")
+            if acked is not None and acked != d:
+                self.bad("read_mismatch", position, f"{name} got {d}, {acked} was acknowledged")
+            if i is None:
+                self.bad("dirty_read", position, f"{name} got {d}; the stream has no entry there")
+                continue
+            if self.final[i][1] != d:
+                self.bad("read_mismatch", position, f"{name} got {d}, the stream has another")
+            indexes.append(i)
+        for before, after in itertools.pairwise(indexes):
+            if after <= before:
+                self.bad("order", self.final[after][0], f"{name} got it after a later entry")
+            elif after > before + 1:
+                self.bad("skip", self.final[before + 1][0], f"{name} passed over it")
+        if begin is None or len(indexes) != len(got):
+            return  # where it should begin is not known (or it got entries named already)
+        if indexes and indexes[0] not in begin:
+            first = self.final[indexes[0]][0]
+            if indexes[0] > max(begin):
+                skipped = self.final[max(begin)][0]
+                self.bad("skip", skipped, f"{name} began at {first}, after it")
+            elif op.f == "cursor_read":
+                self.bad("read_twice", first, f"{name}: its cursor had been acknowledged past it")
+            else:
+                self.bad("order", first, f"{name} from {op.ledger}:{op.entry} began before it")
+        self._judge_stale(op, name, len(indexes), max(begin), started)
+
+    def _judge_stale(self, op: Op, name: str, count: int, begin: int, started: float) -> None:
+        """A read gets every entry from where it begins up to its limit that the stream held
+        once an append acknowledged before the read began had landed."""
+        highest = max((i for t, i in self.done if t < started), default=-1)
+        limit = op.last if op.last is not None else count
+        owed = min(limit, highest - begin + 1)
+        if count < owed:
+            missing = self.final[begin + count][0]
+            self.bad("stale_read", missing, f"{name} got {count} entries, {owed} were there")
 
 
 def _check_writer_order(acked: list[_Append], where: dict[str, list[int]], bad: Any) -> None:
@@ -432,7 +704,9 @@ def as_ledger_history(
 ) -> list[Op]:
     """The stream's history as the ledger checker's, for ``ledgers``: each acknowledged append
     an ok add at its position, and each entry the cursor read an add of unknown outcome into
-    its ledger (so its bytes are no phantom there, and no rule requires it)."""
+    its ledger (so its bytes are no phantom there, and no rule requires it; bytes the cursor
+    did not read are phantoms there); each entry a reader got during the run a read of its
+    ledger."""
     ops = [
         Op(READ_BACK, "info", "add", position.ledger_id, None, digest(payload))
         for position, payload in (
@@ -441,8 +715,13 @@ def as_ledger_history(
         if position.ledger_id in ledgers
     ]
     for op in history:
-        if op.type == "ok" and op.ledger in ledgers:
+        if op.type == "ok" and op.ledger in ledgers and op.f in ("append", "append_batch"):
             ops.append(replace(op, f="add" if op.f == "append" else "add_batch"))
+        elif op.type == "ok" and op.f in STREAM_READS:
+            for text, d in zip(op.positions or [], op.digests(), strict=True):
+                position = _position(text)
+                if position.ledger_id in ledgers:
+                    ops.append(Op(op.p, "ok", "read", position.ledger_id, position.entry_id, d))
     return ops
 
 

@@ -21,6 +21,10 @@ random S        S seconds of random adds and batches, ``concurrency`` at a time
 
 An answer of ``-2`` means the operation ended without an ok. End of stdin ends the process
 (without closing the ledger: a crashed writer's state).
+
+``Reader`` reads the ledgers while they are written (in the process that runs the faults):
+each round opens one without recovery (nothing fenced), logs the LAC it was told (or the end
+of a closed ledger) and reads entries up to it, every read an operation of the history.
 """
 
 from __future__ import annotations
@@ -35,15 +39,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node.client import AddFailed, Client, LedgerClosedError, LedgerFencedError, LedgerHandle
+from node.client import (
+    AddFailed,
+    Client,
+    ClientError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerHandle,
+    ReadHandle,
+    ReplicaError,
+)
+from node.client.bookies import within
 from node.client.recovery import PhaseHook
-from node.jepsen.history import History, OpFunction, digest
+from node.jepsen.history import ABSENT, History, Op, OpFunction, digest
 
 # The errors of an add that sent nothing (a handle already unusable): "fail", the add's bytes
 # must be nowhere. Every other error leaves the outcome unknown ("info").
 NOTHING_SENT = (AddFailed, LedgerClosedError, LedgerFencedError)
 NO_OK = -2  # answer of a command none of whose operations ended ok
 PAYLOAD_PAD = 64  # random bytes after a payload's unique name: not all payloads the same size
+READ_CHUNK = 16  # entries of one read operation at most
+READ_PAUSE_S = 0.02  # between two rounds of a reader: readers share the CPU with the writers
+RANDOM_READ_SHARE = 0.5  # of an open ledger's rounds that also read a range below the LAC
+ERROR_CHARS = 200  # of a read's error in the history
 
 
 @dataclass
@@ -171,6 +189,109 @@ async def recover(
         raise
     history.log("ok", "recover", ledger_id, meta["lastEntryId"])
     return meta
+
+
+async def ask_replicas(
+    client: Client, ledger_id: int, entry_id: int, nodes: list[str]
+) -> dict[str, bytes | ReplicaError]:
+    """``entry_id`` read from each of ``nodes`` itself, unfenced, past any range check of the
+    client: each one's payload or its error."""
+
+    async def one(node: str) -> bytes | ReplicaError:
+        call = client.transport.read_entry(node, ledger_id, entry_id, fence=False)
+        try:
+            return await within(node, call, client.read_timeout_s)
+        except ReplicaError as error:
+            return error
+
+    answers = await asyncio.gather(*(one(node) for node in nodes))
+    return dict(zip(nodes, answers, strict=True))
+
+
+class Reader:
+    """Reads ``ledgers`` while they are written: each round opens one without recovery and
+    logs the LAC (``read_lac``; a closed ledger's ``last`` is its lastEntryId), then reads on
+    from where it stopped up to that LAC and, now and then, a random range below it; a closed
+    ledger is read whole, once. Every read is logged (history.py: what came back, and for a
+    read that ended early whether the next id was absent from its whole write set)."""
+
+    def __init__(
+        self, client: Client, history: History, rng: random.Random, ledgers: list[int]
+    ) -> None:
+        self.client = client
+        self.history = history
+        self.rng = rng
+        self.ledgers = ledgers
+        self.next: dict[int, int] = {}  # ledger -> the first id not read yet
+        self.whole: set[int] = set()  # closed ledgers read whole
+
+    async def open(self, ledger_id: int) -> ReadHandle | None:
+        self.history.log("invoke", "read_lac", ledger_id)
+        try:
+            handle = await self.client.open_ledger(ledger_id)
+        except (ClientError, OSError, TimeoutError) as error:
+            self.history.log("info", "read_lac", ledger_id, error=_why(error))
+            return None
+        end = handle.last_entry_id if handle.closed else None
+        self.history.log("ok", "read_lac", ledger_id, handle.last_entry_id, last=end)
+        return handle
+
+    async def read(self, handle: ReadHandle, first: int, last: int) -> Op:
+        """One read operation of ``first``..``last`` (at most the handle's last entry id)."""
+        self.history.log("invoke", "read", handle.id, first, last=last)
+        got: list[str] = []
+        try:
+            async for _, payload in handle.read(first, last):
+                got.append(digest(payload))
+        except (ClientError, OSError, TimeoutError) as error:
+            failed = first + len(got)
+            if await self._absent(handle, failed):
+                return self.history.log(
+                    "fail", "read", handle.id, first, got, last=last, error=ABSENT
+                )
+            return self.history.log(
+                "info", "read", handle.id, first, got, last=last, error=_why(error)
+            )
+        return self.history.log("ok", "read", handle.id, first, got, last=last)
+
+    async def _absent(self, handle: ReadHandle, entry_id: int) -> bool:
+        """Every replica of the entry's write set says it holds no such entry (asked again
+        one by one: the read's own error does not say why each replica failed)."""
+        nodes = handle.metadata.write_set(entry_id)
+        answers = await ask_replicas(self.client, handle.id, entry_id, nodes)
+        return all(isinstance(a, ReplicaError) and a.absent for a in answers.values())
+
+    async def round(self, ledger_id: int) -> None:
+        handle = await self.open(ledger_id)
+        if handle is None:
+            return
+        end = handle.last_entry_id
+        if handle.closed:
+            if ledger_id not in self.whole:
+                self.whole.add(ledger_id)
+                for first in range(0, end + 1, READ_CHUNK):
+                    await self.read(handle, first, min(end, first + READ_CHUNK - 1))
+            return
+        start = self.next.get(ledger_id, 0)
+        if start <= end:
+            last = min(end, start + READ_CHUNK - 1)
+            if (await self.read(handle, start, last)).type == "ok":
+                self.next[ledger_id] = last + 1
+        if end >= 0 and self.rng.random() < RANDOM_READ_SHARE:
+            first = self.rng.randint(0, end)
+            await self.read(handle, first, min(end, first + self.rng.randrange(READ_CHUNK)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds on ledgers drawn at random until ``stop``; then one round of each."""
+        while not stop.is_set():
+            await self.round(self.rng.choice(self.ledgers))
+            await asyncio.sleep(READ_PAUSE_S)
+        for ledger_id in self.ledgers:
+            await self.round(ledger_id)
+
+
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:ERROR_CHARS]
 
 
 def make_client(config: WriterConfig, overrides: Mapping[str, str] | None = None) -> Client:

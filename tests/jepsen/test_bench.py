@@ -1,5 +1,6 @@
 """`python -m node bench jepsen` end to end: two short seeded fault runs against a real local
-cluster print a line per run and the summary, and a clean verdict exits 0."""
+cluster print a line per run and the summary (readers' reads included), and a clean verdict
+exits 0."""
 
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ def test_bench_jepsen_runs_seeded_fault_runs_and_prints_the_verdict(tmp_path: Pa
     assert "runs: 2" in lines
     assert "clean: 2" in lines
     assert any(line.startswith("operations ok: ") for line in lines)
+    [reads] = [line for line in lines if line.startswith("reads: ")]
+    counts = dict(part.rsplit(" ", 1) for part in reads.removeprefix("reads: ").split(", "))
+    assert int(counts["reads_ok"]) > 0 and int(counts["read_entries"]) > 0, reads
     assert not (tmp_path / "seed-7").exists(), "a clean run's files are removed"
 
 

@@ -5,7 +5,7 @@ and named, with the position."""
 from __future__ import annotations
 
 from node.jepsen.checker import Observation, check
-from node.jepsen.history import Op, OpFunction, digest
+from node.jepsen.history import Op, OpFunction, OpType, digest
 from node.jepsen.streams import KINDS, as_ledger_history, check_stream
 
 OLD, NEW = 5, 9  # the ledger before a takeover, the one after
@@ -21,6 +21,28 @@ class Builder:
     def _at(self) -> float:
         self.t += 1.0
         return self.t
+
+    def call(self, p: str, f: OpFunction, at: str | None = None, outcome: OpType = "ok") -> None:
+        """A cursor reader's create, ack or reset (``at``: its position)."""
+        ledger, entry = (None, None) if at is None else map(int, at.split(":"))
+        self.ops.append(Op(p, "invoke", f, ledger, entry, None, self._at()))
+        self.ops.append(Op(p, outcome, f, ledger, entry, None, self._at()))
+
+    def read(
+        self,
+        p: str,
+        got: list[tuple[str, str]],
+        f: OpFunction = "cursor_read",
+        at: str | None = None,
+        limit: int = 2,
+    ) -> None:
+        """A read that got ``got`` ((position, payload) each); a plain one from ``at``."""
+        ledger, entry = (None, None) if at is None else map(int, at.split(":"))
+        self.ops.append(Op(p, "invoke", f, ledger, entry, None, self._at(), limit))
+        digests = [digest(name.encode()) for _, name in got]
+        positions = [position for position, _ in got]
+        done = Op(p, "ok", f, ledger, entry, digests, self._at(), limit, None, positions)
+        self.ops.append(done)
 
     def op(self, p: str, outcome: str, names: list[str], at: tuple[int, int] | None = None) -> None:
         """``p`` invokes an append of ``names`` (a batch when several), then it ends with
@@ -81,6 +103,9 @@ def test_a_clean_history_across_a_takeover_is_clean() -> None:
         "unfinished": 1,
         "acked_entries": 7,
         "read": 9,
+        "reads": 0,
+        "reads_ok": 0,
+        "read_entries": 0,
     }
 
 
@@ -221,3 +246,153 @@ def test_the_stream_as_the_ledger_checkers_history() -> None:
     assert check(ops, {OLD: [extra]}).kinds() == {"phantom"}
     cut = Observation.of("r0", "CLOSED", 3, held[:4])
     assert check(ops, {OLD: [cut]}).kinds() == {"short"}
+
+
+def entries(read: list[tuple[str, bytes]], *indexes: int) -> list[tuple[str, str]]:
+    """The read-back's entries at ``indexes``, as a read during the run got them."""
+    return [(read[i][0], read[i][1].decode()) for i in indexes]
+
+
+def test_readers_that_agree_with_the_stream_are_clean() -> None:
+    """After the appends: a cursor reads, acknowledges, reads again without an ack (the same
+    entries again), is reset back and reads there, acknowledges with an unknown outcome (the
+    next read may begin at either place); a plain reader reads from the start and on from
+    where it stopped, across the takeover's new ledger; a read of an empty stream invoked
+    before any append was acknowledged got nothing: clean."""
+    b, read = clean()
+    early = Builder()
+    early.read("r1", [], "stream_read")
+    b.ops[:0] = early.ops  # before the first append
+    b.t += early.t
+    b.call("c0", "cursor_create")
+    b.read("c0", entries(read, 0, 1))
+    b.call("c0", "cursor_ack", f"{OLD}:1")
+    b.read("c0", entries(read, 2, 3))
+    b.read("c0", entries(read, 2, 3))
+    b.call("c0", "cursor_reset", f"{OLD}:1")
+    b.read("c0", entries(read, 1, 2))
+    b.call("c0", "cursor_ack", f"{OLD}:2", outcome="info")
+    b.read("c0", entries(read, 1, 2))
+    b.read("c0", entries(read, 3, 4))
+    b.read("r0", entries(read, 0, 1), "stream_read")
+    b.read("r0", entries(read, 2, 3, 4, 5, 6), "stream_read", f"{OLD}:2", limit=5)
+    b.read("r0", entries(read, 6, 7, 8), "stream_read", f"{OLD}:6", limit=5)  # to the end
+    verdict = check_stream(b.ops, read)
+    assert verdict.ok, verdict
+    assert (verdict.counts["reads"], verdict.counts["read_entries"]) == (10, 22)
+
+
+def test_a_read_of_other_bytes_than_the_stream_holds() -> None:
+    b, read = clean()
+    b.read("r0", [(f"{OLD}:0", "w0-1"), (f"{OLD}:1", "w0-1")], "stream_read")
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"read_mismatch"}
+    assert {(v.ledger, v.entry) for v in verdict.violations} == {(OLD, 1)}
+    assert any("was acknowledged" in v.detail for v in verdict.violations)
+
+
+def test_a_read_of_an_entry_the_stream_does_not_keep() -> None:
+    """A reader got w2-3 (unknown outcome) at NEW:3; the stream ends at NEW:2."""
+    b, read = clean()
+    b.read("r0", [(f"{NEW}:3", "w2-3")], "stream_read", f"{NEW}:3")
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"dirty_read"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(NEW, 3)]
+
+
+def test_a_read_of_bytes_no_append_carried() -> None:
+    b, read = clean()
+    b.read("r0", [(f"{NEW}:3", "ghost")], "stream_read", f"{NEW}:3")
+    assert kinds(b.ops, read) == {"phantom", "dirty_read"}
+
+
+def test_a_read_that_passes_over_an_entry() -> None:
+    b, read = clean()
+    b.read("r0", entries(read, 0, 2), "stream_read")
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"skip"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 1)]
+
+
+def test_a_plain_read_that_begins_past_its_from() -> None:
+    b, read = clean()
+    b.read("r0", entries(read, 3, 4), "stream_read", f"{OLD}:2")
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"skip"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 2)]
+
+
+def test_entries_of_a_read_out_of_order() -> None:
+    b, read = clean()
+    b.read("r0", entries(read, 1, 0), "stream_read")
+    assert "order" in kinds(b.ops, read)
+
+
+def test_a_cursor_that_skips_entries_between_two_reads() -> None:
+    b, read = clean()
+    b.call("c0", "cursor_create")
+    b.read("c0", entries(read, 0, 1))
+    b.call("c0", "cursor_ack", f"{OLD}:1")
+    b.read("c0", entries(read, 3, 4))  # OLD:2 passed over
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"skip"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 2)]
+
+
+def test_a_cursor_that_returns_an_acknowledged_entry_again() -> None:
+    b, read = clean()
+    b.call("c0", "cursor_create")
+    b.read("c0", entries(read, 0, 1))
+    b.call("c0", "cursor_ack", f"{OLD}:1")
+    b.read("c0", entries(read, 1, 2))
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"read_twice"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 1)]
+
+
+def test_a_read_that_misses_entries_acknowledged_before_it_began() -> None:
+    """Every append was acknowledged: a cursor's first read finds nothing, a plain read from
+    OLD:4 gets two entries of the five it asked for (NEW:0 and NEW:1 were acknowledged)."""
+    b, read = clean()
+    b.call("c0", "cursor_create")
+    b.read("c0", [])
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"stale_read"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(OLD, 0)]
+    b, read = clean()
+    b.read("r0", entries(read, 4, 5), "stream_read", f"{OLD}:4", limit=5)
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"stale_read"}
+    assert [(v.ledger, v.entry) for v in verdict.violations] == [(NEW, 0)]
+
+
+def test_the_stream_reads_as_the_ledger_checkers_reads() -> None:
+    """Entries a stream reader got become reads of their ledgers: one past the closed
+    ledger's end is a dirty read there too, of bytes the ledger does not hold."""
+    b, read = clean()
+    b.read("r0", [(f"{OLD}:6", "w2-3")], "stream_read", f"{OLD}:6")
+    ops = as_ledger_history(b.ops, read, {OLD})
+    assert [(op.f, op.entry) for op in ops if op.p == "r0"] == [("read", 6)]
+    held = [(int(p.split(":")[1]), payload) for p, payload in read if p.startswith(f"{OLD}:")]
+    assert check(ops, {OLD: [Observation.of("r0", "CLOSED", 5, held)]}).kinds() == {
+        "dirty_read",
+        "phantom",
+    }
+
+
+def test_an_ack_of_unknown_outcome_may_land_after_a_later_reset() -> None:
+    """Seen in a fault round: an ack sent to a paused owner timed out; much later the cursor
+    was reset (ok) to an earlier entry, and the next read began after the timed-out ack's
+    entry: that ack landed after the reset. Legal: its outcome was unknown. A read that
+    begins past both is still a skip."""
+    b, read = clean()
+    b.call("c0", "cursor_create")
+    b.read("c0", entries(read, 0, 1))
+    b.call("c0", "cursor_ack", f"{OLD}:3", outcome="info")
+    b.call("c0", "cursor_ack", f"{OLD}:4")
+    b.call("c0", "cursor_reset", f"{OLD}:0")
+    b.read("c0", entries(read, 4, 5))  # after OLD:3: the late ack
+    assert check_stream(b.ops, read).ok
+    b.read("c0", entries(read, 7, 8))  # after OLD:3 or at OLD:0, never at NEW:1
+    verdict = check_stream(b.ops, read)
+    assert verdict.kinds() == {"skip"}

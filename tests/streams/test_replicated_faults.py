@@ -3,7 +3,8 @@ append through every node (small ledgers: rollovers all the time) while a fault 
 the seed hits the owner or another node (SIGKILL then a restart on the same data, SIGSTOP
 then SIGCONT, SIGKILL and back at once); once healed the writers go on, then a cursor
 through a node drawn from the seed reads the stream back, and both checkers run: the
-stream's (node/jepsen/streams.py) and the replicated ledgers' on every closed ledger."""
+stream's (node/jepsen/streams.py) and the replicated ledgers' on every closed ledger. Cursor
+and plain readers read all along; their reads are in the history and judged too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.harness.streams import REPLICATED, owner, put_stream, stream_ledgers,
 SEEDS = (0, 1, 2, 4)  # kill another node, kill the owner, pause it, kill it and back
 POLICIES = {"maxEntriesPerLedger": 6, "minLedgerRolloverTimeMinutes": 0}
 ACKED_PER_PHASE = 15  # operations acknowledged before the fault, during it, after the healing
+READERS = 2  # cursor readers, and as many plain readers, beside the writers
 PHASE_TIMEOUT_S = 90.0  # a lease's end and a takeover fit well within
 FAULT_HOLD_S = (0.5, 4.0)  # a pause or a downtime lasts this long, drawn from the seed
 
@@ -68,7 +70,15 @@ async def test_a_seeded_fault_loses_no_acknowledged_append(
     status, body = await put_stream(rng.choice(urls), name, {"replication": REPLICATED, **POLICIES})
     assert status == 201, body
     assert (await stream_record(c, name))["replication"] == REPLICATED
-    load = StreamWorkload(urls, name, writers=3, batch_max=3, seed=seed)
+    load = StreamWorkload(
+        urls,
+        name,
+        writers=3,
+        batch_max=3,
+        seed=seed,
+        cursor_readers=READERS,
+        plain_readers=READERS,
+    )
     async with load:
         load.start()
         await load.wait_acked(ACKED_PER_PHASE, PHASE_TIMEOUT_S)
@@ -88,6 +98,7 @@ async def test_a_seeded_fault_loses_no_acknowledged_append(
     read = await read_back(reader, name)
     verdict = check_stream(history, read)
     assert verdict.ok, f"seed {seed} ({what}, read via {reader}): {verdict}"
+    assert verdict.counts["read_entries"] > 0, verdict.counts
     ledgers = await stream_ledgers(c, name)
     closed = {info["id"] for info in ledgers if info["closed"]}
     replicas = await check_stream_ledgers(history, read, c.metadata_url, closed)
