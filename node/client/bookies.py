@@ -32,6 +32,7 @@ from node.client.protocol import (
     replication_header,
 )
 from node.client.registry import Registry, UnknownNode
+from node.client.stripes import IdRange, Stripe
 
 # The session's own limit per request: a backstop only, callers time their calls themselves.
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -52,6 +53,18 @@ class LacAnswer:
     lac_length: int
     last_entry_id: int
     fenced: bool
+
+
+@dataclass(frozen=True)
+class MissingAnswer:
+    """A replica's answer to the ledger check for ids [first, ``checked_to``] of a stripe:
+    the ranges it lacks and how many of the stripe's ids it holds; ``next_from`` when the
+    reply stopped at its limit of ranges."""
+
+    missing: list[IdRange]
+    checked_to: int
+    held: int
+    next_from: int | None
 
 
 Replication = tuple[int, int, int]
@@ -79,6 +92,11 @@ class Transport(Protocol):
     async def read_entry(
         self, node_id: str, ledger_id: int, entry_id: int, *, fence: bool
     ) -> bytes: ...
+
+    async def missing(
+        self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe
+    ) -> MissingAnswer:
+        """Which of the stripe's ids in [first, last] the node lacks, from its index."""
 
     async def close(self) -> None: ...
 
@@ -204,6 +222,28 @@ class BookieClient:
             "GET", node_id, f"/api/v1/ledgers/{ledger_id}/entries/{entry_id}{query}", headers={}
         )
         return raw
+
+    async def missing(
+        self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe
+    ) -> MissingAnswer:
+        query = (
+            f"from={first}&to={last}&ensembleSize={stripe.ensemble_size}"
+            f"&writeQuorumSize={stripe.write_quorum}&position={stripe.position}"
+        )
+        raw, _ = await self._request(
+            "GET", node_id, f"/api/v1/ledgers/{ledger_id}/missing?{query}", headers={}
+        )
+        try:
+            answer = json.loads(raw)
+            next_from = answer["nextFrom"]
+            return MissingAnswer(
+                missing=[(int(low), int(high)) for low, high in answer["missing"]],
+                checked_to=int(answer["checkedTo"]),
+                held=int(answer["heldEntries"]),
+                next_from=None if next_from is None else int(next_from),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise ReplicaError(node_id, "bad_answer", 200, repr(error)) from None
 
     async def close(self) -> None:
         if self._session is not None:
