@@ -285,9 +285,14 @@ async def _avoid(client: Client, marker: Marker) -> set[str]:
 async def _source(
     client: Client, meta: LedgerMetadata, entry_id: int, node: str, marker: Marker
 ) -> bytes:
-    """The entry's bytes from the other replicas of its write set (all that answer must agree);
-    a decommissioning node's own copy only when no other replica has it."""
-    others = [n for n in meta.write_set(entry_id) if n != node and n not in marker.nodes]
+    """The entry's bytes from the other replicas of its write set (all that answer must agree):
+    not the marked ones but those only short of entries (what they hold is good); a
+    decommissioning node's own copy only when no other replica has it."""
+    others = [
+        n
+        for n in meta.write_set(entry_id)
+        if n != node and marker.nodes.get(n, Reason.MISSING) is Reason.MISSING
+    ]
 
     async def read(replica: str) -> bytes | ReplicaError:
         try:

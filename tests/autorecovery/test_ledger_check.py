@@ -195,3 +195,50 @@ async def test_the_replica_route_answers_a_stripe_page_by_page(make_cluster: Mak
         for entry_id in held_by_n1:
             stored = await client.transport.read_entry("n1", ledger_id, entry_id, fence=False)
             assert stored == data[entry_id]
+
+
+async def test_every_replica_short_of_another_range_is_filled_from_the_others(
+    make_cluster: MakeCluster,
+) -> None:
+    """A rolling restart's shape: each of the three replicas of a 3/3/2 ledger lacks another
+    range (planted through the replica API). All three are marked "missing", and each is
+    filled from the other two: a node only short of entries is a good source of the rest."""
+    from node.autorecovery.auditor import audit
+    from node.autorecovery.worker import rereplicate
+
+    cluster = await asyncio.to_thread(make_cluster, 3)
+    ensemble = ("n0", "n1", "n2")
+    lacking = {"n0": range(10, 15), "n1": range(0, 5), "n2": range(5, 10)}
+    async with Client(cluster.metadata_url) as client:
+        ledger_id = await client.store.next_id()
+        data = payloads(random.Random(3), 20)
+        for node in ensemble:
+            for entry_id, payload in enumerate(data):
+                if entry_id not in lacking[node]:
+                    await client.transport.add(
+                        node, ledger_id, [(entry_id, payload)], lac=-1, lac_length=0,
+                        replication=SHAPE,
+                    )  # fmt: skip
+        meta = LedgerMetadata(
+            ledger_id=ledger_id,
+            ensemble_size=3,
+            write_quorum=3,
+            ack_quorum=2,
+            segments=(Segment(0, ensemble),),
+            state=LedgerState.CLOSED,
+            last_entry_id=len(data) - 1,
+            length=sum(len(p) for p in data),
+        )
+        await client.store.create(ledger_key(ledger_id), encode(meta))
+        report = await audit(client, lost_node_delay_s=600, check_ledgers=True)
+        assert report.markers == [ledger_id] and report.entries_missing == 15
+        [marker] = [m for m, _v in await markers.read_markers(client.store)]
+        assert marker.nodes == dict.fromkeys(ensemble, Reason.MISSING)
+        result = await rereplicate(
+            client, ledger_id, worker_id="test", open_ledger_grace_s=0, lock_ttl_s=5
+        )
+        assert (result.outcome, result.fragments, result.entries) == ("done", 3, 15)
+        for node in ensemble:
+            for entry_id, payload in enumerate(data):
+                stored = await client.transport.read_entry(node, ledger_id, entry_id, fence=False)
+                assert stored == payload, (node, entry_id)
