@@ -27,6 +27,35 @@ ENTRIES = 100
 BATCH = 10
 
 
+ENSEMBLE = ("n0", "n1", "n2")
+
+
+async def plant(
+    client: Client, write_quorum: int, data: list[bytes], lacking: dict[str, range]
+) -> LedgerMetadata:
+    """A CLOSED ledger on ENSEMBLE (E = 3, Qa = 2) put through the replica API, each node's
+    ids in ``lacking`` left out, and its metadata written."""
+    meta = LedgerMetadata(
+        ledger_id=await client.store.next_id(),
+        ensemble_size=3,
+        write_quorum=write_quorum,
+        ack_quorum=2,
+        segments=(Segment(0, ENSEMBLE),),
+        state=LedgerState.CLOSED,
+        last_entry_id=len(data) - 1,
+        length=sum(len(p) for p in data),
+    )
+    for entry_id, payload in enumerate(data):
+        for node in meta.write_set(entry_id):
+            if entry_id not in lacking.get(node, ()):
+                await client.transport.add(
+                    node, meta.ledger_id, [(entry_id, payload)], lac=-1, lac_length=0,
+                    replication=(3, write_quorum, 2),
+                )  # fmt: skip
+    await client.store.create(ledger_key(meta.ledger_id), encode(meta))
+    return meta
+
+
 async def short_replica(cluster: LocalCluster, client: Client) -> tuple[int, str, list[bytes]]:
     """A CLOSED 3/3/2 ledger of ENTRIES entries whose replica ``slow`` was SIGSTOPped after
     BEFORE of them and SIGKILLed once the ledger was closed (the adds it never read die with
@@ -122,35 +151,17 @@ async def test_the_replica_route_answers_a_stripe_page_by_page(make_cluster: Mak
     stripe (position 1: ids 0, 1, 3, 4, ...), it names only the stripe's ids it lacks, one
     range per page with limit=1; and refuses what makes no sense with stable codes."""
     cluster = await asyncio.to_thread(make_cluster, 3)
-    ensemble = ("n0", "n1", "n2")
     async with Client(cluster.metadata_url) as client, aiohttp.ClientSession() as http:
-        ledger_id = await client.store.next_id()
         data = payloads(random.Random(7), 30)
-        meta = LedgerMetadata(
-            ledger_id=ledger_id,
-            ensemble_size=3,
-            write_quorum=2,
-            ack_quorum=2,
-            segments=(Segment(0, ensemble),),
-            state=LedgerState.CLOSED,
-            last_entry_id=len(data) - 1,
-            length=sum(len(p) for p in data),
-        )
-        for entry_id, payload in enumerate(data):
-            for node in meta.write_set(entry_id):
-                if node == "n1" and 6 <= entry_id <= 17:
-                    continue
-                await client.transport.add(
-                    node, ledger_id, [(entry_id, payload)], lac=-1, lac_length=0,
-                    replication=(3, 2, 2),
-                )  # fmt: skip
-        await client.store.create(ledger_key(ledger_id), encode(meta))
+        meta = await plant(client, 2, data, {"n1": range(6, 18)})
+        ledger_id = meta.ledger_id
         route = f"{cluster.url('n1')}/api/v1/ledgers/{ledger_id}/missing"
         stripe = "ensembleSize=3&writeQuorumSize=2&position=1"
         held_by_n1 = [e for e in range(30) if "n1" in meta.write_set(e)]
         assert held_by_n1[:4] == [0, 1, 3, 4]
 
-        pages, at = [], 0
+        pages: list[Any] = []
+        at: int | None = 0
         while at is not None:
             status, answer = await get(http, f"{route}?from={at}&to=29&{stripe}&limit=1")
             assert status == 200, answer
@@ -207,38 +218,19 @@ async def test_every_replica_short_of_another_range_is_filled_from_the_others(
     from node.autorecovery.worker import rereplicate
 
     cluster = await asyncio.to_thread(make_cluster, 3)
-    ensemble = ("n0", "n1", "n2")
     lacking = {"n0": range(10, 15), "n1": range(0, 5), "n2": range(5, 10)}
     async with Client(cluster.metadata_url) as client:
-        ledger_id = await client.store.next_id()
         data = payloads(random.Random(3), 20)
-        for node in ensemble:
-            for entry_id, payload in enumerate(data):
-                if entry_id not in lacking[node]:
-                    await client.transport.add(
-                        node, ledger_id, [(entry_id, payload)], lac=-1, lac_length=0,
-                        replication=SHAPE,
-                    )  # fmt: skip
-        meta = LedgerMetadata(
-            ledger_id=ledger_id,
-            ensemble_size=3,
-            write_quorum=3,
-            ack_quorum=2,
-            segments=(Segment(0, ensemble),),
-            state=LedgerState.CLOSED,
-            last_entry_id=len(data) - 1,
-            length=sum(len(p) for p in data),
-        )
-        await client.store.create(ledger_key(ledger_id), encode(meta))
+        ledger_id = (await plant(client, 3, data, lacking)).ledger_id
         report = await audit(client, lost_node_delay_s=600, check_ledgers=True)
         assert report.markers == [ledger_id] and report.entries_missing == 15
         [marker] = [m for m, _v in await markers.read_markers(client.store)]
-        assert marker.nodes == dict.fromkeys(ensemble, Reason.MISSING)
+        assert marker.nodes == dict.fromkeys(ENSEMBLE, Reason.MISSING)
         result = await rereplicate(
             client, ledger_id, worker_id="test", open_ledger_grace_s=0, lock_ttl_s=5
         )
         assert (result.outcome, result.fragments, result.entries) == ("done", 3, 15)
-        for node in ensemble:
+        for node in ENSEMBLE:
             for entry_id, payload in enumerate(data):
                 stored = await client.transport.read_entry(node, ledger_id, entry_id, fence=False)
                 assert stored == payload, (node, entry_id)

@@ -84,7 +84,7 @@ async def test_totals_add_up_under_concurrent_workers(etcd: EtcdServer, kind: st
         for n in range(20):
             await store.create(f"k/{n}", b"old")
 
-        def swap(n: int) -> Awaitable[bytes]:
+        def swap(n: int) -> Awaitable[bytes | None]:
             return markers.swap_counted(
                 store, f"k/{n}", lambda v: v == b"old", lambda _v: b"new", Totals(1, 10, 100)
             )
