@@ -1,10 +1,18 @@
 """Autorecovery of replicated ledgers every 10 minutes: a live node audits the fleet's metadata
 store (POST /api/v1/autorecovery/audit), which writes an under-replicated marker for each
 ledger with a fragment on a node lost longer than ``lost_node_recovery_delay_s``, on a
-decommissioning node, or with replicas that disagree; then one mapped task per marker asks a
+decommissioning node, or on a replica short of entries; then one mapped task per marker asks a
 node to re-replicate that ledger (POST /api/v1/autorecovery/rereplicate): it locks the marker
-under a lease, copies the fragments to replacements, CAS-replaces the nodes in the ledger's
-segments and deletes the marker.
+under a lease, copies the fragments to replacements (or, onto a short replica, the entries it
+lacks), CAS-replaces the nodes in the ledger's segments and deletes the marker.
+
+Every run's audit runs the ledger check (``checkLedgers``): each replica of each settled
+fragment says, from its index, which ids it lacks; no entry is read. A writer that closed its
+ledger at Qa before a slow replica's add failed leaves such a replica short, and the same run
+copies the entries onto it. Once every ``replicas_check_interval_h`` hours (0: every run; the
+last time is in the audit report the nodes keep, so a missed run delays it, never skips it)
+the audit runs the replicas check instead (``checkReplicas``): every entry read from every
+replica and the CRC32C compared, which also finds a replica holding other bytes.
 
 The work runs in the nodes, through their own client of the store: Airflow needs no etcd
 access. Every call carries the Airflow Variable ``storage_node_metadata`` (the store's URL,
@@ -23,12 +31,21 @@ that node does not answer), so no node sits idle while another copies everything
 from __future__ import annotations
 
 import logging
+import time
 import urllib.error
 from datetime import datetime
 from typing import Any
 
 from airflow.sdk import Param, Variable, dag, get_current_context, task
-from storage_node_common import DEFAULT_ARGS, DISCOVERY_VARIABLE, TAGS, NodeError, discover
+from storage_node_common import (
+    DEFAULT_ARGS,
+    DISCOVERY_VARIABLE,
+    REQUEST_TIMEOUT_S,
+    TAGS,
+    NodeError,
+    admin_token,
+    discover,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +56,16 @@ FINISHED = {"done", "gone"}
 # Re-replications of one run at once: each copies whole fragments between nodes; more would
 # compete with the clients' traffic. The markers' leases keep two workers off one ledger.
 PARALLEL_COPIES = 4
+HOUR_MS = 3600 * 1000
+# The audit call that reads every entry of the fleet: minutes on a large one, within the
+# task's execution timeout (storage_node_common.DEFAULT_ARGS).
+REPLICAS_CHECK_TIMEOUT_S = 25 * 60
+
+
+def replicas_check_due(last_ms: int, interval_h: int, now_ms: int) -> bool:
+    """Whether this run's audit reads every entry: none was ever read (0), or the last full
+    check is ``interval_h`` hours old (0: every run)."""
+    return interval_h == 0 or last_ms == 0 or now_ms - last_ms >= interval_h * HOUR_MS
 
 
 def _reachable(error: NodeError) -> bool:
@@ -83,6 +110,9 @@ def _live(urls: list[str]) -> list[str]:
         "lost_node_recovery_delay_s": Param(600, type="integer", minimum=0),
         # A node id to decommission, or "" for none.
         "decommission": Param("", type="string"),
+        # Hours between two replicas checks (every entry read); the runs between them run
+        # the ledger check (each replica's index asked). 0: the replicas check every run.
+        "replicas_check_interval_h": Param(24, type="integer", minimum=0),
     },
 )
 def storage_node_autorecovery() -> None:
@@ -104,25 +134,37 @@ def storage_node_autorecovery() -> None:
 
     @task
     def audit(urls: list[str]) -> list[int]:
-        from storage_node_common import node_client
+        from storage_node_common import NodeClient, node_client
 
         params = get_current_context()["params"]
+        status = node_client(urls[0]).call("GET", "/api/v1/autorecovery/status")
+        last_ms = int((status.get("lastAudit") or {}).get("lastReplicasCheckMs") or 0)
+        full = replicas_check_due(
+            last_ms, int(params["replicas_check_interval_h"]), int(time.time() * 1000)
+        )
         body = {
             "metadataUrl": Variable.get(METADATA_VARIABLE),
             "lostNodeRecoveryDelaySeconds": int(params["lost_node_recovery_delay_s"]),
+            "checkLedgers": True,
+            "checkReplicas": full,
         }
-        report: dict[str, Any] = node_client(urls[0]).call(
+        timeout_s = REPLICAS_CHECK_TIMEOUT_S if full else REQUEST_TIMEOUT_S
+        report: dict[str, Any] = NodeClient(urls[0], admin_token(), timeout_s).call(
             "POST", "/api/v1/autorecovery/audit", body
         )
         markers = [int(ledger) for ledger in report.get("markers", [])]
         log.info(
-            "audit through %s: %s under-replicated ledgers, %s fragments, lost nodes %s, "
-            "decommissioning %s; %d markers",
+            "audit through %s (%s): %s under-replicated ledgers, %s fragments, lost nodes %s, "
+            "decommissioning %s; %s entries missing on a replica; %d markers",
             urls[0],
+            f"replicas check, {report.get('replicasChecked')} entries read"
+            if full
+            else f"ledger check, {report.get('fragmentsChecked')} fragments asked",
             report.get("underReplicatedLedgers"),
             report.get("underReplicatedFragments"),
             report.get("lostNodes"),
             report.get("decommissioningNodes"),
+            report.get("entriesMissing"),
             len(markers),
         )
         return markers

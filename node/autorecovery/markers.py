@@ -6,8 +6,8 @@ reader refuses another version (MetadataFormatError), it never guesses.
 key                                 value                                       written by
 ==================================  ==========================================  ============
 underreplicated/<19-digit ledger>   {"ledgerId", "nodes": {"<node>": "lost" |   auditor
-                                    "decommissioning" | "replicas"},            (create, CAS
-                                    "createdMs"}                                merge);
+                                    "decommissioning" | "replicas" |            (create, CAS
+                                    "missing"}, "createdMs"}                    merge);
                                                                                 worker
                                                                                 (removes)
 underreplicated-locks/<ledger>      {"worker", "sinceMs"}, under a lease of     worker
@@ -17,7 +17,8 @@ lost/<node>                         {"sinceMs"}: the first audit that saw a     
                                     once it is registered again
 decommissioning/<node>              {"sinceMs"}                                 decommission
 autorecovery/auditor                the last AuditReport (``finishedMs``,       auditor
-                                    counts, lost and decommissioning nodes)
+                                    counts, lost and decommissioning nodes,
+                                    when the last replicas check ran)
 autorecovery/totals                 {"fragments", "entries", "bytes"}           worker
                                     re-replicated since the cluster began,
                                     added after each fragment's CAS
@@ -25,7 +26,10 @@ autorecovery/totals                 {"fragments", "entries", "bytes"}           
 
 A marker names the nodes of a ledger whose copies must move elsewhere: "lost" (its registration
 has been gone longer than the lost-node delay), "decommissioning" (an operator asked), "replicas"
-(the replicas check found an entry missing there, or other bytes than the other replicas hold).
+(the replicas check found an entry missing there, or other bytes than the other replicas hold);
+or, "missing", a node that stays but lacks ids of a settled fragment (the ledger check, from its
+index): the worker copies those entries onto it. A move supersedes a fill: an audit that finds a
+"missing" node lost or decommissioning changes its reason.
 """
 
 from __future__ import annotations
@@ -55,6 +59,17 @@ class Reason(StrEnum):
     LOST = "lost"
     DECOMMISSIONING = "decommissioning"
     REPLICAS = "replicas"
+    MISSING = "missing"  # the node keeps its place; the entries it lacks are copied onto it
+
+
+def merged(old: dict[str, Reason], wanted: dict[str, Reason]) -> dict[str, Reason]:
+    """A marker's nodes with ``wanted`` added: a node's reason stays, but that a move
+    (lost, decommissioning, replicas) replaces a fill (missing)."""
+    nodes = {**wanted, **old}
+    for node, reason in wanted.items():
+        if old.get(node) is Reason.MISSING:
+            nodes[node] = reason
+    return nodes
 
 
 def marker_key(ledger_id: int) -> str:
@@ -182,6 +197,9 @@ class AuditReport:
     markers_created: int
     markers_removed: int
     markers: list[int] = field(default_factory=list)
+    fragments_checked: int = 0  # fragments the ledger check asked about (and got answers)
+    entries_missing: int = 0  # ids of settled fragments their replicas lack
+    last_replicas_check_ms: int = 0  # when a replicas check last finished; 0: never
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -194,6 +212,9 @@ class AuditReport:
             "replicasChecked": self.replicas_checked,
             "markersCreated": self.markers_created,
             "markersRemoved": self.markers_removed,
+            "fragmentsChecked": self.fragments_checked,
+            "entriesMissing": self.entries_missing,
+            "lastReplicasCheckMs": self.last_replicas_check_ms,
         }
 
     def encode(self) -> bytes:
@@ -213,6 +234,10 @@ class AuditReport:
                 replicas_checked=int(raw["replicasChecked"]),
                 markers_created=int(raw["markersCreated"]),
                 markers_removed=int(raw["markersRemoved"]),
+                # Absent from the reports of nodes from before the ledger check.
+                fragments_checked=int(raw.get("fragmentsChecked", 0)),
+                entries_missing=int(raw.get("entriesMissing", 0)),
+                last_replicas_check_ms=int(raw.get("lastReplicasCheckMs", 0)),
             )
         except (ValueError, KeyError, TypeError) as error:
             raise MetadataFormatError(f"not an audit report: {error}") from error
@@ -261,17 +286,18 @@ async def swap_counted(
     store: MetadataStore,
     key: str,
     needs_update: Callable[[bytes], bool],
-    transform: Callable[[bytes], bytes],
+    transform: Callable[[bytes], bytes | None],
     counted: Totals,
     *,
     attempts: int = DEFAULT_ATTEMPTS,
     pause_s: float = DEFAULT_PAUSE_S,
-) -> bytes:
+) -> bytes | None:
     """The update loop (node.client.metadata.loop.update) of ``key``, with ``counted`` added
     to ``autorecovery/totals`` in the same commit: a worker that dies right after its CAS
     cannot leave a fragment replaced but not counted, and one that finds the change made
-    (by another worker, or its own commit whose answer was lost) counts nothing. Returns the
-    key's value that satisfies the caller. NoSuchKey when the key is gone."""
+    (by another worker, or its own commit whose answer was lost) counts nothing. A transform
+    that returns None deletes the key. Returns the key's value that satisfies the caller
+    (None: deleted). NoSuchKey when the key is gone."""
     failures = 0
     while True:
         try:

@@ -2,7 +2,9 @@
 entry of every fragment is read from each replica of its write set, directly, and the CRC32C of
 the bytes compared. A replica that says the entry is not there, or whose bytes differ from what
 the most replicas hold, is a finding: the auditor marks that node of the ledger with the reason
-"replicas", and a worker moves the fragment to another node.
+"replicas", and a worker moves the fragment to another node; or, when the node's findings are
+all entries it lacks, "missing", and a worker copies them onto it (ledgercheck.py finds those
+cheaply, from the replicas' indexes).
 
 Only what is settled is checked: every entry of a CLOSED ledger, and the segments of an OPEN
 one before its last (the writer may still be adding to the last; entries past its LAC are on

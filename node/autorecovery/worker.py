@@ -1,5 +1,7 @@
 """The replication worker (BookKeeper's ReplicationWorker), for one marker: lock it, move each
-fragment of a marked node to a replacement, CAS the segment's ensemble, and unmark.
+fragment of a marked node to a replacement, CAS the segment's ensemble, and unmark. A node
+marked "missing" keeps its place: the entries of its settled fragments that it lacks (it says
+which, from its index: ledgercheck.py) are copied onto it the same way, and it is unmarked.
 
 A fragment is (ledger, segment, node): the segment's entries whose write set holds the node. Its
 copy, ``COPY_BATCH`` entries at a time: each entry is read from every other replica of its write
@@ -27,12 +29,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from crc32c import crc32c
 
+from node.autorecovery import ledgercheck
 from node.autorecovery import markers as m
 from node.autorecovery.markers import Lock, Marker, Reason
 from node.autorecovery.replicas import fragment_entries
@@ -41,6 +44,7 @@ from node.client.errors import CasConflict, ClientError, MetadataError, NoSuchKe
 from node.client.metadata.loop import read_with_retry
 from node.client.model import LedgerMetadata, Segment, decode, encode, ledger_key
 from node.client.placement import choose_replacement
+from node.client.stripes import IdRange
 
 if TYPE_CHECKING:
     from node.client.client import Client
@@ -217,6 +221,10 @@ async def _work(
             result.outcome = GONE
             return result
         meta = decode(found.value)
+        short = sorted(n for n, r in marker.nodes.items() if r is Reason.MISSING)
+        if short:  # the node keeps its place: copy onto it what it lacks
+            await _fill(client, lease, meta, short[0], marker, result)
+            continue
         todo = [
             (index, node)
             for index, segment in enumerate(meta.segments)
@@ -277,9 +285,14 @@ async def _avoid(client: Client, marker: Marker) -> set[str]:
 async def _source(
     client: Client, meta: LedgerMetadata, entry_id: int, node: str, marker: Marker
 ) -> bytes:
-    """The entry's bytes from the other replicas of its write set (all that answer must agree);
-    a decommissioning node's own copy only when no other replica has it."""
-    others = [n for n in meta.write_set(entry_id) if n != node and n not in marker.nodes]
+    """The entry's bytes from the other replicas of its write set (all that answer must agree):
+    not the marked ones but those only short of entries (what they hold is good); a
+    decommissioning node's own copy only when no other replica has it."""
+    others = [
+        n
+        for n in meta.write_set(entry_id)
+        if n != node and marker.nodes.get(n, Reason.MISSING) is Reason.MISSING
+    ]
 
     async def read(replica: str) -> bytes | ReplicaError:
         try:
@@ -313,6 +326,114 @@ async def _source(
     return payloads[0]
 
 
+async def _copy(
+    client: Client,
+    meta: LedgerMetadata,
+    node: str,
+    marker: Marker,
+    target: str,
+    batch: list[int],
+) -> int:
+    """Copy entries ``batch`` of ``node``'s fragments onto ``target`` (a replacement, or the
+    node itself when it only lacks them): read from the other replicas, added as a recovery
+    add, read back and compared. Returns the payload bytes copied."""
+    replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+    # The LAC a copy carries: a CLOSED ledger's end; an OPEN one's older segments claim none.
+    lac, lac_length = (meta.last_entry_id, meta.length) if meta.closed else (-1, 0)
+    payloads = await asyncio.gather(*(_source(client, meta, e, node, marker) for e in batch))
+    pairs = list(zip(batch, payloads, strict=True))
+    await within(
+        target,
+        client.transport.add(
+            target,
+            meta.ledger_id,
+            pairs,
+            lac=lac,
+            lac_length=lac_length,
+            replication=replication,
+            recovery=True,
+        ),
+        client.add_timeout_s,
+    )
+    back = await asyncio.gather(
+        *(
+            within(
+                target,
+                client.transport.read_entry(target, meta.ledger_id, e, fence=False),
+                client.read_timeout_s,
+            )
+            for e in batch
+        )
+    )
+    for (entry_id, payload), stored in zip(pairs, back, strict=True):
+        if crc32c(stored) != crc32c(payload):
+            raise FragmentFailed(
+                "copy_mismatch",
+                f"ledger {meta.ledger_id} entry {entry_id}: {target} returned other bytes",
+            )
+    return sum(len(p) for p in payloads)
+
+
+async def _batches(ranges: AsyncIterator[IdRange]) -> AsyncIterator[list[int]]:
+    """The ids of ``ranges``, COPY_BATCH at a time (a wiped node's fragment is never one
+    list of every id)."""
+    batch: list[int] = []
+    async for low, high in ranges:
+        for entry_id in range(low, high + 1):
+            batch.append(entry_id)
+            if len(batch) == COPY_BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+async def _fill(
+    client: Client,
+    lease: _Lease,
+    meta: LedgerMetadata,
+    node: str,
+    marker: Marker,
+    result: ReplicationResult,
+) -> None:
+    """Copy onto ``node`` the entries of its settled fragments that it lacks (it says which,
+    from its index), then take it off the marker, counted in the same commit. Its unsettled
+    fragment, the last segment of an OPEN ledger, is its writer's."""
+    entries = size = fragments = 0
+    for fragment in ledgercheck.fragments(meta):
+        if fragment.node != node:
+            continue
+        copied = 0
+        async for batch in _batches(ledgercheck.missing_ranges(client, fragment)):
+            size += await _copy(client, meta, node, marker, node, batch)
+            copied += len(batch)
+        entries += copied
+        fragments += 1 if copied else 0
+    ledger_id = meta.ledger_id
+
+    def needs(raw: bytes) -> bool:
+        return Marker.decode(raw).nodes.get(node) is Reason.MISSING
+
+    def transform(raw: bytes) -> bytes | None:
+        old = Marker.decode(raw)
+        kept = {n: r for n, r in old.nodes.items() if n != node}
+        return Marker(ledger_id, kept, old.created_ms).encode() if kept else None
+
+    await lease.check()
+    with contextlib.suppress(NoSuchKey):  # done by another worker meanwhile
+        await m.swap_counted(
+            client.store,
+            m.marker_key(ledger_id),
+            needs,
+            transform,
+            m.Totals(fragments, entries, size),
+        )
+    result.fragments += fragments
+    result.entries += entries
+    result.size += size
+    log.info("ledger %d: %d entries copied onto %s, which lacked them", ledger_id, entries, node)
+
+
 async def _move(
     client: Client,
     lease: _Lease,
@@ -333,45 +454,11 @@ async def _move(
         client.rng,
         exclude=await _avoid(client, marker),
     )
-    replication = (meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
-    # The LAC a copy carries: a CLOSED ledger's end; an OPEN one's older segments claim none.
-    lac, lac_length = (meta.last_entry_id, meta.length) if meta.closed else (-1, 0)
     entries = list(fragment_entries(meta, index, node))
     copied = 0
     for start in range(0, len(entries), COPY_BATCH):
         batch = entries[start : start + COPY_BATCH]
-        payloads = await asyncio.gather(*(_source(client, meta, e, node, marker) for e in batch))
-        pairs = list(zip(batch, payloads, strict=True))
-        await within(
-            replacement,
-            client.transport.add(
-                replacement,
-                meta.ledger_id,
-                pairs,
-                lac=lac,
-                lac_length=lac_length,
-                replication=replication,
-                recovery=True,
-            ),
-            client.add_timeout_s,
-        )
-        back = await asyncio.gather(
-            *(
-                within(
-                    replacement,
-                    client.transport.read_entry(replacement, meta.ledger_id, e, fence=False),
-                    client.read_timeout_s,
-                )
-                for e in batch
-            )
-        )
-        for (entry_id, payload), stored in zip(pairs, back, strict=True):
-            if crc32c(stored) != crc32c(payload):
-                raise FragmentFailed(
-                    "copy_mismatch",
-                    f"ledger {meta.ledger_id} entry {entry_id}: {replacement} returned other bytes",
-                )
-        copied += sum(len(p) for p in payloads)
+        copied += await _copy(client, meta, node, marker, replacement, batch)
 
     first = segment.first_entry_id
 
@@ -394,10 +481,13 @@ async def _move(
     faults.hit("autorecovery.after_copy")
     await lease.check()
     counted = m.Totals(1, len(entries), copied)
-    after = decode(
-        await m.swap_counted(client.store, ledger_key(meta.ledger_id), needs, transform, counted)
-    )
-    if index < len(after.segments) and after.segments[index].ensemble[position] == replacement:
+    raw = await m.swap_counted(client.store, ledger_key(meta.ledger_id), needs, transform, counted)
+    after = None if raw is None else decode(raw)
+    if (
+        after is not None
+        and index < len(after.segments)
+        and after.segments[index].ensemble[position] == replacement
+    ):
         result.fragments += 1
         result.entries += len(entries)
         result.size += copied

@@ -34,6 +34,7 @@ from node.client.protocol import (
     replication_header,
 )
 from node.client.registry import Registry, UnknownNode
+from node.client.stripes import IdRange, Stripe
 
 # The session's own limit per request: a backstop only, callers time their calls themselves.
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -54,6 +55,18 @@ class LacAnswer:
     lac_length: int
     last_entry_id: int
     fenced: bool
+
+
+@dataclass(frozen=True)
+class MissingAnswer:
+    """A replica's answer to the ledger check for ids [first, ``checked_to``] of a stripe:
+    the ranges it lacks and how many of the stripe's ids it holds; ``next_from`` when the
+    reply stopped at its limit of ranges."""
+
+    missing: list[IdRange]
+    checked_to: int
+    held: int
+    next_from: int | None
 
 
 Replication = tuple[int, int, int]
@@ -94,6 +107,11 @@ class Transport(Protocol):
     async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
         """The entries of [first, last] the node holds, ascending (a replica of a striped
         ledger holds only its stripe, one that missed adds has gaps), never fencing."""
+
+    async def missing(
+        self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe
+    ) -> MissingAnswer:
+        """Which of the stripe's ids in [first, last] the node lacks, from its index."""
 
     async def close(self) -> None: ...
 
@@ -229,6 +247,28 @@ class BookieClient:
             return RangeAnswer(entries, None if cut is None else int(cut))
         except ValueError as error:
             raise ReplicaError(node_id, "bad_answer", 200, str(error)) from None
+
+    async def missing(
+        self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe
+    ) -> MissingAnswer:
+        query = (
+            f"from={first}&to={last}&ensembleSize={stripe.ensemble_size}"
+            f"&writeQuorumSize={stripe.write_quorum}&position={stripe.position}"
+        )
+        raw, _ = await self._request(
+            "GET", node_id, f"/api/v1/ledgers/{ledger_id}/missing?{query}", headers={}
+        )
+        try:
+            answer = json.loads(raw)
+            next_from = answer["nextFrom"]
+            return MissingAnswer(
+                missing=[(int(low), int(high)) for low, high in answer["missing"]],
+                checked_to=int(answer["checkedTo"]),
+                held=int(answer["heldEntries"]),
+                next_from=None if next_from is None else int(next_from),
+            )
+        except (ValueError, KeyError, TypeError) as error:
+            raise ReplicaError(node_id, "bad_answer", 200, repr(error)) from None
 
     async def close(self) -> None:
         if self._session is not None:

@@ -17,9 +17,11 @@ readd NODE             before a wiped node may come back under its id: recover e
                        that is not CLOSED and whose last segment names NODE, then retire the
                        node's cookie, so that its next start is a new, empty node
 auditor --once         one pass of the auditor: nodes lost (unregistered longer than
-                       ``--lost-node-delay``, default 600 s) or decommissioning, and with
-                       ``--check-replicas`` every replica's entries read and compared; writes
-                       the under-replicated markers and prints the report
+                       ``--lost-node-delay``, default 600 s) or decommissioning; with
+                       ``--check-ledgers`` each replica says from its index which ids of its
+                       settled fragments it lacks (cheap); with ``--check-replicas`` every
+                       replica's entries read and compared; writes the under-replicated
+                       markers and prints the report
 rereplicate LID        move what the ledger's marker names to replacements (locks the marker;
                        ``locked`` when another worker holds it; exit 0 either way)
 underreplicated        the markers: ledger, nodes and why, since when, locked by whom
@@ -186,6 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_LOST_NODE_DELAY_S,
         metavar="S",
         help="seconds a node is unregistered before it counts as lost (default: %(default)s)",
+    )
+    auditor.add_argument(
+        "--check-ledgers",
+        action="store_true",
+        help="also ask each replica which ids of its settled fragments its index lacks",
     )
     auditor.add_argument(
         "--check-replicas",
@@ -432,7 +439,10 @@ async def auditor(client: Client, args: argparse.Namespace) -> Outcome:
     from node.autorecovery.auditor import audit
 
     report = await audit(
-        client, lost_node_delay_s=args.lost_node_delay, check_replicas=args.check_replicas
+        client,
+        lost_node_delay_s=args.lost_node_delay,
+        check_ledgers=args.check_ledgers,
+        check_replicas=args.check_replicas,
     )
     document = {**report.to_json(), "markers": report.markers}
     lines = [
@@ -450,6 +460,10 @@ async def auditor(client: Client, args: argparse.Namespace) -> Outcome:
         )
     if args.check_replicas:
         lines.append(f"replicas check: {report.replicas_checked} entries read")
+    elif args.check_ledgers:
+        lines.append(f"ledger check: {report.fragments_checked} fragment(s) asked")
+    if args.check_replicas or args.check_ledgers:
+        lines.append(f"entries missing on a replica: {report.entries_missing}")
     return Outcome(document, lines)
 
 

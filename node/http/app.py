@@ -22,6 +22,7 @@ from node.http import (
     autorecovery,
     crosssite,
     forward,
+    fragments,
     ledgers,
     offload,
     openapi,
@@ -142,6 +143,7 @@ def build_app(
     app.add_routes(offload.routes)
     app.add_routes(audit.routes)
     app.add_routes(autorecovery.routes)
+    app.add_routes(fragments.routes)
     app.add_routes(openapi.routes)
     status.install(app, clock)
     crosssite.install(app)

@@ -161,6 +161,7 @@ async def audit(request: web.Request) -> web.Response:
             lost_node_delay_s=(
                 request.app[SETTINGS].lost_node_recovery_delay_s if delay is None else delay
             ),
+            check_ledgers=body.get("checkLedgers", False),
             check_replicas=body.get("checkReplicas", False),
         )
     except ClientError as error:

@@ -254,6 +254,15 @@ class AutorecoveryAudit(TypedDict):
     checkReplicas: NotRequired[
         Annotated[bool, Field(description="Also read every settled entry from each replica")]
     ]
+    checkLedgers: NotRequired[
+        Annotated[
+            bool,
+            Field(
+                description="Also ask each replica of each settled fragment which of its ids "
+                "it lacks, from its index (no payload read; implied by checkReplicas)"
+            ),
+        ]
+    ]
 
 
 @with_config(REQUEST)
@@ -476,6 +485,19 @@ class ReplicaLac(Reply):
     lacLength: Annotated[int, Field(ge=0)]
     lastEntryId: Annotated[int, Field(ge=-1)]
     fenced: bool
+
+
+class ReplicaMissing(Reply):
+    """What a replica lacks of a fragment (GET /api/v1/ledgers/{lid}/missing), from its index:
+    ``missing`` ranges [first, last] of the ids asked about that it does not hold, up to
+    ``checkedTo``; ``nextFrom`` when the reply stopped at its limit of ranges before ``to``."""
+
+    ledgerId: Id
+    checkedTo: Annotated[int, Field(ge=-1)]
+    missing: list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)]]
+    missingEntries: Annotated[int, Field(ge=0)]
+    heldEntries: Annotated[int, Field(ge=0)]
+    nextFrom: Annotated[int, Field(ge=0)] | None
 
 
 class PolicyValues(Reply):
@@ -964,6 +986,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     BatchResult,
     Lac,
     ReplicaLac,
+    ReplicaMissing,
     Cursor,
     Stream,
     StreamList,

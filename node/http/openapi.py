@@ -13,7 +13,7 @@ from aiohttp import web
 
 from node import __version__
 from node.client import protocol
-from node.http import models
+from node.http import fragments, models
 from node.http.errors import STATUSES
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
@@ -831,6 +831,9 @@ def _autorecovery_paths() -> dict[str, Any]:
         "replicasChecked": counted,
         "markersCreated": counted,
         "markersRemoved": counted,
+        "fragmentsChecked": counted,
+        "entriesMissing": counted,
+        "lastReplicasCheckMs": counted,
     }
     report = {
         "type": "object",
@@ -876,12 +879,60 @@ def _autorecovery_paths() -> dict[str, Any]:
         },
     }
     refusals = _errors(400, 401, 403, 404, 409, 503)
+    bounded = {"type": "integer", "minimum": 1}
     return {
+        "/api/v1/ledgers/{lid}/missing": {
+            "parameters": [LID],
+            "get": {
+                "summary": "The ids of a replicated ledger this replica lacks in [from, to], "
+                "from its index (no payload read): the ledger check's question",
+                "parameters": [
+                    _id("from", "query", "The first id asked about (default 0)"),
+                    {**_id("to", "query", "The last id asked about"), "required": True},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "required": False,
+                        "description": f"Missing ranges in the reply at most (default "
+                        f"{fragments.DEFAULT_MISSING_RANGES}); a reply cut there says nextFrom",
+                        "schema": {**bounded, "maximum": fragments.MAX_MISSING_RANGES},
+                    },
+                    *(
+                        {
+                            "name": name,
+                            "in": "query",
+                            "required": False,
+                            "description": description,
+                            "schema": {
+                                "type": "integer",
+                                "minimum": minimum,
+                                "maximum": fragments.MAX_ENSEMBLE,
+                            },
+                        }
+                        for name, minimum, description in (
+                            ("ensembleSize", 1, "E of the segment"),
+                            ("writeQuorumSize", 1, "Qw of the ledger"),
+                            ("position", 0, "This node's index in the segment's ensemble"),
+                        )
+                    ),
+                ],
+                "description": "With ensembleSize, writeQuorumSize and position (all three, "
+                "else 422 invalid_stripe; Qw <= E and position < E) only the ids whose write "
+                "set holds the node at that position are asked about (Qw of every E), else "
+                "every id. An unknown ledger is 404 ledger_not_found, a local one 409 "
+                f"not_replicated, from after to 422 invalid_range. {EXPECT_NODE_TEXT}",
+                "responses": {
+                    "200": _json(_ref("ReplicaMissing"), "The missing ranges"),
+                    **_errors(400, 404, 409, 421, 422, 503),
+                },
+            },
+        },
         "/api/v1/autorecovery/audit": {
             "post": {
                 "summary": "One pass of the auditor: lost nodes (unregistered longer than the "
-                "delay), decommissioning nodes and, with checkReplicas, replicas that lack an "
-                "entry or hold other bytes, written as under-replicated markers",
+                "delay), decommissioning nodes, with checkLedgers replicas whose index lacks "
+                "ids of a settled fragment, with checkReplicas replicas that lack an entry or "
+                "hold other bytes (every entry read), written as under-replicated markers",
                 "requestBody": _body("AutorecoveryAudit", required=True),
                 "responses": {
                     "200": _json(audited, "The audit's report, the markers after it"),

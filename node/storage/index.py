@@ -484,22 +484,33 @@ class Index:
 
     def entry_ids(self, ledger_id: int, first: int = 0, last: int = MAX_ID) -> Iterator[int]:
         """Entry ids of a ledger present in the index, ascending, within [first, last]."""
+        next_id = first  # runs never overlap; if they did, no id would come twice
+        for run_first, run_last in self.held_runs(ledger_id, first, last):
+            yield from range(max(next_id, run_first), run_last + 1)
+            next_id = max(next_id, run_last + 1)
+
+    def held_runs(self, ledger_id: int, first: int, last: int) -> list[tuple[int, int]]:
+        """The ids of a ledger present in the index within [first, last], as its runs
+        (first, last), ascending (two may touch): a run of RUN_ENTRIES ids costs one step,
+        never one per id (the ledger check asks about whole fragments)."""
         read_options = ReadOptions()  # kept referenced: collected mid-scan, rocksdict misreads
         read_options.set_iterate_upper_bound(LOCATION_KEY.pack(ledger_id + 1, 0))
         iterator = self._locations.iter(read_options)
         # No run that starts before this reaches ``first``. (rocksdict's lower bound is
         # not one for raw keys; its upper bound is.)
         iterator.seek(LOCATION_KEY.pack(ledger_id, max(0, first - RUN_ENTRIES + 1)))
-        next_id = first  # runs never overlap; if they did, no id would come twice
+        held: list[tuple[int, int]] = []
         while iterator.valid():
             lid, run_first = LOCATION_KEY.unpack(iterator.key())
             if lid != ledger_id or run_first > last:
                 break
-            run_end = min(last + 1, run_first + run_length(iterator.value()))
-            yield from range(max(next_id, run_first), run_end)
-            next_id = max(next_id, run_end)
+            start = max(first, run_first)
+            end = min(last, run_first + run_length(iterator.value()) - 1)
+            if start <= end:
+                held.append((start, end))
             iterator.next()
         del iterator, read_options
+        return held
 
     def locations(self) -> Iterator[tuple[int, int, int]]:
         """Every (ledger id, entry id, location), in key order (for inspect and audits)."""

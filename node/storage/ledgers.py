@@ -371,6 +371,11 @@ class LedgerStorage:
         id), in order, as of the call (see ``EntryReads.range``)."""
         return self._reads.range(ledger_id, first, last)
 
+    async def held_runs(self, ledger_id: int, first: int, last: int) -> list[tuple[int, int]]:
+        """The ids of the ledger held here in [first, last], as merged ranges (first, last)
+        read from the index and the write caches, no payload (see ``EntryReads.held_runs``)."""
+        return await self._reads.held_runs(ledger_id, first, last)
+
     # --- checkpoint (node.storage.checkpoint) ------------------------------------------------
 
     async def checkpoint(self, force: bool = False) -> None:

@@ -144,6 +144,20 @@ class EntryReads:
             if done % chunk == 0:
                 await asyncio.sleep(0)
 
+    async def held_runs(self, ledger_id: int, first: int, last: int) -> list[tuple[int, int]]:
+        """The ids of the ledger this node holds in [first, last] as merged ranges (first,
+        last), ascending: indexed or in a write cache. No payload is read: the index's keys
+        and the caches' ids only. LedgerNotFound for a ledger it does not know."""
+        self._table.ledger(ledger_id)
+        caches = self._caches
+        cached = caches.current.entry_ids(ledger_id)
+        if caches.flushing is not None:
+            cached += caches.flushing.entry_ids(ledger_id)
+        indexed = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._index.held_runs, ledger_id, first, last
+        )
+        return merge_runs(indexed, [(e, e) for e in cached if first <= e <= last])
+
     def _reads_cold(self, meta: LedgerMeta) -> bool:
         offload = meta.offload
         if offload is None or not offload.offloaded:
@@ -196,3 +210,15 @@ class EntryReads:
                     f"reading entry {entry_id} of ledger {ledger_id} failed: {e}"
                 ) from e
         raise StorageClosed(f"entry {entry_id} of ledger {ledger_id} kept moving; retry")
+
+
+def merge_runs(*parts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Ranges (first, last) of ids from several sources as one ascending list, ranges that
+    overlap or touch merged."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(itertools.chain(*parts)):
+        if merged and merged[-1][1] + 1 >= start:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

@@ -22,11 +22,13 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from node.client import Client
 from node.client.metadata.etcd import EtcdStore
 from node.client.model import LEDGERS_PREFIX, LedgerMetadata, NodeInfo, decode, node_key
 from node.client.sync import SyncClient
 from node.localcluster import LocalCluster
 from tests.airflow.conftest import Airflow
+from tests.autorecovery.test_ledger_check import BEFORE, short_replica
 from tests.harness.cluster import MakeCluster, make_cluster
 
 __all__ = ["make_cluster"]  # the fixture: etcd and node processes under the test's tmp_path
@@ -411,10 +413,10 @@ def test_a_rereplicate_task_killed_mid_copy_and_the_dag_run_again(
                 assert replica_entry(cluster, node_id, ledger_id, entry_id) == payload
 
 
-def holds(cluster: LocalCluster, node_id: str, ledger_id: int) -> bool:
-    """Whether the node serves entry 0 of the ledger (a copy starts there)."""
+def holds(cluster: LocalCluster, node_id: str, ledger_id: int, entry_id: int = 0) -> bool:
+    """Whether the node serves the entry of the ledger (entry 0: a copy starts there)."""
     try:
-        replica_entry(cluster, node_id, ledger_id, 0)
+        replica_entry(cluster, node_id, ledger_id, entry_id)
     except urllib.error.HTTPError as error:
         assert error.code == 404, error
         return False
@@ -436,3 +438,41 @@ async def _get(url: str, key: str) -> bytes | None:
     finally:
         await store.close()
     return None if found is None else found.value
+
+
+def test_every_run_finds_a_replica_left_short_and_fills_it(
+    airflow: Airflow, make_cluster: MakeCluster
+) -> None:
+    """Default settings and params. The first run has never read the fleet's entries: it runs
+    the replicas check. Then a replica is paused during a writer's adds and crashed once the
+    writer closed its ledger at Qa: the next run (the ledger check, each replica's index asked)
+    finds it short, marks it, and its rereplicate task copies onto it what it lacks."""
+    cluster = make_cluster(nodes=3, env={"NODE_ADMIN_TOKEN": TOKEN})
+    urls = [cluster.url(node_id) for node_id in cluster.node_ids]
+    first = run(airflow, cluster, urls)
+    assert xcom(first, "audit") == [[]]
+    full = http(cluster, "n0", "GET", "/api/v1/autorecovery/status")["lastAudit"]
+    assert full["lastReplicasCheckMs"] == full["finishedMs"] > 0
+
+    async def write() -> tuple[int, str, list[bytes]]:
+        async with Client(cluster.metadata_url, token=TOKEN) as client:
+            return await short_replica(cluster, client)
+
+    ledger_id, slow, data = asyncio.run(write())
+    short = [e for e in range(len(data)) if not holds(cluster, slow, ledger_id, e)]
+    assert short == list(range(BEFORE, len(data)))
+
+    second = run(airflow, cluster, urls)
+    assert xcom(second, "audit") == [[ledger_id]]
+    [outcome] = xcom(second, "rereplicate")
+    assert (outcome["outcome"], outcome["fragments"], outcome["entries"]) == (
+        "done",
+        1,
+        len(data) - BEFORE,
+    )
+    checked = http(cluster, "n0", "GET", "/api/v1/autorecovery/status")["lastAudit"]
+    assert checked["fragmentsChecked"] == 3 and checked["replicasChecked"] == 0
+    assert checked["lastReplicasCheckMs"] == full["lastReplicasCheckMs"]  # daily, not now
+    assert all(slow in s.ensemble for s in ledgers(cluster)[ledger_id].segments)
+    for entry_id, payload in enumerate(data):
+        assert replica_entry(cluster, slow, ledger_id, entry_id) == payload

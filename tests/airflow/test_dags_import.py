@@ -43,7 +43,11 @@ def test_dags_import_with_their_schedules_tags_and_retries(airflow: Airflow) -> 
         "run_compaction",
     ]
     recovery = dags["storage_node_autorecovery"]
-    assert recovery["params"] == {"lost_node_recovery_delay_s": 600, "decommission": ""}
+    assert recovery["params"] == {
+        "lost_node_recovery_delay_s": 600,
+        "decommission": "",
+        "replicas_check_interval_h": 24,
+    }
     assert recovery["tasks"] == ["audit", "decommission", "live_nodes", "rereplicate"]
     # The audit sees the decommission's mark; one re-replication per marker the audit found.
     assert recovery["upstream"] == {

@@ -404,8 +404,9 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
 ) -> None:
     """Two test ledgers put on n0, n1, n2 through the replica API: one where n2 holds other
     bytes at entry 1, one where n1 lacks entry 2. The replicas check marks exactly those
-    nodes (and nothing on clean data); the workers move them to n3; the check is then clean.
-    Then two workers race on one marker: one copies, the other is refused."""
+    nodes (and nothing on clean data): n2 to move ("replicas"), n1 to fill ("missing"); the
+    workers move n2's fragment to n3 and copy entry 2 onto n1; the check is then clean.
+    Two workers race on one marker: one copies, the other is refused."""
     rng = random.Random(11)
     cluster = await asyncio.to_thread(make_cluster, 4)
     async with Client(cluster.metadata_url) as client:
@@ -444,7 +445,7 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
         assert sorted(report.markers) == sorted([flipped, missing])
         assert report.replicas_checked == 30 + 4 + 4
         found = {m.ledger_id: m.nodes for m, _v in await markers.read_markers(client.store)}
-        assert found == {flipped: {"n2": Reason.REPLICAS}, missing: {"n1": Reason.REPLICAS}}
+        assert found == {flipped: {"n2": Reason.REPLICAS}, missing: {"n1": Reason.MISSING}}
         listed = await asyncio.to_thread(
             subprocess.run,
             shell_command(cluster, "underreplicated"),
@@ -456,7 +457,7 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
         assert listed.returncode == 0, listed.stderr
         assert [
             (m["ledgerId"], m["nodes"], m["lockedBy"]) for m in json.loads(listed.stdout)["markers"]
-        ] == sorted([(flipped, {"n2": "replicas"}, None), (missing, {"n1": "replicas"}, None)])
+        ] == sorted([(flipped, {"n2": "replicas"}, None), (missing, {"n1": "missing"}, None)])
 
         # Two workers at once on one marker: one copies, the other is told it is locked.
         racing = await asyncio.gather(
@@ -479,7 +480,9 @@ async def test_the_replicas_check_finds_a_flipped_byte_and_a_missing_entry_only(
         assert after.returncode == 0, after.stderr
         assert json.loads(after.stdout)["markers"] == []
         assert json.loads(after.stdout)["replicasChecked"] == 38
-        assert (await markers.read_totals(client.store)).fragments == 2
+        totals = await markers.read_totals(client.store)
+        assert (totals.fragments, totals.entries) == (2, 4 + 1)  # a move of 4, a fill of 1
+        assert "n1" in (await metadata(client, missing)).segments[0].ensemble  # filled in place
         await assert_fully_replicated(
             client, {**clean, flipped: flipped_data, missing: missing_data}
         )

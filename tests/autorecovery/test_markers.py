@@ -31,7 +31,29 @@ def test_every_value_round_trips_with_version_1() -> None:
     assert markers.decode_since(markers.encode_since(77)) == 77
     report = AuditReport(9, 1, 2, ["n1"], ["n2"], 3, 4, 5, 6)
     assert AuditReport.decode(report.encode()) == report
+    checked = AuditReport(9, 1, 2, [], [], 3, 0, 5, 6, [], 60, 7, 8)
+    assert AuditReport.decode(checked.encode()) == checked
+    # A report written before the ledger check has none of its fields.
+    older = {k: v for k, v in json.loads(checked.encode()).items() if k not in _NEW_FIELDS}
+    assert AuditReport.decode(json.dumps(older).encode()) == AuditReport(
+        9, 1, 2, [], [], 3, 0, 5, 6
+    )
     assert markers.marker_key(7) == "underreplicated/0000000000000000007"
+
+
+_NEW_FIELDS = ("fragmentsChecked", "entriesMissing", "lastReplicasCheckMs")
+
+
+def test_a_move_supersedes_a_fill_and_nothing_else_changes_a_reason() -> None:
+    old = {"n0": Reason.MISSING, "n1": Reason.REPLICAS, "n2": Reason.MISSING}
+    wanted = {"n0": Reason.LOST, "n1": Reason.MISSING, "n2": Reason.MISSING, "n3": Reason.MISSING}
+    assert markers.merged(old, wanted) == {
+        "n0": Reason.LOST,  # it moves now: the fill would copy onto a node that is gone
+        "n1": Reason.REPLICAS,  # a move stays a move
+        "n2": Reason.MISSING,
+        "n3": Reason.MISSING,
+    }
+    assert markers.merged(old, {}) == old
 
 
 @pytest.mark.parametrize(
@@ -62,7 +84,7 @@ async def test_totals_add_up_under_concurrent_workers(etcd: EtcdServer, kind: st
         for n in range(20):
             await store.create(f"k/{n}", b"old")
 
-        def swap(n: int) -> Awaitable[bytes]:
+        def swap(n: int) -> Awaitable[bytes | None]:
             return markers.swap_counted(
                 store, f"k/{n}", lambda v: v == b"old", lambda _v: b"new", Totals(1, 10, 100)
             )
