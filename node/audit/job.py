@@ -38,6 +38,9 @@ SUMMARY_FILE = "summary.json"
 SUMMARY_VERSION = 1
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 DEFAULT_GRACE_S = 24 * 3600  # retention runs daily (delete_when): a day late is not yet late
+APP_NAME = "node-audit"
+GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set by spark-submit for the Python it starts
+DEFAULT_MASTER = "local[*]"  # nobody named one: this machine's cores
 SHUFFLE_PARTITIONS = 8  # the tables are small next to the logs: few shuffle tasks
 NS_PER_MS = 1_000_000
 RESULT_PATH = "/api/v1/audit/result"
@@ -99,21 +102,31 @@ def spark_session(master: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    builder = (
-        SparkSession.builder.appName("node-audit")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-    )
-    from pyspark import SparkConf
+    if active is None:
+        # spark-submit starts this interpreter through its gateway; its --name stays.
+        submitted = GATEWAY_ENV in os.environ
+        builder = (
+            SparkSession.builder.master(master or submitted_master() or DEFAULT_MASTER)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        )
+        active = (builder if submitted else builder.appName(APP_NAME)).getOrCreate()
+    print(f"Spark master: {active.sparkContext.master}")
+    return active
 
-    if master is not None:
-        builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
-        builder = builder.master("local[*]")
-    return builder.getOrCreate()
+
+def submitted_master() -> str | None:
+    """spark-submit's ``--master`` (or spark-defaults.conf's). It is in the JVM's system
+    properties, which ``SparkConf`` reads only once the gateway to that JVM is up: before,
+    ``SparkConf().contains("spark.master")`` is False even under spark-submit, and the
+    audit of a cluster once ran in local mode without a word. Under spark-submit the JVM is
+    spark-submit's own; otherwise this starts the one the session would start anyway."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    master = SparkConf().get("spark.master", None)
+    return str(master) if master else None
 
 
 def _wanted(text: str | None) -> list[str] | None:
