@@ -37,7 +37,9 @@ STATUSES: dict[int, Status] = {
         "Malformed id, query, body or frame (against this document's schemas); an empty "
         "batch (empty_batch); a reserved ledger property (reserved_property); a malformed "
         "header of the replica protocol (invalid_header) or query flag (invalid_query); a "
-        "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id)",
+        "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id); an "
+        "audit snapshot's or file's name that names none (invalid_path: no path leaves the "
+        "snapshot directory)",
         (
             storage_errors.InvalidArgument,
             stream_errors.MalformedPosition,
@@ -58,7 +60,7 @@ STATUSES: dict[int, Status] = {
     ),
     404: Status(
         "No such ledger, entry or route; an autorecovery route on a node without a metadata "
-        "store (replication_off)",
+        "store (replication_off); no such audit snapshot or file in it",
         (
             storage_errors.LedgerNotFound,
             storage_errors.EntryNotFound,
@@ -66,6 +68,10 @@ STATUSES: dict[int, Status] = {
             stream_errors.CursorNotFound,
         ),
         "not_found",
+    ),
+    416: Status(
+        "A Range an audit snapshot's file cannot satisfy, or more than one range "
+        "(range_not_satisfiable; Content-Range gives the file's size)",
     ),
     405: Status("The route takes other methods (Allow names them)", (), "method_not_allowed"),
     408: Status(

@@ -30,6 +30,8 @@ MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 GUARDED_PREFIX = "/api/v1/"
 # Reads that need the admin token too: the settings name host paths, endpoints, buckets.
 GUARDED_READS = frozenset({"/api/v1/config/server_config"})
+# Reads under these need it as well: an audit snapshot's files hold the node's data.
+GUARDED_READ_PREFIXES = ("/api/v1/audit/snapshots/",)
 # nginx's status for a client that closed the connection before the answer: in the metrics
 # it tells a careless client from a failing node (it never goes on the wire).
 CLIENT_CLOSED_REQUEST = 499
@@ -132,11 +134,12 @@ def token_refusal(authorization: str, admin_token: bytes) -> ApiError | None:
 @web.middleware
 async def require_admin_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     """With an admin token configured, every state change under /api/v1/ needs it, and the
-    reads of GUARDED_READS."""
+    reads of GUARDED_READS and under GUARDED_READ_PREFIXES."""
     secret = request.app[SETTINGS].admin_token
     if secret is not None and (
         (request.method in MUTATING and request.path.startswith(GUARDED_PREFIX))
         or request.path in GUARDED_READS
+        or request.path.startswith(GUARDED_READ_PREFIXES)
     ):
         authorization = request.headers.get("Authorization", "")
         refusal = token_refusal(authorization, secret.get_secret_value().encode())
