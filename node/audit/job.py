@@ -112,6 +112,9 @@ def spark_session(master: str | None) -> Any:
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
         )
+        # A cluster's executors import this node package from where the driver does (a
+        # source checkout at the same path; an installed one needs nothing).
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
         token = os.environ.get(TOKEN_ENV)
         if token:  # executors read snapshots from the nodes (Spark redacts it in its UI)
             builder = builder.config(f"spark.executorEnv.{TOKEN_ENV}", token)

@@ -125,6 +125,7 @@ class StandaloneCluster:
                 str(worker_dir),
             ],
             uid=self.worker_uid,
+            drop_env=("PYTHONPATH",),  # the executors import what the job says, nothing of ours
             extra_env={
                 "SPARK_LOCAL_DIRS": str(scratch),
                 "TMPDIR": str(scratch),
@@ -143,6 +144,7 @@ class StandaloneCluster:
         args: list[str],
         uid: int | None = None,
         extra_env: dict[str, str] | None = None,
+        drop_env: tuple[str, ...] = (),
     ) -> None:
         log = (self.work_dir / f"{name}.log").open("wb")
         command = [str(spark_home() / "bin" / "spark-class"), *args]
@@ -156,7 +158,7 @@ class StandaloneCluster:
             ]
         proc = subprocess.Popen(
             command,
-            env=spark_env(**(extra_env or {})),
+            env={k: v for k, v in spark_env(**(extra_env or {})).items() if k not in drop_env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its JVM's children go with it on stop
