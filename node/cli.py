@@ -241,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
     )
     bench.add_argument(
+        "--http",
+        action="store_true",
+        help="audit: the scan over HTTP from a node too, without and with its pace, and "
+        "adds' p99 beside it",
+    )
+    bench.add_argument(
         "--replicated",
         action="store_true",
         help="stream: replicated (3/3/2) streams on etcd and four local nodes against a "
