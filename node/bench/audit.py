@@ -18,7 +18,8 @@ Runs, each over every byte of every log:
 With ``--http``, a node is started on the data set and takes an audit snapshot (holding
 the same logs), and the scan runs again with local[2] reading the logs from the node over
 HTTP (``node.audit.remote``), the node's CPU per second of the scan beside it: once without
-the node's pace (``audit_serve_bytes_per_s`` 0) and once with its default. Meanwhile a writer
+the node's pace (``audit_serve_bytes_per_s`` 0), once with ``--pace-mib`` (its default).
+Meanwhile a writer
 adds 1 KiB entries one at a time (each acknowledged after its fsync): their p99 with no scan,
 during the uncapped scan and during the capped one is what the pace is for.
 
@@ -242,7 +243,7 @@ class Adds:
 
 
 def http_passes(
-    data_dir: Path, sizes: dict[int, int], split_bytes: int
+    data_dir: Path, sizes: dict[int, int], split_bytes: int, pace: int
 ) -> tuple[list[Scan], list[tuple[str, ...]]]:
     """The scan over HTTP without and with the node's pace, and adds' p99 beside it: of
     the logs as they were built (``sizes``), which the snapshots hold (the node appends the
@@ -254,7 +255,7 @@ def http_passes(
     latency_rows: list[tuple[str, ...]] = []
     spark = job.spark_session(HTTP_MASTER)
     try:
-        for cap in (0, Settings.model_fields["audit_serve_bytes_per_s"].default):
+        for cap in (0, pace):
             with serving(data_dir, {"NODE_AUDIT_SERVE_BYTES_PER_S": str(cap)}) as server:
                 ledger = call(f"{server.url}/api/v1/ledgers", "POST")["ledgerId"]
                 taken = call(f"{server.url}/api/v1/audit/snapshot", "POST")
@@ -265,13 +266,17 @@ def http_passes(
                 name = "no cap" if cap == 0 else f"cap {cap / MB:.0f} MB/s"
                 with Adds(server.url, ledger) as busy:
                     node_cpu = cpu_seconds(server.proc.pid)
+                    tree_cpu = tree_cpu_seconds(os.getpid())
                     started = time.perf_counter()
                     query = source.read_records(spark, logs, split_bytes).selectExpr(
                         "count(*) AS n", "sum(CAST(NOT crc_ok AS INT)) AS bad"
                     )
                     [row] = query.collect()
                     seconds = time.perf_counter() - started
-                    node_cores = (cpu_seconds(server.proc.pid) - node_cpu) / seconds
+                    node_used = cpu_seconds(server.proc.pid) - node_cpu
+                    node_cores = node_used / seconds
+                    # The node is this process's child: its CPU is not the scan's.
+                    cores = (tree_cpu_seconds(os.getpid()) - tree_cpu - node_used) / seconds
                 scans.append(
                     Scan(
                         f"spark {HTTP_MASTER} over HTTP, {name}",
@@ -279,6 +284,7 @@ def http_passes(
                         int(row["n"]),
                         int(row["bad"] or 0),
                         f"node {node_cores:.2f} cores",
+                        cores,
                     )
                 )
                 latency_rows.append(
@@ -313,7 +319,8 @@ def main(args: argparse.Namespace) -> int:
                 i: logformat.log_path(ledgers_dir, i).stat().st_size
                 for i in entrylog.list_logs(ledgers_dir)
             }
-            over_http, latency_rows = http_passes(data_dir, sizes, split)
+            pace = int(args.pace_mib * MiB)
+            over_http, latency_rows = http_passes(data_dir, sizes, split, pace)
             scans += over_http
         report(scans, entries, log_bytes, scratch, latency_rows)
     return 0
