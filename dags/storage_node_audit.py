@@ -7,14 +7,20 @@ snapshot, so the same job also runs the fleet-wide replicas check over all of th
 of an entry's write set holds the entry, with the same CRC32C.
 
 Spark runs through the connection spark_default: local[*] unless the connection names a
-cluster. spark-submit is run by bare name from the worker's PATH; the job's driver and its
+cluster (spark://..., k8s://...), which the job then runs on. With the param readSnapshots
+"http" (the default), the job is given each snapshot's URL on its node: the executors read the
+tables and byte ranges of the logs from the nodes over HTTP (the admin token, the password of
+the connection storage_node, reaches them through NODE_ADMIN_TOKEN), so they need no access to
+the nodes' volumes; "file" gives the job the snapshot's directory (executors beside the data).
+spark-submit is run by bare name from the worker's PATH; the job's driver and its
 executors run the interpreter of the param python, which must import the node package and its
 dependencies (pyarrow, rocksdict): the node's venv, or any with the node installed. When the
 node is a source checkout rather than installed, the param pythonPath names its root.
 
-The job writes <outDir>/<run id>/summary.json; with a cluster, outDir must be storage that the
-Airflow worker reads too. The job exits 1 when it finds violations: the summary is
-still posted, then the run fails, so a violation alerts like any failed DAG."""
+The job's driver runs in the Airflow worker (client mode) and writes <outDir>/<run id>/:
+summary.json and the violation tables, which this DAG reads back. The job exits 1 when it
+finds violations: the summary is still posted, then the run fails, so a violation alerts like
+any failed DAG."""
 
 from __future__ import annotations
 
@@ -52,6 +58,12 @@ log = logging.getLogger(__name__)
         "pythonPath": Param(
             "", type="string", description="PYTHONPATH of the job: a source checkout's root"
         ),
+        "readSnapshots": Param(
+            "http",
+            enum=["http", "file"],
+            description="http: the executors read the snapshots from the nodes (a cluster); "
+            "file: from the snapshot directories (executors beside the nodes' volumes)",
+        ),
     },
     doc_md=__doc__,
 )
@@ -65,7 +77,8 @@ def storage_node_audit() -> None:
         from storage_node_common import node_client
 
         reply = node_client(url).call("POST", "/api/v1/audit/snapshot", {})
-        uri = str(reply["uri"])
+        over_http = get_current_context()["params"]["readSnapshots"] == "http"
+        uri = str(reply["url"] if over_http and reply.get("url") else reply["uri"])
         log.info("node %s: snapshot at %s", url, uri)
         return uri
 
@@ -112,7 +125,12 @@ def storage_node_audit() -> None:
             "spark.pyspark.python": "{{ params.python }}",
             "spark.pyspark.driver.python": "{{ params.python }}",
         },
-        env_vars={"PYTHONPATH": "{{ params.pythonPath }}"},
+        env_vars={
+            "PYTHONPATH": "{{ params.pythonPath }}",
+            # The nodes' snapshot routes want the admin token: the driver hands it to the
+            # executors (Airflow masks it in the rendered fields, Spark in its UI).
+            "NODE_ADMIN_TOKEN": "{{ conn.storage_node.password or '' }}",
+        },
     )
     audit >> post_result.expand(url=urls)
 

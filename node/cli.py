@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from node import logs, runtime
-from node.settings import Settings, SettingsError, load
+from node.settings import MiB, Settings, SettingsError, load
 from node.sizing import fit_to_disks
 from node.storage.dirlock import DataDirInUse, DataDirLock
 from node.storage.errors import WalDeviceError
@@ -241,6 +241,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--split-mib", type=float, default=AUDIT_SPLIT_MIB, help="audit: MiB of log per task"
+    )
+    bench.add_argument(
+        "--http",
+        action="store_true",
+        help="audit: the scan over HTTP from a node too, without and with its pace, and "
+        "adds' p99 beside it",
+    )
+    bench.add_argument(
+        "--pace-mib",
+        type=float,
+        default=Settings.model_fields["audit_serve_bytes_per_s"].default / MiB,
+        help="audit --http: the node's pace (audit_serve_bytes_per_s) in MiB/s",
     )
     bench.add_argument(
         "--replicated",

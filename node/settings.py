@@ -293,6 +293,8 @@ class Settings(BaseSettings):
     audit_snapshot_dir: Path | None = None
     # Snapshots kept there (each holds its logs: GC cannot free them); a new one deletes older
     audit_snapshots_kept: int = Field(3, ge=1)
+    # Snapshot bytes served to the audit's executors per second, node-wide; 0: no cap
+    audit_serve_bytes_per_s: int = Field(32 * MiB, ge=0)
     audit_result_max_bytes: int = Field(1 * MiB, gt=0)  # largest POST /api/v1/audit/result body
     # a posted result finished further ahead of the node's clock is refused (a stale-audit
     # alert would stay quiet until then)

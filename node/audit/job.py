@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -38,6 +39,9 @@ SUMMARY_FILE = "summary.json"
 SUMMARY_VERSION = 1
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 DEFAULT_GRACE_S = 24 * 3600  # retention runs daily (delete_when): a day late is not yet late
+APP_NAME = "node-audit"
+GATEWAY_ENV = "PYSPARK_GATEWAY_PORT"  # set by spark-submit for the Python it starts
+DEFAULT_MASTER = "local[*]"  # nobody named one: this machine's cores
 SHUFFLE_PARTITIONS = 8  # the tables are small next to the logs: few shuffle tasks
 NS_PER_MS = 1_000_000
 RESULT_PATH = "/api/v1/audit/result"
@@ -99,21 +103,37 @@ def spark_session(master: str | None) -> Any:
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    builder = (
-        SparkSession.builder.appName("node-audit")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
-    )
-    from pyspark import SparkConf
+    if active is None:
+        # spark-submit starts this interpreter through its gateway; its --name stays.
+        submitted = GATEWAY_ENV in os.environ
+        builder = (
+            SparkSession.builder.master(master or submitted_master() or DEFAULT_MASTER)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        )
+        # A cluster's executors import this node package from where the driver does (a
+        # source checkout at the same path; an installed one needs nothing).
+        builder = builder.config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
+        token = os.environ.get(TOKEN_ENV)
+        if token:  # executors read snapshots from the nodes (Spark redacts it in its UI)
+            builder = builder.config(f"spark.executorEnv.{TOKEN_ENV}", token)
+        active = (builder if submitted else builder.appName(APP_NAME)).getOrCreate()
+    print(f"Spark master: {active.sparkContext.master}")
+    return active
 
-    if master is not None:
-        builder = builder.master(master)
-    elif not SparkConf().contains("spark.master"):
-        builder = builder.master("local[*]")
-    return builder.getOrCreate()
+
+def submitted_master() -> str | None:
+    """spark-submit's ``--master`` (or spark-defaults.conf's). It is in the JVM's system
+    properties, which ``SparkConf`` reads only once the gateway to that JVM is up: before,
+    ``SparkConf().contains("spark.master")`` is False even under spark-submit, and the
+    audit of a cluster once ran in local mode without a word. Under spark-submit the JVM is
+    spark-submit's own; otherwise this starts the one the session would start anyway."""
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()
+    master = SparkConf().get("spark.master", None)
+    return str(master) if master else None
 
 
 def _wanted(text: str | None) -> list[str] | None:
@@ -131,17 +151,22 @@ def _wanted(text: str | None) -> list[str] | None:
     return wanted
 
 
-def _snapshot_dirs(args: argparse.Namespace, scratch: Path, now_ms: int) -> list[Path]:
-    from node.audit import snapshot
+def _snapshot_dirs(args: argparse.Namespace, scratch: Path, now_ms: int) -> list[tuple[Path, str]]:
+    """Each snapshot's local directory (its metadata at least) and where the executors
+    read its tables: that directory, or the URL of a node serving it."""
+    from node.audit import remote, snapshot
 
     if args.snapshot:
-        return [snapshot.fetch(uri, scratch) for uri in args.snapshot]
+        return [
+            (snapshot.fetch(uri, scratch), uri if remote.is_url(uri) else "")
+            for uri in args.snapshot
+        ]
     if args.data_dir is None:
         raise CannotRun("say --data-dir (a stopped node) or --snapshot URI")
     snap = snapshot.from_data_dir(args.data_dir, offload_store=args.offload_store, now_ms=now_ms)
     target = scratch / "snapshot"
     snapshot.write_dir(snap, target)
-    return [target]
+    return [(target, "")]
 
 
 def run(args: argparse.Namespace, spark: Any | None = None) -> int:
@@ -202,7 +227,7 @@ def _ledgers_file(args: argparse.Namespace, out: Path) -> Path | None:
 
 
 def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | None) -> int:
-    from node.audit import CHECKS, FLEET_CHECKS, checks, kept, snapshot, source
+    from node.audit import CHECKS, FLEET_CHECKS, checks, kept, remote, source
 
     started_ms = time.time_ns() // NS_PER_MS
     now_ms = args.now_ms if args.now_ms is not None else started_ms
@@ -210,8 +235,12 @@ def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | N
     out.mkdir(parents=True, exist_ok=True)
     ledgers_file = _ledgers_file(args, out)
     scratch = out / "_snapshots"
-    dirs = _snapshot_dirs(args, scratch, now_ms)
+    found = _snapshot_dirs(args, scratch, now_ms)
+    dirs = [d for d, _url in found]
     metas = [kept.read_meta(d) for d in dirs]
+    for meta, (_d, url) in zip(metas, found, strict=True):
+        if url:  # the node serves the logs it holds: the executors read them from it
+            meta["ledgersDir"] = remote.join(url, kept.LOGS_DIR)
     if args.data_dir is not None and len(metas) == 1:
         # The logs are read where this machine sees them (a copied snapshot, a mount).
         metas[0]["ledgersDir"] = str((args.data_dir / "ledgers").resolve())
@@ -223,12 +252,12 @@ def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | N
             "or snapshots of nodes with a metadata store"
         )
     spark = spark or spark_session(args.master)
+    # Cached: each check joins them again, and a read goes through Python workers.
     tables = {
-        # mergeSchema: a snapshot from before a column was added reads it as null
-        name: spark.read.option("mergeSchema", "true").parquet(
-            *[str(d / f"{name}{snapshot.PARQUET_SUFFIX}") for d in dirs]
-        )
-        for name in snapshot.SCHEMAS
+        name: df.cache()
+        for name, df in source.read_tables(
+            spark, [url or str(d.resolve()) for d, url in found]
+        ).items()
     }
     records = source.read_records(spark, _snapshot_logs(tables["logs"], metas), args.split_bytes)
     records = records.cache()
@@ -245,19 +274,13 @@ def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | N
         if name == "garbage":
             df, usage = checks.check_garbage(inputs)
             usage_path = out / "log_usage.parquet"
-            usage.write.mode("overwrite").parquet(str(usage_path))
-            written = spark.read.parquet(str(usage_path))
-            totals = (
-                written.groupBy()
-                .sum("record_bytes", "referenced_bytes", "gc_live_bytes", "garbage_bytes")
-                .collect()[0]
-            )
+            written = write_table(usage, usage_path)
             extra["garbage"] = {
-                "logs": written.count(),
-                "recordBytes": int(totals[0] or 0),
-                "referencedBytes": int(totals[1] or 0),
-                "gcLiveBytes": int(totals[2] or 0),
-                "garbageBytes": int(totals[3] or 0),
+                "logs": written.num_rows,
+                "recordBytes": _total(written, "record_bytes"),
+                "referencedBytes": _total(written, "referenced_bytes"),
+                "gcLiveBytes": _total(written, "gc_live_bytes"),
+                "garbageBytes": _total(written, "garbage_bytes"),
                 "table": str(usage_path),
             }
         else:
@@ -265,10 +288,11 @@ def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | N
         if name == "pinned":
             extra["logAges"] = checks.log_age_histogram(inputs)
         path = out / f"{name}.parquet"
-        df.write.mode("overwrite").parquet(str(path))
-        count = spark.read.parquet(str(path)).count()
+        count = write_table(df, path).num_rows
         results[name] = {"violations": count, "table": str(path)}
     records.unpersist()
+    for table in tables.values():
+        table.unpersist()
     violations = sum(r["violations"] for r in results.values())
     summary = {
         "version": SUMMARY_VERSION,
@@ -285,6 +309,25 @@ def _run_owned(args: argparse.Namespace, asked: list[str] | None, spark: Any | N
     if args.post_to:
         post_summary(args.post_to, summary)
     return EXIT_VIOLATIONS if violations else EXIT_CLEAN
+
+
+def write_table(df: Any, path: Path) -> Any:
+    """The DataFrame, written by the driver (one Parquet file) and returned as an Arrow
+    table: on a cluster the executors share no directory with the driver, and the tables
+    of an audit (violations, one row per log) are small."""
+    import pyarrow.parquet as pq
+
+    table = df.toArrow()
+    if path.is_dir():  # a run of an older job wrote a directory of parts
+        shutil.rmtree(path)
+    pq.write_table(table, path)
+    return table
+
+
+def _total(table: Any, column: str) -> int:
+    import pyarrow.compute as pc
+
+    return int(pc.sum(table.column(column)).as_py() or 0)
 
 
 def _expected(

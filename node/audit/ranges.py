@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow as pa
 
@@ -67,12 +68,29 @@ def plan_ranges(size: int, split_bytes: int) -> list[tuple[int, int]]:
     return ranges
 
 
+class Preader(Protocol):
+    """A log's bytes: a local file, or ranges over HTTP (node.audit.remote.HttpLog)."""
+
+    size: int
+
+    def pread(self, length: int, offset: int) -> bytes: ...
+
+
+class _FileLog:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+
+    def pread(self, length: int, offset: int) -> bytes:
+        return os.pread(self.fd, length, offset)
+
+
 class _Window:
     """A sliding buffer over the file, refilled by large preads."""
 
-    def __init__(self, fd: int, file_size: int) -> None:
-        self.fd = fd
-        self.file_size = file_size
+    def __init__(self, log: Preader) -> None:
+        self.log = log
+        self.file_size = log.size
         self.data = b""
         self.base = 0
 
@@ -82,7 +100,7 @@ class _Window:
             return None
         rel = offset - self.base
         if rel < 0 or rel + length > len(self.data):
-            self.data = os.pread(self.fd, max(READ_CHUNK, length), offset)
+            self.data = self.log.pread(max(READ_CHUNK, length), offset)
             self.base, rel = offset, 0
             if len(self.data) < length:
                 return None
@@ -155,49 +173,61 @@ def scan_range(
     end: int,
     max_record: int = DEFAULT_MAX_RECORD,
 ) -> Iterator[pa.RecordBatch]:
-    """The records starting in [start, end) of one log, as Arrow batches. Stops, as the
-    engine's scan does, at the end of data (zeros, the end of the file, a record that
-    cannot fit)."""
+    """The records starting in [start, end) of one log file, as Arrow batches."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return  # deleted since the plan (a live node's GC): nothing to read
     try:
-        window = _Window(fd, os.fstat(fd).st_size)
-        offset: int | None = start
-        if start != logformat.HEADER_SIZE:
-            offset = resync(window, start, end, max_record)
-        columns: Columns = ([], [], [], [], [], [])
-        offsets, ledgers, entries, sizes, oks, crcs = columns
-        unpack = logformat.RECORD_HEADER.unpack_from
-        while offset is not None and offset < end:
-            head = window.get(offset, OVERHEAD)
-            if head is None:
-                break
-            size, ledger_id, entry_id, crc = unpack(head)
-            total = SIZE_FIELD + size
-            if size < MIN_SIZE_FIELD:
-                break  # zeros (the end of data) or a size that is not a record's
-            record = window.get(offset, total)
-            if record is None:
-                break  # a record cut by the end of the file
-            actual = record_crc(ledger_id, entry_id, record[OVERHEAD:])
-            ok = actual == crc
-            crcs.append(actual)
-            offsets.append(offset)
-            ledgers.append(ledger_id)
-            entries.append(entry_id)
-            sizes.append(total)
-            oks.append(ok)
-            offset += total
-            if len(offsets) >= BATCH_ROWS:
-                yield _batch(node, log_id, columns)
-                for column in columns:
-                    column.clear()
-        if offsets:
-            yield _batch(node, log_id, columns)
+        yield from scan_log(_FileLog(fd), node, log_id, start, end, max_record)
     finally:
         os.close(fd)
+
+
+def scan_log(
+    log: Preader,
+    node: str,
+    log_id: int,
+    start: int,
+    end: int,
+    max_record: int = DEFAULT_MAX_RECORD,
+) -> Iterator[pa.RecordBatch]:
+    """The records starting in [start, end) of one log, as Arrow batches. Stops, as the
+    engine's scan does, at the end of data (zeros, the end of the file, a record that
+    cannot fit)."""
+    window = _Window(log)
+    offset: int | None = start
+    if start != logformat.HEADER_SIZE:
+        offset = resync(window, start, end, max_record)
+    columns: Columns = ([], [], [], [], [], [])
+    offsets, ledgers, entries, sizes, oks, crcs = columns
+    unpack = logformat.RECORD_HEADER.unpack_from
+    while offset is not None and offset < end:
+        head = window.get(offset, OVERHEAD)
+        if head is None:
+            break
+        size, ledger_id, entry_id, crc = unpack(head)
+        total = SIZE_FIELD + size
+        if size < MIN_SIZE_FIELD:
+            break  # zeros (the end of data) or a size that is not a record's
+        record = window.get(offset, total)
+        if record is None:
+            break  # a record cut by the end of the file
+        actual = record_crc(ledger_id, entry_id, record[OVERHEAD:])
+        ok = actual == crc
+        crcs.append(actual)
+        offsets.append(offset)
+        ledgers.append(ledger_id)
+        entries.append(entry_id)
+        sizes.append(total)
+        oks.append(ok)
+        offset += total
+        if len(offsets) >= BATCH_ROWS:
+            yield _batch(node, log_id, columns)
+            for column in columns:
+                column.clear()
+    if offsets:
+        yield _batch(node, log_id, columns)
 
 
 def _batch(node: str, log_id: int, columns: Columns) -> pa.RecordBatch:

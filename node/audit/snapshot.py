@@ -464,13 +464,19 @@ def snapshot_files(snapshot: Snapshot) -> dict[str, bytes]:
 
 
 def fetch(uri: str, scratch: Path | None = None) -> Path:
-    """A local directory holding the snapshot at ``uri``: a path or ``file://`` URI as is,
-    anything else (``s3://...``) downloaded through obstore (credentials and endpoint from
-    the standard ``AWS_*`` variables) into ``scratch``."""
+    """A local directory holding the snapshot at ``uri``: a path or ``file://`` URI as is;
+    of an ``http(s)://`` one (a node serving it), only its metadata, into ``scratch`` (the
+    executors read its tables and logs from the node); anything else (``s3://...``)
+    downloaded through obstore (credentials and endpoint from the standard ``AWS_*``
+    variables) into ``scratch``."""
+    if scratch is not None:
+        scratch.mkdir(parents=True, exist_ok=True)
     if "://" not in uri:
         local = Path(uri)
     elif uri.startswith("file://"):
         local = Path(uri.removeprefix("file://"))
+    elif uri.startswith(("http://", "https://")):
+        local = _download_http(uri, scratch)
     else:
         local = _download(uri, scratch)
     if not (local / META_FILE).is_file():
@@ -496,4 +502,21 @@ def _download(uri: str, scratch: Path | None) -> Path:
             (target / ledgers).write_bytes(bytes(obstore.get(store, ledgers).bytes()))
     except Exception as e:  # obstore's errors: missing object, refused credentials
         raise SnapshotError(f"{uri}: cannot read the snapshot: {e}") from None
+    return target
+
+
+def _download_http(url: str, scratch: Path | None) -> Path:
+    from node.audit import remote
+
+    target = Path(tempfile.mkdtemp(prefix="snapshot-", dir=scratch))
+    http = remote.pool()
+    try:
+        (target / META_FILE).write_bytes(remote.get(http, remote.join(url, META_FILE)))
+        ledgers = read_meta(target).get("ledgersFile")
+        if ledgers:
+            (target / ledgers).write_bytes(remote.get(http, remote.join(url, ledgers)))
+    except (OSError, ValueError) as e:  # the node's refusals, a connection that failed
+        raise SnapshotError(f"{url}: cannot read the snapshot: {e}") from None
+    finally:
+        http.clear()
     return target

@@ -15,6 +15,14 @@ Runs, each over every byte of every log:
    partitions it planned and those Spark reports (``getNumPartitions``): they must agree,
    or the scan is less parallel than the plan.
 
+With ``--http``, a node is started on the data set and takes an audit snapshot (holding
+the same logs), and the scan runs again with local[2] reading the logs from the node over
+HTTP (``node.audit.remote``), the node's CPU per second of the scan beside it: once without
+the node's pace (``audit_serve_bytes_per_s`` 0), once with ``--pace-mib`` (its default).
+Meanwhile a writer
+adds 1 KiB entries one at a time (each acknowledged after its fsync): their p99 with no scan,
+during the uncapped scan and during the capped one is what the pace is for.
+
 MB/s is bytes of log per second of wall time, the best of ROUNDS scans. "cores" is the CPU
 time of this process and all its descendants (the JVM, Spark's Python workers) over the
 scan, per second of wall time: how many cores the scan kept busy. The logs were just
@@ -35,9 +43,11 @@ from typing import Any
 
 from node.bench.common import (
     MB,
+    P99,
     PAYLOAD_FILL,
     machine_line,
     markdown_table,
+    quantile_ms,
     require_positive,
     scratch_dir,
 )
@@ -50,6 +60,10 @@ BATCH_BYTES = 16 * MiB  # payload per add_entries call and checkpoint
 MASTERS = ("local[1]", "local[2]")
 NODE = "bench"
 ROUNDS = 2  # scans per runner; the best is reported (a shared machine is noisy)
+HTTP_MASTER = "local[2]"
+ADD_BYTES = 1024  # the adds measured beside the scan over HTTP
+IDLE_ADDS_S = 5.0  # adds with no scan: their p99 is the baseline
+HTTP_CREATED = 201
 # /proc/<pid>/stat after the command's ")": state is field 3, so field n is at n - 3.
 PPID_FIELD = 4 - 3
 CPU_FIELDS = slice(14 - 3, 17 - 3 + 1)  # utime, stime, cutime, cstime (reaped children)
@@ -183,6 +197,110 @@ def spark_pass(master: str, ledgers_dir: Path, split_bytes: int) -> Scan:
     )
 
 
+class Adds:
+    """One writer adding ``ADD_BYTES`` entries one at a time over one connection, in a
+    thread, until stopped; the latencies of those that completed."""
+
+    def __init__(self, url: str, ledger_id: int) -> None:
+        import threading
+
+        self.url = url
+        self.path = f"/api/v1/ledgers/{ledger_id}/entries"
+        self.latencies: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Adds:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        where = urlsplit(self.url)
+        connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+        headers = {"Content-Type": "application/octet-stream"}
+        body = bytes([PAYLOAD_FILL]) * ADD_BYTES
+        try:
+            while not self._stop.is_set():
+                started = time.perf_counter()
+                connection.request("POST", self.path, body, headers)
+                reply = connection.getresponse()
+                reply.read()
+                if reply.status != HTTP_CREATED:
+                    raise SystemExit(f"bench: an add got {reply.status}")
+                self.latencies.append(time.perf_counter() - started)
+        finally:
+            connection.close()
+
+    def p99_ms(self) -> float:
+        return quantile_ms(self.latencies, P99)
+
+
+def http_passes(
+    data_dir: Path, sizes: dict[int, int], split_bytes: int, pace: int
+) -> tuple[list[Scan], list[tuple[str, ...]]]:
+    """The scan over HTTP without and with the node's pace, and adds' p99 beside it: of
+    the logs as they were built (``sizes``), which the snapshots hold (the node appends the
+    adds measured to its current log, and the second node the first one's)."""
+    from node.audit import job, source
+    from node.bench.server import call, cpu_seconds, serving
+
+    scans: list[Scan] = []
+    latency_rows: list[tuple[str, ...]] = []
+    spark = job.spark_session(HTTP_MASTER)
+    try:
+        for cap in (0, pace):
+            with serving(data_dir, {"NODE_AUDIT_SERVE_BYTES_PER_S": str(cap)}) as server:
+                ledger = call(f"{server.url}/api/v1/ledgers", "POST")["ledgerId"]
+                taken = call(f"{server.url}/api/v1/audit/snapshot", "POST")
+                logs_url = taken["url"] + "logs"
+                logs = [(NODE, logs_url, i, size) for i, size in sorted(sizes.items())]
+                with Adds(server.url, ledger) as idle:
+                    time.sleep(IDLE_ADDS_S)
+                name = "no cap" if cap == 0 else f"cap {cap / MB:.0f} MB/s"
+                with Adds(server.url, ledger) as busy:
+                    node_cpu = cpu_seconds(server.proc.pid)
+                    tree_cpu = tree_cpu_seconds(os.getpid())
+                    started = time.perf_counter()
+                    query = source.read_records(spark, logs, split_bytes).selectExpr(
+                        "count(*) AS n", "sum(CAST(NOT crc_ok AS INT)) AS bad"
+                    )
+                    [row] = query.collect()
+                    seconds = time.perf_counter() - started
+                    node_used = cpu_seconds(server.proc.pid) - node_cpu
+                    node_cores = node_used / seconds
+                    # The node is this process's child: its CPU is not the scan's.
+                    cores = (tree_cpu_seconds(os.getpid()) - tree_cpu - node_used) / seconds
+                scans.append(
+                    Scan(
+                        f"spark {HTTP_MASTER} over HTTP, {name}",
+                        seconds,
+                        int(row["n"]),
+                        int(row["bad"] or 0),
+                        f"node {node_cores:.2f} cores",
+                        cores,
+                    )
+                )
+                latency_rows.append(
+                    (
+                        name,
+                        f"{idle.p99_ms():.1f}",
+                        f"{busy.p99_ms():.1f}",
+                        f"{busy.p99_ms() / max(idle.p99_ms(), 1e-9):.2f}",
+                        str(len(busy.latencies)),
+                    )
+                )
+    finally:
+        spark.stop()
+    return scans, latency_rows
+
+
 def main(args: argparse.Namespace) -> int:
     require_positive(gib=args.gib, entry_size=args.entry_size, split_mib=args.split_mib)
     with scratch_dir(args.dir, "bench-audit-") as scratch:
@@ -195,11 +313,26 @@ def main(args: argparse.Namespace) -> int:
         split = int(args.split_mib * MiB)
         scans = [spark_pass(master, ledgers_dir, split) for master in MASTERS]
         scans.append(inspect_pass(ledgers_dir))
-        report(scans, entries, log_bytes, scratch)
+        latency_rows: list[tuple[str, ...]] = []
+        if args.http:
+            sizes = {
+                i: logformat.log_path(ledgers_dir, i).stat().st_size
+                for i in entrylog.list_logs(ledgers_dir)
+            }
+            pace = int(args.pace_mib * MiB)
+            over_http, latency_rows = http_passes(data_dir, sizes, split, pace)
+            scans += over_http
+        report(scans, entries, log_bytes, scratch, latency_rows)
     return 0
 
 
-def report(scans: list[Scan], entries: int, log_bytes: int, scratch: Path) -> None:
+def report(
+    scans: list[Scan],
+    entries: int,
+    log_bytes: int,
+    scratch: Path,
+    latency_rows: list[tuple[str, ...]] | None = None,
+) -> None:
     rows: list[tuple[str, ...]] = [
         (
             s.name,
@@ -223,3 +356,13 @@ def report(scans: list[Scan], entries: int, log_bytes: int, scratch: Path) -> No
     one, two = by_name["spark local[1]"], by_name["spark local[2]"]
     print()
     print(f"local[2] / local[1]: {one.seconds / two.seconds:.2f}x")
+    uncapped = next((s for s in scans if s.name.endswith("no cap")), None)
+    if uncapped is not None:
+        print(f"over HTTP / local files (local[2]): {two.seconds / uncapped.seconds:.2f}x")
+    if latency_rows:
+        print()
+        print(f"adds of {ADD_BYTES} B, one at a time: p99 ms with no scan, during the scan")
+        print()
+        pace = ("node's pace", "p99 idle", "p99 during scan", "ratio", "adds during scan")
+        for line in markdown_table(pace, latency_rows):
+            print(line)

@@ -61,12 +61,13 @@ def free_port() -> int:
 class Server:
     """A node serving ``data_dir`` on a free loopback port, ready when constructed."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "node", "--log-level", "warning", "serve",
              "--data-dir", str(data_dir), "--port", str(self.port)],
+            env={**os.environ, **(env or {})},
         )  # fmt: skip
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -145,9 +146,9 @@ def misread(first: int, payloads: Iterable[bytes], size: int = ENTRY_SIZE) -> in
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path) -> Iterator[Server]:
-    """A ``Server``, stopped at the end."""
-    server = Server(data_dir)
+def serving(data_dir: Path, env: dict[str, str] | None = None) -> Iterator[Server]:
+    """A ``Server`` (``env``: its settings, NODE_...), stopped at the end."""
+    server = Server(data_dir, env)
     try:
         yield server
     finally:

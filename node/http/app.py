@@ -51,6 +51,7 @@ from node.http.state import (
     AuditState,
     ServingState,
 )
+from node.http.throttle import ByteRate
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -107,7 +108,7 @@ def build_app(
     app[SERVING] = ServingState()
     app[STORAGE] = storage or LedgerStorage(settings, clock=clock, probe=metrics)
     app[STREAMS] = StreamManager(app[STORAGE], clock)
-    app[AUDIT] = AuditState()
+    app[AUDIT] = AuditState(serve_rate=ByteRate(settings.audit_serve_bytes_per_s))
     if settings.metadata_url:
         # Imported only here: a node without a metadata store never loads node.client.
         from node.client.registry import Registry

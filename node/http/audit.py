@@ -1,11 +1,15 @@
-"""Audit routes: a snapshot of the node for the Spark audit job (node/audit), and the job's
-last summary, kept durably and exported as metrics."""
+"""Audit routes: a snapshot of the node for the Spark audit job (node/audit), its files
+served over HTTP to the job's executors (byte ranges of the logs it holds, paced by
+``audit_serve_bytes_per_s``), and the job's last summary, kept durably and exported as
+metrics."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
+import re
 import shutil
 import socket
 import time
@@ -19,12 +23,22 @@ from pydantic import ValidationError
 from node.audit import kept, snapshot
 from node.http import models
 from node.http.bodies import limited_by
-from node.http.errors import ApiError
+from node.http.errors import ApiError, error_response
+from node.http.frames import JSON_CONTENT_TYPE
 from node.http.jsonreply import json_response
-from node.http.state import AUDIT, AUDIT_LEDGER_SOURCE, METRICS, SETTINGS, STORAGE, WORK
+from node.http.state import (
+    AUDIT,
+    AUDIT_LEDGER_SOURCE,
+    METRICS,
+    READ_BUDGET,
+    SETTINGS,
+    STORAGE,
+    WORK,
+)
 from node.offload.format import AUDIT_PREFIX
 from node.offload.store import ObjectStore
-from node.settings import Settings
+from node.settings import MiB, Settings
+from node.storage import logformat
 from node.storage.fsutil import is_no_space
 from node.storage.readonly import ReadOnlySource
 
@@ -39,6 +53,15 @@ FILE_SCHEME = "file://"
 NS_PER_MS = 1_000_000
 MS_PER_S = 1000
 NAME_SUFFIX_CHARS = 6  # random hex after the time: two snapshots in one ms do not collide
+SNAPSHOTS_PATH = "/api/v1/audit/snapshots"
+# A snapshot's directory name (one component: no "..", no "/"); its files by name only.
+SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+TABLE_FILES = [f"{n}{snapshot.PARQUET_SUFFIX}" for n in snapshot.SCHEMAS]
+SNAPSHOT_FILES = frozenset({kept.META_FILE, kept.LEDGERS_FILE, *TABLE_FILES})
+LOG_NAME = re.compile(rf"[0-9a-f]{{1,16}}{re.escape(logformat.SUFFIX)}")
+SERVE_CHUNK = 1 * MiB  # bytes read, budgeted, paced and written at a time
+RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+OCTETS = "application/octet-stream"
 
 
 def _now_ms() -> int:
@@ -105,8 +128,158 @@ async def take_snapshot(request: web.Request) -> web.Response:
             raise
     log.info("audit snapshot taken: %s", uri)
     rows = {table: t.num_rows for table, t in snap.tables.items()}
-    reply = models.AuditSnapshot(uri=uri, takenMs=snap.taken_ms, rows=rows)
+    url = None
+    root = await asyncio.to_thread(settings.audit_snapshots_dir.resolve)
+    if directory.parent == root:  # a file:// target deeper down is not served
+        url = f"{request.url.origin()}{SNAPSHOTS_PATH}/{directory.name}/"
+    reply = models.AuditSnapshot(uri=uri, url=url, takenMs=snap.taken_ms, rows=rows)
     return json_response(reply.to_json(), status=201)
+
+
+@routes.get(SNAPSHOTS_PATH + "/{snapshot}/{file}")
+async def get_snapshot_file(request: web.Request) -> web.StreamResponse:
+    """One of a snapshot's files: its metadata or an index table (whole, or a Range)."""
+    directory = await asyncio.to_thread(_snapshot_dir, request)
+    name = request.match_info["file"]
+    if name not in SNAPSHOT_FILES:
+        raise ApiError(404, "not_found", f"a snapshot has no file {name!r}")
+    return await _serve(request, directory / name)
+
+
+@routes.get(SNAPSHOTS_PATH + "/{snapshot}/logs/{log}")
+async def get_snapshot_log(request: web.Request) -> web.StreamResponse:
+    """A log the snapshot holds, for the audit's executors: byte ranges of it (Range)."""
+    directory = await asyncio.to_thread(_snapshot_dir, request)
+    name = request.match_info["log"]
+    if not LOG_NAME.fullmatch(name):
+        raise ApiError(400, "invalid_path", f"{name!r} is not the name of an entry log")
+    return await _serve(request, directory / kept.LOGS_DIR / name)
+
+
+def _snapshot_dir(request: web.Request) -> Path:
+    """Blocking. The snapshot's directory: a complete snapshot directly under the snapshot
+    directory, whatever the path says (a name that could leave it is refused)."""
+    name = request.match_info["snapshot"]
+    if not SNAPSHOT_NAME.fullmatch(name):
+        raise ApiError(400, "invalid_path", f"{name!r} is not the name of a snapshot")
+    root = request.app[SETTINGS].audit_snapshots_dir.resolve()
+    directory = (root / name).resolve()
+    if directory.parent != root or not (directory / kept.META_FILE).is_file():
+        raise ApiError(404, "not_found", f"no snapshot {name!r} on this node")
+    return directory
+
+
+def _byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """[start, end) of a ``Range: bytes=a-b`` (``a-``, ``-n`` too) in a file of ``size``
+    bytes; None without one. One range only: the executors never ask more."""
+    if header is None:
+        return None
+    match = RANGE.fullmatch(header.strip())
+    if match is None or match.group(1) == match.group(2) == "":
+        raise _Unsatisfiable(f"not one byte range: {header!r}")
+    first, last = match.group(1), match.group(2)
+    if first == "":  # the last n bytes
+        start, end = max(size - int(last), 0), size
+    else:
+        start = int(first)
+        end = size if last == "" else min(int(last) + 1, size)
+    if start >= size or start >= end:
+        raise _Unsatisfiable(f"{header!r} is outside the file's {size} bytes")
+    return start, end
+
+
+class _Unsatisfiable(Exception):
+    pass
+
+
+async def _serve(request: web.Request, path: Path) -> web.StreamResponse:
+    """The file, or the Range asked of it, a chunk at a time: each chunk holds bytes of
+    the node's read budget until written (503 overloaded when there is none to start
+    with) and waits for the node's audit pace (audit_serve_bytes_per_s)."""
+    try:
+        fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ApiError(404, "not_found", f"the snapshot has no {path.name}") from None
+    try:
+        size = (await asyncio.to_thread(os.fstat, fd)).st_size
+        try:
+            asked = _byte_range(request.headers.get("Range"), size)
+        except _Unsatisfiable as e:
+            return error_response(
+                416, "range_not_satisfiable", str(e), {"Content-Range": f"bytes */{size}"}
+            )
+        start, end = asked or (0, size)
+        headers = {"Accept-Ranges": "bytes"}
+        if asked is not None:
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        status = 200 if asked is None else 206
+        content_type = JSON_CONTENT_TYPE if path.suffix == ".json" else OCTETS
+        if request.method == "HEAD":
+            head = web.StreamResponse(status=status, headers=headers)
+            head.content_type = content_type
+            head.content_length = end - start
+            await head.prepare(request)
+            await head.write_eof()
+            return head
+        return await _send(request, fd, start, end, status, headers, content_type)
+    finally:
+        await asyncio.to_thread(os.close, fd)
+
+
+async def _send(
+    request: web.Request,
+    fd: int,
+    start: int,
+    end: int,
+    status: int,
+    headers: dict[str, str],
+    content_type: str,
+) -> web.StreamResponse:
+    app = request.app
+    settings = app[SETTINGS]
+    budget, rate = app[READ_BUDGET], app[AUDIT].serve_rate
+    response = web.StreamResponse(status=status, headers=headers)
+    response.content_type = content_type
+    response.content_length = end - start
+    position = start
+    while position < end:
+        size = min(SERVE_CHUNK, end - position)
+        if not await budget.take(size, settings.request_budget_wait_s):
+            if not response.prepared:
+                raise ApiError(
+                    503,
+                    "overloaded",
+                    f"read replies in flight fill max_read_bytes_in_flight "
+                    f"({budget.capacity} bytes); retry shortly",
+                )
+            return _cut(request, response, "no read budget for the rest")
+        try:
+            await rate.take(size)
+            data = await asyncio.to_thread(os.pread, fd, size, position)
+            if len(data) < size:
+                return _cut(request, response, f"the file ended at {position + len(data)}")
+            if not response.prepared:
+                await response.prepare(request)
+            async with asyncio.timeout(settings.reply_write_timeout_s):
+                await response.write(data)
+        except TimeoutError:
+            return _cut(request, response, "the client took none of it")
+        finally:
+            budget.give_back(size)
+        position += size
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+def _cut(request: web.Request, response: web.StreamResponse, why: str) -> web.StreamResponse:
+    """End a file's reply short (its length was promised): the connection is closed, and
+    the client, which sees a short body, asks again."""
+    log.info("%s: %s; closing", request.path, why)
+    if request.transport is not None:
+        request.transport.abort()
+    return response
 
 
 FleetPart = tuple[str | None, bytes | None, str | None]  # node id, ledgers.json, why none

@@ -38,7 +38,9 @@ STATUSES: dict[int, Status] = {
         "batch (empty_batch); a reserved ledger property (reserved_property); a malformed "
         "header of the replica protocol (invalid_header) or query flag (invalid_query); an "
         "X-Forwarded-By that names no node of the fleet (invalid_header); a "
-        "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id)",
+        "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id); an "
+        "audit snapshot's or file's name that names none (invalid_path: no path leaves the "
+        "snapshot directory)",
         (
             storage_errors.InvalidArgument,
             stream_errors.MalformedPosition,
@@ -61,7 +63,7 @@ STATUSES: dict[int, Status] = {
     ),
     404: Status(
         "No such ledger, entry or route; an autorecovery route on a node without a metadata "
-        "store (replication_off)",
+        "store (replication_off); no such audit snapshot or file in it",
         (
             storage_errors.LedgerNotFound,
             storage_errors.EntryNotFound,
@@ -69,6 +71,10 @@ STATUSES: dict[int, Status] = {
             stream_errors.CursorNotFound,
         ),
         "not_found",
+    ),
+    416: Status(
+        "A Range an audit snapshot's file cannot satisfy, or more than one range "
+        "(range_not_satisfiable; Content-Range gives the file's size)",
     ),
     405: Status("The route takes other methods (Allow names them)", (), "method_not_allowed"),
     408: Status(

@@ -33,6 +33,8 @@ GUARDED_READS = frozenset({"/api/v1/config/server_config"})
 # The query flag of a fencing read (an entry or LAC read of a recovery): it fences the ledger,
 # or creates an unknown one fenced, before it answers, so it is a state change.
 FENCE_FLAG = "fence"
+# Reads under these need it as well: an audit snapshot's files hold the node's data.
+GUARDED_READ_PREFIXES = ("/api/v1/audit/snapshots/",)
 # nginx's status for a client that closed the connection before the answer: in the metrics
 # it tells a careless client from a failing node (it never goes on the wire).
 CLIENT_CLOSED_REQUEST = 499
@@ -136,8 +138,8 @@ def needs_admin_token(request: web.BaseRequest) -> bool:
     """Whether the admin token, when one is set, guards this request: every state change
     under /api/v1/, a fencing read included (whatever its method or its flag's spelling: the
     route refuses a flag other than 0 or 1, and none but 0 may pass here unchecked), and the
-    reads of GUARDED_READS."""
-    if request.path in GUARDED_READS:
+    reads of GUARDED_READS and under GUARDED_READ_PREFIXES."""
+    if request.path in GUARDED_READS or request.path.startswith(GUARDED_READ_PREFIXES):
         return True
     if not request.path.startswith(GUARDED_PREFIX):
         return False

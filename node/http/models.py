@@ -626,6 +626,14 @@ class Suspension(Reply):
 
 class AuditSnapshot(Reply):
     uri: Annotated[str, Field(description="Where the snapshot is: give it to the audit job")]
+    url: Annotated[
+        str | None,
+        Field(
+            description="The snapshot served by this node over HTTP (GET under "
+            "/api/v1/audit/snapshots/): the audit job's --snapshot when its executors do not "
+            "run beside the node's volume; null for a file:// target in a subdirectory"
+        ),
+    ] = None
     takenMs: Millis
     rows: dict[str, Count]
 

@@ -14,6 +14,7 @@ from aiohttp import web
 from node import __version__
 from node.client import protocol
 from node.http import fragments, models
+from node.http.audit import LOG_NAME, SNAPSHOT_FILES, SNAPSHOT_NAME, SNAPSHOTS_PATH
 from node.http.errors import STATUSES
 from node.http.frames import (
     BATCH_CONTENT_TYPE,
@@ -81,13 +82,21 @@ def _id(name: str, where: str = "path", description: str = "", minimum: int = 0)
 
 LID = _id("lid", description="Ledger id")
 EID = _id("eid", description="Entry id")
-WRITE_TOKEN = {
-    "name": "X-Write-Token",
-    "in": "header",
-    "required": False,
-    "description": "The ledger's write token, when it was created with one",
-    "schema": {"type": "string"},
-}
+
+
+def _optional_header(name: str, description: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": description,
+        "schema": {"type": "string"},
+    }
+
+
+WRITE_TOKEN = _optional_header(
+    "X-Write-Token", "The ledger's write token, when it was created with one"
+)
 MUTATION_ERRORS = (400, 401, 403, 404, 408, 409, 413, 415, 503, 507)
 
 
@@ -733,9 +742,65 @@ def _status_paths() -> dict[str, Any]:
     }
 
 
+def _snapshot_file_paths() -> dict[str, Any]:
+    """GET of an audit snapshot's files (node/http/audit.py): whole, or one byte range."""
+
+    def param(name: str, schema: dict[str, Any], example: str) -> dict[str, Any]:
+        return {"name": name, "in": "path", "required": True, "schema": schema, "example": example}
+
+    snapshot = param(
+        "snapshot",
+        {"type": "string", "pattern": f"^{SNAPSHOT_NAME.pattern}$"},
+        "20250101T000000.000Z-0a1b2c",
+    )
+    range_header = _optional_header(
+        "Range", "One byte range (bytes=a-b, bytes=a-, bytes=-n); more get 416"
+    )
+    octets = {
+        "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+        "headers": {"Content-Range": _header("bytes a-b/size (206)")},
+    }
+    errors = _errors(400, 401, 403, 404, 416, 503)
+
+    def get(summary: str) -> dict[str, Any]:
+        return {
+            "summary": summary,
+            "parameters": [range_header],
+            "responses": {
+                "200": {"description": "The whole file", **octets},
+                "206": {"description": "The range asked", **octets},
+                **errors,
+            },
+        }
+
+    return {
+        SNAPSHOTS_PATH + "/{snapshot}/{file}": {
+            "parameters": [
+                snapshot,
+                param("file", {"type": "string", "enum": sorted(SNAPSHOT_FILES)}, "logs.parquet"),
+            ],
+            "get": get(
+                "A snapshot's metadata or index table, for the audit job (the admin token "
+                "when one is set; paced by audit_serve_bytes_per_s)"
+            ),
+        },
+        SNAPSHOTS_PATH + "/{snapshot}/logs/{log}": {
+            "parameters": [
+                snapshot,
+                param("log", {"type": "string", "pattern": f"^{LOG_NAME.pattern}$"}, "0.log"),
+            ],
+            "get": get(
+                "An entry log the snapshot holds, by byte ranges, for the audit's executors "
+                "(the admin token when one is set; paced by audit_serve_bytes_per_s)"
+            ),
+        },
+    }
+
+
 def _audit_paths() -> dict[str, Any]:
     result = _json(_ref("AuditResult"), "The last summary and when the node received it")
     return {
+        **_snapshot_file_paths(),
         "/api/v1/audit/snapshot": {
             "post": {
                 "summary": "Checkpoint, then write a snapshot of the index and metadata, "

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from node.http.budget import BodyBudget
 from node.http.models import AuditResult
+from node.http.throttle import ByteRate
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
 from node.settings import Settings
@@ -32,6 +33,8 @@ class AuditState:
 
     last: AuditResult | None = None
     snapshot_lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one snapshot at a time
+    # Paces the snapshot files served to the audit's executors (audit_serve_bytes_per_s).
+    serve_rate: ByteRate = field(default_factory=lambda: ByteRate(0))
 
 
 STORAGE = web.AppKey("storage", LedgerStorage)

@@ -54,6 +54,7 @@ class Airflow:
         *args: str,
         variables: dict[str, Any] | None = None,
         connections: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
     ) -> Run:
         proc = subprocess.run(
             [str(AIRFLOW_VENV / "bin" / "python"), str(RUNNER), *args],
@@ -61,7 +62,7 @@ class Airflow:
             cwd=self.home,
             capture_output=True,
             text=True,
-            timeout=RUN_TIMEOUT_S,
+            timeout=timeout_s or RUN_TIMEOUT_S,
         )
         output = proc.stdout + proc.stderr
         results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

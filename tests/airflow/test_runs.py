@@ -182,20 +182,30 @@ def project_python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def run_audit(airflow: Airflow, urls: list[str], out_dir: Path, connection: dict[str, Any]) -> Run:
+def run_audit(
+    airflow: Airflow,
+    urls: list[str],
+    out_dir: Path,
+    connection: dict[str, Any],
+    spark: dict[str, Any] = SPARK,
+    timeout_s: float | None = None,
+    python: str | None = None,
+    python_path: str | None = None,
+) -> Run:
     """A dag.test() run of the audit DAG over ``urls``, the job writing under ``out_dir``."""
     conf = {
         "application": str(REPO / "node" / "audit" / "job.py"),
         "outDir": str(out_dir),
-        "python": project_python(),
-        "pythonPath": str(REPO),
+        "python": python or project_python(),
+        "pythonPath": python_path or str(REPO),
     }
     return airflow.run(
         "test",
         "storage_node_audit",
         json.dumps(conf),
         variables={"storage_node_discovery": {"kind": "static", "urls": urls}},
-        connections={"storage_node": connection, "spark_default": SPARK},
+        connections={"storage_node": connection, "spark_default": spark},
+        timeout_s=timeout_s,
     )
 
 
@@ -210,10 +220,10 @@ def test_audit_on_two_nodes_stores_the_result_on_each(airflow: Airflow, tmp_path
     assert run.result["state"] == "success", run.output[-8000:]
     states = {(t["taskId"], t["mapIndex"]): t["state"] for t in run.result["tasks"]}
     assert set(states.values()) == {"success"}, states
-    # Each node's snapshot is its own, and the job read both.
+    # Each node's snapshot is its own, served by the node, and the job read both.
     uris = mapped(run.result, "snapshot")
     for i, node in enumerate(sorted(nodes, key=lambda n: n.url)):
-        assert uris[i]["xcom"].startswith(f"file://{node.data_dir.resolve()}/"), uris[i]
+        assert uris[i]["xcom"].startswith(f"{node.url}/api/v1/audit/snapshots/"), uris[i]
     [summary_file] = out_dir.glob("*/summary.json")
     summary = json.loads(summary_file.read_text())
     assert summary["status"] == "clean", summary

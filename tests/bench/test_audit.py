@@ -1,15 +1,25 @@
-"""`python -m node bench audit` end to end on a tiny data set: the table has a row per scan,
-every scan found every record and no bad CRC, and Spark ran as many partitions as the Data
-Source planned. Nothing about speed."""
+"""`python -m node bench audit --http` end to end on a tiny data set: the table has a row per
+scan (over HTTP from a node too, without and with its pace), every scan found every record
+and no bad CRC, Spark ran as many partitions as the Data Source planned, and adds were
+measured beside the scans over HTTP. Nothing about speed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.harness.hostdisk import run_bench, table_rows
 
-RUN_TIMEOUT_S = 300  # two Spark sessions start: tens of seconds; this only stops a hang
-SCANS = ("spark local[1]", "spark local[2]", "inspect (1 thread)")
+RUN_TIMEOUT_S = 600  # three Spark sessions, two nodes start: this only stops a hang
+pytestmark = pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+SCANS = (
+    "spark local[1]",
+    "spark local[2]",
+    "inspect (1 thread)",
+    "spark local[2] over HTTP, no cap",
+    "spark local[2] over HTTP, cap 34 MB/s",  # the default pace, 32 MiB/s
+)
 GIB = "0.004"  # about 4 MiB of logs
 SPLIT_MIB = "0.5"  # several partitions in one log
 RECORDS_COLUMN = 4
@@ -26,6 +36,7 @@ def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
         SPLIT_MIB,
         "--dir",
         str(tmp_path / "bench"),
+        "--http",
         timeout_s=RUN_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -38,4 +49,7 @@ def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
         planned, _, reported = rows[scan][PARTITIONS_COLUMN].partition(" planned, ")
         assert int(planned) > 1 and reported == f"{planned} in Spark", rows[scan]
     assert "local[2] / local[1]: " in result.stdout
+    assert "over HTTP / local files (local[2]): " in result.stdout
+    for pace in ("no cap", "cap 34 MB/s"):
+        assert int(rows[pace][4]) > 0, rows[pace]  # adds completed during the scan
     assert not (tmp_path / "bench").exists() or not any((tmp_path / "bench").iterdir())
