@@ -34,7 +34,7 @@ DEFAULT_REPLAY_MIB = 256  # bench replay's journal
 REREPLICATE_MIB = 64  # bench rereplicate's ledgers: ~3/4 of them on the lost node
 JEPSEN_RUNS = 200  # bench jepsen's fault runs (make jepsen)
 WRITE_BATCH = 100  # bench write's batched engine row: entries per add (the HTTP bench's shape)
-READ_ENTRIES = 40_000  # the read rows' stream or ledger (issue 39's catch-up measurement)
+READ_ENTRIES = 40_000  # the read rows' stream or ledger (the catch-up measurement)
 READ_PAGE = 10_000  # ... read in pages of this many entries (a stream read's largest limit)
 
 

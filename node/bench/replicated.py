@@ -21,7 +21,7 @@ Read rows (``--rows reads``; ``--rows appends`` for the rows above only): a clos
 cut), from the first node of the ledger's ensemble, then ``ReadHandle.read`` through the
 client. Every entry read is compared with the one written there; a wrong or missing one fails
 the bench (exit 1). The ratio lines hold the client's reads against the single-copy node's
-range reads, with the stream catch-up target of issue 39 (at least 0.8x).
+range reads, with the streams' catch-up target (at least 0.8x).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ REPLICATED = (3, 3, 2)  # E, Qw, Qa
 SINGLE_COPY = (1, 1, 1)
 BATCH_TARGET = 0.3  # replicated batch entries/s over single copy's, at least
 LATENCY_TARGET = 2.0  # replicated single-add p50 over single copy's, at most
-READ_TARGET = 0.8  # the client's reads over one node's range reads (issue 39's catch-up target)
+READ_TARGET = 0.8  # the client's reads over one node's range reads (the streams' catch-up target)
 BATCH, SINGLE, ONE = "batch", "single", "one"
 APPENDS, READS = "appends", "reads"
 GROUPS = (APPENDS, READS)

@@ -21,7 +21,7 @@ ledgers roll over every ``stream.ROLLOVER_ENTRIES`` entries:
 The cluster's streams are created and first appended to through n0, which takes them over;
 the owner is then read from etcd (``stream-owners/<name>``). CPU: the cores each serving
 process used in the measured window, the owner's, the other nodes' (summed) and etcd's apart.
-Ratio lines compare with issue 39's targets, each "met" or "MISSED"; a row that read an
+Ratio lines compare with the replicated path's targets, each "met" or "MISSED"; a row that read an
 entry other than the one written, or fewer entries, fails the bench (exit 1).
 """
 
@@ -66,7 +66,7 @@ REPLICATION = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}
 ONE_COPY = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
 APPENDS, READS, TAIL = "appends", "reads", "tail"
 GROUPS = (APPENDS, READS, TAIL)
-# Issue 39's targets: replicated over single node (at least for throughput, at most for latency)
+# Targets: replicated over single node (at least for throughput, at most for latency)
 BATCH_TARGET = 0.3  # batch appends, entries/s (three copies on two cores: about 1/3 at best)
 SINGLE_TARGET = 0.3  # single appends, entries/s
 ONE_TARGET = 2.0  # one append at a time, p50
@@ -408,7 +408,7 @@ def _figure(row: Row, figure: str) -> float:
 
 
 def targets(writers: int, entries: int, page: int) -> list[Target]:
-    """Issue 39's targets, row against row."""
+    """The replicated path's targets, row against row."""
     batch, single, one = (shape for _, shape, _ in _append_shapes(writers))
     found = [
         Target(batch, REPLICATED, SINGLE_NODE, "entries/s", BATCH_TARGET),

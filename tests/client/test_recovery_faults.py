@@ -1,5 +1,5 @@
 """Recovery and close against real etcd and node processes when something is slow or changes
-underneath (issue 44, items 5, 7 and 9): a paused replica does not hold a recovery (its re-adds
+underneath: a paused replica does not hold a recovery (its re-adds
 complete at Qa, the paused node's copies follow in the background); a re-replication swap made
 in an older segment during a recovery survives its close; a client closed with adds in flight
 settles every one of them as AddOutcomeUnknown."""
