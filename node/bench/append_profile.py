@@ -23,7 +23,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from node.bench.server import ENTRY_SIZE, WARMUP_S, call, cpu_seconds
+from node.bench.server import CLOCK_TICKS, ENTRY_SIZE, WARMUP_S, call
 from node.bench.stream import POLICIES, SINGLE
 from node.bench.stream_replicated import REPLICATION, owner_of
 from node.client.model import ledger_key
@@ -49,6 +49,16 @@ def _roles(cluster: LocalCluster, owner: str) -> dict[str, str]:
         parts = [p for p, yes in (("owner", node == owner), ("replica", node in holders)) if yes]
         roles[node] = "+".join(parts) or "idle"
     return roles
+
+
+def _cpu(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
+
+def _minus(after: tuple[float, float], before: tuple[float, float]) -> tuple[float, float]:
+    return after[0] - before[0], after[1] - before[1]
 
 
 def _stored(url: str) -> tuple[float, float]:
@@ -127,13 +137,13 @@ def main(argv: list[str] | None = None) -> int:
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )  # fmt: skip
             stored = _stored(cluster.url(replica))
-            before = {n: cpu_seconds(pid) for n, pid in pids.items()}
+            before = {n: _cpu(pid) for n, pid in pids.items()}
             load = subprocess.run(
                 [sys.executable, "-m", LOAD_MODULE, cluster.url(owner), SINGLE,
                  str(args.writers), str(args.seconds), STREAM],
                 capture_output=True, text=True, check=True,
             ).stdout  # fmt: skip
-            used = {n: cpu_seconds(pid) - before[n] for n, pid in pids.items()}
+            used = {n: _minus(_cpu(pid), before[n]) for n, pid in pids.items()}
             adds, requests = (
                 b - a for a, b in zip(stored, _stored(cluster.url(replica)), strict=True)
             )
@@ -148,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{result['entries'] / result['seconds']:.0f} appends/s, {args.writers} writers, "
             f"{result['errors']} errors; CPU ms per append:"
         )
-        for node, seconds in used.items():
+        ms = 1000 / appends
+        print(f"  {'':5} {'':14} {'total':>6} {'user':>6} {'system':>6}")
+        for node, (user, system) in used.items():
             part = roles.get(node, "metadata")
-            print(f"  {node:5} {part:14} {1000 * seconds / appends:6.3f}")
-        print(f"  total                {1000 * sum(used.values()) / appends:6.3f}")
+            figures = f"{ms * (user + system):6.3f} {ms * user:6.3f} {ms * system:6.3f}"
+            print(f"  {node:5} {part:14} {figures}")
+        total = sum(user + system for user, system in used.values())
+        print(f"  {'total':20} {ms * total:6.3f}")
         print(f"{replica} stored {adds / max(requests, 1):.2f} entries per request")
         for node in spies:
             print(f"\n{node} ({roles[node]}):")
