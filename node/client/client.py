@@ -69,6 +69,9 @@ DEFAULT_MAX_ENTRY_SIZE = 5 * 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 # Entries in one replica add request (the node's max_entries_per_batch default).
 DEFAULT_MAX_REQUEST_ENTRIES = 10_000
+# Replica add requests a writer keeps out per node: adds made while that many are out wait
+# for one to answer and go together (fewer, larger requests under concurrent adds).
+DEFAULT_ADDS_IN_FLIGHT_PER_NODE = 1
 # The metadata store's per-request time (an etcd:// URL the client opens itself).
 DEFAULT_METADATA_TIMEOUT_S = 5.0
 # Attempts at a create whose answer was lost before the caller hears of it.
@@ -98,6 +101,7 @@ class Client:
         max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_request_entries: int = DEFAULT_MAX_REQUEST_ENTRIES,
+        adds_in_flight_per_node: int = DEFAULT_ADDS_IN_FLIGHT_PER_NODE,
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
         token: str | None = None,
@@ -124,6 +128,7 @@ class Client:
         self.max_entry_size = max_entry_size
         self.max_request_bytes = max_request_bytes
         self.max_request_entries = max_request_entries
+        self.adds_in_flight_per_node = adds_in_flight_per_node
         self.rng = rng or random.Random()
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads

@@ -1,7 +1,11 @@
 """The writer of one replicated ledger (BookKeeper's LedgerHandle and PendingAddOp).
 
 Entry e goes to the Qw nodes of its write set, carrying the writer's LAC, in one request per
-node with every add made in the same turn of the event loop; it is acknowledged once Qa of them
+node with every add made in the same turn of the event loop; while ``adds_in_flight_per_node``
+requests to a node are out, the adds made meanwhile wait for one of them to answer and go to
+it together (Nagle's rule: under concurrent adds, fewer and larger requests, each costing a
+node one parse, one journal write and one answer; a lone add never waits, and with Qa < Qw
+the other nodes of the write set acknowledge meanwhile). It is acknowledged once Qa of them
 stored it durably, and acknowledgements (so the LAC) advance strictly in entry order. A node that
 fails (an error, no answer in time) is replaced by an ensemble change: a compare-and-set of the
 metadata that starts a new segment at LAC+1 with the replacement, after which every
@@ -102,6 +106,9 @@ class LedgerHandle:
         # Adds submitted in this turn of the event loop, by node: sent together at its end, so
         # many single adds in flight cost one request per node rather than one per entry.
         self._outbox: dict[str, list[_PendingAdd]] = {}
+        # Per node: its requests out, and the adds waiting for one of them to answer.
+        self._out: dict[str, int] = {}
+        self._held: dict[str, list[_PendingAdd]] = {}
         self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
         self._changes = 0
@@ -183,7 +190,26 @@ class LedgerHandle:
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, {}
+        limit = self._client.adds_in_flight_per_node
         for node, group in outbox.items():
+            if self._out.get(node, 0) >= limit:
+                self._held.setdefault(node, []).extend(group)
+            else:
+                self._send_all(node, group)
+
+    def _answered(self, node: str) -> None:
+        """A request to ``node`` is over: the adds held for it go now, in one request (those
+        an ensemble change moved to another node meanwhile went there)."""
+        out = self._out[node] - 1
+        if out:
+            self._out[node] = out
+        else:
+            del self._out[node]
+        held = self._held.pop(node, None)
+        if held is None or self._error is not None:
+            return
+        group = [pending for pending in held if node in pending.write_set]
+        if group:
             self._send_all(node, group)
 
     def _send_all(self, node: str, group: list[_PendingAdd]) -> None:
@@ -193,12 +219,22 @@ class LedgerHandle:
         start, size = 0, 0
         for index, pending in enumerate(group):
             if size and (size + len(pending.payload) > limit or index - start >= count):
-                self._client._spawn(self._send(node, group[start:index]))
+                self._spawn_send(node, group[start:index])
                 start, size = index, 0
             size += len(pending.payload)
-        self._client._spawn(self._send(node, group[start:]))
+        self._spawn_send(node, group[start:])
+
+    def _spawn_send(self, node: str, group: list[_PendingAdd]) -> None:
+        self._out[node] = self._out.get(node, 0) + 1
+        self._client._spawn(self._send(node, group))
 
     async def _send(self, node: str, group: list[_PendingAdd]) -> None:
+        try:
+            await self._send_now(node, group)
+        finally:
+            self._answered(node)
+
+    async def _send_now(self, node: str, group: list[_PendingAdd]) -> None:
         started = time.monotonic()
         try:
             await self._add_on(node, group, started)

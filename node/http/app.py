@@ -111,7 +111,9 @@ def build_app(
     app[AUDIT] = AuditState(serve_rate=ByteRate(settings.audit_serve_bytes_per_s))
     if settings.metadata_url:
         # Imported only here: a node without a metadata store never loads node.client.
+        from node.client.bookies import Transport
         from node.client.registry import Registry
+        from node.replication.local import LocalReplica
         from node.replication.service import Replication
         from node.streams.router import replicated_streams
 
@@ -119,7 +121,13 @@ def build_app(
             settings, app[STORAGE], metrics, clock, cookie=cookie
         )
         token = settings.admin_token.get_secret_value() if settings.admin_token else None
-        app[STREAMS], router = replicated_streams(settings, replication.store, clock, token)
+        storage_ = app[STORAGE]
+
+        def local(remote: Transport) -> Transport:
+            """Adds to this node's own replica skip HTTP (node.replication.local)."""
+            return LocalReplica(remote, settings.id, storage_, metrics)
+
+        app[STREAMS], router = replicated_streams(settings, replication.store, clock, token, local)
         app[streams.STREAM_ROUTER] = router
         app[streams.NODE_REGISTRY] = Registry(replication.store)
         if metrics.streams_owned is not None and metrics.stream_takeovers is not None:

@@ -190,9 +190,10 @@ class Lanes:
         )
         self.guard = app[GUARD]
         self.node_id = settings.id
-        # Replicated streams' appends go through aiohttp's route: it asks who owns the stream
-        # and forwards to the owner, which this lane does not.
-        self.stream_appends = streams.STREAM_ROUTER not in app
+        # With replicated streams, the lane answers appends to the streams this node owns;
+        # the others go through aiohttp's route, which takes a stream over or forwards to
+        # its owner (the lane does neither).
+        self.router = app.get(streams.STREAM_ROUTER)
         self.node_id_header = b"%s: %s\r\n" % (
             protocol.NODE_ID_HEADER.encode(),
             settings.id.encode("utf-8", "surrogateescape"),
@@ -350,7 +351,8 @@ class FastLane(asyncio.Protocol):
         lanes = self._lanes
         if add.length > lanes.max_body or not self._same_site(add):
             return False
-        if add.route is STREAM_ROUTE and not lanes.stream_appends:
+        router = lanes.router
+        if add.route is STREAM_ROUTE and router is not None and not router.owns(add.key.decode()):
             return False
         expected = add.headers.get(_EXPECT_NODE)
         if expected is not None and _header(add, _EXPECT_NODE) != lanes.node_id:

@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable
 
 from node.client import Client
+from node.client.bookies import Transport
 from node.client.errors import (
     CasConflict,
     ClientError,
@@ -365,11 +366,18 @@ class StreamRouter:
 
 
 def replicated_streams(
-    settings: Settings, store: MetadataStore, clock: Clock, token: str | None
+    settings: Settings,
+    store: MetadataStore,
+    clock: Clock,
+    token: str | None,
+    transport: Callable[[Transport], Transport] | None = None,
 ) -> tuple[StreamManager, StreamRouter]:
     """A node's streams when it has a metadata store: a manager over replicated ledgers whose
-    streams are the ones this node owns, and the router that decides which those are."""
+    streams are the ones this node owns, and the router that decides which those are.
+    ``transport`` wraps the client's HTTP transport (the node's own replica adds, locally)."""
     client = Client(store, token=token)
+    if transport is not None:
+        client.transport = transport(client.transport)
     ownership = Ownership(store, settings.id, settings.advertised_url, settings.stream_owner_ttl_s)
     backend = ReplicatedBackend(
         settings, client, store, ownership, lambda name: _replication(manager, name)

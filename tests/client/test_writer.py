@@ -19,6 +19,7 @@ from node.client import (
 )
 from node.client.metadata.memory import MemoryStore
 from tests.client.fakes import FakeNode, FakeTransport, Network, register
+from tests.harness.cluster import until
 
 NODES = ["n0", "n1", "n2", "n3", "n4"]
 
@@ -98,6 +99,29 @@ async def test_single_adds_of_one_turn_share_a_request_per_node() -> None:
         assert await ledger.add(b"next") == 30
         latest = [s for s in net.log if s.kind == "add"][3:]
         assert len(latest) == 2 and all(s.detail["lac"] == 29 for s in latest)
+
+
+async def test_adds_made_while_a_request_to_a_node_is_out_go_together() -> None:
+    """One add request per node out at a time (adds_in_flight_per_node): a slow node gets
+    the adds made while it works in one request once it answers, and the fast nodes
+    acknowledge them meanwhile."""
+    store, net = await cluster(3)
+    async with client(store, net) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
+        slow = ledger.metadata.last_segment.ensemble[2]
+        gate = net.hold(lambda c, n, kind, d: n == slow and kind == "add" and d == "reply")
+        for entry_id in range(6):
+            assert await ledger.add(b"%d" % entry_id) == entry_id
+        gate.release()
+        stored = net.nodes[slow].ledgers[ledger.id].entries
+        await until(lambda: len(stored) == 6, f"{slow} to store every entry")
+        requests = {
+            node: [s.detail["ids"] for s in net.log if s.kind == "add" and s.node == node]
+            for node in ledger.metadata.last_segment.ensemble
+        }
+        assert requests.pop(slow) == [[0], [1, 2, 3, 4, 5]]
+        assert all(ids == [[n] for n in range(6)] for ids in requests.values()), requests
+        assert sorted(stored) == list(range(6))
 
 
 async def test_open_reader_stops_at_lac_without_fencing() -> None:

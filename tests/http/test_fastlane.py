@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from node.http.app import build_app
 from node.http.fastlane import LEDGER_ROUTE, STREAM_ROUTE, parse_add
 from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
 from node.http.state import BUDGET, METRICS
+from tests.harness.rawhttp import Conn
 from tests.harness.settings import make_settings
 
 Client = TestClient[Any, Any]
@@ -32,36 +32,6 @@ def _add(ledger: int | str, body: bytes, *extra: str, content_type: str = "") ->
         head.append(f"Content-Type: {content_type}")
     head += [f"Content-Length: {len(body)}", *extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
-
-
-class Conn:
-    """A raw connection that reads HTTP/1.1 answers one at a time."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    async def send(self, data: bytes) -> None:
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def answer(self) -> tuple[int, dict[str, str], Any]:
-        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), 10)
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(":")
-                headers[name.strip().lower()] = value.strip()
-        body = await self.reader.readexactly(int(headers.get("content-length", "0")))
-        ctype = headers.get("content-type", "")
-        return status, headers, json.loads(body) if ctype.startswith("application/json") else body
-
-    async def closed_by_server(self, within_s: float = 10) -> bool:
-        try:
-            return await asyncio.wait_for(self.reader.read(1), within_s) == b""
-        except TimeoutError:
-            return False
 
 
 Connect = Callable[[], Awaitable[Conn]]

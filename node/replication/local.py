@@ -1,0 +1,100 @@
+"""The Transport of a node's own client (its replicated streams' writers): a replica add to
+this very node goes straight to its storage, as the replica route would take it, instead of
+an HTTP request to itself (a request out, the same request in, two answers: half the cost of
+an append on an owner in its ledger's ensemble). Everything else goes over ``remote``.
+
+The storage's answer is the route's: ``add_replica`` returns once the entries are durable,
+and a refusal is the ReplicaError of the same code the route's JSON error would carry. The
+add runs to its end even when the writer stops waiting (its timeout, its client closing), as
+it would on the other end of a request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from node.client.bookies import LacAnswer, MissingAnswer, RangeAnswer, Replication, Transport
+from node.client.errors import ReplicaError
+from node.client.stripes import Stripe
+from node.metrics import Metrics
+from node.storage.adds import ReplicaAdd
+from node.storage.errors import LedgerFenced, StorageError
+from node.storage.ledgers import LedgerStorage
+
+
+def _retrieved(add: asyncio.Future[None]) -> None:
+    if not add.cancelled():
+        add.exception()
+
+
+class LocalReplica:
+    """``remote`` for other nodes; this node's (``node_id``) replica adds to ``storage``."""
+
+    def __init__(
+        self, remote: Transport, node_id: str, storage: LedgerStorage, metrics: Metrics
+    ) -> None:
+        self._remote = remote
+        self._node_id = node_id
+        self._storage = storage
+        self._metrics = metrics
+
+    async def add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+        recovery: bool = False,
+    ) -> None:
+        if node_id != self._node_id:
+            await self._remote.add(
+                node_id,
+                ledger_id,
+                entries,
+                lac=lac,
+                lac_length=lac_length,
+                replication=replication,
+                recovery=recovery,
+            )
+            return
+        replica = ReplicaAdd(replication, lac, lac_length, recovery)
+        add = asyncio.ensure_future(self._add(ledger_id, list(entries), replica))
+        add.add_done_callback(_retrieved)  # also when nobody awaits it any more
+        await asyncio.shield(add)
+
+    async def _add(
+        self, ledger_id: int, entries: list[tuple[int, bytes]], replica: ReplicaAdd
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            await self._storage.add_replica(ledger_id, entries, replica)
+        except StorageError as error:
+            if isinstance(error, LedgerFenced):
+                self._metrics.replica_adds_refused_fenced.inc()
+            raise ReplicaError(self._node_id, error.code, 0, error.message) from None
+        self._metrics.add_latency_batch.observe(time.perf_counter() - started)
+
+    async def read_lac(
+        self, node_id: str, ledger_id: int, *, fence: bool, replication: Replication
+    ) -> LacAnswer:
+        return await self._remote.read_lac(node_id, ledger_id, fence=fence, replication=replication)
+
+    async def read_entry(
+        self, node_id: str, ledger_id: int, entry_id: int, *, fence: bool
+    ) -> bytes:
+        return await self._remote.read_entry(node_id, ledger_id, entry_id, fence=fence)
+
+    async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
+        return await self._remote.read_range(node_id, ledger_id, first, last)
+
+    async def missing(
+        self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe
+    ) -> MissingAnswer:
+        return await self._remote.missing(node_id, ledger_id, first, last, stripe)
+
+    async def close(self) -> None:
+        await self._remote.close()
