@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 from rocksdict import AccessType, Options, Rdict
 
 from node.audit.kept import LEDGERS_FILE, LOGS_DIR, META_FILE, read_meta
+from node.audit.tables import PARQUET_SUFFIX, SCHEMAS
 from node.replication.cookie import read_local
 from node.settings import Settings
 from node.storage import entrylog, logformat
@@ -70,71 +71,9 @@ if TYPE_CHECKING:
     from node.storage.ledgers import LedgerStorage
 
 FORMAT_VERSION = 1
-PARQUET_SUFFIX = ".parquet"
 INDEX_CURRENT_FILE = "CURRENT"  # every RocksDB directory has it
 MS_PER_S = 1000
 NS_PER_MS = 1_000_000
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "locations": pa.schema(
-        [
-            ("node", pa.string()),
-            ("ledger_id", pa.int64()),
-            ("entry_id", pa.int64()),
-            ("log_id", pa.int64()),
-            ("offset", pa.int64()),
-        ]
-    ),
-    "ledgers": pa.schema(
-        [
-            ("node", pa.string()),
-            ("ledger_id", pa.int64()),
-            ("state", pa.string()),
-            ("lac", pa.int64()),
-            ("last_entry_id", pa.int64()),
-            ("entries", pa.int64()),
-            ("payload_bytes", pa.int64()),
-            ("created_ms", pa.int64()),
-            ("closed_ms", pa.int64()),
-            ("stream", pa.string()),
-            ("offload_state", pa.string()),
-            ("offload_attempt", pa.string()),
-            ("offload_data_bytes", pa.int64()),
-            ("offload_local_deleted", pa.bool_()),
-            ("writer_lac", pa.int64()),  # a replica: the highest LAC the writer sent it
-        ]
-    ),
-    "logs": pa.schema(
-        [
-            ("node", pa.string()),
-            ("log_id", pa.int64()),
-            ("size_bytes", pa.int64()),
-            ("mtime_ms", pa.int64()),
-            ("error", pa.string()),
-        ]
-    ),
-    "log_ledgers": pa.schema(
-        [
-            ("node", pa.string()),
-            ("log_id", pa.int64()),
-            ("ledger_id", pa.int64()),
-            ("bytes", pa.int64()),
-        ]
-    ),
-    "streams": pa.schema([("node", pa.string()), ("stream", pa.string()), ("record", pa.string())]),
-    "cursors": pa.schema(
-        [
-            ("node", pa.string()),
-            ("stream", pa.string()),
-            ("cursor", pa.string()),
-            ("mark_ledger", pa.int64()),
-            ("mark_entry", pa.int64()),
-        ]
-    ),
-    "doomed": pa.schema(
-        [("node", pa.string()), ("ledger_id", pa.int64()), ("stream", pa.string())]
-    ),
-}
 
 
 class SnapshotError(Exception):

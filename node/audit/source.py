@@ -35,7 +35,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from node.audit import ranges, remote
-from node.audit.snapshot import PARQUET_SUFFIX, SCHEMAS
+from node.audit.tables import PARQUET_SUFFIX, SCHEMAS
 from node.storage import logformat
 
 FORMAT = "entrylog"
@@ -178,7 +178,7 @@ class SnapshotTableSource(DataSource):
 
 
 def spark_schema(table: str) -> str:
-    """The table's Spark DDL, from its Arrow schema (node.audit.snapshot.SCHEMAS)."""
+    """The table's Spark DDL, from its Arrow schema (node.audit.tables.SCHEMAS)."""
     names = {
         pa.string(): "string",
         pa.int64(): "long",
