@@ -219,6 +219,24 @@ def _shot(page: Page, name: str) -> Path:
     return path
 
 
+AT_REST_S = 0.5  # the adds counter unchanged this long: no append of the workload is left
+AT_REST_TIMEOUT_S = 30.0
+
+
+def _adds_at_rest(node: NodeProcess) -> None:
+    """Until the node's adds counter holds still: an append the workload gave up on (its
+    client timed out on a loaded machine) may still complete after the pause began."""
+    deadline = time.monotonic() + AT_REST_TIMEOUT_S
+    last = node.get_json("/api/v1/status/summary")["counters"]["adds"]
+    while time.monotonic() < deadline:
+        time.sleep(AT_REST_S)
+        now = node.get_json("/api/v1/status/summary")["counters"]["adds"]
+        if now == last:
+            return
+        last = now
+    raise AssertionError(f"the node's adds kept moving for {AT_REST_TIMEOUT_S} s while paused")
+
+
 def _updated_after(page: Page, after_ms: float) -> None:
     """Wait for a poll that started after ``after_ms`` (epoch ms) to be rendered."""
     # Functions, not expression strings: the page's CSP forbids eval, which strings need.
@@ -266,6 +284,7 @@ def test_its_numbers_equal_the_json_apis(
         # The last add's checkpoint (flush_interval_ms 100 ms), and two idle history intervals
         # (0.5 s): the newest samples, on the page and in the route, are then both at rest.
         time.sleep(1.2)
+        _adds_at_rest(node)
         paused_ms = time.time() * 1000
         _updated_after(page, paused_ms)
         summary = node.get_json("/api/v1/status/summary")
