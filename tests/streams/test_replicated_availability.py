@@ -38,6 +38,15 @@ async def append(url: str, name: str, payload: bytes) -> tuple[int, str]:
         return response.status, await response.text()
 
 
+async def stream_with(c: LocalCluster, name: str, payloads: list[bytes]) -> None:
+    """A 3/3/2 stream created through n0 (its owner) holding ``payloads``."""
+    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
+    assert status == 201, body
+    for payload in payloads:
+        status, text = await append(c.url("n0"), name, payload)
+        assert status == 201, text
+
+
 async def read_all(url: str, name: str) -> tuple[int, list[tuple[str, bytes]]]:
     """One plain read of the whole (small) stream: its status and (position, payload)s."""
     async with (
@@ -58,12 +67,8 @@ async def test_an_append_acknowledged_after_a_replica_died_reads_at_once_everywh
     take the recovered end, not its lost writer's LAC, which stops one entry short."""
     c = three_nodes
     name = "acked-after-loss"
-    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
-    assert status == 201, body
     payloads = [b"before-%d" % i for i in range(4)]
-    for payload in payloads:
-        status, text = await append(c.url("n0"), name, payload)
-        assert status == 201, text
+    await stream_with(c, name, payloads)
     stream_owner = await owner(c, name)
     assert stream_owner is not None
     victim = next(n for n in c.node_ids if n != stream_owner)
@@ -155,11 +160,7 @@ async def test_an_append_of_unknown_outcome_retried_after_reading_is_never_kept_
     takeover recovers the first X behind the second (behind positions readers consumed)."""
     c = four_nodes
     name = "unknown-then-retried"
-    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
-    assert status == 201, body
-    for i in range(3):
-        status, text = await append(c.url("n0"), name, b"a%d" % i)
-        assert status == 201, text
+    await stream_with(c, name, [b"a%d" % i for i in range(3)])
     ledger = (await stream_ledgers(c, name))[-1]["id"]
     ensemble = (await etcd_get(c, ledger_key(ledger)))["segments"][-1]["ensemble"]
     victim = next(n for n in ensemble if n != "n0")
@@ -204,11 +205,7 @@ async def test_appends_through_another_node_work_again_soon_after_a_paused_owner
     one takes the stream over, within the lease and a few seconds, at default settings."""
     c = four_default_nodes
     name = "paused-owner"
-    status, body = await put_stream(c.url("n0"), name, {"replication": REPLICATED})
-    assert status == 201, body
-    for i in range(5):
-        status, text = await append(c.url("n0"), name, b"before-%d" % i)
-        assert status == 201, text
+    await stream_with(c, name, [b"before-%d" % i for i in range(5)])
     stream_owner = await owner(c, name)
     assert stream_owner is not None
     other = next(n for n in c.node_ids if n != stream_owner)
