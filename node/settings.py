@@ -127,8 +127,8 @@ def _origin(value: str) -> str:
 
 
 def _fault(value: str) -> str:
-    """A fault entry the node understands (node.storage.faults), or refuse to start."""
-    from node.storage.faults import parse  # (storage imports settings: not at the top)
+    """A fault entry the node understands (node.faultpoints), or refuse to start."""
+    from node.faultpoints import parse
 
     parse(value)
     return value

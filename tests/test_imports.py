@@ -28,24 +28,26 @@ PACKAGE = "node"
 # modules and the parts of lower floors only: never a part on its own floor or above.
 FLOORS: tuple[tuple[str, ...], ...] = (
     # 0, the ground floor: imports nothing of the node
-    ("node.settings", "node.logs", "node.kubezone", "node.client"),
-    # 1, the engine and what sits on the settings or the client alone
+    ("node.logs", "node.kubezone", "node.client", "node.faultpoints"),
+    # 1, every knob (fault entries checked against the fault points' grammar)
+    ("node.settings",),
+    # 2, the engine and what sits on the settings or the client alone
     ("node.storage", "node.runtime", "node.sizing", "node.autorecovery", "node.localcluster"),
-    # 2, every metric, declared once (the engine reports through its probe)
+    # 3, every metric, declared once (the engine reports through its probe)
     ("node.metrics",),
-    # 3, a node's side of replication
+    # 4, a node's side of replication
     ("node.replication",),
-    # 4, streams (managed ledgers) over the engine or replicated ledgers
+    # 5, streams (managed ledgers) over the engine or replicated ledgers
     ("node.streams",),
-    # 5, the wire format (below HTTP, the audit and the benches), tiered storage, status
+    # 6, the wire format (below HTTP, the audit and the benches), tiered storage, status
     ("node.wire", "node.offload", "node.status"),
-    # 6, the Spark audit
+    # 7, the Spark audit
     ("node.audit",),
-    # 7, background work: GC, disks, retention, offload's schedule; their metrics' collector
+    # 8, background work: GC, disks, retention, offload's schedule; their metrics' collector
     ("node.lifecycle",),
-    # 8, the aiohttp application
+    # 9, the aiohttp application
     ("node.http",),
-    # 9, operators' tools on top of the node and the client
+    # 10, operators' tools on top of the node and the client
     (
         "node.shell",
         "node.inspect",
@@ -53,18 +55,18 @@ FLOORS: tuple[tuple[str, ...], ...] = (
         "node.devcluster",
         "node.settings_doc",
     ),
-    # 10, the benchmarks (they start servers, clusters and the fault campaign)
+    # 11, the benchmarks (they start servers, clusters and the fault campaign)
     ("node.bench",),
-    # 11, the command line, and 12 ``python -m node``
+    # 12, the command line, and 13 ``python -m node``
     ("node.cli",),
     ("node.__main__",),
 )
 
-# The foundations import less than their floor allows: the engine its settings and logs
-# only (replication, metrics and HTTP build on it, never the reverse), the client library
-# nothing of the node (scripts and the Airflow venv import it without the node).
+# The foundations import less than their floor allows: the engine its settings, logs and
+# fault points only (replication, metrics and HTTP build on it, never the reverse), the
+# client library nothing of the node (scripts and the Airflow venv import it alone).
 ONLY: dict[str, tuple[str, ...]] = {
-    "node.storage": ("node.settings", "node.logs"),
+    "node.storage": ("node.settings", "node.logs", "node.faultpoints"),
     "node.client": (),
 }
 
@@ -76,27 +78,25 @@ KNOWN_CYCLES: set[str] = {
     "node/lifecycle/__init__.py <-> node/lifecycle/retention.py <-> node/metrics.py <-> node/offload/service.py",  # noqa: E501
     "node/replication/cookie.py <-> node/storage/blockwal.py <-> node/storage/journal.py",
     "node/replication/orphans.py <-> node/replication/reconcile.py",
-    "node/settings.py <-> node/storage/faults.py",
 }
 KNOWN_BREAKS: set[str] = {
-    "node/audit/job.py -> node.http.frames (floor 6 -> 8)",
+    "node/audit/job.py -> node.http.frames (floor 7 -> 9)",
     "node/client/shell.py -> node.autorecovery (node.client: itself only)",
     "node/client/shell.py -> node.autorecovery.auditor (node.client: itself only)",
     "node/client/shell.py -> node.autorecovery.decommission (node.client: itself only)",
     "node/client/shell.py -> node.autorecovery.markers (node.client: itself only)",
     "node/client/shell.py -> node.autorecovery.worker (node.client: itself only)",
     "node/client/shell.py -> node.replication.cookie (node.client: itself only)",
-    "node/metrics.py -> node.audit.kept (floor 2 -> 6)",
-    "node/metrics.py -> node.lifecycle (floor 2 -> 7)",
-    "node/metrics.py -> node.lifecycle.gc (floor 2 -> 7)",
-    "node/metrics.py -> node.lifecycle.retention (floor 2 -> 7)",
-    "node/metrics.py -> node.offload.stats (floor 2 -> 5)",
-    "node/metrics.py -> node.streams.manager (floor 2 -> 4)",
-    "node/metrics.py -> node.streams.model (floor 2 -> 4)",
-    "node/offload/service.py -> node.lifecycle.disks (floor 5 -> 7)",
-    "node/settings.py -> node.storage.faults (floor 0 -> 1)",
-    "node/storage/blockwal.py -> node.replication.cookie (node.storage: node.settings, node.logs only)",  # noqa: E501
-    "node/storage/journal.py -> node.replication.cookie (node.storage: node.settings, node.logs only)",  # noqa: E501
+    "node/metrics.py -> node.audit.kept (floor 3 -> 7)",
+    "node/metrics.py -> node.lifecycle (floor 3 -> 8)",
+    "node/metrics.py -> node.lifecycle.gc (floor 3 -> 8)",
+    "node/metrics.py -> node.lifecycle.retention (floor 3 -> 8)",
+    "node/metrics.py -> node.offload.stats (floor 3 -> 6)",
+    "node/metrics.py -> node.streams.manager (floor 3 -> 5)",
+    "node/metrics.py -> node.streams.model (floor 3 -> 5)",
+    "node/offload/service.py -> node.lifecycle.disks (floor 6 -> 8)",
+    "node/storage/blockwal.py -> node.replication.cookie (node.storage: node.settings, node.logs, node.faultpoints only)",  # noqa: E501
+    "node/storage/journal.py -> node.replication.cookie (node.storage: node.settings, node.logs, node.faultpoints only)",  # noqa: E501
 }
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 import node
+from node.faultpoints import STEP_POINTS, parse
 from node.settings import SettingsError, load
-from node.storage.faults import STEP_POINTS, Faults, parse
+from node.storage.faults import Faults
 
 HIT = re.compile(r'(?:\.hit|_crash_if)\((?:ledgers, )?"([a-z_.]+)"\)')  # a step point in the code
 
