@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import socket
@@ -54,6 +55,7 @@ from node.http.state import (
 from node.http.throttle import ByteRate
 from node.lifecycle import BackgroundWork
 from node.metrics import Metrics
+from node.replication.cookie import instance_id_bytes
 from node.settings import Settings
 from node.storage.clock import Clock, SystemClock
 from node.storage.ledgers import LedgerStorage
@@ -106,7 +108,12 @@ def build_app(
     metrics.read_reply_bytes.set_function(lambda: read_budget.in_use)  # read at each scrape
     app[METRICS] = metrics
     app[SERVING] = ServingState()
-    app[STORAGE] = storage or LedgerStorage(settings, clock=clock, probe=metrics)
+    app[STORAGE] = storage or LedgerStorage(
+        settings,
+        clock=clock,
+        probe=metrics,
+        instance_id=functools.partial(instance_id_bytes, settings.data_dir),
+    )
     app[STREAMS] = StreamManager(app[STORAGE], clock)
     app[AUDIT] = AuditState(serve_rate=ByteRate(settings.audit_serve_bytes_per_s))
     if settings.metadata_url:

@@ -25,7 +25,7 @@ At start (``check``; "WAL" is every journal header, or the ring's newest header)
 | (no store)   | present         | any          | refuse: NODE_METADATA_URL is missing         |
 
 This module imports nothing of ``node.client`` until a store is needed: a node without a
-metadata store reads only the local file (the journal asks for its instance id).
+metadata store reads only the local file (the node gives the WAL its instance id).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.storage.fsutil import write_file_atomically
+from node.storage.journal import NO_INSTANCE
+from node.storage.walid import wal_instances
 
 if TYPE_CHECKING:
     from node.client.metadata.store import MetadataStore, Versioned
@@ -51,7 +53,6 @@ log = logging.getLogger(__name__)
 LAYOUT = 1
 COOKIE_FILE = "COOKIE"  # in the data directory
 RETIRED_PREFIX = "retired/"  # retired/<id>/<instanceId>: instances `shell readd` dropped
-INSTANCE_ID_SIZE = 16  # bytes of a uuid, as the journal header holds it
 READD = "python -m node shell readd {node_id}"
 
 
@@ -133,53 +134,7 @@ def instance_id_bytes(data_dir: Path) -> bytes:
         cookie = read_local(data_dir)
     except CookieRefused:
         cookie = None  # the start's check refused it already; a header must not guess
-    return cookie.instance_bytes if cookie else bytes(INSTANCE_ID_SIZE)
-
-
-def wal_instances(settings: Settings) -> list[tuple[str, str]]:
-    """(file, instance id) of every WAL header that carries one: each journal file's, or
-    the raw-device WAL's newest valid header slot."""
-    if settings.wal_kind == "blockdev":
-        return _ring_instance(settings)
-    from node.storage import journal  # the journal imports this module
-
-    found = []
-    for journal_id in journal.list_journals(settings.journal_dir):
-        path = journal.journal_path(settings.journal_dir, journal_id)
-        with path.open("rb") as f:
-            head = f.read(journal.HEADER_SIZE)
-        if len(head) < journal.HEADER_SIZE or not any(head):
-            continue  # a crash while it was created: replay's to judge
-        try:
-            instance = journal.header_instance_id(head)
-        except ValueError:
-            continue  # replay refuses a bad header with its own message
-        if instance is not None:
-            found.append((str(path), str(uuid.UUID(bytes=instance))))
-    return found
-
-
-def _ring_instance(settings: Settings) -> list[tuple[str, str]]:
-    from node.storage import blockwal  # imports this module
-
-    path = settings.wal_path
-    if path is None or not path.exists():
-        return []
-    with path.open("rb") as f:
-        slots = f.read(blockwal.HEADER_AREA)
-    headers = []
-    for slot in range(blockwal.HEADER_SLOTS):
-        start = slot * blockwal.HEADER_SLOT_SIZE
-        try:
-            headers.append(blockwal.decode_header(slots[start : start + blockwal.HEADER_SLOT_SIZE]))
-        except ValueError:
-            continue  # the WAL's open judges a bad slot
-    if not headers:
-        return []
-    newest = max(headers, key=lambda header: header.sequence)
-    if newest.instance_id == blockwal.NO_INSTANCE:
-        return []
-    return [(str(path), str(uuid.UUID(bytes=newest.instance_id)))]
+    return cookie.instance_bytes if cookie else NO_INSTANCE
 
 
 # --- the check at start -------------------------------------------------------------------

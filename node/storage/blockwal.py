@@ -23,8 +23,9 @@ Header slot (these 88 bytes, then zeros to 4 KiB)::
     32   8     last write time u64, ms since the epoch (for people; never compared)
     40   8     sliding window max length u64: how far past the first hole a write may land
     48   8     node id u64
-    56   16    instance id: the data directory's cookie's (node/replication/cookie.py);
-               zeros when it has none. A start refuses a ring of another instance.
+    56   16    instance id: the one the ring's owner gives (the node: its cookie's,
+               node/replication/cookie.py); zeros without. A start refuses a ring of
+               another instance (the ids on disk: node/storage/walid.py).
     72   8     end offset u64: written by a graceful shutdown, where the next block goes: the
                ring from the trim offset to it holds records back to back, nothing else;
                0 when unknown (a running or crashed ring, or a crash's leftovers untrimmed)
@@ -120,7 +121,6 @@ from typing import Any, NamedTuple
 
 import crc32c
 
-from node.replication import cookie
 from node.settings import KiB, MiB, Settings
 from node.storage.clock import Clock
 from node.storage.directio import (
@@ -620,7 +620,9 @@ class BlockWal:
         probe: StorageProbe | None = None,
         request_checkpoint: Callable[[], None] | None = None,
         rng: random.Random | None = None,
+        instance_id: Callable[[], bytes] | None = None,
     ) -> None:
+        self._read_instance_id = instance_id
         if settings.wal_path is None:
             raise WalDeviceError("wal_kind=blockdev needs wal_path (NODE_WAL_PATH)")
         self._settings = settings
@@ -722,7 +724,8 @@ class BlockWal:
         if self._raw is not None:
             return self._raw
         # The cookie check ran before the storage opened; the cookie never changes after.
-        self._instance_id = cookie.instance_id_bytes(self._settings.data_dir)
+        if self._read_instance_id is not None:
+            self._instance_id = self._read_instance_id()
         path = self._path
         if not path.exists():
             if path.is_relative_to("/dev"):

@@ -5,8 +5,9 @@ Journal file ``<id in hex>.txn``::
     offset  size  field
     0       4     magic "BKLG"
     4       4     version (u32) = 3 (2: no instance id; 1: nor batch records; both replayed)
-    8       16    instance id: the data directory's cookie's (node/replication/cookie.py);
-                  zeros when it has none. A start refuses a journal of another instance.
+    8       16    instance id: the one the journal's owner gives (the node: its cookie's,
+                  node/replication/cookie.py); zeros without. A start refuses a journal
+                  of another instance (the ids on disk: node/storage/walid.py).
     24      488   zero padding                         (header: one 512-byte sector)
     512     ...   records, then zeros (preallocated space; a zero length is "end of data")
 
@@ -100,7 +101,6 @@ from typing import NamedTuple
 
 import crc32c
 
-from node.replication import cookie
 from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.errors import CorruptRecord, DiskFull, JournalFailed
@@ -494,9 +494,11 @@ class Journal:
         faults: Faults,
         probe: StorageProbe | None = None,
         on_no_space: Callable[[str], None] | None = None,
+        instance_id: Callable[[], bytes] | None = None,
     ) -> None:
         self._settings = settings
         self._probe: StorageProbe = probe or NullProbe()
+        self._read_instance_id = instance_id
         self._on_no_space = on_no_space  # called on the loop when a write finds no space
         self._clock = clock
         self._faults = faults
@@ -665,7 +667,8 @@ class Journal:
 
     def _open_next_file(self) -> None:
         # Read once, at start: the cookie check ran before and never changes it while we run.
-        self._instance_id = cookie.instance_id_bytes(self._settings.data_dir)
+        if self._read_instance_id is not None:
+            self._instance_id = self._read_instance_id()
         existing = list_journals(self._dir)
         self._open_file(existing[-1] + 1 if existing else 1)
 

@@ -61,8 +61,11 @@ class LedgerStorage:
         clock: Clock | None = None,
         wal: Wal | None = None,
         probe: StorageProbe | None = None,
+        instance_id: Callable[[], bytes] | None = None,
     ) -> None:
         self.settings = settings
+        # What the WAL's new headers carry, read when it starts (the node's cookie's instance)
+        self._instance_id = instance_id
         self._clock = clock or SystemClock()
         self._crash = Faults.from_settings(settings)
         self._probe: StorageProbe = probe or NullProbe()
@@ -172,10 +175,20 @@ class LedgerStorage:
     def _open_wal(self) -> Wal:
         if self.settings.wal_kind == "blockdev":
             return BlockWal(
-                self.settings, self._clock, self._crash, self._probe, self._wal_wants_checkpoint
+                self.settings,
+                self._clock,
+                self._crash,
+                self._probe,
+                self._wal_wants_checkpoint,
+                instance_id=self._instance_id,
             )
         return Journal(
-            self.settings, self._clock, self._crash, self._probe, on_no_space=self._no_space
+            self.settings,
+            self._clock,
+            self._crash,
+            self._probe,
+            on_no_space=self._no_space,
+            instance_id=self._instance_id,
         )
 
     def _no_space(self, reason: str) -> None:

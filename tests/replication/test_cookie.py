@@ -19,7 +19,7 @@ from node.client.model import CLUSTER_KEY, cookie_key
 from node.replication import cookie
 from node.replication.cookie import COOKIE_FILE, Cookie
 from node.settings import Settings
-from node.storage import journal
+from node.storage import journal, walid
 from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.replication._identity import (
@@ -298,7 +298,7 @@ def test_ring_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -
         NODE_WAL_PATH=str(ring),
         NODE_WAL_CAPACITY=str(16 << 20),
     )
-    assert cookie.wal_instances(node_settings(node)) == [(str(ring), local.instance_id)]
+    assert walid.wal_instances(node_settings(node)) == [(str(ring), local.instance_id)]
 
     # The ring's newest header now names another instance (a volume of another pod).
     data = ring.read_bytes()[: blockwal.HEADER_AREA]
