@@ -76,7 +76,6 @@ KNOWN_CYCLES: set[str] = {
     'node/bench/stream.py <-> node/bench/stream_replicated.py',
     'node/client/client.py <-> node/client/reader.py <-> node/client/recovery.py <-> node/client/writer.py',  # noqa: E501
     'node/lifecycle/__init__.py <-> node/lifecycle/retention.py <-> node/metrics.py <-> node/offload/service.py',  # noqa: E501
-    'node/replication/orphans.py <-> node/replication/reconcile.py',
 }
 KNOWN_BREAKS: set[str] = {
     'node/audit/job.py -> node.http.frames (floor 7 -> 9)',

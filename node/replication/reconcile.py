@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from node.autorecovery.markers import lock_key
 from node.client.errors import ClientError, MetadataError
@@ -30,9 +30,6 @@ from node.client.metadata.store import MetadataStore
 from node.client.model import CLUSTER_KEY, LedgerMetadata, MetadataFormatError, decode, ledger_key
 from node.replication.tasks import cancel_and_wait
 from node.storage.errors import LedgerNotFound, StorageError
-
-if TYPE_CHECKING:
-    from node.replication.orphans import OrphanReclaim
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,6 +40,15 @@ class ReplicaStorage(Protocol):
         """(ledger id, created ms) of the replicated ledgers held here, not deleted."""
 
     async def delete_ledger(self, ledger_id: int, write_token: str | None = None) -> None: ...
+
+
+class OverReplicated(Protocol):
+    """What the sweep asks of the over-replicated pass (node/replication/orphans.py's
+    ``OrphanReclaim``, which imports this module's guard)."""
+
+    def track(self, ledger_ids: list[int]) -> None: ...
+
+    async def consider(self, ledger_id: int, metadata: bytes) -> bool: ...
 
 
 class StoreGuard:
@@ -153,7 +159,7 @@ class Sweep:
         now_ms: Callable[[], int],
         on_skip: Callable[[], None] = lambda: None,
         on_reclaim: Callable[[], None] = lambda: None,
-        orphans: OrphanReclaim | None = None,
+        orphans: OverReplicated | None = None,
     ) -> None:
         self._orphans = orphans  # the over-replicated pass, asked about ledgers that exist
         self._storage = storage
