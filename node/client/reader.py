@@ -19,7 +19,7 @@ from node.client.model import LedgerMetadata
 from node.client.schedule import CoverageSet
 
 if TYPE_CHECKING:
-    from node.client.client import Client
+    from node.client.session import Session as Client  # what it needs of client.Client
 
 ABSENT_LAC = LacAnswer(lac=-1, lac_length=0, last_entry_id=-1, fenced=False)
 T = TypeVar("T")

@@ -47,7 +47,7 @@ from node.client.placement import choose_replacement
 from node.client.reader import read_entry, read_lac_coverage
 
 if TYPE_CHECKING:
-    from node.client.client import Client
+    from node.client.session import Session as Client  # what it needs of client.Client
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from node.client.model import LedgerMetadata, LedgerState, Segment, decode, enco
 from node.client.placement import choose_replacement
 
 if TYPE_CHECKING:
-    from node.client.client import Client
+    from node.client.session import Session as Client  # what it needs of client.Client
 
 log = logging.getLogger(__name__)
 
