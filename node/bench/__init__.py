@@ -36,8 +36,12 @@ from node.bench.common import EXIT_USAGE, UsageError
 
 
 def main(args: argparse.Namespace) -> int:
-    """Runs benchmark ``args.what`` (one of the CLI's choices): its module's ``main(args)``."""
-    benchmark = importlib.import_module(f"{__name__}.{args.what}")
+    """Runs benchmark ``args.what`` (one of the CLI's choices): its module's ``main(args)``;
+    ``stream --replicated`` is stream_replicated.py's (which builds on stream.py's load)."""
+    what = args.what
+    if what == "stream" and getattr(args, "replicated", False):
+        what = "stream_replicated"
+    benchmark = importlib.import_module(f"{__name__}.{what}")
     try:
         return int(benchmark.main(args))
     except UsageError as e:

@@ -267,10 +267,6 @@ def _table(rows: list[StreamFigures]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    if getattr(args, "replicated", False):
-        from node.bench.stream_replicated import main as replicated_main
-
-        return replicated_main(args)
     writers = args.writers
     seconds = args.seconds
     runs = [
