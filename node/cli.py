@@ -135,7 +135,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _cmd_shell(args: argparse.Namespace) -> int:
-    from node.client.shell import main as shell_main
+    from node.shell import main as shell_main
 
     return shell_main(args.shell_argv)
 
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_arguments(audit)
     audit.set_defaults(func=_cmd_audit)
 
-    # The shell's own parser lives with it (node.client.shell): `serve` never loads the client.
+    # The shell's own parser lives with it (node.shell): `serve` never loads the client.
     shell = sub.add_parser(
         "shell",
         add_help=False,

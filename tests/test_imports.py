@@ -77,12 +77,6 @@ KNOWN_CYCLES: set[str] = {
 }
 KNOWN_BREAKS: set[str] = {
     'node/audit/job.py -> node.http.frames (floor 7 -> 9)',
-    'node/client/shell.py -> node.autorecovery (node.client: itself only)',
-    'node/client/shell.py -> node.autorecovery.auditor (node.client: itself only)',
-    'node/client/shell.py -> node.autorecovery.decommission (node.client: itself only)',
-    'node/client/shell.py -> node.autorecovery.markers (node.client: itself only)',
-    'node/client/shell.py -> node.autorecovery.worker (node.client: itself only)',
-    'node/client/shell.py -> node.replication.cookie (node.client: itself only)',
     'node/metrics.py -> node.audit.kept (floor 3 -> 7)',
     'node/metrics.py -> node.lifecycle (floor 3 -> 8)',
     'node/metrics.py -> node.lifecycle.gc (floor 3 -> 8)',

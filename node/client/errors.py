@@ -3,9 +3,10 @@ OutcomeUnknown is never a subclass of a failure that means "not written"."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
-from node.client.protocol import LEDGER_FENCED, NOT_FOUND_CODES
+from node.client.protocol import LEDGER_FENCED, LEDGER_NOT_FOUND, NOT_FOUND_CODES
 
 if TYPE_CHECKING:
     from node.client.metadata.store import Versioned
@@ -129,3 +130,14 @@ class ReplicaError(ClientError):
     @property
     def fenced(self) -> bool:
         return self.code == LEDGER_FENCED
+
+
+def error_code(error: BaseException) -> str:
+    """A stable code for an error of the client: its class name in snake case
+    (StoreUnavailable -> store_unavailable), or the code it carries."""
+    if isinstance(error, NoSuchLedger):
+        return LEDGER_NOT_FOUND
+    code = getattr(error, "code", None)
+    if isinstance(code, str):
+        return code
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()

@@ -134,8 +134,7 @@ def _refusal(error: Exception) -> ApiError:
     """A stable code for what autorecovery raised: 409 when the cluster's state refuses (a
     fragment whose replicas disagree, no replacement node, the lock lost), 503 when the metadata
     store or the nodes did not answer."""
-    from node.client.errors import MetadataError, NotEnoughNodes
-    from node.client.shell import error_code
+    from node.client.errors import MetadataError, NotEnoughNodes, error_code
 
     if isinstance(error, MetadataError):
         return ApiError(503, "metadata_unavailable", str(error))

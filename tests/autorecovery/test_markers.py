@@ -103,7 +103,7 @@ async def test_totals_add_up_under_concurrent_workers(etcd: EtcdServer, kind: st
 
 def test_the_shell_s_auditor_wants_once_and_a_number() -> None:
     """Usage errors exit 2 (an auditor loop is the DAG's schedule, not the shell's)."""
-    from node.client.shell import main
+    from node.shell import main
 
     url = "etcd://127.0.0.1:1/x"
     for argv in (["auditor"], ["auditor", "--once", "--lost-node-delay", "soon"]):

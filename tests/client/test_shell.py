@@ -31,8 +31,8 @@ from node.client.model import (
     ledger_key,
     node_key,
 )
-from node.client.shell import escape
 from node.localcluster import LocalCluster, ProcessExited
+from node.shell import escape
 from tests.harness.cluster import cluster_env
 from tests.harness.etcd import EtcdServer
 from tests.harness.hostdisk import REPO
@@ -226,8 +226,8 @@ def test_an_unreachable_store_fails_with_exit_1() -> None:
 
 
 def test_the_cli_loads_the_shell_only_for_the_shell() -> None:
-    """The shell's parser lives with the client: parsing any other command (``serve``) loads
-    nothing of node.client."""
+    """The shell's parser lives with it (node/shell.py): parsing any other command
+    (``serve``) loads nothing of node.client."""
     code = (
         "import sys, node.cli; node.cli.build_parser().parse_args(['serve']); "
         "print(sorted(m for m in sys.modules if m.startswith('node.client')))"

@@ -44,7 +44,6 @@ import base64
 import datetime
 import json
 import os
-import re
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,7 @@ from node.autorecovery import (
     DEFAULT_LOST_NODE_DELAY_S,
     DEFAULT_OPEN_LEDGER_GRACE_S,
 )
-from node.client.errors import ClientError, MetadataUrlError, NoSuchLedger
+from node.client.errors import ClientError, MetadataUrlError, error_code
 from node.client.model import (
     COOKIES_PREFIX,
     LEDGERS_PREFIX,
@@ -74,7 +73,6 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 METADATA_URL_ENV = "NODE_METADATA_URL"
 TOKEN_ENV = "NODE_ADMIN_TOKEN"  # the nodes' admin token: the shell's writes and fences send it
 NONE = "-"  # a cell without a value: a node known only by its cookie, an open ledger's end
-LEDGER_NOT_FOUND = "ledger_not_found"  # the nodes' code for the same condition
 NODE_REGISTERED = "node_registered"  # readd refused: the node is alive (or its lease lingers)
 _PRINTABLE = frozenset(range(0x20, 0x7F)) - {ord("\\")}
 _ESCAPES = {ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
@@ -260,17 +258,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     return [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     ]
-
-
-def error_code(error: BaseException) -> str:
-    """A stable code for an error of the client: its class name in snake case
-    (StoreUnavailable -> store_unavailable), or the code it carries."""
-    if isinstance(error, NoSuchLedger):
-        return LEDGER_NOT_FOUND
-    code = getattr(error, "code", None)
-    if isinstance(code, str):
-        return code
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
 
 
 def _print_failure(as_json: bool, code: str, message: str) -> None:
