@@ -409,7 +409,7 @@ def post_summary(url: str, summary: dict[str, Any]) -> None:
     import urllib.error
     import urllib.request
 
-    from node.http.frames import JSON_CONTENT_TYPE
+    from node.wire import JSON_CONTENT_TYPE
 
     headers = {"Content-Type": JSON_CONTENT_TYPE}
     token = os.environ.get(TOKEN_ENV)

@@ -27,8 +27,8 @@ from node.bench.server import CLOCK_TICKS, ENTRY_SIZE, WARMUP_S, call
 from node.bench.stream import POLICIES, SINGLE
 from node.bench.stream_replicated import REPLICATION, owner_of
 from node.client.model import ledger_key
-from node.http.frames import JSON_CONTENT_TYPE, OCTET_CONTENT_TYPE
 from node.localcluster import LocalCluster
+from node.wire import JSON_CONTENT_TYPE, OCTET_CONTENT_TYPE
 
 LOAD_MODULE = "node.bench.stream"
 STREAM = "profiled"

@@ -34,10 +34,10 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 from node.runtime import run, tune
 from node.settings import load
 from node.storage.ledgers import LedgerStorage
+from node.wire import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 
 READ_LEDGER_ENTRIES = 20_000  # entries pre-filled for the read run
 ENGINE_WINDOW = 64  # adds in flight in-process, as many as the HTTP run's connections

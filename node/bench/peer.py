@@ -41,8 +41,8 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 from node.runtime import run
+from node.wire import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 
 # (clients, entries per request) of each shape: batches from a few clients, single adds from many.
 SHAPES = ((4, BATCH_ENTRIES), (8, BATCH_ENTRIES), (16, 1))

@@ -58,8 +58,8 @@ from node.bench.server import (
     short_machine_line,
 )
 from node.bench.stream_replicated import parse_groups, start_cluster
-from node.http.frames import decode_range
 from node.http.ledgers import NEXT_ENTRY_HEADER
+from node.wire import decode_range
 
 if TYPE_CHECKING:
     from node.localcluster import LocalCluster

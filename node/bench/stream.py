@@ -44,7 +44,7 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.http.frames import (
+from node.wire import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     OCTET_CONTENT_TYPE,

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from node.bench.server import cpu_by_pid, misread
-from node.http.frames import decode_stream_frames
+from node.wire import decode_stream_frames
 
 PLAIN, CURSOR = "plain", "cursor"
 CURSOR_NAME = "catch-up"

@@ -58,8 +58,8 @@ from node.bench.server import (
 )
 from node.bench.stream import BATCH, POLICIES, SINGLE, TAIL_PACED, TAIL_RATE
 from node.bench.stream_reads import CURSOR, PLAIN
-from node.http.frames import BATCH_CONTENT_TYPE, JSON_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 from node.localcluster import LocalCluster, ProcessExited
+from node.wire import BATCH_CONTENT_TYPE, JSON_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 
 NODES = 4  # three copies, and a fourth node to forward from that holds none of some ledgers
 REPLICATION = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}

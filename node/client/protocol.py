@@ -1,6 +1,6 @@
 """What a replicated ledger's client and a node say to each other over HTTP: the headers of
 the bookie protocol, the error codes the client acts on, and the two frames it sends and
-reads. The node's routes import these names (``node/http/frames.py`` keeps the same layouts
+reads. The node's routes import these names (``node/wire.py`` keeps the same layouts
 for its own frames); this module imports nothing of the node, so scripts and the Airflow venv
 can use the client alone.
 

@@ -14,12 +14,12 @@ from pydantic import SecretStr
 
 from node.http import models
 from node.http.errors import ApiError
-from node.http.frames import METRICS_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.state import METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.metrics import data_dirs
 from node.settings import Settings
 from node.storage import journal, logformat
+from node.wire import METRICS_CONTENT_TYPE
 
 routes = web.RouteTableDef()
 

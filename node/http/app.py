@@ -35,7 +35,6 @@ from node.http.budget import BodyBudget
 from node.http.connections import ConnectionLimit, HangupCancels
 from node.http.errors import HTTP_CODES, error_body, error_middleware
 from node.http.fastlane import FastLane, Lanes
-from node.http.frames import JSON_CONTENT_TYPE
 from node.http.middleware import install_node_id, request_context, require_admin_token
 from node.http.state import (
     AUDIT,
@@ -60,6 +59,7 @@ from node.settings import Settings
 from node.storage.clock import Clock, SystemClock
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
+from node.wire import JSON_CONTENT_TYPE
 
 if TYPE_CHECKING:
     from node.replication.cookie import Cookie

@@ -24,7 +24,6 @@ from node.audit import kept, snapshot, tables
 from node.http import models
 from node.http.bodies import limited_by
 from node.http.errors import ApiError, error_response
-from node.http.frames import JSON_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.state import (
     AUDIT,
@@ -41,6 +40,7 @@ from node.settings import MiB, Settings
 from node.storage import logformat
 from node.storage.fsutil import is_no_space
 from node.storage.readonly import ReadOnlySource
+from node.wire import JSON_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 routes = web.RouteTableDef()

@@ -32,8 +32,8 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import RETRY_AFTER_S, ClientAborted, error_body
-from node.http.frames import JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE
 from node.metrics import Metrics
+from node.wire import JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

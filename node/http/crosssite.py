@@ -26,10 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from node.http.errors import ApiError
-from node.http.frames import JSON_CONTENT_TYPE, media_type
 from node.http.middleware import GUARDED_PREFIX, MUTATING
 from node.http.state import SETTINGS
 from node.settings import Settings
+from node.wire import JSON_CONTENT_TYPE, media_type
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from node.http.frames import JSON_CONTENT_TYPE
 from node.http.jsonreply import json_bytes
 from node.offload import errors as offload_errors
 from node.storage import errors as storage_errors
 from node.streams import manager as stream_errors
+from node.wire import JSON_CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

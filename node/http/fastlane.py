@@ -49,7 +49,6 @@ from node.client import protocol
 from node.http import ledgers, streams
 from node.http.crosssite import GUARD
 from node.http.errors import RETRY_AFTER_S, ApiError, error_body, storage_status
-from node.http.frames import JSON_CONTENT_TYPE, RAW_CONTENT_TYPES, media_type
 from node.http.middleware import (
     CLIENT_CLOSED_REQUEST,
     access_log,
@@ -61,6 +60,7 @@ from node.http.state import BUDGET, METRICS, SETTINGS
 from node.storage.adds import PendingAdd
 from node.storage.errors import StorageError
 from node.streams.model import ID_DIGITS
+from node.wire import JSON_CONTENT_TYPE, RAW_CONTENT_TYPES, media_type
 
 log = logging.getLogger(__name__)
 

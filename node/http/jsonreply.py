@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from node.http.frames import JSON_CONTENT_TYPE
+from node.wire import JSON_CONTENT_TYPE
 
 LINE_END = b"\n"
 

@@ -24,7 +24,15 @@ from node.client.metadata.store import LEDGER_ID_BASE
 from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.frames import (
+from node.http.jsonreply import LINE_END, json_response
+from node.http.replies import ReplyBytes, send
+from node.http.state import METRICS, REPLICA_GUARD, SETTINGS, STORAGE, STREAMS
+from node.storage.adds import PendingAdd, ReplicaAdd
+from node.storage.errors import LedgerFenced, StorageError
+from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.storage.ledgers import LedgerStorage
+from node.streams.model import ID_DIGITS
+from node.wire import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     OCTET_CONTENT_TYPE,
@@ -37,14 +45,6 @@ from node.http.frames import (
     media_type,
     range_pieces,
 )
-from node.http.jsonreply import LINE_END, json_response
-from node.http.replies import ReplyBytes, send
-from node.http.state import METRICS, REPLICA_GUARD, SETTINGS, STORAGE, STREAMS
-from node.storage.adds import PendingAdd, ReplicaAdd
-from node.storage.errors import LedgerFenced, StorageError
-from node.storage.index import MAX_ID, STREAM_PROPERTY, LedgerMeta, LedgerState
-from node.storage.ledgers import LedgerStorage
-from node.streams.model import ID_DIGITS
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,12 @@ from node.client import protocol
 from node.http import fragments, models
 from node.http.audit import LOG_NAME, SNAPSHOT_FILES, SNAPSHOT_NAME, SNAPSHOTS_PATH
 from node.http.errors import STATUSES
-from node.http.frames import (
+from node.http.jsonreply import json_response
+from node.http.state import SETTINGS
+from node.http.streams import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
+from node.settings import Settings
+from node.storage.index import MAX_ID
+from node.wire import (
     BATCH_CONTENT_TYPE,
     BATCH_LAYOUT,
     CSS_CONTENT_TYPE,
@@ -30,11 +35,6 @@ from node.http.frames import (
     STREAM_LAYOUT,
     TEXT_CONTENT_TYPE,
 )
-from node.http.jsonreply import json_response
-from node.http.state import SETTINGS
-from node.http.streams import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
-from node.settings import Settings
-from node.storage.index import MAX_ID
 
 routes = web.RouteTableDef()
 

@@ -22,7 +22,6 @@ from aiohttp import web
 from node import __version__
 from node.http import models
 from node.http.errors import ApiError
-from node.http.frames import CSS_CONTENT_TYPE, HTML_CONTENT_TYPE, JAVASCRIPT_CONTENT_TYPE
 from node.http.jsonreply import json_response
 from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.http.streams import stream_page
@@ -33,6 +32,7 @@ from node.status.entrylogs import MapCache, PinContext, build_map, pinned_after_
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
 from node.storage.clock import Clock
 from node.storage.readonly import ReadOnlySource
+from node.wire import CSS_CONTENT_TYPE, HTML_CONTENT_TYPE, JAVASCRIPT_CONTENT_TYPE
 
 routes = web.RouteTableDef()
 

@@ -1,6 +1,6 @@
 """Stream, cursor and retention routes (docs/api.md, "Streams").
 
-Positions are written ``L:E``. A stream read returns stream frames (node/http/frames.py).
+Positions are written ``L:E``. A stream read returns stream frames (node/wire.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ from node.http import models
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.forward import FORWARDED_BY, FORWARDER, NOT_OWNER, OwnerMoved, forwarded
-from node.http.frames import (
+from node.http.jsonreply import LINE_END, json_response
+from node.http.ledgers import decode_payloads, parse_id, unsupported
+from node.http.replies import ReplyBytes, send
+from node.http.state import METRICS, SETTINGS, STREAMS, WORK
+from node.streams.manager import Read, StreamManager, parse_position
+from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
+from node.wire import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
     RAW_CONTENT_TYPES,
@@ -26,12 +32,6 @@ from node.http.frames import (
     media_type,
     stream_pieces,
 )
-from node.http.jsonreply import LINE_END, json_response
-from node.http.ledgers import decode_payloads, parse_id, unsupported
-from node.http.replies import ReplyBytes, send
-from node.http.state import METRICS, SETTINGS, STREAMS, WORK
-from node.streams.manager import Read, StreamManager, parse_position
-from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
 
 if TYPE_CHECKING:
     from node.client.registry import Registry

@@ -45,15 +45,15 @@ from typing import Any
 
 import aiohttp
 
-from node.http.frames import (
+from node.jepsen.checker import Verdict, Violation, check_cluster
+from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
+from node.streams.model import Position
+from node.wire import (
     BATCH_CONTENT_TYPE,
     OCTET_CONTENT_TYPE,
     decode_stream_frames,
     encode_batch,
 )
-from node.jepsen.checker import Verdict, Violation, check_cluster
-from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
-from node.streams.model import Position
 
 # 503 codes of refusals made before the request was handled: nothing of it was written. An
 # append answered owner_unreachable never reached the owner (no connection was made: once

@@ -50,7 +50,7 @@ from node.bench.stream_replicated import (
     tail_shape,
     targets,
 )
-from node.http.frames import BATCH_CONTENT_TYPE, JSON_CONTENT_TYPE, encode_batch
+from node.wire import BATCH_CONTENT_TYPE, JSON_CONTENT_TYPE, encode_batch
 from tests.harness.hostdisk import HOST_DISK_NEUTRAL, as_env, number, run_bench, table_rows
 
 RUN_TIMEOUT_S = 300  # a node's and a cluster's start and short runs; this only stops a hang

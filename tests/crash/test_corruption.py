@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from node.http.frames import decode_range
 from node.storage import entrylog, journal, logformat
+from node.wire import decode_range
 from tests.harness.files import flip_byte
 from tests.harness.node import NodeProcess
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from node.http.frames import batch_entry_ids, encode_batch
+from node.wire import batch_entry_ids, encode_batch
 from tests.harness.clients import BATCH, OCTET, REPLY_LOST, read_ledger
 from tests.harness.node import NodeProcess
 

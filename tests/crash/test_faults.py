@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from node.http.frames import encode_batch
 from node.settings import KiB, MiB
 from node.storage.entrylog import list_logs
 from node.storage.logformat import log_path
+from node.wire import encode_batch
 from tests.harness.clients import BATCH, OCTET, http_status, read_ledger
 from tests.harness.loopdev import loop_device
 from tests.harness.node import CHURN_SETTINGS, DEFAULT_SETTINGS, NodeProcess

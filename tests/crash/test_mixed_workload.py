@@ -39,14 +39,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.http.frames import (
+from node.streams.model import Position
+from node.wire import (
     batch_entry_ids,
     batch_positions,
     decode_range,
     decode_stream_frames,
     encode_batch,
 )
-from node.streams.model import Position
 from tests.harness.clients import BATCH, OCTET, REPLY_LOST, http_status, read_ledger, read_stream
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 

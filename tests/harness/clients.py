@@ -8,8 +8,8 @@ import urllib.request
 
 import aiohttp
 
-from node.http.frames import decode_range, decode_stream_frames
 from node.streams.model import Position
+from node.wire import decode_range, decode_stream_frames
 from tests.harness.node import NodeProcess
 
 OCTET = {"Content-Type": "application/octet-stream"}

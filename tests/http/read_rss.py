@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from node.http.frames import STREAM_HEADER, encode_batch
 from node.settings import KiB
+from node.wire import STREAM_HEADER, encode_batch
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 MB = 1_000_000

@@ -17,8 +17,8 @@ from aiohttp.test_utils import TestClient
 from node.http import models
 from node.http.app import build_app
 from node.http.fastlane import LEDGER_ROUTE, STREAM_ROUTE, parse_add
-from node.http.frames import BATCH_CONTENT_TYPE, encode_batch
 from node.http.state import BUDGET, METRICS
+from node.wire import BATCH_CONTENT_TYPE, encode_batch
 from tests.harness.rawhttp import Conn
 from tests.harness.settings import make_settings
 

@@ -25,9 +25,9 @@ from node.http import forward
 from node.http.app import NodeRunner, build_app
 from node.http.errors import ApiError
 from node.http.forward import FORWARDED_BY, FORWARDER, Forwarder
-from node.http.frames import decode_stream_frames
 from node.http.state import METRICS
 from node.settings import Settings
+from node.wire import decode_stream_frames
 from tests.harness.node import NodeProcess
 from tests.harness.ports import free_port
 from tests.harness.settings import make_settings

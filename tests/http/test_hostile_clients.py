@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.http.frames import BATCH_HEADER, encode_batch
 from node.settings import MiB, Settings
+from node.wire import BATCH_HEADER, encode_batch
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 
 MB = 1_000_000

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import decode_range, decode_stream_frames, encode_batch
 from node.storage.index import MAX_ID
+from node.wire import decode_range, decode_stream_frames, encode_batch
 from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}

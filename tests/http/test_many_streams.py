@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from node.http import models
 from node.http.app import build_app
-from node.http.frames import encode_batch
 from node.settings import Settings
+from node.wire import encode_batch
 from tests.harness.settings import make_settings
 
 BATCH = {"Content-Type": "application/x-entry-batch"}

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import encode_batch
 from node.http.state import STORAGE
 from node.settings import KiB, MiB, Settings
 from node.storage.blockwal import HEADER_AREA
+from node.wire import encode_batch
 from tests.harness.loopdev import loop_device
 from tests.harness.metrics import scrape
 from tests.harness.settings import make_settings

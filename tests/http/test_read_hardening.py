@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from node.http.app import build_app
-from node.http.frames import decode_range
 from node.http.state import METRICS, READ_BUDGET, STREAMS
 from node.settings import KiB, MiB, Settings
+from node.wire import decode_range
 from tests.harness.settings import make_settings
 from tests.http.read_rss import _call, concurrent_reads, fill, rss
 from tests.http.test_hostile_clients import NodeFactory, _metric, start_node

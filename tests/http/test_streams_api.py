@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from node.http.app import build_app
-from node.http.frames import batch_positions, decode_stream_frames, encode_batch
 from node.settings import Settings
+from node.wire import batch_positions, decode_stream_frames, encode_batch
 from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}

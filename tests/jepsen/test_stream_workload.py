@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from node.http.frames import decode_batch
 from node.jepsen.history import digest
 from node.jepsen.streams import StreamWorkload
 from node.localcluster import free_port
+from node.wire import decode_batch
 
 Answer = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HANG_S = 5.0  # longer than the workload's timeout in these tests

@@ -27,12 +27,12 @@ from typing import Any
 
 import pytest
 
-from node.http.frames import BATCH_CONTENT_TYPE, batch_entry_ids, encode_batch
 from node.lifecycle.gc import GarbageCollector
 from node.storage.clock import SystemClock
 from node.storage.errors import LedgerNotFound
 from node.storage.index import Index, LedgerMeta
 from node.storage.ledgers import LedgerStorage
+from node.wire import BATCH_CONTENT_TYPE, batch_entry_ids, encode_batch
 from tests.harness.clients import read_ledger
 from tests.harness.node import NodeProcess
 from tests.harness.settings import make_settings

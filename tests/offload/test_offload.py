@@ -17,11 +17,11 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from node.http.app import build_app
-from node.http.frames import decode_range, decode_stream_frames, encode_batch
 from node.http.state import STORAGE, WORK
 from node.offload.format import LedgerIndex, data_key, index_key
 from node.offload.service import OffloadService
 from node.offload.store import ObjectStore
+from node.wire import decode_range, decode_stream_frames, encode_batch
 from tests.harness.metrics import scrape
 from tests.offload.conftest import offload_settings
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from node.http import frames
+from node import wire as frames
 from node.settings import SettingsError, load
 from node.storage import journal, logformat
 from node.storage.index import LedgerMeta, LedgerState

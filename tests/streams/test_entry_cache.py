@@ -7,10 +7,10 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from node.http.frames import decode_stream_frames
 from node.jepsen.streams import read_back
 from node.localcluster import LocalCluster
 from node.streams.cache import EntryCache
+from node.wire import decode_stream_frames
 from tests.harness.cluster import MakeCluster
 from tests.harness.metrics import parse_samples
 from tests.harness.streams import REPLICATED, call, owner, put_stream

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 
 from node.http.fastlane import SERVER_HEADER
-from node.http.frames import decode_stream_frames
 from node.localcluster import LocalCluster
+from node.wire import decode_stream_frames
 from tests.harness.cluster import MakeCluster
 from tests.harness.metrics import Samples, parse_samples
 from tests.harness.rawhttp import Conn

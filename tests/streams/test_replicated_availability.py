@@ -12,10 +12,10 @@ import aiohttp
 import pytest
 
 from node.client.model import ledger_key
-from node.http.frames import decode_stream_frames
 from node.jepsen.streams import read_back
 from node.localcluster import LocalCluster
 from node.settings import Settings
+from node.wire import decode_stream_frames
 from tests.harness.cluster import MakeCluster
 from tests.harness.streams import REPLICATED, call, etcd_get, owner, put_stream, stream_ledgers
 

@@ -27,8 +27,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from node.http.frames import batch_positions, decode_stream_frames, encode_batch
 from node.streams.model import Position
+from node.wire import batch_positions, decode_stream_frames, encode_batch
 from tests.harness.clients import BATCH, OCTET, REPLY_LOST, http_status, read_stream
 from tests.harness.node import NodeProcess
 

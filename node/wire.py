@@ -17,8 +17,9 @@ goes through ``_frame_at``, the bounds checks: a body that ends inside a frame (
 a frame whose length runs past the body's end (oversized), raises FrameError. A decoder never
 returns a short payload.
 
-Benches and test clients import this module, not the route modules: it needs no aiohttp
-(``node/http/__init__.py`` imports nothing), and a test keeps it so.
+HTTP's routes, the audit, the benches and test clients import this module, which sits below
+them all (BookKeeper's proto, aiohttp's http_parser): it needs no aiohttp, and a test
+(tests/test_wire.py) keeps it so.
 """
 
 from __future__ import annotations

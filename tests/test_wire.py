@@ -1,4 +1,4 @@
-"""The wire format's frames (node/http/frames.py): each frame's round trip, and bodies cut
+"""The wire format's frames (node/wire.py): each frame's round trip, and bodies cut
 short or claiming more bytes than they hold, which raise FrameError and never decode to a
 short payload; over HTTP, such bodies get a 400 JSON error and the node keeps serving.
 (The batch and range round trips and cuts are in tests/storage/test_formats.py.)"""
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.http import frames
+from node import wire
 from node.http.fastlane import SERVER_HEADER as FAST_LANE_SERVER
 from node.streams.model import Position
 from tests.http.test_fastlane import Conn
@@ -28,18 +28,18 @@ U32_MAX = (1 << 32) - 1
 
 
 def _stream_body(items: list[tuple[Position, bytes]]) -> bytes:
-    return b"".join(frames.encode_stream_frame(p, payload) for p, payload in items)
+    return b"".join(wire.encode_stream_frame(p, payload) for p, payload in items)
 
 
 def _decode_batch(body: bytes) -> list[bytes]:
-    return asyncio.run(frames.decode_batch(body, 1 << 30))
+    return asyncio.run(wire.decode_batch(body, 1 << 30))
 
 
 # Each frame: its header, and a decoder that reads a whole body (a list, not a generator).
 DECODERS: dict[str, tuple[struct.Struct, Callable[[bytes], list[Any]]]] = {
-    "batch": (frames.BATCH_HEADER, _decode_batch),
-    "range": (frames.RANGE_HEADER, lambda body: list(frames.decode_range(body))),
-    "stream": (frames.STREAM_HEADER, frames.decode_stream_frames),
+    "batch": (wire.BATCH_HEADER, _decode_batch),
+    "range": (wire.RANGE_HEADER, lambda body: list(wire.decode_range(body))),
+    "stream": (wire.STREAM_HEADER, wire.decode_stream_frames),
 }
 
 
@@ -47,11 +47,11 @@ def _bodies(kind: str, payloads: list[bytes]) -> tuple[bytes, list[int]]:
     """A body of ``payloads`` in the frame of ``kind`` (ids 0, 1, ...), and where each of its
     frames starts."""
     if kind == "batch":
-        pieces = [frames.encode_batch([p]) for p in payloads]
+        pieces = [wire.encode_batch([p]) for p in payloads]
     elif kind == "range":
-        pieces = [frames.encode_range_frame(i, p) for i, p in enumerate(payloads)]
+        pieces = [wire.encode_range_frame(i, p) for i, p in enumerate(payloads)]
     else:
-        pieces = [frames.encode_stream_frame(Position(7, i), p) for i, p in enumerate(payloads)]
+        pieces = [wire.encode_stream_frame(Position(7, i), p) for i, p in enumerate(payloads)]
     starts = [sum(len(piece) for piece in pieces[:i]) for i in range(len(pieces))]
     return b"".join(pieces), starts
 
@@ -59,9 +59,9 @@ def _bodies(kind: str, payloads: list[bytes]) -> tuple[bytes, list[int]]:
 @given(items=STREAM_FRAMES)
 def test_stream_round_trip(items: list[tuple[Position, bytes]]) -> None:
     body = _stream_body(items)
-    assert len(body) == sum(frames.STREAM_HEADER.size + len(p) for _, p in items)
-    assert frames.decode_stream_frames(body) == items
-    assert b"".join(frames.stream_pieces(items)) == body  # what a read's reply writes
+    assert len(body) == sum(wire.STREAM_HEADER.size + len(p) for _, p in items)
+    assert wire.decode_stream_frames(body) == items
+    assert b"".join(wire.stream_pieces(items)) == body  # what a read's reply writes
 
 
 @given(items=STREAM_FRAMES.filter(bool), data=st.data())
@@ -71,10 +71,10 @@ def test_stream_cut_inside_a_frame_raises_frame_error(
     body = _stream_body(items)
     ends = {0}
     for _, payload in items:
-        ends.add(max(ends) + frames.STREAM_HEADER.size + len(payload))
+        ends.add(max(ends) + wire.STREAM_HEADER.size + len(payload))
     cut = data.draw(st.integers(1, len(body) - 1).filter(lambda c: c not in ends))
-    with pytest.raises(frames.FrameError):
-        frames.decode_stream_frames(body[:cut])
+    with pytest.raises(wire.FrameError):
+        wire.decode_stream_frames(body[:cut])
 
 
 @pytest.mark.parametrize("kind", DECODERS)
@@ -93,7 +93,7 @@ def test_a_frame_claiming_past_the_body_raises_frame_error(
     fields = header.unpack_from(body, at)
     hostile = bytearray(body)
     header.pack_into(hostile, at, *fields[:-1], claimed)
-    with pytest.raises(frames.FrameError, match="past the body's end"):
+    with pytest.raises(wire.FrameError, match="past the body's end"):
         decode(bytes(hostile))
 
 
@@ -102,13 +102,13 @@ def test_a_header_cut_short_raises_frame_error(kind: str) -> None:
     header, decode = DECODERS[kind]
     body, _ = _bodies(kind, [b"abc"])
     for cut in range(1, header.size):
-        with pytest.raises(frames.FrameError, match="truncated frame header"):
+        with pytest.raises(wire.FrameError, match="truncated frame header"):
             decode(body + body[:cut])
 
 
-def test_frames_import_without_aiohttp() -> None:
+def test_the_wire_module_imports_without_aiohttp() -> None:
     """Benches and test clients decode with this module: it must not pull in the server."""
-    code = "import sys, node.http.frames; print('aiohttp' in sys.modules)"
+    code = "import sys, node.wire; print('aiohttp' in sys.modules)"
     found = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
@@ -119,13 +119,13 @@ def test_frames_import_without_aiohttp() -> None:
 
 STREAM = "hostile"
 APPEND = f"/api/v1/streams/{STREAM}/entries"
-GOOD = frames.encode_batch([b"one", b"two"])
+GOOD = wire.encode_batch([b"one", b"two"])
 HOSTILE_BATCHES = {
     "header cut short": b"\x00\x00",
-    "frame past the end": frames.BATCH_HEADER.pack(100) + b"short",
-    "u32 max length": frames.BATCH_HEADER.pack(U32_MAX) + b"x" * 5,
+    "frame past the end": wire.BATCH_HEADER.pack(100) + b"short",
+    "u32 max length": wire.BATCH_HEADER.pack(U32_MAX) + b"x" * 5,
     "good frames, then one cut short": GOOD + b"\x00",
-    "good frames, then one past the end": GOOD + frames.BATCH_HEADER.pack(U32_MAX),
+    "good frames, then one past the end": GOOD + wire.BATCH_HEADER.pack(U32_MAX),
 }
 
 
@@ -151,24 +151,24 @@ async def test_hostile_batch_bodies_get_400_and_the_node_keeps_serving(
             await conn.send(_request("GET", "/heartbeat"))
             assert (await conn.answer())[0] == 200
         for name, body in HOSTILE_BATCHES.items():
-            await conn.send(_request("POST", APPEND, body, frames.BATCH_CONTENT_TYPE))
+            await conn.send(_request("POST", APPEND, body, wire.BATCH_CONTENT_TYPE))
             status, headers, error = await conn.answer()
             assert status == 400, (name, error)
             lane = headers["server"] == FAST_LANE_SERVER.decode()
             assert lane == (through == "fast lane"), headers["server"]
             assert set(error) == {"code", "message"} and error["code"] == "invalid_frame", name
         # The stream's own read format is no body for an add: 415, as for any other type.
-        stream_body = frames.encode_stream_frame(Position(0, 0), b"x")
-        await conn.send(_request("POST", APPEND, stream_body, frames.STREAM_CONTENT_TYPE))
+        stream_body = wire.encode_stream_frame(Position(0, 0), b"x")
+        await conn.send(_request("POST", APPEND, stream_body, wire.STREAM_CONTENT_TYPE))
         status, _, error = await conn.answer()
         assert status == 415 and error["code"] == "unsupported_media_type"
-        await conn.send(_request("POST", APPEND, GOOD, frames.BATCH_CONTENT_TYPE))
+        await conn.send(_request("POST", APPEND, GOOD, wire.BATCH_CONTENT_TYPE))
         assert (await conn.answer())[0] == 201
     finally:
         conn.writer.close()
         await conn.writer.wait_closed()
     r = await client.get(APPEND, params={"limit": "100"})
     assert r.status == 200
-    assert r.headers["Content-Type"] == frames.STREAM_CONTENT_TYPE
-    found = frames.decode_stream_frames(await r.read())
+    assert r.headers["Content-Type"] == wire.STREAM_CONTENT_TYPE
+    found = wire.decode_stream_frames(await r.read())
     assert [payload for _, payload in found] == [b"one", b"two"]  # the good batch alone
