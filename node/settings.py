@@ -635,3 +635,12 @@ def _describe(error: ValidationError, given_as: Mapping[str, str]) -> str:
             message = f"invalid settings: {message}"
         lines.append(message)
     return "; ".join(lines)
+
+
+def data_dirs(settings: Settings) -> dict[str, Path]:
+    """The node's data directories by kind (disk metrics, status, offload's disk check)."""
+    return {
+        "journal": settings.journal_dir,
+        "ledgers": settings.ledgers_dir,
+        "index": settings.index_dir,
+    }

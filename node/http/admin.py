@@ -15,9 +15,8 @@ from pydantic import SecretStr
 from node.http import models
 from node.http.errors import ApiError
 from node.http.jsonreply import json_response
-from node.http.state import METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
-from node.metrics import data_dirs
-from node.settings import Settings
+from node.http.state import METRICS, SERVING, SETTINGS, STATE_METRICS, STORAGE, STREAMS, WORK
+from node.settings import Settings, data_dirs
 from node.storage import journal, logformat
 from node.wire import METRICS_CONTENT_TYPE
 
@@ -185,14 +184,13 @@ async def server_config(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    registry = request.app[METRICS]
-    registry.take_snapshot(
+    request.app[STATE_METRICS].take_snapshot(
         request.app[STORAGE],
         request.app[SERVING].shutting_down,
         request.app[WORK],
         request.app[STREAMS],
     )
-    body = await asyncio.to_thread(registry.render)
+    body = await asyncio.to_thread(request.app[METRICS].render)
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 

@@ -45,6 +45,7 @@ from node.http.state import (
     REPLICA_GUARD,
     SERVING,
     SETTINGS,
+    STATE_METRICS,
     STORAGE,
     STREAMS,
     WORK,
@@ -53,6 +54,7 @@ from node.http.state import (
 )
 from node.http.throttle import ByteRate
 from node.lifecycle import BackgroundWork
+from node.lifecycle.metrics import StateMetrics
 from node.metrics import Metrics
 from node.replication.cookie import instance_id_bytes
 from node.settings import Settings
@@ -102,6 +104,7 @@ def build_app(
         },
     )
     metrics = Metrics(settings)
+    app[STATE_METRICS] = StateMetrics(metrics)
     app[SETTINGS] = settings
     app[BUDGET] = BodyBudget(settings.max_request_bytes_in_flight)
     app[READ_BUDGET] = read_budget = BodyBudget(settings.max_read_bytes_in_flight)

@@ -12,6 +12,7 @@ from node.http.budget import BodyBudget
 from node.http.models import AuditResult
 from node.http.throttle import ByteRate
 from node.lifecycle import BackgroundWork
+from node.lifecycle.metrics import StateMetrics
 from node.metrics import Metrics
 from node.settings import Settings
 from node.storage.ledgers import LedgerStorage
@@ -40,6 +41,7 @@ class AuditState:
 STORAGE = web.AppKey("storage", LedgerStorage)
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
+STATE_METRICS = web.AppKey("state_metrics", StateMetrics)  # the scrape's snapshot
 SERVING = web.AppKey("serving", ServingState)
 WORK = web.AppKey("work", BackgroundWork)
 STREAMS = web.AppKey("streams", StreamManager)

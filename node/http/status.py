@@ -25,9 +25,9 @@ from node.http.errors import ApiError
 from node.http.jsonreply import json_response
 from node.http.state import AUDIT, METRICS, SERVING, SETTINGS, STORAGE, STREAMS, WORK
 from node.http.streams import stream_page
+from node.lifecycle.metrics import StreamSnapshot, stream_snapshot, streams_now_ms, top_streams
 from node.lifecycle.retention import SCHEDULER_TICK_S, disk_pressure
-from node.metrics import StreamSnapshot, data_dirs, stream_snapshot, streams_now_ms, top_streams
-from node.settings import Settings
+from node.settings import Settings, data_dirs
 from node.status.entrylogs import MapCache, PinContext, build_map, pinned_after_s, scan_logs
 from node.status.history import History, HistorySampler, Reading, histogram_buckets
 from node.storage.clock import Clock

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from node.lifecycle.disks import DiskMonitor, usage
+from node.lifecycle.disks import DiskMonitor
 from node.lifecycle.gc import GarbageCollector
 from node.lifecycle.retention import Retention
 from node.offload.service import FleetStreams, OffloadService
 from node.storage.clock import Clock
+from node.storage.fsutil import usage
 from node.storage.ledgers import LedgerStorage
 from node.streams.manager import StreamManager
 

@@ -30,20 +30,11 @@ from node.audit import kept
 from node.lifecycle.gc import GarbageCollector
 from node.settings import Settings
 from node.storage.clock import Clock
-from node.storage.fsutil import fsync_dir, is_no_space
+from node.storage.fsutil import fsync_dir, is_no_space, usage
 from node.storage.ledgers import LedgerStorage
 from node.storage.readonly import ReadOnlySource
 
 log = logging.getLogger(__name__)
-
-
-def usage(path: Path) -> float:
-    """Used share of the file system holding ``path`` (its parent if it does not exist)."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    stat = os.statvfs(path)
-    total = stat.f_blocks * stat.f_frsize
-    return 1.0 - stat.f_bavail * stat.f_frsize / total if total else 0.0
 
 
 RESERVE_FILE = "emergency-reserve"  # in data_dir

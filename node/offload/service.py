@@ -45,8 +45,10 @@ from node.offload.reader import OffloadReader
 from node.offload.stats import OffloadStats
 from node.offload.store import ObjectStore, open_store
 from node.offload.streams import StreamLedger, replicated
+from node.settings import data_dirs
 from node.storage.clock import Clock
 from node.storage.errors import InvalidArgument, LedgerNotFound, StorageError
+from node.storage.fsutil import usage
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, OffloadInfo, OffloadState
 from node.storage.ledgers import LedgerStorage
 from node.streams import rules
@@ -234,9 +236,6 @@ class OffloadService:
         store on the data disk takes space rather than freeing it (a local copy stays for
         the deletion lag, and its objects stay after): above the warning watermark,
         offloading would be what fills the disk."""
-        from node.lifecycle.disks import usage  # node.lifecycle imports this module
-        from node.metrics import data_dirs
-
         s = self._settings
         if s.offload_store != "local":
             return None

@@ -45,3 +45,12 @@ def write_file_atomically(path: Path, data: bytes) -> None:
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def usage(path: Path) -> float:
+    """Used share of the file system holding ``path`` (its parent if it does not exist)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    stat = os.statvfs(path)
+    total = stat.f_blocks * stat.f_frsize
+    return 1.0 - stat.f_bavail * stat.f_frsize / total if total else 0.0
