@@ -45,7 +45,7 @@ from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
 from node.settings import MiB, Settings
-from node.storage import blockwal, entrylog, journal, logformat
+from node.storage import entrylog, journal, logformat, ringformat, ringscan
 from node.storage.directio import open_raw
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
@@ -727,7 +727,7 @@ def _inspect_open_index(db: Rdict, path: Path, records: bool) -> int:
 # --- raw-device WAL ------------------------------------------------------------------------
 
 
-def _header_line(header: blockwal.WalHeader) -> str:
+def _header_line(header: ringformat.WalHeader) -> str:
     return (
         f"sequence {header.sequence}, capacity {header.capacity}, trim {header.trim}, "
         f"window {header.window}, shutdown {header.shutdown.name.lower()}, "
@@ -736,8 +736,8 @@ def _header_line(header: blockwal.WalHeader) -> str:
     )
 
 
-def _wal_event_line(event: blockwal.ScanEvent) -> str:
-    if event.kind is blockwal.ScanKind.PADDING:
+def _wal_event_line(event: ringscan.ScanEvent) -> str:
+    if event.kind is ringscan.ScanKind.PADDING:
         return f"offset {event.offset} padding to the end of the ring ({event.length} bytes)"
     if event.record is None:
         return f"offset {event.offset} INVALID: {event.reason}"
@@ -751,9 +751,9 @@ def _wal_event_line(event: blockwal.ScanEvent) -> str:
 def inspect_wal(path: Path, records: bool) -> int:
     raw = open_raw(path, writable=False)
     try:
-        if raw.size < blockwal.HEADER_AREA:
+        if raw.size < ringformat.HEADER_AREA:
             raise NotThisKind(f"{path}: {raw.size} bytes, shorter than the WAL header area")
-        reader = blockwal.RingReader(raw, raw.size)
+        reader = ringscan.RingReader(raw, raw.size)
         try:
             return _inspect_open_wal(raw.size, reader, path, raw.block_device, records)
         finally:
@@ -763,17 +763,17 @@ def inspect_wal(path: Path, records: bool) -> int:
 
 
 def _inspect_open_wal(
-    size: int, reader: blockwal.RingReader, path: Path, device: bool, records: bool
+    size: int, reader: ringscan.RingReader, path: Path, device: bool, records: bool
 ) -> int:
     report = _Report()
-    states = blockwal.read_slots(reader)
+    states = ringscan.read_slots(reader)
     if not any(state.has_magic for state in states):
         raise NotThisKind(f"{path}: no WAL header in either slot")
     report.line(f"raw-device WAL {path} ({'block device' if device else 'file'}, {size} bytes)")
     for state in states:
         shown = _header_line(state.header) if state.header else f"INVALID ({state.problem})"
         report.line(f"header slot {state.slot}: {shown}")
-    winner = blockwal.winning_slot(states)
+    winner = ringscan.winning_slot(states)
     if winner is None or winner.header is None:
         report.fail("both header slots are invalid: the trim offset is lost")
         return report.finish()
@@ -782,12 +782,12 @@ def _inspect_open_wal(
     if header.capacity > size:
         report.fail(f"the header's capacity {header.capacity} exceeds the {size}-byte medium")
         return report.finish()
-    area = header.capacity - blockwal.HEADER_AREA
-    physical = blockwal.HEADER_AREA + header.trim % area
+    area = header.capacity - ringformat.HEADER_AREA
+    physical = ringformat.HEADER_AREA + header.trim % area
     report.line(f"trim offset: {header.trim} (lap {header.trim // area}, physical {physical})")
 
-    stop = blockwal.scan_stop(header)
-    scan = blockwal.RingScan(reader.read, header.capacity, header.trim, header.window, stop)
+    stop = ringscan.scan_stop(header)
+    scan = ringscan.RingScan(reader.read, header.capacity, header.trim, header.window, stop)
     ledgers: dict[int, _LedgerFigures] = {}
     kinds: Counter[str] = Counter()
     record_bytes = 0
@@ -797,7 +797,7 @@ def _inspect_open_wal(
     with _progress(area, area > PROGRESS_MIN_BYTES) as bar:
         for event in scan:
             bar.update(max(0, event.offset + event.length - header.trim - bar.n))
-            invalid = event.kind in (blockwal.ScanKind.INVALID, blockwal.ScanKind.TORN)
+            invalid = event.kind in (ringscan.ScanKind.INVALID, ringscan.ScanKind.TORN)
             if records and invalid and quiet:
                 quiet += 1
                 continue
@@ -847,7 +847,7 @@ def _inspect_open_wal(
         report.line(f"  invalid data before the end: {len(scan.damage)}")
         for damage in scan.damage[:MAX_LISTED]:
             report.line(f"    offset {damage.offset}: {damage.reason}")
-    report.line(f"next offset: {blockwal.restart_offset(header)} (where the node writes next)")
+    report.line(f"next offset: {ringscan.restart_offset(header)} (where the node writes next)")
     if scan.damage:
         report.fail(
             f"invalid data at offset {scan.damage[0].offset} ({scan.damage[0].reason}) before "

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from node.settings import KiB, MiB, Settings
-from node.storage import blockwal
-from node.storage.blockwal import BLOCK_ALIGNMENT, HEADER_AREA, HEADER_SLOT_SIZE, BlockWal
+from node.storage import ringformat
+from node.storage.blockwal import BlockWal
 from node.storage.clock import SystemClock
 from node.storage.faults import Faults
 from node.storage.ledgers import LedgerStorage
+from node.storage.ringformat import BLOCK_ALIGNMENT, HEADER_AREA, HEADER_SLOT_SIZE
 from node.storage.wal import LogMark, record_crc
 from tests.harness.loopdev import loop_device, restore, snapshot
 from tests.harness.settings import make_settings
@@ -98,7 +99,7 @@ async def test_inspect_wal_prints_header_trim_and_recoverable_records(
 async def test_inspect_wal_shows_which_slot_wins(device: Path, tmp_path: Path) -> None:
     image, _ = await _crash_image(_settings(tmp_path / "data", device))
     sequences = [
-        blockwal.decode_header(image[slot * HEADER_SLOT_SIZE :]).sequence for slot in range(2)
+        ringformat.decode_header(image[slot * HEADER_SLOT_SIZE :]).sequence for slot in range(2)
     ]
     newest = sequences.index(max(sequences))
     image[newest * HEADER_SLOT_SIZE + 30] ^= 0xFF  # the newest slot torn

@@ -70,10 +70,11 @@ from node.bench.common import (
 )
 from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, load
-from node.storage.blockwal import BLOCK_ALIGNMENT, HEADER_AREA, RECORD_OVERHEAD, BlockWal
+from node.storage.blockwal import BlockWal
 from node.storage.clock import SystemClock
 from node.storage.directio import aligned_buffer, create_file, open_raw, write_exactly
 from node.storage.faults import Faults
+from node.storage.ringformat import BLOCK_ALIGNMENT, HEADER_AREA, RECORD_OVERHEAD
 from node.storage.wal import record_crc
 
 RING_CAPACITY = 256 * MiB  # large enough that trims, not the ring's size, pace the writes

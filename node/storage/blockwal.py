@@ -1,49 +1,8 @@
 """The raw-device WAL (AutoMQ's Delta WAL): a ring of blocks on a block device or a file,
 written with O_DIRECT, in place of the file journal (``wal_kind = "blockdev"``).
 
-Medium of capacity C (fixed at creation and kept in the header; a larger device is used only
-up to C)::
-
-    physical range   content
-    [0, 4 KiB)       header slot 0
-    [4 KiB, 8 KiB)   header slot 1
-    [8 KiB, C)       the ring: blocks of records
-
-Logical offsets are u64 and never go back; the record at logical offset x sits at physical
-``8 KiB + x mod (C - 8 KiB)``. A LogMark of the ring is ``(0, logical offset)``.
-
-Header slot (these 88 bytes, then zeros to 4 KiB)::
-
-    off  size  field
-    0    4     magic "BKWH"
-    4    4     version u32 = 3 (2: no instance id, a 72-byte header; still read)
-    8    8     capacity u64: C, the header area included
-    16   8     trim offset u64: records before it are dead; recovery starts here
-    24   8     sequence u64: +1 per header write; of the valid slots the higher one wins
-    32   8     last write time u64, ms since the epoch (for people; never compared)
-    40   8     sliding window max length u64: how far past the first hole a write may land
-    48   8     node id u64
-    56   16    instance id: the one the ring's owner gives (the node: its cookie's,
-               node/replication/cookie.py); zeros without. A start refuses a ring of
-               another instance (the ids on disk: node/storage/walid.py).
-    72   8     end offset u64: written by a graceful shutdown, where the next block goes: the
-               ring from the trim offset to it holds records back to back, nothing else;
-               0 when unknown (a running or crashed ring, or a crash's leftovers untrimmed)
-    80   4     shutdown type u32: 0 graceful, 1 ungraceful
-    84   4     crc32c u32 of bytes [0, 84)
-
-Record (a 24-byte header, then the body)::
-
-    0    4     magic "BKWR" (data) or "BKWP" (padding to the physical end of the ring)
-    4    4     body length u32
-    8    8     body offset u64: the logical offset of the body (record offset + 24); a record
-               left from an earlier lap sits at the same place with another offset
-    16   4     body crc32c u32 (0 for padding, whose body is not read)
-    20   4     header crc32c u32 of bytes [0, 20)
-
-    data body: ledger id i64 | entry id i64 | payload. Its CRC32C is exactly
-    ``wal.record_crc(ledger id, entry id, payload)``, which the engine computes once per entry
-    anyway, so the WAL checks what the entry log and every read check.
+The bytes on the medium (the header slots, records, blocks' alignment) are ringformat.py's;
+reading the ring back (recovery, ``inspect``) is ringscan.py's. This module is the writer.
 
 Blocks. Records are packed back to back into blocks; a block starts 4 KiB aligned, is zero
 padded to a 4 KiB multiple and is written with one O_DIRECT ``pwrite`` from a page-aligned
@@ -109,26 +68,20 @@ import mmap
 import os
 import queue
 import random
-import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-import crc32c
-
-from node.settings import KiB, MiB, Settings
+from node.settings import Settings
 from node.storage.clock import Clock
 from node.storage.directio import (
     RawFile,
     aligned_buffer,
     create_file,
     open_raw,
-    read_exactly,
     write_exactly,
 )
 from node.storage.errors import (
@@ -141,380 +94,52 @@ from node.storage.errors import (
 from node.storage.faults import Faults
 from node.storage.journal import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
+from node.storage.ringformat import (
+    BLOCK_ALIGNMENT,
+    BODY_PREFIX,
+    DATA_MAGIC,
+    HEADER_AREA,
+    HEADER_SIZE,
+    HEADER_SLOT_SIZE,
+    HEADER_SLOTS,
+    NO_INSTANCE,
+    PADDING_MAGIC,
+    RECORD_HEADER_SIZE,
+    RECORD_OVERHEAD,
+    U64_LIMIT,
+    Shutdown,
+    WalHeader,
+    align_up,
+    encode_header,
+    encode_record_header,
+    largest_block,
+    minimum_capacity,
+)
+from node.storage.ringscan import (
+    RingReader,
+    RingScan,
+    ScanEvent,
+    ScanKind,
+    SlotState,
+    read_slots,
+    restart_offset,
+    scan_stop,
+    winning_slot,
+)
 from node.storage.wal import LogMark, Replayed, WalRecord, failure_of, replay_runs
 
 log = logging.getLogger(__name__)
 
-# --- on-disk format ----------------------------------------------------------------------
-
-HEADER_MAGIC = b"BKWH"
-DATA_MAGIC = b"BKWR"
-PADDING_MAGIC = b"BKWP"
-VERSION = 3  # 3: the instance id; 2: the end offset
-BLOCK_ALIGNMENT = 4 * KiB  # block starts and sizes; a multiple of any logical block size
-HEADER_SLOT_SIZE = 4 * KiB
-HEADER_SLOTS = 2
-HEADER_AREA = HEADER_SLOT_SIZE * HEADER_SLOTS  # records start here
-HEADER = struct.Struct(">4sIQQQQQQ16sQI")  # the slot's fields, without its CRC
-HEADER_V2 = struct.Struct(">4sIQQQQQQQI")  # version 2's: no instance id
-HEADER_CRC = struct.Struct(">I")
-HEADER_SIZE = HEADER.size + HEADER_CRC.size
-NO_INSTANCE = bytes(16)
-RECORD_PREFIX = struct.Struct(">4sIQI")  # the record header's fields, without its CRC
-RECORD_CRC = struct.Struct(">I")
-RECORD_HEADER_SIZE = RECORD_PREFIX.size + RECORD_CRC.size
-BODY_PREFIX = struct.Struct(">qq")  # ledger id, entry id
-RECORD_OVERHEAD = RECORD_HEADER_SIZE + BODY_PREFIX.size  # bytes of a record besides its payload
-U64_LIMIT = 1 << 64
-
 # Fresh rings start at a random lap (a multiple of the ring size below this many laps), so
 # that records a previous ring left on a reused device carry offsets of other laps.
 FRESH_LAPS = 1 << 20
-RECOVERY_READ_SIZE = 1 * MiB  # recovery reads the ring in chunks this large (AutoMQ: 1 MiB)
 CHECKPOINT_AT_FILL = 0.5  # ask for a checkpoint once this share of the ring is unreclaimed
 EXPIRY_RECHECK_S = 0.001  # a refusal due while blocks before it are in flight waits this long
-MAX_HOLES_LOGGED = 5  # holes after which recovery logs only a count
 # Blocks queued for each I/O thread besides the one it writes: a thread that finishes finds
 # its next block at once instead of waiting for the event loop to hand one over (measured:
 # 4 KiB blocks, 12k -> 18k writes/s on a loop device and on a file).
 QUEUED_PER_THREAD = 1
-
-
-class Shutdown(IntEnum):
-    GRACEFUL = 0
-    UNGRACEFUL = 1
-
-
-class WalHeader(NamedTuple):
-    capacity: int
-    trim: int
-    sequence: int
-    written_ms: int
-    window: int
-    node_id: int
-    shutdown: Shutdown
-    end: int = 0  # graceful: where the records from the trim offset end; 0: unknown
-    version: int = VERSION
-    instance_id: bytes = NO_INSTANCE  # the cookie's (version 3); zeros: none
-
-
-def encode_header(header: WalHeader) -> bytes:
-    common = (
-        HEADER_MAGIC,
-        header.version,
-        header.capacity,
-        header.trim,
-        header.sequence,
-        header.written_ms,
-        header.window,
-        header.node_id,
-    )
-    if header.version == 2:
-        body = HEADER_V2.pack(*common, header.end, header.shutdown)
-    else:
-        body = HEADER.pack(*common, header.instance_id, header.end, header.shutdown)
-    return body + HEADER_CRC.pack(crc32c.crc32c(body))
-
-
-def decode_header(data: bytes | memoryview) -> WalHeader:
-    """The header in a slot; ValueError saying why a slot holds none."""
-    if len(data) < HEADER_V2.size + HEADER_CRC.size:
-        raise ValueError("shorter than a header")
-    magic, version = HEADER.unpack_from(data)[:2]
-    if magic != HEADER_MAGIC:
-        raise ValueError(f"bad magic {bytes(magic)!r}")
-    layout = HEADER_V2 if version == 2 else HEADER
-    if len(data) < layout.size + HEADER_CRC.size:
-        raise ValueError("shorter than a header")
-    (stored,) = HEADER_CRC.unpack_from(data, layout.size)
-    if crc32c.crc32c(bytes(data[: layout.size])) != stored:
-        raise ValueError("CRC32C mismatch")
-    if version not in (2, VERSION):
-        raise ValueError(f"unsupported WAL version {version}")
-    fields = layout.unpack_from(data)
-    capacity, trim, sequence, written_ms, window, node_id = fields[2:8]
-    instance_id = NO_INSTANCE if version == 2 else bytes(fields[8])
-    end, shutdown = fields[-2:]
-    if shutdown not in (Shutdown.GRACEFUL, Shutdown.UNGRACEFUL):
-        raise ValueError(f"unknown shutdown type {shutdown}")
-    if end and not trim <= end <= trim + capacity - HEADER_AREA:
-        raise ValueError(f"end offset {end} is not within a ring of the trim offset {trim}")
-    return WalHeader(
-        capacity,
-        trim,
-        sequence,
-        written_ms,
-        window,
-        node_id,
-        Shutdown(shutdown),
-        end,
-        version,
-        instance_id,
-    )
-
-
-def encode_record_header(magic: bytes, body_length: int, body_offset: int, body_crc: int) -> bytes:
-    prefix = RECORD_PREFIX.pack(magic, body_length, body_offset, body_crc)
-    return prefix + RECORD_CRC.pack(crc32c.crc32c(prefix))
-
-
-class RecordHeader(NamedTuple):
-    magic: bytes
-    body_length: int
-    body_crc: int
-
-
-def decode_record_header(data: bytes | memoryview, record_offset: int) -> RecordHeader | str:
-    """The record header of the record at logical ``record_offset``, or why there is none."""
-    magic, body_length, body_offset, body_crc = RECORD_PREFIX.unpack_from(data)
-    if magic not in (DATA_MAGIC, PADDING_MAGIC):
-        return "no record (zeros)" if not any(data[:RECORD_HEADER_SIZE]) else "bad magic"
-    (stored,) = RECORD_CRC.unpack_from(data, RECORD_PREFIX.size)
-    if crc32c.crc32c(bytes(data[: RECORD_PREFIX.size])) != stored:
-        return "record header CRC32C mismatch"
-    if body_offset != record_offset + RECORD_HEADER_SIZE:
-        return f"record of another lap (body offset {body_offset})"
-    return RecordHeader(bytes(magic), body_length, body_crc)
-
-
-def align_up(value: int, alignment: int = BLOCK_ALIGNMENT) -> int:
-    return -(-value // alignment) * alignment
-
-
-def align_next(value: int) -> int:
-    """The first block boundary strictly after ``value``."""
-    return (value // BLOCK_ALIGNMENT + 1) * BLOCK_ALIGNMENT
-
-
-def largest_block(settings: Settings) -> int:
-    """The largest block: the soft limit, or one record as large as a record may be."""
-    largest_record = RECORD_OVERHEAD + max_record_length(settings)
-    return max(align_up(settings.wal_block_soft_limit), align_up(largest_record))
-
-
-def minimum_capacity(settings: Settings) -> int:
-    """The header area and room for two largest blocks: after a checkpoint trims everything
-    before a waiting block, that block (and a padding block before it) always fits."""
-    return HEADER_AREA + 2 * largest_block(settings)
-
-
-# --- reading the ring (recovery and inspect) -----------------------------------------------
-
-
-class RingReader:
-    """Reads of the ring through one aligned buffer (O_DIRECT needs aligned buffers)."""
-
-    def __init__(self, raw: RawFile, capacity: int) -> None:
-        self._raw = raw
-        self._capacity = capacity
-        self._buffer = aligned_buffer(RECOVERY_READ_SIZE)
-        self._cached_at = 0
-        self._cached = b""
-
-    def read(self, position: int, length: int) -> bytes:
-        """``length`` bytes at physical ``position`` (within the capacity)."""
-        offset = position - self._cached_at
-        if offset >= 0 and offset + length <= len(self._cached):
-            return self._cached[offset : offset + length]
-        start = position - position % BLOCK_ALIGNMENT
-        size = max(RECOVERY_READ_SIZE, align_up(position + length) - start)
-        size = min(size, self._capacity - start)
-        if size > len(self._buffer):
-            self._buffer.close()
-            self._buffer = aligned_buffer(size)
-        view = read_exactly(self._raw, self._buffer, size, start)
-        try:
-            self._cached, self._cached_at = bytes(view), start
-        finally:
-            view.release()
-        offset = position - start
-        return self._cached[offset : offset + length]
-
-    def read_header_slots(self) -> list[bytes]:
-        data = self.read(0, HEADER_AREA)
-        return [
-            data[slot * HEADER_SLOT_SIZE : (slot + 1) * HEADER_SLOT_SIZE]
-            for slot in range(HEADER_SLOTS)
-        ]
-
-    def close(self) -> None:
-        self._buffer.close()
-
-
-class SlotState(NamedTuple):
-    """What one header slot holds: a header, or why not."""
-
-    slot: int
-    header: WalHeader | None
-    problem: str  # "" when the header is valid
-    has_magic: bool
-
-
-def read_slots(reader: RingReader) -> list[SlotState]:
-    states = []
-    for slot, data in enumerate(reader.read_header_slots()):
-        try:
-            states.append(SlotState(slot, decode_header(data), "", True))
-        except ValueError as e:
-            states.append(SlotState(slot, None, str(e), data[:4] == HEADER_MAGIC))
-    return states
-
-
-def winning_slot(states: list[SlotState]) -> SlotState | None:
-    valid = [s for s in states if s.header is not None]
-    return max(valid, key=lambda s: s.header.sequence if s.header else -1, default=None)
-
-
-class ScanKind(IntEnum):
-    RECORD = 0
-    PADDING = 1
-    INVALID = 2  # no record here
-    TORN = 3  # a record header whose body fails its CRC: a write that landed in part
-
-
-class ScanEvent(NamedTuple):
-    offset: int  # logical offset of the record (or of the invalid data)
-    kind: ScanKind
-    length: int  # bytes of the record, header included (0 for invalid data)
-    record: WalRecord | None = None
-    reason: str = ""
-
-
-@dataclass(slots=True)
-class Hole:
-    """A block boundary with no valid record, and valid records after it."""
-
-    offset: int
-    reason: str
-    next_valid: int
-
-
-class Damage(NamedTuple):
-    """Invalid data where a graceful shutdown says records are."""
-
-    offset: int
-    reason: str
-
-
-@dataclass
-class RingScan:
-    """One scan of the ring from ``start``, as recovery does it; iterate for the events,
-    then read the figures.
-
-    With ``stop`` (the end offset of a graceful shutdown), records must fill [start, stop)
-    back to back, each block's zero tail aside: any other invalid data there is damage,
-    reported as an event and in ``damage``. Without it (after a crash), only invalid data at
-    block boundaries (a hole, or the end) and records whose body fails its CRC (a torn write)
-    are reported; the zeros after the last record of a block are not."""
-
-    read: Callable[[int, int], bytes]
-    capacity: int
-    start: int
-    window: int
-    stop: int | None = None
-    records: int = 0
-    payload_bytes: int = 0
-    paddings: int = 0
-    end: int = 0  # logical end of the last valid record (start if none)
-    end_reason: str = ""  # why the record at the end is not valid
-    holes: list[Hole] = field(default_factory=list)
-    damage: list[Damage] = field(default_factory=list)
-
-    def __iter__(self) -> Iterator[ScanEvent]:
-        if self.stop is not None:
-            yield from self._to_stop(self.stop)
-            return
-        area = self.capacity - HEADER_AREA
-        offset = self.end = self.start
-        limit = self.start + area  # one lap at most
-        first_invalid: tuple[int, str] | None = None
-        while offset < limit and (first_invalid is None or offset < first_invalid[0] + self.window):
-            event, following = self._at(offset, HEADER_AREA + offset % area)
-            if event.kind in (ScanKind.INVALID, ScanKind.TORN):
-                if offset % BLOCK_ALIGNMENT == 0 or event.kind is ScanKind.TORN:
-                    if first_invalid is None:
-                        first_invalid = (offset, event.reason)
-                    yield event
-                offset = following
-                continue
-            if first_invalid is not None:
-                self.holes.append(Hole(first_invalid[0], first_invalid[1], offset))
-                first_invalid = None
-            self._count(event)
-            yield event
-            offset = self.end = following
-        self.end_reason = first_invalid[1] if first_invalid else "a full lap of records"
-
-    def _to_stop(self, stop: int) -> Iterator[ScanEvent]:
-        area = self.capacity - HEADER_AREA
-        offset = self.end = self.start
-        while offset < stop:
-            position = HEADER_AREA + offset % area
-            event, following = self._at(offset, position)
-            if event.kind is ScanKind.INVALID and offset % BLOCK_ALIGNMENT:
-                tail = self.read(position, following - offset)
-                if not any(tail):
-                    offset = following  # the zeros that pad a block
-                    continue
-            if event.kind in (ScanKind.INVALID, ScanKind.TORN):
-                self.damage.append(Damage(offset, event.reason))
-                yield event
-                offset = following
-                continue
-            self._count(event)
-            yield event
-            offset = self.end = following
-        self.end_reason = "the end offset of the graceful shutdown"
-
-    def _count(self, event: ScanEvent) -> None:
-        if event.kind is ScanKind.RECORD:
-            self.records += 1
-            assert event.record is not None
-            self.payload_bytes += len(event.record.payload)
-        else:
-            self.paddings += 1
-
-    def _at(self, offset: int, position: int) -> tuple[ScanEvent, int]:
-        """The event at ``offset`` and the offset to look at next."""
-        to_end = self.capacity - position
-        if to_end < RECORD_HEADER_SIZE:
-            return ScanEvent(offset, ScanKind.INVALID, 0, reason="too close to the end"), (
-                align_next(offset)
-            )
-        header = decode_record_header(self.read(position, RECORD_HEADER_SIZE), offset)
-        if isinstance(header, str):
-            return ScanEvent(offset, ScanKind.INVALID, 0, reason=header), align_next(offset)
-        length = RECORD_HEADER_SIZE + header.body_length
-        if header.magic == PADDING_MAGIC:
-            if length != to_end:
-                reason = f"padding of {length} bytes does not end at the end of the ring"
-                return ScanEvent(offset, ScanKind.INVALID, 0, reason=reason), align_next(offset)
-            return ScanEvent(offset, ScanKind.PADDING, length), offset + length
-        if header.body_length < BODY_PREFIX.size or length > to_end:
-            reason = f"body length {header.body_length} does not fit"
-            return ScanEvent(offset, ScanKind.INVALID, 0, reason=reason), align_next(offset)
-        body = self.read(position + RECORD_HEADER_SIZE, header.body_length)
-        if crc32c.crc32c(body) != header.body_crc:
-            reason = "torn or corrupt body (CRC32C mismatch)"
-            return ScanEvent(offset, ScanKind.TORN, 0, reason=reason), align_up(offset + length)
-        ledger_id, entry_id = BODY_PREFIX.unpack_from(body)
-        record = WalRecord(ledger_id, entry_id, body[BODY_PREFIX.size :])
-        return ScanEvent(offset, ScanKind.RECORD, length, record), offset + length
-
-
-def scan_stop(header: WalHeader) -> int | None:
-    """Where the records end, if the header knows (see RingScan's ``stop``)."""
-    return header.end if header.shutdown == Shutdown.GRACEFUL and header.end else None
-
-
-def restart_offset(header: WalHeader) -> int:
-    """Where the first block goes after a recovery."""
-    stop = scan_stop(header)
-    if stop is not None:
-        return stop  # no block was in flight at the stop: nothing was written past it
-    # A full ring ahead of the trim offset: every record ever written lies below it, so
-    # nothing on the medium matches an offset of the new lap.
-    return align_up(header.trim + header.capacity - HEADER_AREA)
+MAX_HOLES_LOGGED = 5  # holes after which recovery logs only a count
 
 
 # --- the writer ----------------------------------------------------------------------------

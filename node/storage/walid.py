@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 from node.settings import Settings
-from node.storage import blockwal, journal
+from node.storage import journal, ringformat
 
 
 def wal_instances(settings: Settings) -> list[tuple[str, str]]:
@@ -37,17 +37,19 @@ def _ring_instance(settings: Settings) -> list[tuple[str, str]]:
     if path is None or not path.exists():
         return []
     with path.open("rb") as f:
-        slots = f.read(blockwal.HEADER_AREA)
+        slots = f.read(ringformat.HEADER_AREA)
     headers = []
-    for slot in range(blockwal.HEADER_SLOTS):
-        start = slot * blockwal.HEADER_SLOT_SIZE
+    for slot in range(ringformat.HEADER_SLOTS):
+        start = slot * ringformat.HEADER_SLOT_SIZE
         try:
-            headers.append(blockwal.decode_header(slots[start : start + blockwal.HEADER_SLOT_SIZE]))
+            headers.append(
+                ringformat.decode_header(slots[start : start + ringformat.HEADER_SLOT_SIZE])
+            )
         except ValueError:
             continue  # the WAL's open judges a bad slot
     if not headers:
         return []
     newest = max(headers, key=lambda header: header.sequence)
-    if newest.instance_id == blockwal.NO_INSTANCE:
+    if newest.instance_id == ringformat.NO_INSTANCE:
         return []
     return [(str(path), str(uuid.UUID(bytes=newest.instance_id)))]

@@ -13,7 +13,7 @@ import pytest
 from node.http.app import build_app
 from node.http.state import STORAGE
 from node.settings import KiB, MiB, Settings
-from node.storage.blockwal import HEADER_AREA
+from node.storage.ringformat import HEADER_AREA
 from node.wire import encode_batch
 from tests.harness.loopdev import loop_device
 from tests.harness.metrics import scrape

@@ -275,20 +275,20 @@ async def test_check_against_the_store_in_process(
 
 
 def test_ring_header_carries_the_instance_and_version_2_still_reads() -> None:
-    from node.storage import blockwal
-    from node.storage.blockwal import Shutdown, WalHeader
+    from node.storage import ringformat
+    from node.storage.ringformat import Shutdown, WalHeader
 
     instance = uuid.uuid4().bytes
     header = WalHeader(1 << 20, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL, instance_id=instance)
-    assert blockwal.decode_header(blockwal.encode_header(header)) == header
-    old = header._replace(version=2, instance_id=blockwal.NO_INSTANCE)
-    data = blockwal.encode_header(old)
+    assert ringformat.decode_header(ringformat.encode_header(header)) == header
+    old = header._replace(version=2, instance_id=ringformat.NO_INSTANCE)
+    data = ringformat.encode_header(old)
     assert len(data) == 72  # version 2's layout, as rings written before hold it
-    assert blockwal.decode_header(data.ljust(blockwal.HEADER_SLOT_SIZE, b"\0")) == old
+    assert ringformat.decode_header(data.ljust(ringformat.HEADER_SLOT_SIZE, b"\0")) == old
 
 
 def test_ring_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
-    from node.storage import blockwal
+    from node.storage import ringformat
 
     ring = tmp_path / "wal.img"
     node, _, local = _started_once(
@@ -301,17 +301,17 @@ def test_ring_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -
     assert walid.wal_instances(node_settings(node)) == [(str(ring), local.instance_id)]
 
     # The ring's newest header now names another instance (a volume of another pod).
-    data = ring.read_bytes()[: blockwal.HEADER_AREA]
+    data = ring.read_bytes()[: ringformat.HEADER_AREA]
     slots = [
-        blockwal.decode_header(data[i * blockwal.HEADER_SLOT_SIZE :])
-        for i in range(blockwal.HEADER_SLOTS)
+        ringformat.decode_header(data[i * ringformat.HEADER_SLOT_SIZE :])
+        for i in range(ringformat.HEADER_SLOTS)
     ]
     newest = max(slots, key=lambda h: h.sequence)
     stranger = uuid.uuid4()
     forged = newest._replace(sequence=newest.sequence + 1, instance_id=stranger.bytes)
     with ring.open("r+b") as f:
-        f.seek((forged.sequence % blockwal.HEADER_SLOTS) * blockwal.HEADER_SLOT_SIZE)
-        f.write(blockwal.encode_header(forged))
+        f.seek((forged.sequence % ringformat.HEADER_SLOTS) * ringformat.HEADER_SLOT_SIZE)
+        f.write(ringformat.encode_header(forged))
 
     log = refused(node)
     assert str(stranger) in log and local.instance_id in log and str(ring) in log

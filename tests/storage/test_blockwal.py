@@ -25,8 +25,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.settings import KiB, MiB, Settings, SettingsError
-from node.storage import blockwal
-from node.storage.blockwal import (
+from node.storage import ringformat
+from node.storage.blockwal import BlockWal
+from node.storage.clock import SystemClock
+from node.storage.errors import Backpressure, CorruptRecord, WalDeviceError
+from node.storage.faults import Faults
+from node.storage.ledgers import LedgerStorage
+from node.storage.ringformat import (
     BLOCK_ALIGNMENT,
     DATA_MAGIC,
     HEADER_AREA,
@@ -34,16 +39,10 @@ from node.storage.blockwal import (
     HEADER_SLOT_SIZE,
     PADDING_MAGIC,
     RECORD_HEADER_SIZE,
-    BlockWal,
-    RingScan,
-    ScanKind,
     Shutdown,
     WalHeader,
 )
-from node.storage.clock import SystemClock
-from node.storage.errors import Backpressure, CorruptRecord, WalDeviceError
-from node.storage.faults import Faults
-from node.storage.ledgers import LedgerStorage
+from node.storage.ringscan import RingScan, ScanKind
 from node.storage.wal import LogMark, WalRecord, record_crc
 from tests.harness.loopdev import loop_device, restore, snapshot
 from tests.harness.settings import make_settings
@@ -176,33 +175,33 @@ def test_header_round_trip(
 ) -> None:
     end = 0 if records is None else trim + min(records, capacity - HEADER_AREA)
     header = WalHeader(capacity, trim, sequence, written_ms, window, node_id, shutdown, end)
-    data = blockwal.encode_header(header)
+    data = ringformat.encode_header(header)
     assert len(data) == HEADER_SIZE == 88
     assert data[:4] == b"BKWH"
-    assert blockwal.decode_header(data.ljust(HEADER_SLOT_SIZE, b"\0")) == header
+    assert ringformat.decode_header(data.ljust(HEADER_SLOT_SIZE, b"\0")) == header
 
 
 @pytest.mark.parametrize("end", [8192 - 4096, 8192 + RING - HEADER_AREA + 4096])
 def test_header_with_an_end_offset_outside_the_ring_is_refused(end: int) -> None:
     header = WalHeader(RING, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL, end)
     with pytest.raises(ValueError, match="end offset"):
-        blockwal.decode_header(blockwal.encode_header(header))
+        ringformat.decode_header(ringformat.encode_header(header))
 
 
 @given(position=st.integers(0, HEADER_SIZE - 1), bit=st.integers(0, 7))
 def test_header_with_any_flipped_bit_is_refused(position: int, bit: int) -> None:
     data = bytearray(
-        blockwal.encode_header(WalHeader(RING, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL))
+        ringformat.encode_header(WalHeader(RING, 8192, 7, 1, 4096, 3, Shutdown.GRACEFUL))
     )
     data[position] ^= 1 << bit
     with pytest.raises(ValueError):
-        blockwal.decode_header(bytes(data))
+        ringformat.decode_header(bytes(data))
 
 
 def test_header_of_another_version_is_refused() -> None:
-    header = WalHeader(RING, 0, 1, 0, 0, 0, Shutdown.GRACEFUL, version=blockwal.VERSION + 1)
+    header = WalHeader(RING, 0, 1, 0, 0, 0, Shutdown.GRACEFUL, version=ringformat.VERSION + 1)
     with pytest.raises(ValueError, match="version"):
-        blockwal.decode_header(blockwal.encode_header(header))
+        ringformat.decode_header(ringformat.encode_header(header))
 
 
 @given(
@@ -212,18 +211,18 @@ def test_header_of_another_version_is_refused() -> None:
     crc=U32,
 )
 def test_record_header_round_trip(magic: bytes, length: int, offset: int, crc: int) -> None:
-    data = blockwal.encode_record_header(magic, length, offset + RECORD_HEADER_SIZE, crc)
+    data = ringformat.encode_record_header(magic, length, offset + RECORD_HEADER_SIZE, crc)
     assert len(data) == RECORD_HEADER_SIZE == 24
-    assert blockwal.decode_record_header(data, offset) == (magic, length, crc)
+    assert ringformat.decode_record_header(data, offset) == (magic, length, crc)
     # The same bytes read as a record of another lap (or another place) are refused.
-    assert isinstance(blockwal.decode_record_header(data, offset ^ BLOCK_ALIGNMENT), str)
+    assert isinstance(ringformat.decode_record_header(data, offset ^ BLOCK_ALIGNMENT), str)
 
 
 @given(position=st.integers(0, RECORD_HEADER_SIZE - 1), bit=st.integers(0, 7))
 def test_record_header_with_any_flipped_bit_is_refused(position: int, bit: int) -> None:
-    data = bytearray(blockwal.encode_record_header(DATA_MAGIC, 100, 4096 + 24, 12345))
+    data = bytearray(ringformat.encode_record_header(DATA_MAGIC, 100, 4096 + 24, 12345))
     data[position] ^= 1 << bit
-    assert isinstance(blockwal.decode_record_header(bytes(data), 4096), str)
+    assert isinstance(ringformat.decode_record_header(bytes(data), 4096), str)
 
 
 def _build_ring(
@@ -237,24 +236,24 @@ def _build_ring(
     offset = start
     for g, payloads in enumerate(groups):
         records = [WalRecord(g, i, p) for i, p in enumerate(payloads)]
-        size = sum(blockwal.RECORD_OVERHEAD + len(p) for p in payloads)
+        size = sum(ringformat.RECORD_OVERHEAD + len(p) for p in payloads)
         to_end = area - offset % area
         if size > to_end:  # padding to the end, the block at the start of the next lap
-            pad = blockwal.encode_record_header(
+            pad = ringformat.encode_record_header(
                 PADDING_MAGIC, to_end - RECORD_HEADER_SIZE, offset + RECORD_HEADER_SIZE, 0
             )
             ring[physical(offset, capacity) : physical(offset, capacity) + len(pad)] = pad
             offset += to_end
         at = offset
         for rec in records:
-            body = blockwal.BODY_PREFIX.pack(rec.ledger_id, rec.entry_id) + rec.payload
-            head = blockwal.encode_record_header(
+            body = ringformat.BODY_PREFIX.pack(rec.ledger_id, rec.entry_id) + rec.payload
+            head = ringformat.encode_record_header(
                 DATA_MAGIC, len(body), at + RECORD_HEADER_SIZE, record_crc(*rec)
             )
             where = physical(at, capacity)
             ring[where : where + len(head) + len(body)] = head + body
             at += len(head) + len(body)
-        end = offset + blockwal.align_up(size)
+        end = offset + ringformat.align_up(size)
         blocks.append((offset, end, records))
         offset = end
     return ring, blocks
@@ -276,7 +275,7 @@ def test_scan_finds_every_record_around_the_end_and_past_a_hole(
     capacity = 72 * KiB  # 16 blocks of 4 KiB: the groups wrap it
     area = capacity - HEADER_AREA
     start = lap * area + position * BLOCK_ALIGNMENT
-    total = sum(blockwal.align_up(sum(40 + len(p) for p in g)) for g in groups)
+    total = sum(ringformat.align_up(sum(40 + len(p) for p in g)) for g in groups)
     if total + area // 2 > area:  # keep the model within one lap (no self-overwrite)
         groups = groups[:2]
     ring, blocks = _build_ring(capacity, start, groups)
@@ -537,7 +536,7 @@ async def test_torn_last_block_loses_only_what_it_held(medium: Path, tmp_path: P
     whole: list[WalRecord] = []
     at = start
     for rec in groups[-1]:
-        at += blockwal.RECORD_OVERHEAD + len(rec.payload)
+        at += ringformat.RECORD_OVERHEAD + len(rec.payload)
         if at <= tear:
             whole.append(rec)
     assert recovered == [r for g in groups[:-1] for r in g] + whole
@@ -553,7 +552,7 @@ async def test_a_corrupt_header_slot_loses_to_the_other(medium: Path, tmp_path: 
     last, _ = await write_groups(wal, 1, random.Random(7))
     image = await asyncio.to_thread(snapshot, medium, RING)
     await wal.close()
-    slots = [blockwal.decode_header(image[i * HEADER_SLOT_SIZE :]) for i in range(2)]
+    slots = [ringformat.decode_header(image[i * HEADER_SLOT_SIZE :]) for i in range(2)]
     newest = max(range(2), key=lambda i: slots[i].sequence)
     assert slots[newest].trim == newer.offset
     assert slots[1 - newest].trim == older.offset
@@ -633,7 +632,7 @@ async def test_hole_after_a_graceful_shutdown_is_corruption(medium: Path, tmp_pa
 
 def _newest_header(medium: Path) -> WalHeader:
     image = snapshot(medium, HEADER_AREA)
-    slots = [blockwal.decode_header(image[i * HEADER_SLOT_SIZE :]) for i in range(2)]
+    slots = [ringformat.decode_header(image[i * HEADER_SLOT_SIZE :]) for i in range(2)]
     return max(slots, key=lambda header: header.sequence)
 
 
@@ -656,7 +655,7 @@ async def test_damaged_last_record_after_a_graceful_shutdown_is_corruption(
     assert all(f.result().offset == block_end for f in futures)  # one block
     await wal.close()  # graceful: nothing in flight
     assert (await asyncio.to_thread(_newest_header, medium)).end == block_end
-    last = bounds[-1] + sum(blockwal.RECORD_OVERHEAD + len(r.payload) for r in tail[:-1])
+    last = bounds[-1] + sum(ringformat.RECORD_OVERHEAD + len(r.payload) for r in tail[:-1])
     image = await asyncio.to_thread(snapshot, medium, RING)
     at = physical(last)
     if damage == "body byte":
@@ -807,7 +806,7 @@ async def test_ledger_storage_on_a_small_ring(loop_medium: Path, tmp_path: Path)
     wraps many times over ~12 MB of adds, asking for checkpoints itself (the interval is an
     hour), and appends now and then find it full and wait; every entry reads back, across a
     restart too."""
-    ring = blockwal.minimum_capacity(wal_settings(tmp_path, loop_medium)) + 2 * BLOCK_ALIGNMENT
+    ring = ringformat.minimum_capacity(wal_settings(tmp_path, loop_medium)) + 2 * BLOCK_ALIGNMENT
     settings = wal_settings(tmp_path / "data", loop_medium, ring, flush_interval_ms=3_600_000)
     storage = LedgerStorage(settings)
     await storage.start()
