@@ -45,7 +45,7 @@ from rocksdict import AccessType, Options, Rdict
 from tqdm import tqdm
 
 from node.settings import MiB, Settings
-from node.storage import entrylog, journal, logformat, ringformat, ringscan
+from node.storage import entrylog, journalformat, logformat, ringformat, ringscan
 from node.storage.directio import open_raw
 from node.storage.errors import CorruptRecord
 from node.storage.index import (
@@ -152,11 +152,11 @@ class _LedgerFigures:
     kinds: Counter[str] = field(default_factory=Counter)  # metadata records by kind
 
 
-def _journal_record_line(mm: mmap.mmap, found: journal.ScannedRecord) -> str:
+def _journal_record_line(mm: mmap.mmap, found: journalformat.ScannedRecord) -> str:
     pos, end, ledger_id, entry_id = found[:4]
-    length = end - pos - journal.RECORD_HEADER.size
-    if entry_id == journal.PADDING_ENTRY_ID:
-        return f"offset {pos} padding len {end - pos - journal.PADDING_HEADER.size}"
+    length = end - pos - journalformat.RECORD_HEADER.size
+    if entry_id == journalformat.PADDING_ENTRY_ID:
+        return f"offset {pos} padding len {end - pos - journalformat.PADDING_HEADER.size}"
     if entry_id >= 0:
         what = f"entry {entry_id}"
     elif entry_id == BATCH:
@@ -166,26 +166,26 @@ def _journal_record_line(mm: mmap.mmap, found: journal.ScannedRecord) -> str:
         else:
             last = batch.first_entry_id + len(batch.payloads) - 1
             what = f"batch of {len(batch.payloads)} entries {batch.first_entry_id}..{last}"
-    elif entry_id == journal.GROUP_START_ENTRY_ID:
+    elif entry_id == journalformat.GROUP_START_ENTRY_ID:
         what = "group start"
     else:
         what = _kind_name(entry_id)
     return f"offset {pos} ledger {ledger_id} {what} len {length} crc ok"
 
 
-def _decode_batch(mm: mmap.mmap, found: journal.ScannedRecord) -> BatchRecord | str:
+def _decode_batch(mm: mmap.mmap, found: journalformat.ScannedRecord) -> BatchRecord | str:
     pos, end, ledger_id = found[:3]
-    return journal.decode_batch(mm, pos + journal.RECORD_HEADER.size, end, ledger_id)
+    return journalformat.decode_batch(mm, pos + journalformat.RECORD_HEADER.size, end, ledger_id)
 
 
 def _last_mark(report: _Report, path: Path) -> LogMark | None:
     """lastMark, printed, when the journal sits in a data dir (data/journal next to
     data/ledgers); None when there is none."""
     ledgers_dir = path.parent.parent / ENTRY_LOGS_SIBLING
-    if not (ledgers_dir / journal.LAST_MARK_FILE).is_file():
+    if not (ledgers_dir / journalformat.LAST_MARK_FILE).is_file():
         return None
     try:
-        mark = journal.read_last_mark(ledgers_dir)
+        mark = journalformat.read_last_mark(ledgers_dir)
     except CorruptRecord as e:
         report.line(f"lastMark: unreadable ({e})")
         return None
@@ -197,15 +197,15 @@ def inspect_journal(path: Path, records: bool) -> int:
     report = _Report()
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size < journal.HEADER_SIZE:
+        if size < journalformat.HEADER_SIZE:
             raise NotThisKind(f"{path}: {size} bytes, shorter than a journal header")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             try:
-                version = journal.decode_header(mm[: journal.HEADER_SIZE])
+                version = journalformat.decode_header(mm[: journalformat.HEADER_SIZE])
             except ValueError as e:
                 raise NotThisKind(f"{path}: not a journal: {e}") from None
             report.line(f"journal {path}")
-            report.line(f"header: magic {journal.MAGIC.decode()}, version {version}")
+            report.line(f"header: magic {journalformat.MAGIC.decode()}, version {version}")
             report.line(f"file size: {size}")
             mark = _last_mark(report, path)
             _scan_journal(report, path, mm, size, records, mark)
@@ -228,17 +228,17 @@ def _scan_journal(
     if records:
         report.line("records:")
     with _progress(size, size > PROGRESS_MIN_BYTES) as bar, memoryview(mm) as view:
-        bar.update(journal.HEADER_SIZE)
-        scan = journal.RecordScan(mm, journal.HEADER_SIZE, size, max_length, view)
+        bar.update(journalformat.HEADER_SIZE)
+        scan = journalformat.RecordScan(mm, journalformat.HEADER_SIZE, size, max_length, view)
         for found in scan:
             at, end, ledger_id, entry_id, _crc, payload = found
             if records:
                 report.line(f"  {_journal_record_line(mm, found)}")
             bar.update(end - at)
-            if entry_id == journal.PADDING_ENTRY_ID:
+            if entry_id == journalformat.PADDING_ENTRY_ID:
                 padding_records += 1
                 continue
-            if entry_id == journal.GROUP_START_ENTRY_ID:
+            if entry_id == journalformat.GROUP_START_ENTRY_ID:
                 group_writes += 1
                 continue
             figures = ledgers.setdefault(ledger_id, _LedgerFigures())
@@ -266,9 +266,11 @@ def _scan_journal(
             invalid = (scan.end, scan.invalid)
         if invalid is None:  # replay stops at the end of data: is anything written after it?
             verdict = None
-            later = journal.find_later_write(mm, scan.end, size, JOURNAL_ALIGNMENT, max_length)
+            later = journalformat.find_later_write(
+                mm, scan.end, size, JOURNAL_ALIGNMENT, max_length
+            )
         else:
-            verdict = journal.judge_invalid(
+            verdict = journalformat.judge_invalid(
                 mm, *invalid, size, _is_newest_journal(path), JOURNAL_ALIGNMENT, max_length
             )
         bar.update(size - bar.n)
@@ -348,7 +350,7 @@ def _is_newest_journal(path: Path) -> bool:
     journal_id = _journal_id(path)
     if journal_id is None:
         return True  # not named like a journal: cannot tell, assume it stands alone
-    ids = journal.list_journals(path.parent)
+    ids = journalformat.list_journals(path.parent)
     return not ids or journal_id >= ids[-1]
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from node.settings import KiB, MiB, Settings, load
-from node.storage import entrylog, journal, logformat
+from node.storage import entrylog, journal, journalformat, logformat
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import LogMark
 from tests.harness.files import flip_byte
@@ -43,7 +43,7 @@ class Data:
 
     @property
     def journal_file(self) -> Path:
-        (only,) = sorted((self.data_dir / "journal").glob(f"*{journal.SUFFIX}"))
+        (only,) = sorted((self.data_dir / "journal").glob(f"*{journalformat.SUFFIX}"))
         return only
 
     @property
@@ -133,18 +133,18 @@ def _one(pattern: str, text: str) -> int:
 def _journal_data_records(path: Path) -> list[tuple[int, int, int, int]]:
     """(offset, ledger id, entry id, payload length) of each record, walked by the format."""
     data = path.read_bytes()
-    pos = journal.HEADER_SIZE
+    pos = journalformat.HEADER_SIZE
     found = []
-    while pos + journal.RECORD_HEADER.size <= len(data):
-        mask, pad = journal.PADDING_HEADER.unpack_from(data, pos)
-        if mask == journal.PADDING_MASK:
-            pos += journal.PADDING_HEADER.size + pad
+    while pos + journalformat.RECORD_HEADER.size <= len(data):
+        mask, pad = journalformat.PADDING_HEADER.unpack_from(data, pos)
+        if mask == journalformat.PADDING_MASK:
+            pos += journalformat.PADDING_HEADER.size + pad
             continue
-        length, ledger_id, entry_id, _crc = journal.decode_record(data, pos)
+        length, ledger_id, entry_id, _crc = journalformat.decode_record(data, pos)
         if (length, ledger_id, entry_id) == (0, 0, 0):
             break
         found.append((pos, ledger_id, entry_id, length))
-        pos += journal.RECORD_HEADER.size + length
+        pos += journalformat.RECORD_HEADER.size + length
     return found
 
 
@@ -155,7 +155,7 @@ def test_journal_figures(data: Data) -> None:
     result = inspect("journal", data.journal_file)
     out = result.stdout
     assert result.returncode == EXIT_OK, out + result.stderr
-    assert f"magic BKLG, version {journal.VERSION}" in out
+    assert f"magic BKLG, version {journalformat.VERSION}" in out
     assert _one(r"^  data records: (\d+)$", out) == sum(data.entries.values())
     # The batch (55 entries of about 700 bytes) takes records of max_entry_size at most.
     count, size = LEDGERS[BATCHED]
@@ -177,7 +177,7 @@ def test_journal_figures(data: Data) -> None:
     assert _one(r"^  ledgers seen: (\d+)$", out) == len(LEDGERS) + 1
     assert _one(r"^  padding records: (\d+)$", out) > 0
     # close() checkpointed everything: the mark sits exactly at the end of data.
-    mark = journal.read_last_mark(data.data_dir / "ledgers")
+    mark = journalformat.read_last_mark(data.data_dir / "ledgers")
     assert mark == LogMark(int(data.journal_file.stem, 16), _one(r"end of data: offset (\d+)", out))
     assert out.rstrip().endswith("OK")
     assert result.stderr == ""  # a small file: no progress bar
@@ -383,7 +383,7 @@ def test_journal_corruption_with_valid_records_after(copy: Data) -> None:
     path = copy.journal_file
     records = [r for r in _journal_data_records(path) if r[2] >= 0 and r[3] > 0]
     offset, _lid, _eid, length = records[len(records) // 2]
-    flip_byte(path, offset + journal.RECORD_HEADER.size + length // 2, mask=0xFF)
+    flip_byte(path, offset + journalformat.RECORD_HEADER.size + length // 2, mask=0xFF)
 
     result = inspect("journal", path)
     out = result.stdout
@@ -398,7 +398,7 @@ def test_journal_corruption_with_valid_records_after(copy: Data) -> None:
 def test_journal_torn_tail(copy: Data) -> None:
     path = copy.journal_file
     offset, _lid, _eid, length = _journal_data_records(path)[-1]
-    flip_byte(path, offset + journal.RECORD_HEADER.size + length - 1, mask=0xFF)
+    flip_byte(path, offset + journalformat.RECORD_HEADER.size + length - 1, mask=0xFF)
 
     result = inspect("journal", path)
     assert result.returncode == EXIT_FAILED, result.stdout
@@ -415,11 +415,11 @@ def test_journal_length_that_does_not_fit(copy: Data) -> None:
     offset = _journal_data_records(path)[-1][0]
     with open(path, "r+b") as f:
         f.seek(offset)
-        _length, ledger_id, entry_id, crc = journal.RECORD_HEADER.unpack(
-            f.read(journal.RECORD_HEADER.size)
+        _length, ledger_id, entry_id, crc = journalformat.RECORD_HEADER.unpack(
+            f.read(journalformat.RECORD_HEADER.size)
         )
         f.seek(offset)
-        f.write(journal.RECORD_HEADER.pack(size, ledger_id, entry_id, crc))
+        f.write(journalformat.RECORD_HEADER.pack(size, ledger_id, entry_id, crc))
     result = inspect("journal", path)
     assert result.returncode == EXIT_FAILED
     assert (
@@ -445,7 +445,7 @@ def test_not_of_the_named_kind(data: Data, tmp_path: Path) -> None:
 def test_progress_bar_on_a_big_file(tmp_path: Path) -> None:
     path = tmp_path / "1.txn"
     with open(path, "wb") as f:  # sparse: an empty journal, preallocated past the threshold
-        f.write(journal.encode_header())
+        f.write(journalformat.encode_header())
         f.truncate(BIG_FILE)
     result = inspect("journal", path)
     assert result.returncode == EXIT_OK, result.stdout

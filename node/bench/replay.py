@@ -35,7 +35,8 @@ from node.runtime import run, tune
 from node.settings import MiB, Settings, load
 from node.storage.clock import SystemClock
 from node.storage.faults import Faults
-from node.storage.journal import Journal, list_journals
+from node.storage.journal import Journal
+from node.storage.journalformat import list_journals
 from node.storage.ledgers import LedgerStorage
 from node.storage.wal import EntryRun
 

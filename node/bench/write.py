@@ -66,8 +66,8 @@ from node.bench.common import (
 )
 from node.runtime import run, tune
 from node.settings import KiB, MiB, Settings, SettingsError, load
-from node.storage.journal import RECORD_HEADER as JOURNAL_RECORD_HEADER
 from node.storage.journal import Journal
+from node.storage.journalformat import RECORD_HEADER as JOURNAL_RECORD_HEADER
 from node.storage.ledgers import LedgerStorage
 
 ROCKSDB_KEY = struct.Struct(">QQ")  # (writer id, seq), 16 bytes big-endian

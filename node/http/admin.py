@@ -17,7 +17,7 @@ from node.http.errors import ApiError
 from node.http.jsonreply import json_response
 from node.http.state import METRICS, SERVING, SETTINGS, STATE_METRICS, STORAGE, STREAMS, WORK
 from node.settings import Settings, data_dirs
-from node.storage import journal, logformat
+from node.storage import journalformat, logformat
 from node.wire import METRICS_CONTENT_TYPE
 
 routes = web.RouteTableDef()
@@ -117,7 +117,7 @@ def _list_files(settings: Settings, kinds: list[str]) -> dict[str, str]:
     """File names only, from the node's own directories: nothing from the request names a
     path. Tab separated with a trailing tab, as BookKeeper prints them."""
     where: dict[str, tuple[Path, str]] = {
-        "journal": (settings.journal_dir, journal.SUFFIX),
+        "journal": (settings.journal_dir, journalformat.SUFFIX),
         "entrylog": (settings.ledgers_dir, logformat.SUFFIX),
         "index": (settings.index_dir, ""),
     }
@@ -141,7 +141,7 @@ async def last_log_mark(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     mark = request.app[STORAGE].last_checkpoint_mark
     if settings.wal_kind == "journal":
-        key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journal.SUFFIX})"
+        key = f"LastLogMark: Journal Id - {mark.log_id}({mark.log_id:x}{journalformat.SUFFIX})"
     else:
         key = f"LastLogMark: WAL {settings.wal_path}"
     return json_response({key: f"Pos - {mark.offset}"})

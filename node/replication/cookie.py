@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.storage.fsutil import write_file_atomically
-from node.storage.journal import NO_INSTANCE
+from node.storage.journalformat import NO_INSTANCE
 from node.storage.walid import wal_instances
 
 if TYPE_CHECKING:

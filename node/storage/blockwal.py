@@ -92,7 +92,7 @@ from node.storage.errors import (
     WalDeviceError,
 )
 from node.storage.faults import Faults
-from node.storage.journal import max_record_length
+from node.storage.journalformat import max_record_length
 from node.storage.probe import NullProbe, StorageProbe
 from node.storage.ringformat import (
     BLOCK_ALIGNMENT,

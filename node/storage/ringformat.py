@@ -55,7 +55,7 @@ from typing import NamedTuple
 import crc32c
 
 from node.settings import KiB, Settings
-from node.storage.journal import max_record_length
+from node.storage.journalformat import max_record_length
 
 HEADER_MAGIC = b"BKWH"
 DATA_MAGIC = b"BKWR"

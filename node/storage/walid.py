@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 from node.settings import Settings
-from node.storage import journal, ringformat
+from node.storage import journalformat, ringformat
 
 
 def wal_instances(settings: Settings) -> list[tuple[str, str]]:
@@ -17,14 +17,14 @@ def wal_instances(settings: Settings) -> list[tuple[str, str]]:
     if settings.wal_kind == "blockdev":
         return _ring_instance(settings)
     found = []
-    for journal_id in journal.list_journals(settings.journal_dir):
-        path = journal.journal_path(settings.journal_dir, journal_id)
+    for journal_id in journalformat.list_journals(settings.journal_dir):
+        path = journalformat.journal_path(settings.journal_dir, journal_id)
         with path.open("rb") as f:
-            head = f.read(journal.HEADER_SIZE)
-        if len(head) < journal.HEADER_SIZE or not any(head):
+            head = f.read(journalformat.HEADER_SIZE)
+        if len(head) < journalformat.HEADER_SIZE or not any(head):
             continue  # a crash while it was created: replay's to judge
         try:
-            instance = journal.header_instance_id(head)
+            instance = journalformat.header_instance_id(head)
         except ValueError:
             continue  # replay refuses a bad header with its own message
         if instance is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from node.storage import entrylog, journal, logformat
+from node.storage import entrylog, journalformat, logformat
 from node.wire import decode_range
 from tests.harness.files import flip_byte
 from tests.harness.node import NodeProcess
@@ -55,17 +55,17 @@ def _journal_records(path: Path) -> list[tuple[int, int, int]]:
     """(offset, ledger id, entry id) of each record of a journal file."""
     data = path.read_bytes()
     records = []
-    pos = journal.HEADER_SIZE
-    while pos + journal.RECORD_HEADER.size <= len(data):
-        mask, pad = journal.PADDING_HEADER.unpack_from(data, pos)
-        if mask == journal.PADDING_MASK:
-            pos += journal.PADDING_HEADER.size + pad
+    pos = journalformat.HEADER_SIZE
+    while pos + journalformat.RECORD_HEADER.size <= len(data):
+        mask, pad = journalformat.PADDING_HEADER.unpack_from(data, pos)
+        if mask == journalformat.PADDING_MASK:
+            pos += journalformat.PADDING_HEADER.size + pad
             continue
-        length, ledger, entry, _crc = journal.RECORD_HEADER.unpack_from(data, pos)
+        length, ledger, entry, _crc = journalformat.RECORD_HEADER.unpack_from(data, pos)
         if length == 0 and ledger == 0:
             break
         records.append((pos, ledger, entry))
-        pos += journal.RECORD_HEADER.size + length
+        pos += journalformat.RECORD_HEADER.size + length
     return records
 
 
@@ -79,14 +79,14 @@ def _crashed_node_with_journal(tmp_path: Path) -> tuple[Path, Path]:
     for entry in range(ENTRIES):
         _put(node, 5, entry, _payload(entry))
     node.kill()
-    newest = max(journal.list_journals(data / "journal"))
-    return data, journal.journal_path(data / "journal", newest)
+    newest = max(journalformat.list_journals(data / "journal"))
+    return data, journalformat.journal_path(data / "journal", newest)
 
 
 def test_flipped_journal_record_stops_the_start_naming_file_and_offset(tmp_path: Path) -> None:
     data, txn = _crashed_node_with_journal(tmp_path)
     offset, ledger, entry = next(r for r in _journal_records(txn) if r[2] == 3)
-    flip_byte(txn, offset + journal.RECORD_HEADER.size + 10)  # inside the payload
+    flip_byte(txn, offset + journalformat.RECORD_HEADER.size + 10)  # inside the payload
 
     node = NodeProcess(data, env=NO_CHECKPOINT)
     with pytest.raises(AssertionError, match="node exited"):
@@ -116,7 +116,7 @@ def test_torn_journal_tail_is_cut_and_everything_before_it_survives(tmp_path: Pa
     last_offset, _ledger, last_entry = records[-1]
     assert last_entry == ENTRIES - 1
     with open(txn, "r+b") as f:  # a crash in the middle of the last group's write
-        f.truncate(last_offset + journal.RECORD_HEADER.size + 7)
+        f.truncate(last_offset + journalformat.RECORD_HEADER.size + 7)
 
     node = NodeProcess(data)
     node.start()
@@ -133,7 +133,7 @@ def test_torn_journal_tail_is_cut_and_everything_before_it_survives(tmp_path: Pa
 def test_garbage_after_the_journal_tail_is_cut(tmp_path: Path) -> None:
     data, txn = _crashed_node_with_journal(tmp_path)
     records = _journal_records(txn)
-    end = records[-1][0] + journal.RECORD_HEADER.size + len(_payload(ENTRIES - 1))
+    end = records[-1][0] + journalformat.RECORD_HEADER.size + len(_payload(ENTRIES - 1))
     with open(txn, "r+b") as f:  # a torn sector write: random bytes where zeros were
         f.seek(end + 600)
         f.write(os.urandom(300))

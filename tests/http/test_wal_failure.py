@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from node.http.app import build_app
-from node.storage.journal import journal_path
+from node.storage.journalformat import journal_path
 from tests.harness.settings import make_settings
 
 OCTET = {"Content-Type": "application/octet-stream"}

@@ -19,7 +19,7 @@ from node.client.model import CLUSTER_KEY, cookie_key
 from node.replication import cookie
 from node.replication.cookie import COOKIE_FILE, Cookie
 from node.settings import Settings
-from node.storage import journal, walid
+from node.storage import journalformat, walid
 from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
 from tests.replication._identity import (
@@ -36,9 +36,9 @@ READD = "python -m node shell readd"
 
 def _journal_headers(data_dir: Path) -> list[bytes | None]:
     found = []
-    for journal_id in journal.list_journals(data_dir / "journal"):
-        with journal.journal_path(data_dir / "journal", journal_id).open("rb") as f:
-            found.append(journal.header_instance_id(f.read(journal.HEADER_SIZE)))
+    for journal_id in journalformat.list_journals(data_dir / "journal"):
+        with journalformat.journal_path(data_dir / "journal", journal_id).open("rb") as f:
+            found.append(journalformat.header_instance_id(f.read(journalformat.HEADER_SIZE)))
     return found
 
 
@@ -60,14 +60,17 @@ def _started_once(tmp_path: Path, etcd: EtcdServer, **env: str) -> tuple[NodePro
 
 def test_journal_header_carries_the_instance_and_old_headers_still_read() -> None:
     instance = uuid.uuid4().bytes
-    header = journal.encode_header(instance)
-    assert len(header) == journal.HEADER_SIZE
-    assert journal.decode_header(header) == journal.VERSION == 3
-    assert journal.header_instance_id(header) == instance
-    assert journal.header_instance_id(journal.encode_header()) is None  # no cookie: zeros
-    version2 = journal.HEADER.pack(journal.MAGIC, 2).ljust(journal.HEADER_SIZE, b"\0")
-    assert journal.decode_header(version2) == 2
-    assert journal.header_instance_id(version2) is None
+    header = journalformat.encode_header(instance)
+    assert len(header) == journalformat.HEADER_SIZE
+    assert journalformat.decode_header(header) == journalformat.VERSION == 3
+    assert journalformat.header_instance_id(header) == instance
+    no_cookie = journalformat.encode_header()  # zeros
+    assert journalformat.header_instance_id(no_cookie) is None
+    version2 = journalformat.HEADER.pack(journalformat.MAGIC, 2).ljust(
+        journalformat.HEADER_SIZE, b"\0"
+    )
+    assert journalformat.decode_header(version2) == 2
+    assert journalformat.header_instance_id(version2) is None
 
 
 def test_new_node_writes_its_cookie_in_three_places_and_keeps_it(
@@ -176,9 +179,9 @@ def test_swapped_data_dir_is_refused_naming_both_instances(
 def test_journal_of_another_instance_is_refused(tmp_path: Path, etcd: EtcdServer) -> None:
     node, _, local = _started_once(tmp_path, etcd)
     stranger = uuid.uuid4()
-    ids = journal.list_journals(node.data_dir / "journal")
-    path = journal.journal_path(node.data_dir / "journal", ids[-1] + 1)
-    path.write_bytes(journal.encode_header(stranger.bytes))
+    ids = journalformat.list_journals(node.data_dir / "journal")
+    path = journalformat.journal_path(node.data_dir / "journal", ids[-1] + 1)
+    path.write_bytes(journalformat.encode_header(stranger.bytes))
 
     log = refused(node)
     assert str(stranger) in log and local.instance_id in log and path.name in log

@@ -26,7 +26,7 @@ from node.client.protocol import (
 from node.replication import cookie
 from node.replication.reconcile import StoreGuard, Sweep
 from node.settings import Settings
-from node.storage import journal
+from node.storage import journalformat
 from node.storage.ledgers import LedgerStorage
 from tests.harness.etcd import EtcdServer
 from tests.harness.node import NodeProcess
@@ -233,4 +233,4 @@ async def test_sweep_at_default_grace_keeps_a_young_replica(
 
 
 def test_without_a_cookie_module_import_the_journal_still_writes_zeros(tmp_path: Path) -> None:
-    assert cookie.instance_id_bytes(tmp_path) == journal.NO_INSTANCE
+    assert cookie.instance_id_bytes(tmp_path) == journalformat.NO_INSTANCE

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from node import wire as frames
 from node.settings import SettingsError, load
-from node.storage import journal, logformat
+from node.storage import journal, journalformat, logformat
 from node.storage.index import LedgerMeta, LedgerState
 from node.storage.wal import BatchRecord, record_crc
 
@@ -39,32 +39,32 @@ def bad_magic(magic: bytes) -> st.SearchStrategy[bytes]:
 
 
 def test_journal_header_round_trip() -> None:
-    header = journal.encode_header()
-    assert len(header) == journal.HEADER_SIZE == 512
+    header = journalformat.encode_header()
+    assert len(header) == journalformat.HEADER_SIZE == 512
     assert header[:4] == b"BKLG"
-    assert struct.unpack(">I", header[4:8]) == (journal.VERSION,)
+    assert struct.unpack(">I", header[4:8]) == (journalformat.VERSION,)
     assert not any(header[8:])
-    assert journal.decode_header(header) == journal.VERSION
+    assert journalformat.decode_header(header) == journalformat.VERSION
 
 
 @given(magic=bad_magic(b"BKLG"))
 def test_journal_header_wrong_magic_rejected(magic: bytes) -> None:
-    header = magic + journal.encode_header()[4:]
+    header = magic + journalformat.encode_header()[4:]
     with pytest.raises(ValueError, match="magic"):
-        journal.decode_header(header)
+        journalformat.decode_header(header)
 
 
-@given(version=U32.filter(lambda v: v not in journal.READABLE_VERSIONS))
+@given(version=U32.filter(lambda v: v not in journalformat.READABLE_VERSIONS))
 def test_journal_header_wrong_version_rejected(version: int) -> None:
     header = b"BKLG" + struct.pack(">I", version) + bytes(504)
     with pytest.raises(ValueError, match="version"):
-        journal.decode_header(header)
+        journalformat.decode_header(header)
 
 
 def test_journal_version_1_is_still_read() -> None:
     """Version 2 only added the batch record: a version 1 journal replays as it is."""
     header = b"BKLG" + struct.pack(">I", 1) + bytes(504)
-    assert journal.decode_header(header) == 1
+    assert journalformat.decode_header(header) == 1
 
 
 @given(
@@ -79,16 +79,16 @@ def test_journal_batch_records_round_trip(
     """A batch is encoded as batch records of at most ``limit`` payload bytes (an entry
     sharing none as a plain record); decoded, they give back every entry and its CRC."""
     crcs = [record_crc(ledger_id, first + n, p) for n, p in enumerate(payloads)]
-    parts, size = journal.encode_batch(ledger_id, first, crcs, payloads, limit)
+    parts, size = journalformat.encode_batch(ledger_id, first, crcs, payloads, limit)
     data = b"".join(parts)
     assert len(data) == size
     got: list[tuple[int, int, int, bytes]] = []
-    scan = journal.RecordScan(data, 0, len(data), len(data))
+    scan = journalformat.RecordScan(data, 0, len(data), len(data))
     for pos, end, lid, eid, crc, payload in scan:
         assert lid == ledger_id
         if eid == journal.BATCH:
             assert end - pos - 24 <= limit
-            batch = journal.decode_batch(data, pos + 24, end, ledger_id)
+            batch = journalformat.decode_batch(data, pos + 24, end, ledger_id)
             assert isinstance(batch, BatchRecord) and len(batch.payloads) > 1
             got += [
                 (r.ledger_id, r.entry_id, c, r.payload)
@@ -112,12 +112,12 @@ def test_journal_batch_record_with_a_wrong_table_is_refused(cut: int, count: int
     """A batch record whose table does not add up to its length was written so (its CRC
     passed): the decoder names the fault instead of returning entries."""
     payloads = [b"a" * 10, b"b" * 20]
-    parts, _size = journal.encode_batch(1, 0, [0, 0], payloads, 1 << 20)
+    parts, _size = journalformat.encode_batch(1, 0, [0, 0], payloads, 1 << 20)
     body = b"".join(parts)[24:]
     bad = (
         body[: len(body) - 1 - cut] if count == 0 else struct.pack(">qI", 0, 2 + count) + body[12:]
     )
-    assert isinstance(journal.decode_batch(bad, 0, len(bad), 1), str)
+    assert isinstance(journalformat.decode_batch(bad, 0, len(bad), 1), str)
 
 
 @given(ledger_id=LEDGER_IDS, entry_id=ENTRY_IDS, payload=PAYLOADS, prefix=st.binary(max_size=40))
@@ -125,10 +125,10 @@ def test_journal_record_round_trip(
     ledger_id: int, entry_id: int, payload: bytes, prefix: bytes
 ) -> None:
     crc = record_crc(ledger_id, entry_id, payload)
-    record = journal.encode_record(ledger_id, entry_id, crc, payload)
+    record = journalformat.encode_record(ledger_id, entry_id, crc, payload)
     assert len(record) == 24 + len(payload)
     buf = prefix + record + b"\xee" * 7  # decoding at an offset, with bytes after it
-    assert journal.decode_record(buf, len(prefix)) == (len(payload), ledger_id, entry_id, crc)
+    assert journalformat.decode_record(buf, len(prefix)) == (len(payload), ledger_id, entry_id, crc)
     start = len(prefix) + 24
     assert buf[start : start + len(payload)] == payload
 
@@ -138,24 +138,24 @@ def test_journal_metadata_record_keeps_negative_entry_id(
     ledger_id: int, entry_id: int, payload: bytes
 ) -> None:
     crc = record_crc(ledger_id, entry_id, payload)
-    record = journal.encode_record(ledger_id, entry_id, crc, payload)
-    length, lid, eid, got_crc = journal.decode_record(record, 0)
+    record = journalformat.encode_record(ledger_id, entry_id, crc, payload)
+    length, lid, eid, got_crc = journalformat.decode_record(record, 0)
     assert (length, lid, eid, got_crc) == (len(payload), ledger_id, entry_id, crc)
     assert eid < 0
 
 
 def _check_padding(length: int, alignment: int) -> None:
-    pad = journal.padding(length, alignment)
+    pad = journalformat.padding(length, alignment)
     assert (length + len(pad)) % alignment == 0
     if length % alignment == 0:
         assert pad == b""
         return
-    assert len(pad) >= journal.PADDING_HEADER.size
-    assert len(pad) < alignment + journal.PADDING_HEADER.size  # never a whole extra sector
-    mask, pad_len = journal.PADDING_HEADER.unpack_from(pad)
-    assert mask == journal.PADDING_MASK
-    assert pad_len == len(pad) - journal.PADDING_HEADER.size
-    assert not any(pad[journal.PADDING_HEADER.size :])
+    assert len(pad) >= journalformat.PADDING_HEADER.size
+    assert len(pad) < alignment + journalformat.PADDING_HEADER.size  # never a whole extra sector
+    mask, pad_len = journalformat.PADDING_HEADER.unpack_from(pad)
+    assert mask == journalformat.PADDING_MASK
+    assert pad_len == len(pad) - journalformat.PADDING_HEADER.size
+    assert not any(pad[journalformat.PADDING_HEADER.size :])
 
 
 @given(length=st.integers(0, 1 << 22), alignment=ALIGNMENTS)

@@ -25,13 +25,13 @@ from node.settings import Settings, load
 from node.storage.clock import SystemClock
 from node.storage.errors import CorruptRecord, JournalFailed
 from node.storage.faults import Faults
-from node.storage.journal import (
+from node.storage.journal import Journal
+from node.storage.journalformat import (
     GROUP_START,
     GROUP_START_ENTRY_ID,
     HEADER_SIZE,
     PADDING_MASK,
     VERSION,
-    Journal,
     encode_group_start,
     journal_path,
     list_journals,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from node.settings import Settings
-from node.storage import entrylog, journal, logformat
+from node.storage import entrylog, journal, journalformat, logformat
 from node.storage.clock import SystemClock
 from node.storage.errors import (
     Backpressure,
@@ -395,10 +395,10 @@ async def test_journals_rotate_and_old_ones_are_trimmed(tmp_path: Path) -> None:
         meta, _ = await storage.create_ledger()
         for _ in range(10):
             await storage.add_entries(meta.ledger_id, [bytes(8000)] * 10)
-        assert len(await asyncio.to_thread(journal.list_journals, settings.journal_dir)) > 5
+        assert len(await asyncio.to_thread(journalformat.list_journals, settings.journal_dir)) > 5
         await storage.checkpoint()
-        ids = await asyncio.to_thread(journal.list_journals, settings.journal_dir)
-        mark = await asyncio.to_thread(journal.read_last_mark, settings.ledgers_dir)
+        ids = await asyncio.to_thread(journalformat.list_journals, settings.journal_dir)
+        mark = await asyncio.to_thread(journalformat.read_last_mark, settings.ledgers_dir)
         assert [i for i in ids if i < mark.log_id] == [mark.log_id - 1]  # one backup kept
     finally:
         await storage.close()
