@@ -135,6 +135,7 @@ def build_app(
             metrics.streams_owned.set_function(lambda: len(manager.streams()))
             router.on_takeover = metrics.stream_takeovers.inc
         app[status.REPLICATION_SUMMARY] = lambda: {**replication.summary(), **router.summary()}
+        app[status.FLEET_VIEW] = replication.fleet.view_summary
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store

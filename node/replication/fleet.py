@@ -1,7 +1,10 @@
 """The fleet's autorecovery seen from one node: every ``autorecovery_poll_s`` the node reads
 the auditor's last report (``autorecovery/auditor``), the re-replication totals
 (``autorecovery/totals``) and the registered nodes (``nodes/``) from its metadata store, for
-its metrics and its status page.
+its metrics and its status page, and notes the nodes it sees unregistered
+(node.autorecovery.fleet: the same first sighting the auditor records). The status page's fleet
+view (every node the store knows and the open ledgers that name it) is read when asked for and
+reused ``status_fleet_cache_s``: it reads every ledger's metadata.
 
 The figures are the store's, not this node's: every node exports the same values, so the
 metrics stay right whichever node Prometheus scrapes and whichever node the DAG's tasks ran
@@ -22,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from node.autorecovery.fleet import FleetView, Member, note_unregistered
+from node.autorecovery.fleet import read as read_fleet
 from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
 from node.client.errors import ClientError
 from node.client.metadata.store import MetadataStore
@@ -30,6 +35,10 @@ from node.metrics import MS_PER_S, FleetFigures
 from node.replication.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
+
+# Open ledgers listed per node in the fleet view (the count is given in full): a node of a
+# large fleet may be in thousands of ensembles, and the page is polled every two seconds.
+LEDGERS_LISTED = 20
 
 
 @dataclass(frozen=True)
@@ -47,11 +56,19 @@ class FleetPoller:
         figures: FleetFigures,
         interval_s: float,
         timeout_s: float,
+        lost_node_delay_s: float,
+        view_cache_s: float,
     ) -> None:
         self._store = store
         self.figures = figures
         self._interval_s = interval_s
         self._timeout_s = timeout_s
+        self._lost_node_delay_s = lost_node_delay_s
+        self._view_cache_s = view_cache_s
+        self._view: FleetView | None = None
+        self._view_read_at: float | None = None  # monotonic: when the view was last tried
+        self._view_lock = asyncio.Lock()  # one read at a time: concurrent pages share it
+        self.view_error: str | None = None  # of the last read of the view
         self._task: asyncio.Task[None] | None = None
         self.nodes: list[FleetNode] | None = None  # None until nodes/ was read once
         self.decommissioning_nodes = 0
@@ -85,6 +102,7 @@ class FleetPoller:
                 report = await self._store.get(AUDITOR_KEY)
                 totals = await self._store.get(TOTALS_KEY)
                 nodes = await self._store.range(NODES_PREFIX)
+                await note_unregistered(self._store, int(time.time() * MS_PER_S))
             parsed_report = _json(report.value) if report is not None else None
             parsed_totals = _json(totals.value) if totals is not None else None
         except (ClientError, TimeoutError, ValueError) as error:
@@ -127,6 +145,42 @@ class FleetPoller:
         f.rereplicated_fragments = _count(totals, "fragments", f.rereplicated_fragments)
         f.rereplicated_entries = _count(totals, "entries", f.rereplicated_entries)
         f.rereplicated_bytes = _count(totals, "bytes", f.rereplicated_bytes)
+
+    async def view(self) -> FleetView | None:
+        """The fleet view, read at most once per ``status_fleet_cache_s`` (a failed read too:
+        a store in trouble is not asked more often); None until a read succeeded."""
+        async with self._view_lock:
+            tried = self._view_read_at
+            if tried is not None and time.monotonic() - tried < self._view_cache_s:
+                return self._view
+            self._view_read_at = time.monotonic()
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    read = await read_fleet(self._store)
+                # Decoding every ledger is CPU work proportional to the fleet: off the loop.
+                self._view = await asyncio.to_thread(
+                    read.view, self._lost_node_delay_s, LEDGERS_LISTED, self.lost_node_ids or []
+                )
+                self.view_error = None
+            except (ClientError, TimeoutError, ValueError) as error:
+                self.view_error = str(error) or type(error).__name__
+                log.warning("fleet view kept (%s)", self.view_error)
+            return self._view
+
+    async def view_summary(self) -> dict[str, Any]:
+        """The view as the status summary's ``fleet`` block."""
+        view = await self.view()
+        return {
+            "readMs": view.read_ms if view else None,
+            "cacheSeconds": self._view_cache_s,
+            "lostNodeDelaySeconds": self._lost_node_delay_s,
+            "ledgers": view.ledgers if view else None,
+            "atRiskLedgers": view.at_risk_ledgers if view else None,
+            "atRiskOpenLedgers": view.at_risk_open_ledgers if view else None,
+            "unregisteredNodes": (sum(1 for n in view.nodes if not n.registered) if view else None),
+            "nodes": [_member(n) for n in view.nodes] if view else None,
+            "error": self.view_error,
+        }
 
     def summary(self) -> dict[str, Any]:
         f = self.figures
@@ -194,3 +248,33 @@ def _nodes(found: list[tuple[str, Any]]) -> list[FleetNode]:
             continue  # the registry skips it too: not a node a client would choose
         nodes.append(FleetNode(info.node_id, info.zone, info.state.value, info.url))
     return nodes
+
+
+def _member(node: Member) -> dict[str, Any]:
+    return {
+        "id": node.node_id,
+        "state": node.state,
+        "url": node.url,
+        "zone": node.zone,
+        "registered": node.registered,
+        "readOnly": node.read_only,
+        "decommissioning": node.decommissioning,
+        "cookie": node.cookie,
+        "unregisteredSinceMs": node.unregistered_since_ms,
+        "lostAtMs": node.lost_at_ms,
+        "ledgers": node.ledgers,
+        "openLedgerCount": node.open_ledger_count,
+        "openLedgers": [
+            {
+                "ledgerId": str(d.ledger_id),
+                "state": d.state,
+                "stream": d.stream,
+                "reachable": d.reachable,
+                "ensembleSize": d.ensemble_size,
+                "writeQuorum": d.write_quorum,
+                "ackQuorum": d.ack_quorum,
+            }
+            for d in node.open_ledgers
+        ],
+        "streams": node.streams,
+    }
