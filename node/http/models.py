@@ -835,7 +835,10 @@ class StatusFleet(Reply):
     """Every node the store knows and what depends on it, read at most every cacheSeconds."""
 
     readMs: Annotated[Millis | None, Field(description="When read; null until a read succeeded")]
-    cacheSeconds: Seconds
+    cacheSeconds: Annotated[
+        Seconds,
+        Field(description="status_fleet_cache_s, or 10 times the last read's time when longer"),
+    ]
     lostNodeDelaySeconds: Seconds
     ledgers: Count | None
     atRiskLedgers: Annotated[
