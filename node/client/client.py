@@ -188,8 +188,9 @@ class Client:
         properties: Mapping[str, str] | None = None,
     ) -> LedgerHandle:
         """A new OPEN ledger on ``ensemble`` distinct writable nodes (distinct zones when there
-        are enough), written by the returned handle."""
-        nodes = choose_ensemble(await self.registry.candidates(), ensemble, self.rng)
+        are enough; the home node first when it is writable), written by the returned handle."""
+        candidates = await self.registry.candidates()
+        nodes = choose_ensemble(candidates, ensemble, self.rng, home=self.home_node)
         ledger_id = await self._retry(self.store.next_id)
         meta = LedgerMetadata(
             ledger_id=ledger_id,
