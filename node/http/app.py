@@ -124,8 +124,10 @@ def build_app(
         storage_ = app[STORAGE]
 
         def local(remote: Transport) -> Transport:
-            """Adds to this node's own replica skip HTTP (node.replication.local)."""
-            return LocalReplica(remote, settings.id, storage_, metrics)
+            """Adds to and reads of this node's own replica skip HTTP (node.replication.local)."""
+            return LocalReplica(
+                remote, settings.id, storage_, metrics, settings.max_read_reply_bytes
+            )
 
         app[STREAMS], router = replicated_streams(settings, replication.store, clock, token, local)
         app[streams.STREAM_ROUTER] = router
