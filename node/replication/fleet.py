@@ -4,7 +4,9 @@ the auditor's last report (``autorecovery/auditor``), the re-replication totals
 its metrics and its status page, and notes the nodes it sees unregistered
 (node.autorecovery.fleet: the same first sighting the auditor records). The status page's fleet
 view (every node the store knows and the open ledgers that name it) is read when asked for and
-reused ``status_fleet_cache_s``: it reads every ledger's metadata.
+reused ``status_fleet_cache_s``: it reads every ledger's metadata. A summary waits for a read
+it started one second at most, then answers with the last view (a store that does not answer
+must not make the page think the node is down).
 
 The figures are the store's, not this node's: every node exports the same values, so the
 metrics stay right whichever node Prometheus scrapes and whichever node the DAG's tasks ran
@@ -43,6 +45,9 @@ LEDGERS_LISTED = 20
 # fleet of 100,000 ledgers a build takes seconds of CPU, which a 5 s cache would repeat
 # without pause while a page is open; this keeps it under a tenth of one core.
 READ_COST_FACTOR = 10
+# How long the status summary waits for a fresh fleet view before it answers with the last
+# one: well inside the page's poll timeout (3 s) when the store does not answer.
+VIEW_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,7 @@ class FleetPoller:
         self._view: FleetView | None = None
         self._view_read_at: float | None = None  # monotonic: when the view was last tried
         self._view_reuse_s = view_cache_s  # the cache, or longer after a costly read
-        self._view_lock = asyncio.Lock()  # one read at a time: concurrent pages share it
+        self._view_reading: asyncio.Task[None] | None = None  # one read at a time, shared
         self.view_error: str | None = None  # of the last read of the view
         self._task: asyncio.Task[None] | None = None
         self.nodes: list[FleetNode] | None = None  # None until nodes/ was read once
@@ -90,6 +95,8 @@ class FleetPoller:
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
+        reading, self._view_reading = self._view_reading, None
+        await cancel_and_wait(reading)
 
     async def _run(self) -> None:
         while True:
@@ -153,26 +160,39 @@ class FleetPoller:
 
     async def view(self) -> FleetView | None:
         """The fleet view, read at most once per ``status_fleet_cache_s`` (a failed read too:
-        a store in trouble is not asked more often); None until a read succeeded."""
-        async with self._view_lock:
-            tried = self._view_read_at
-            if tried is not None and time.monotonic() - tried < self._view_reuse_s:
-                return self._view
-            self._view_read_at = started = time.monotonic()
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    read = await read_fleet(self._store)
-                # Decoding every ledger is CPU work proportional to the fleet: off the loop.
-                self._view = await asyncio.to_thread(
-                    read.view, self._lost_node_delay_s, LEDGERS_LISTED, self.lost_node_ids or []
-                )
-                self.view_error = None
-            except (ClientError, TimeoutError, ValueError) as error:
-                self.view_error = str(error) or type(error).__name__
-                log.warning("fleet view kept (%s)", self.view_error)
-            cost = time.monotonic() - started
-            self._view_reuse_s = max(self._view_cache_s, READ_COST_FACTOR * cost)
-            return self._view
+        a store in trouble is not asked more often); None until a read succeeded. A caller
+        waits for a read it started ``VIEW_WAIT_S`` at most, then has the last view: the status
+        summary must answer while the store does not."""
+        tried, reading = self._view_read_at, self._view_reading
+        stale = tried is None or time.monotonic() - tried >= self._view_reuse_s
+        if stale and (reading is None or reading.done()):
+            self._view_read_at = time.monotonic()
+            reading = self._view_reading = asyncio.get_running_loop().create_task(
+                self._read_view(), name="fleet-view"
+            )
+        if reading is not None and not reading.done():
+            # shield: a caller that gives up (its client hung up) does not end the read
+            await asyncio.wait([asyncio.shield(reading)], timeout=VIEW_WAIT_S)
+        return self._view
+
+    async def _read_view(self) -> None:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                read = await read_fleet(self._store)
+            # Decoding every ledger is CPU work proportional to the fleet: off the loop.
+            self._view = await asyncio.to_thread(
+                read.view, self._lost_node_delay_s, LEDGERS_LISTED, self.lost_node_ids or []
+            )
+        except (ClientError, TimeoutError, ValueError) as error:
+            self.view_error = str(error) or type(error).__name__
+            log.warning("fleet view kept (%s)", self.view_error)
+            # A read that waited out a store in trouble cost nothing: asked again next period.
+            self._view_reuse_s = self._view_cache_s
+            return
+        self.view_error = None
+        cost = time.monotonic() - started
+        self._view_reuse_s = max(self._view_cache_s, READ_COST_FACTOR * cost)
 
     async def view_summary(self) -> dict[str, Any]:
         """The view as the status summary's ``fleet`` block."""

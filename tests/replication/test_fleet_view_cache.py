@@ -1,11 +1,15 @@
 """The fleet view reads every ledger in the store: a node reads it at most once per
-``status_fleet_cache_s`` however many pages poll it (concurrent askers share one read), and
-its fleet poll notes a node gone (``lost/<id>``) without any page open. A real etcd; the
-poller in this process."""
+``status_fleet_cache_s`` however many pages poll it (concurrent askers share one read), its
+fleet poll notes a node gone (``lost/<id>``) without any page open, and its status summary
+answers at once while the store does not (with the last view). A real etcd; the poller in
+this process, or a node process."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
+from typing import Any
 
 from node.autorecovery import markers
 from node.client.metadata.etcd import EtcdStore
@@ -13,11 +17,16 @@ from node.client.model import NodeInfo, cookie_key, node_key
 from node.metrics import FleetFigures
 from node.replication.fleet import FleetPoller
 from tests.harness.etcd import EtcdServer
-from tests.replication._identity import fresh_prefix
+from tests.harness.node import NodeProcess
+from tests.replication._identity import fresh_prefix, replicated_node
 
 TIMEOUT_S = 5.0
 DELAY_S = 600.0
 POLL_S = 3600.0  # the poller's loop is not started: each test calls poll() itself
+# A summary while the store answers nothing: the view's wait (1 s) and the rest of the route,
+# well under the metadata timeout (5 s, the default) that the view's read waits out.
+SUMMARY_BOUND_S = 2.5
+WAIT_S = 20.0
 
 
 async def _poller(store: EtcdStore, cache_s: float) -> FleetPoller:
@@ -69,3 +78,39 @@ async def test_the_fleet_poll_notes_a_node_gone_and_forgets_it_once_back(
         assert await store.get(markers.lost_key("a")) is None
     finally:
         await store.close()
+
+
+def _fleet(node: NodeProcess) -> dict[str, Any]:
+    block = node.get_json("/api/v1/status/summary")["replication"]["fleet"]
+    assert isinstance(block, dict)
+    return block
+
+
+def test_the_summary_answers_while_the_store_does_not(tmp_path: Path, own_etcd: EtcdServer) -> None:
+    env = {"NODE_AUTORECOVERY_POLL_S": "0.2", "NODE_STATUS_FLEET_CACHE_S": "0.2"}
+    node = replicated_node(tmp_path / "n1", own_etcd, fresh_prefix(), "n1", **env)
+    node.start()
+    deadline = time.monotonic() + WAIT_S
+    while not _fleet(node)["nodes"]:
+        assert time.monotonic() < deadline, "no fleet view read"
+        time.sleep(0.1)
+    own_etcd.pause()  # accepts connections, answers nothing: every read waits its timeout
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            asked = time.monotonic()
+            block = _fleet(node)
+            took = time.monotonic() - asked
+            assert took < SUMMARY_BOUND_S, f"the summary took {took:.1f} s"
+            if block["error"]:
+                break
+            assert time.monotonic() < deadline, "the view's read never failed"
+            time.sleep(0.1)
+        assert [n["id"] for n in block["nodes"]] == ["n1"]  # the last view, kept
+    finally:
+        own_etcd.resume()
+    deadline = time.monotonic() + WAIT_S
+    while _fleet(node)["error"]:
+        assert time.monotonic() < deadline, "the view was not read again"
+        time.sleep(0.1)
+    node.terminate()
