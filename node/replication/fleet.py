@@ -114,7 +114,7 @@ class FleetPoller:
                 report = await self._store.get(AUDITOR_KEY)
                 totals = await self._store.get(TOTALS_KEY)
                 nodes = await self._store.range(NODES_PREFIX)
-                await note_unregistered(self._store, int(time.time() * MS_PER_S))
+                away = await note_unregistered(self._store, int(time.time() * MS_PER_S))
             parsed_report = _json(report.value) if report is not None else None
             parsed_totals = _json(totals.value) if totals is not None else None
         except (ClientError, TimeoutError, ValueError) as error:
@@ -128,6 +128,7 @@ class FleetPoller:
         if parsed_totals is not None:
             self._totals(parsed_totals)
         self.nodes = sorted(_nodes(nodes), key=lambda n: n.node_id)
+        self.figures.unregistered_nodes = len(away)
         self.last_error = None
         self.last_poll_ms = int(time.time() * 1000)
         return True

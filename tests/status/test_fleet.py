@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from node.client.sync import SyncClient
 from node.localcluster import LocalCluster
@@ -92,6 +93,17 @@ def _dead_seen(cluster: LocalCluster, node_id: str) -> dict[str, Any]:
         time.sleep(0.1)
 
 
+def _unregistered_gauge(cluster: LocalCluster, node_id: str) -> float:
+    with urllib.request.urlopen(f"{cluster.url(node_id)}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return next(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "storage_node_unregistered_nodes"
+    )
+
+
 def test_every_node_s_json_names_the_killed_node_and_what_depends_on_it(
     fleet: dict[str, Any],
 ) -> None:
@@ -130,6 +142,11 @@ def test_every_node_s_json_names_the_killed_node_and_what_depends_on_it(
         assert replication["lastAuditorRunMs"] is None
         assert replication["underReplicatedLedgers"] == 0 and replication["lostNodes"] == 0
         assert replication["nodeId"] == node_id
+        # And for alerts: a dead node is counted by every other node's metrics (at its poll).
+        deadline = time.monotonic() + WAIT_S
+        while _unregistered_gauge(cluster, node_id) != 1:
+            assert time.monotonic() < deadline, f"{node_id}'s metrics never counted {DEAD}"
+            time.sleep(0.1)
     # The store's first sighting: the same time on every node.
     assert len(sightings) == 1
 
