@@ -13,7 +13,16 @@ from typing import Any
 
 from node.autorecovery import markers
 from node.client.metadata.etcd import EtcdStore
-from node.client.model import NodeInfo, cookie_key, node_key
+from node.client.model import (
+    LedgerMetadata,
+    NodeInfo,
+    NodeState,
+    Segment,
+    cookie_key,
+    encode,
+    ledger_key,
+    node_key,
+)
 from node.metrics import FleetFigures
 from node.replication.fleet import FleetPoller
 from tests.harness.etcd import EtcdServer
@@ -76,6 +85,45 @@ async def test_the_fleet_poll_notes_a_node_gone_and_forgets_it_once_back(
         await store.create(node_key("a"), NodeInfo("a", "http://a").encode())
         assert await poller.poll()
         assert await store.get(markers.lost_key("a")) is None
+    finally:
+        await store.close()
+
+
+async def test_the_view_reads_each_state_from_the_store(etcd: EtcdServer) -> None:
+    """Registered, read-only, decommissioning, unregistered within the delay, lost past it
+    (the first sighting backdated, as an earlier poll or audit would have left it), and a
+    node only a ledger names; with a delay of 0 a node gone is lost at once."""
+    store = EtcdStore(etcd.url(fresh_prefix()))
+    try:
+        for node_id in ("a", "b", "c"):
+            state = NodeState.READONLY if node_id == "b" else NodeState.WRITABLE
+            info = NodeInfo(node_id, f"http://{node_id}", state=state)
+            await store.create(node_key(node_id), info.encode())
+        for node_id in ("a", "b", "c", "d", "e"):
+            await store.create(cookie_key(node_id), b"{}")
+        await store.create(markers.decommissioning_key("c"), markers.encode_since(1))
+        now_ms = int(time.time() * 1000)
+        await store.create(markers.lost_key("e"), markers.encode_since(now_ms - 601_000))
+        meta = LedgerMetadata(7, 3, 3, 2, (Segment(0, ("a", "d", "x")),))
+        await store.create(ledger_key(7), encode(meta))
+        view = await (await _poller(store, cache_s=60)).view()
+        assert view is not None
+        states = {n.node_id: n.state for n in view.nodes}
+        assert states == {
+            "a": "registered",
+            "b": "read_only",
+            "c": "decommissioning",
+            "d": "unregistered",
+            "e": "lost",
+            "x": "unregistered",
+        }
+        nodes = {n.node_id: n for n in view.nodes}
+        assert nodes["d"].unregistered_since_ms is not None and nodes["x"].lost_at_ms is None
+        assert [d.reachable for d in nodes["a"].open_ledgers] == [1]
+        assert (view.at_risk_ledgers, view.at_risk_open_ledgers) == (1, 1)
+        at_once = await FleetPoller(store, FleetFigures(), POLL_S, TIMEOUT_S, 0, 60).view()
+        assert at_once is not None
+        assert {n.node_id for n in at_once.nodes if n.state == "lost"} == {"d", "e"}
     finally:
         await store.close()
 
