@@ -147,10 +147,21 @@ JEPSEN_SEED ?= 0
 jepsen: $(STAMP) tools
 	$(PY) -m node bench jepsen --runs 200 --seed $(JEPSEN_SEED) --seconds 2
 
-## etcd and three nodes (n0, n1, n2) on loopback with their data under ./cluster/, in the
-## foreground, to try replicated ledgers (docs/replication.md): it prints the metadata store's
-## URL, the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them all.
-## Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd (make tools).
-.PHONY: cluster
+## etcd and NODES nodes (4: n0..n3; a 3/3/2 ledger needs three writable nodes, so one can be
+## lost) on loopback with their data under ./cluster/, in the foreground, to try replicated
+## ledgers (docs/replication.md): it prints the metadata store's URL (the export line to
+## paste), the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them
+## all. Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd
+## (make tools). It says when a node or etcd exits.
+NODES ?= 4
+.PHONY: cluster cluster-node
 cluster: $(STAMP)
-	@exec $(PY) -m node.devcluster
+	@exec $(PY) -m node.devcluster --nodes $(NODES)
+
+## One node (or etcd) of the running `make cluster`: `make cluster-node ID=n1 DO=stop` (SIGTERM;
+## DO=kill: SIGKILL), `make cluster-node ID=n1` starts it again on its port and data directory
+## (DO=restart: kill, then start). No venv check: a cluster runs, so the venv is there.
+DO ?= start
+cluster-node:
+	@test -n "$(ID)" || { echo "make cluster-node ID=n1 [DO=start|stop|kill|restart]" >&2; exit 2; }
+	@$(PY) -m node.devcluster node $(ID) $(DO)
