@@ -37,14 +37,19 @@ $(AIRFLOW_STAMP):
 
 .venv-airflow: $(AIRFLOW_STAMP)
 
-## Airflow on 127.0.0.1:$(AIRFLOW_PORT) with dags/, working on the local node (make run) through
-## static discovery; its state in ./airflow-home. Ctrl-C stops it and every process it started
+## Airflow on 127.0.0.1:$(AIRFLOW_PORT) with dags/, working through static discovery on the
+## nodes of a running `make cluster` (./cluster's, or AIRFLOW_CLUSTER=DIR's: the Variable
+## storage_node_metadata is then its store's URL) or else on the local node (make run); its
+## state in ./airflow-home. Ctrl-C stops it and every process it started
 ## (tools/airflow_local.py; the command is not echoed: it holds the token). `make airflow-cli
 ## ARGS="dags list"` runs the CLI in the same setup. tests/airflow/test_local.py overrides the
-## three variables below.
+## variables below.
 AIRFLOW_PORT      := 8081
 AIRFLOW_HOME_DIR  := $(CURDIR)/airflow-home
 AIRFLOW_NODE_URL  := http://127.0.0.1:8080
+AIRFLOW_CLUSTER   ?=
+# ./cluster is looked at only when no node URL was given (a command line's wins over it).
+AIRFLOW_CLUSTER_PROBE := $(if $(filter file,$(origin AIRFLOW_NODE_URL)),$(CURDIR)/cluster)
 # The workers reach the API server through the execution API, which Airflow would look for on
 # 8080 (the node's port) unless told.
 AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__LOAD_EXAMPLES=False \
@@ -53,6 +58,7 @@ AIRFLOW_ENV = AIRFLOW_HOME=$(AIRFLOW_HOME_DIR) AIRFLOW__CORE__LOAD_EXAMPLES=Fals
 	AIRFLOW__CORE__EXECUTION_API_SERVER_URL=http://127.0.0.1:$(AIRFLOW_PORT)/execution/ \
 	AIRFLOW_VAR_STORAGE_NODE_DISCOVERY='{"kind": "static", "urls": ["$(AIRFLOW_NODE_URL)"]}' \
 	AIRFLOW_CONN_STORAGE_NODE='{"conn_type": "http", "password": "$(NODE_ADMIN_TOKEN)"}' \
+	AIRFLOW_CLUSTER=$(AIRFLOW_CLUSTER) AIRFLOW_CLUSTER_PROBE=$(AIRFLOW_CLUSTER_PROBE) \
 	PATH=$(CURDIR)/$(AIRFLOW_VENV)/bin:$$PATH
 
 # exec: make passes a SIGTERM on to its child, which a shell in between would not.
@@ -60,7 +66,7 @@ airflow: $(AIRFLOW_STAMP)
 	@$(AIRFLOW_ENV) exec $(AIRFLOW_VENV)/bin/python tools/airflow_local.py
 
 airflow-cli: $(AIRFLOW_STAMP)
-	@$(AIRFLOW_ENV) $(AIRFLOW_VENV)/bin/airflow $(ARGS)
+	@$(AIRFLOW_ENV) exec $(AIRFLOW_VENV)/bin/python tools/airflow_local.py cli $(ARGS)
 
 ## Start the node with embedded defaults: data in ./data, file journal, on 127.0.0.1:8080.
 run: $(STAMP)
@@ -147,10 +153,21 @@ JEPSEN_SEED ?= 0
 jepsen: $(STAMP) tools
 	$(PY) -m node bench jepsen --runs 200 --seed $(JEPSEN_SEED) --seconds 2
 
-## etcd and three nodes (n0, n1, n2) on loopback with their data under ./cluster/, in the
-## foreground, to try replicated ledgers (docs/replication.md): it prints the metadata store's
-## URL, the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them all.
-## Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd (make tools).
-.PHONY: cluster
+## etcd and NODES nodes (4: n0..n3; a 3/3/2 ledger needs three writable nodes, so one can be
+## lost) on loopback with their data under ./cluster/, in the foreground, to try replicated
+## ledgers (docs/replication.md): it prints the metadata store's URL (the export line to
+## paste), the nodes' URLs and how to point `python -m node shell` at them; Ctrl-C stops them
+## all. Run again, the same cluster comes back; remove ./cluster/ for a new one. Needs etcd
+## (make tools). It says when a node or etcd exits.
+NODES ?= 4
+.PHONY: cluster cluster-node
 cluster: $(STAMP)
-	@exec $(PY) -m node.devcluster
+	@exec $(PY) -m node.devcluster --nodes $(NODES)
+
+## One node (or etcd) of the running `make cluster`: `make cluster-node ID=n1 DO=stop` (SIGTERM;
+## DO=kill: SIGKILL), `make cluster-node ID=n1` starts it again on its port and data directory
+## (DO=restart: kill, then start). No venv check: a cluster runs, so the venv is there.
+DO ?= start
+cluster-node:
+	@test -n "$(ID)" || { echo "make cluster-node ID=n1 [DO=start|stop|kill|restart]" >&2; exit 2; }
+	@$(PY) -m node.devcluster node $(ID) $(DO)

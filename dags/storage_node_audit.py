@@ -31,8 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Param, Variable, dag, get_current_context, task
-from storage_node_common import DEFAULT_ARGS, DISCOVERY_VARIABLE, TAGS, NodeError, discover
+from airflow.sdk import Param, dag, get_current_context, task
+from storage_node_common import (
+    DEFAULT_ARGS,
+    DISCOVERY_VARIABLE,
+    TAGS,
+    NodeError,
+    discover,
+    required_variable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,7 @@ log = logging.getLogger(__name__)
 def storage_node_audit() -> None:
     @task
     def discover_nodes() -> list[str]:
-        return discover(Variable.get(DISCOVERY_VARIABLE, deserialize_json=True))
+        return discover(required_variable(DISCOVERY_VARIABLE, deserialize_json=True))
 
     @task(map_index_template="{{ url }}")
     def snapshot(url: str) -> str:

@@ -40,16 +40,17 @@ from airflow.sdk import Param, Variable, dag, get_current_context, task
 from storage_node_common import (
     DEFAULT_ARGS,
     DISCOVERY_VARIABLE,
+    METADATA_VARIABLE,
     REQUEST_TIMEOUT_S,
     TAGS,
     NodeError,
     admin_token,
     discover,
+    required_variable,
 )
 
 log = logging.getLogger(__name__)
 
-METADATA_VARIABLE = "storage_node_metadata"
 # Outcomes of a re-replication that leave the marker to the next run: not failures.
 LATER = {"locked": "another worker holds its lock", "waiting": "an open ledger in its grace"}
 FINISHED = {"done", "gone"}
@@ -118,7 +119,8 @@ def _live(urls: list[str]) -> list[str]:
 def storage_node_autorecovery() -> None:
     @task
     def live_nodes() -> list[str]:
-        return _live(discover(Variable.get(DISCOVERY_VARIABLE, deserialize_json=True)))
+        required_variable(METADATA_VARIABLE)  # the run's first task fails at once without it
+        return _live(discover(required_variable(DISCOVERY_VARIABLE, deserialize_json=True)))
 
     @task
     def decommission(urls: list[str]) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DISCOVERY_VARIABLE = "storage_node_discovery"
+METADATA_VARIABLE = "storage_node_metadata"  # the autorecovery DAG's
 CONNECTION_ID = "storage_node"  # its password is the node's admin bearer token
 DEFAULT_LABEL_SELECTOR = "app.kubernetes.io/name=storage-node"
 DEFAULT_PORT = 8080
@@ -40,6 +41,33 @@ TAGS = ["storage-node"]
 
 class NodeError(RuntimeError):
     """A node could not do what was asked; the message names the node."""
+
+
+# What to set, said by a run that finds a Variable missing.
+VARIABLE_HINTS = {
+    DISCOVERY_VARIABLE: 'the nodes to work on, e.g. {"kind": "static", "urls": '
+    '["http://127.0.0.1:8080"]} (docs/deploying.md, "Airflow")',
+    METADATA_VARIABLE: "the metadata store's URL as the nodes have it (their NODE_METADATA_URL, "
+    "e.g. etcd://127.0.0.1:2379/storage)",
+}
+
+
+def required_variable(name: str, *, deserialize_json: bool = False) -> Any:
+    """The Variable ``name``. Without it the task fails at once, without its retries: only an
+    operator can set it, and a run retrying with backoff would hold the DAG's one active run
+    for the better part of an hour. The message says what to set, and how."""
+    from airflow.sdk import Variable
+    from airflow.sdk.exceptions import AirflowFailException
+
+    value = Variable.get(name, default=None, deserialize_json=deserialize_json)
+    if value is None:
+        raise AirflowFailException(
+            f"Variable {name} is not set: set it to {VARIABLE_HINTS[name]}, with `airflow "
+            f"variables set {name} VALUE` (or the environment variable AIRFLOW_VAR_"
+            f"{name.upper()}); `make airflow` sets it for a running `make cluster` "
+            "(or AIRFLOW_CLUSTER=DIR)"
+        )
+    return value
 
 
 # --- discovery ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from node import logs, runtime
 from node.settings import MiB, Settings, SettingsError, load
 from node.sizing import fit_to_disks
-from node.storage.dirlock import DataDirInUse, DataDirLock
+from node.storage.dirlock import DataDirInUse, DataDirLock, DataDirUnusable, check_usable
 from node.storage.errors import WalDeviceError
 
 if TYPE_CHECKING:
@@ -45,6 +45,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logs.setup(args.log_level or settings.log_level, args.log_json or settings.log_json)
     for deprecation in settings.deprecations:
         logging.getLogger("node.settings").warning("%s", deprecation)
+    try:
+        # Before the disks are sized: a file, /proc or a directory this user cannot enter
+        # would be sized as a 0-byte disk or raise there.
+        check_usable(settings.data_dir)
+    except DataDirUnusable as e:
+        raise StartRefused(str(e)) from None
     settings = fit_to_disks(settings)
     settings = runtime.fit_connections(settings, runtime.raise_open_files_limit())
     # Both refusals come before the first write: the port's needs none, and the lock is
@@ -52,6 +58,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     sockets = runtime.listen_sockets(settings.http_host, settings.http_port)
     try:
         lock = DataDirLock.acquire(settings.data_dir)
+    except DataDirUnusable as e:
+        for sock in sockets:
+            sock.close()
+        raise StartRefused(str(e)) from None
     except DataDirInUse as e:
         for sock in sockets:
             sock.close()

@@ -83,6 +83,9 @@ class FleetFigures:
     under_replicated_ledgers: int = 0
     under_replicated_fragments: int = 0
     lost_nodes: int = 0
+    # nodes with a cookie and no registration now (the poll's own reading, not an audit's):
+    # a dead node fires no alert of its own, every other node counts it
+    unregistered_nodes: int = 0
     last_run_s: float | None = None  # the last audit's finishedMs; None until one is read
     rereplicated_fragments: int = 0
     rereplicated_entries: int = 0
@@ -653,6 +656,11 @@ class _FleetCollector(Collector):
                 "lost_nodes",
                 f.lost_nodes,
                 "Known nodes unregistered longer than the lost-node delay (last audit).",
+            ),
+            (
+                "unregistered_nodes",
+                f.unregistered_nodes,
+                "Known nodes (a cookie) not registered now, as of the last poll (fleet-wide).",
             ),
         ):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)

@@ -179,6 +179,8 @@ class Settings(BaseSettings):
     log_json: bool = False  # one JSON object per log line (with request ids)
     status_history_interval_s: float = Field(5.0, gt=0)  # the status page's history: sample period
     status_history_window_s: float = Field(900.0, gt=0)  # ... and how far back it keeps samples
+    # the status page's fleet view reads every ledger in the metadata store: reused this long
+    status_fleet_cache_s: float = Field(5.0, gt=0)
     metrics_max_streams: int = Field(100, ge=0)  # streams with own series, largest backlog first
 
     # --- write-ahead log -----------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -156,19 +157,50 @@ def test_what_the_walkthroughs_leave_behind_is_ignored_by_git() -> None:
     assert sorted(checked.stdout.split()) == sorted(left), checked
 
 
-def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    """The README's Replication block against a fresh etcd and three nodes, laid out as
-    ``make cluster`` lays them out (``cluster/n1/node.lock`` is the node the block kills)."""
-    from node.localcluster import LocalCluster
+def _start_make_cluster(cwd: Path) -> tuple[subprocess.Popen[str], str]:
+    """``make cluster``'s program (``python -m node.devcluster``, NODES at the Makefile's
+    default) in ``cwd``, up: the process and the export line it printed."""
+    from node.devcluster import DEFAULT_NODES
     from tests.harness.cluster import cluster_env
 
+    makefile = (REPO / "Makefile").read_text()
+    assert f"\nNODES ?= {DEFAULT_NODES}\n" in makefile
+    assert "\t@exec $(PY) -m node.devcluster --nodes $(NODES)\n" in makefile
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.devcluster"],
+        cwd=cwd,
+        env={**os.environ, **cluster_env()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    printed = []
+    for line in proc.stdout:  # until it is up (or has exited)
+        printed.append(line)
+        if line.startswith("Ctrl-C"):
+            break
+    exports = [line.strip() for line in printed if "export NODE_METADATA_URL=" in line]
+    assert exports and proc.poll() is None, "".join(printed)
+    return proc, exports[0]
+
+
+def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
+    """The README's Replication blocks in a directory laid out as the repository's root:
+    ``make cluster`` (its program: running make itself would check the venv's stamp against
+    this copy), then the walkthrough with the export line it printed pasted in, which kills
+    n1 (``cluster/n1/node.lock``), appends with three nodes of four, and brings n1 back with
+    ``make cluster-node`` as written."""
     (tmp_path / ".venv").symlink_to(sys.prefix)
-    blocks = FENCED_SH.findall(_sections(README.read_text())["Replication"])
-    (block,) = [b for b in blocks if b.strip() != "make cluster"]
-    with LocalCluster(tmp_path / "cluster", env=cluster_env()) as cluster:
-        script = activation_block() + block.replace(
-            "etcd://127.0.0.1:2379/storage", cluster.metadata_url
-        )
+    for name in ("Makefile", "pyproject.toml", "requirements.lock"):
+        (tmp_path / name).symlink_to(REPO / name)
+    start, block = FENCED_SH.findall(_sections(README.read_text())["Replication"])
+    assert start == "make cluster\n"
+    export = block.splitlines()[0]
+    assert export.startswith("export NODE_METADATA_URL=") and "paste" in export, export
+    proc, printed = _start_make_cluster(tmp_path)
+    try:
+        script = activation_block() + block.replace(export, printed)
         result = subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
             cwd=tmp_path,
@@ -178,11 +210,24 @@ def test_the_replication_walkthrough_runs_as_written(tmp_path: Path) -> None:
             timeout=BLOCK_TIMEOUT_S,
             check=False,
         )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        said, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
     assert result.returncode == 0, f"{script}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert proc.returncode == 0, said
     out = result.stdout
-    assert all(f"n{i}" in out for i in range(3)), out
+    listings = [part for part in out.split("id  url") if "registered" in part]
+    assert len(listings) == 2, out
+    for listing in listings:  # at the start and once n1 is back: all four registered
+        rows = re.findall(r"^(n\d+) .* (yes|no)$", listing, re.MULTILINE)
+        assert rows == [(f"n{i}", "yes") for i in range(4)], out
     assert '"state": "CLOSED"' in out and '"lastEntryId": 2' in out, out
     # The stream: the append through n2 was answered by n0 (owner), read back through n1.
     assert "created: 201" in out and re.search(r'\{"position": "\d+:0"\}', out), out
     assert "s   e   r   v   e   d       b   y       n   0" in out, out
-    assert out.endswith("0\thello\n1\treplicated\n2\tworld\n"), out[-500:]
+    # n1 dead: the ledger read from the other two, the stream appended to.
+    assert "0\thello\n1\treplicated\n2\tworld\n" in out, out
+    assert re.search(r'\{"position": "\d+:\d+"\}\n(?!.*position)', out, re.DOTALL), out
+    # make cluster said so, and brought it back.
+    assert "node n1 exited with -9" in said and "node n1 started" in said, said
+    assert "node n1 started: http://127.0.0.1:" in out, out

@@ -2,18 +2,25 @@
 scheduler, the DAG processor, the triggerer and the API server, until Ctrl-C or SIGTERM.
 
 Run by .venv-airflow's Python with the environment the Makefile sets (AIRFLOW_HOME, the DAGs
-folder, the API's address and the execution API's URL). Not `airflow standalone`, for two
-reasons: its scheduler and triggerer serve their logs on every interface (ports 8793 and 8794;
-no option reaches them through standalone, while the API server reads the log files itself on
-one machine), and a SIGTERM to it leaves its components and their task workers running. Here
-each component runs in its own session (Ctrl-C reaches this process only, which stops them in
-order); this process is their child subreaper, so a task process orphaned on the way is still
-its descendant, and whatever is left after the grace period is killed."""
+folder, the API's address and the execution API's URL). The nodes it works on: a running
+`make cluster`'s (AIRFLOW_CLUSTER=DIR, or ./cluster when one runs there and no node URL was
+given), whose nodes become the static discovery and whose metadata store the Variable
+storage_node_metadata (the autorecovery DAG's); else the node of `make run`.
+`airflow_local.py cli ARGS` runs the Airflow CLI with the same Variables (`make airflow-cli`).
+
+Not `airflow standalone`, for two reasons: its scheduler and triggerer serve their logs on
+every interface (ports 8793 and 8794; no option reaches them through standalone, while the API
+server reads the log files itself on one machine), and a SIGTERM to it leaves its components
+and their task workers running. Here each component runs in its own session (Ctrl-C reaches
+this process only, which stops them in order); this process is their child subreaper, so a task
+process orphaned on the way is still its descendant, and whatever is left after the grace
+period is killed."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +30,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 COMPONENTS = {
     "scheduler": ["scheduler", "--skip-serve-logs"],
@@ -35,6 +43,11 @@ READY_TIMEOUT_S = 300.0  # first start: the DB migration and the API server's im
 POLL_S = 0.5
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+# node/devcluster.py's STATE_FILE, in a running `make cluster`'s directory: its pid, its
+# metadata store's URL and its nodes' (read here without the node package: this venv lacks it).
+CLUSTER_STATE = "devcluster.json"
+DISCOVERY_ENV = "AIRFLOW_VAR_STORAGE_NODE_DISCOVERY"
+METADATA_ENV = "AIRFLOW_VAR_STORAGE_NODE_METADATA"
 
 
 class Stop(Exception):
@@ -74,6 +87,48 @@ def descendants(pid: int, table: dict[int, tuple[int, str]] | None = None) -> li
             found.append(child)
             todo.append(child)
     return found
+
+
+def running_cluster(root: Path) -> dict[str, Any] | None:
+    """The state of the `make cluster` running under root, or None (no file, or the process
+    that wrote it is gone: a cluster killed with SIGKILL leaves it behind)."""
+    try:
+        state: dict[str, Any] = json.loads((root / CLUSTER_STATE).read_text())
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return state
+
+
+def storage_variables(environ: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The Variables' environment for the nodes to work on, and a line saying which they are.
+    AIRFLOW_CLUSTER (a directory: its cluster must run) wins over AIRFLOW_CLUSTER_PROBE (the
+    Makefile's ./cluster, when no node URL was given: used if a cluster runs there); else
+    the discovery the Makefile set is kept."""
+    explicit = environ.get("AIRFLOW_CLUSTER", "")
+    root = explicit or environ.get("AIRFLOW_CLUSTER_PROBE", "")
+    state = running_cluster(Path(root)) if root else None
+    if state is None and explicit:
+        raise SystemExit(
+            f"airflow-local | AIRFLOW_CLUSTER={explicit}: no `make cluster` runs there (no "
+            f"{Path(explicit) / CLUSTER_STATE} of a live process): start it first"
+        )
+    if state is None:
+        discovery = environ.get(DISCOVERY_ENV, "")
+        return {}, (
+            f"working on the nodes of {discovery}; no `make cluster` running"
+            f"{f' under {root}' if root else ''}, so storage_node_metadata (the autorecovery "
+            "DAG's) is not set: start `make cluster` first, or pass AIRFLOW_CLUSTER=DIR"
+        )
+    urls = sorted(state["nodes"].values())
+    variables = {
+        DISCOVERY_ENV: json.dumps({"kind": "static", "urls": urls}),
+        METADATA_ENV: str(state["metadataUrl"]),
+    }
+    return variables, (
+        f"working on the make cluster under {root}: nodes {', '.join(urls)}; "
+        f"storage_node_metadata {state['metadataUrl']}"
+    )
 
 
 def api_url() -> str:
@@ -127,7 +182,18 @@ def stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             break
 
 
+def cli(args: list[str]) -> None:
+    """The Airflow CLI with the Variables of the nodes `make airflow` works on."""
+    variables, _ = storage_variables(dict(os.environ))
+    os.execve(AIRFLOW, [AIRFLOW, *args], {**os.environ, **variables})
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["cli"]:
+        cli(sys.argv[2:])
+    variables, working_on = storage_variables(dict(os.environ))
+    os.environ.update(variables)  # the components' environment, and their tasks'
+    print(f"airflow-local | {working_on}", flush=True)
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")

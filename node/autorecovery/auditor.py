@@ -7,11 +7,12 @@ marked "missing" (the worker copies them onto it), one that holds other bytes "r
 worker moves its fragments elsewhere).
 
 A node is lost when it holds a cookie (``cookies/<id>``: it served once) but no registration
-(``nodes/<id>``) and has been so for ``lost_node_delay_s``: the first audit that sees it gone
-writes ``lost/<id>`` with that time, and a later audit that sees it registered again deletes it,
+(``nodes/<id>``) and has been so for ``lost_node_delay_s``: the first audit that sees it gone,
+or the first fleet poll of any node (fleet.py: every node's status page shows the same time),
+writes ``lost/<id>`` with that time, and a later one that sees it registered again deletes it,
 so a node restarted within the delay (a deploy, a reboot) costs no copying. The delay is counted
-from the first audit that noticed, not from the crash: audits must run more often than the delay
-is long for it to mean what it says.
+from that first sighting, within ``autorecovery_poll_s`` of the registration's end on a fleet of
+running nodes, not from the crash.
 
 A pass is idempotent: markers are created or CAS-merged (nodes added, never a reason replaced
 but "missing" by a move: markers.merged),
@@ -26,13 +27,13 @@ from typing import TYPE_CHECKING
 
 from node.autorecovery import ledgercheck
 from node.autorecovery import markers as m
+from node.autorecovery.fleet import note_unregistered
 from node.autorecovery.markers import AuditReport, Marker, Reason
 from node.autorecovery.replicas import MISSING, Finding, check_ledger
 from node.client.errors import CasConflict, NoSuchKey
 from node.client.metadata.loop import update
 from node.client.metadata.store import Versioned
 from node.client.model import (
-    COOKIES_PREFIX,
     LEDGERS_PREFIX,
     NODES_PREFIX,
     LedgerMetadata,
@@ -58,26 +59,8 @@ def _fragments(meta: LedgerMetadata, nodes: set[str]) -> int:
 
 async def _lost_nodes(client: Client, now_ms: int, delay_s: float) -> list[str]:
     """Record first sightings of known nodes gone, forget the ones back; those gone long enough."""
-    store = client.store
-    registered = _names(await store.range(NODES_PREFIX), NODES_PREFIX)
-    cookies = _names(await store.range(COOKIES_PREFIX), COOKIES_PREFIX)
-    marks = _names(await store.range(m.LOST_PREFIX), m.LOST_PREFIX)
-    lost = []
-    for node, seen in marks.items():
-        if node in registered or node not in cookies:
-            await m.delete_if(store, m.lost_key(node), seen)
-    for node in sorted(cookies.keys() - registered.keys()):
-        mark: Versioned | None = marks.get(node)
-        if mark is None:
-            try:
-                mark = await store.create(m.lost_key(node), m.encode_since(now_ms))
-            except CasConflict as conflict:  # another auditor saw it first: its time holds
-                mark = conflict.current or await store.get(m.lost_key(node))
-        if mark is None:
-            continue
-        if now_ms - m.decode_since(mark.value) >= delay_s * 1000:
-            lost.append(node)
-    return lost
+    since = await note_unregistered(client.store, now_ms)
+    return [node for node, seen in since.items() if now_ms - seen >= delay_s * 1000]
 
 
 async def _merge(client: Client, ledger_id: int, wanted: dict[str, Reason], now_ms: int) -> bool:

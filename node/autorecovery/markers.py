@@ -12,9 +12,10 @@ underreplicated/<19-digit ledger>   {"ledgerId", "nodes": {"<node>": "lost" |   
                                                                                 (removes)
 underreplicated-locks/<ledger>      {"worker", "sinceMs"}, under a lease of     worker
                                     ``lock_ttl_s`` kept alive while it copies
-lost/<node>                         {"sinceMs"}: the first audit that saw a     auditor
-                                    node with a cookie unregistered; deleted
-                                    once it is registered again
+lost/<node>                         {"sinceMs"}: the first audit or node's      auditor,
+                                    fleet poll that saw a node with a cookie    every node's
+                                    unregistered; deleted once it is            fleet poll
+                                    registered again                            (fleet.py)
 decommissioning/<node>              {"sinceMs"}                                 decommission
 autorecovery/auditor                the last AuditReport (``finishedMs``,       auditor
                                     counts, lost and decommissioning nodes,

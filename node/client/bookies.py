@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -146,7 +146,13 @@ class BookieClient:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self._per_host)
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+            # Nodes set no cookies and compress nothing: no per-request work for either.
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout,
+                connector=connector,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+            )
         return self._session
 
     async def _request(
@@ -157,7 +163,7 @@ class BookieClient:
         *,
         headers: dict[str, str],
         data: bytes | None = None,
-    ) -> tuple[bytes, dict[str, str]]:
+    ) -> tuple[bytes, Mapping[str, str]]:
         try:
             base = await self._registry.url(node_id)
         except (UnknownNode, MetadataError) as error:  # no address: as unreachable
@@ -170,7 +176,7 @@ class BookieClient:
             ) as resp:
                 raw = await resp.read()
                 if resp.status < 300:
-                    return raw, dict(resp.headers)
+                    return raw, resp.headers  # case-insensitive, kept after the release
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             self._registry.forget(node_id)

@@ -105,6 +105,7 @@ class Client:
         metadata_timeout_s: float = DEFAULT_METADATA_TIMEOUT_S,
         rng: random.Random | None = None,
         token: str | None = None,
+        home_node: str | None = None,
         _unsafe_unfenced_recovery_reads: bool = False,
     ) -> None:
         if isinstance(store, str):
@@ -130,6 +131,9 @@ class Client:
         self.max_request_entries = max_request_entries
         self.adds_in_flight_per_node = adds_in_flight_per_node
         self.rng = rng or random.Random()
+        # The node this client runs inside, if any: its replica is read first (a read of its
+        # own storage when the transport serves that node locally: node.replication.local).
+        self.home_node = home_node
         # Test-only: recovery's entry reads without fence=1 (BookKeeper #2614 comes back).
         self.unsafe_unfenced_recovery_reads = _unsafe_unfenced_recovery_reads
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -184,8 +188,9 @@ class Client:
         properties: Mapping[str, str] | None = None,
     ) -> LedgerHandle:
         """A new OPEN ledger on ``ensemble`` distinct writable nodes (distinct zones when there
-        are enough), written by the returned handle."""
-        nodes = choose_ensemble(await self.registry.candidates(), ensemble, self.rng)
+        are enough; the home node first when it is writable), written by the returned handle."""
+        candidates = await self.registry.candidates()
+        nodes = choose_ensemble(candidates, ensemble, self.rng, home=self.home_node)
         ledger_id = await self._retry(self.store.next_id)
         meta = LedgerMetadata(
             ledger_id=ledger_id,

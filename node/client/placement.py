@@ -35,8 +35,11 @@ def choose_ensemble(
     size: int,
     rng: random.Random,
     exclude: Collection[str] = (),
+    home: str | None = None,
 ) -> list[str]:
     """``size`` distinct writable nodes, one per zone while zones last, then cycling zones.
+    ``home`` (the writer's own node) comes first when it is eligible, as HDFS puts a block's
+    first replica on the writer's node: its copy is written and read without the network.
     NotEnoughNodes when fewer than ``size`` are eligible."""
     pool = _eligible(candidates, exclude)
     if len(pool) < size:
@@ -47,7 +50,8 @@ def choose_ensemble(
     zone_counts: Counter[str] = Counter()
     chosen: list[str] = []
     while len(chosen) < size:
-        node = _pick(pool, zone_counts, rng)
+        local = [n for n in pool if n.node_id == home] if not chosen else []
+        node = local[0] if local else _pick(pool, zone_counts, rng)
         pool.remove(node)
         zone_counts[node.zone] += 1
         chosen.append(node.node_id)

@@ -82,10 +82,11 @@ def lac_of(meta: LedgerMetadata, answers: dict[str, LacAnswer]) -> int:
 
 
 def replica_order(client: Client, nodes: Sequence[str], prefer: Sequence[str] = ()) -> list[str]:
-    """``nodes`` from a random one on (spreads reads), those in ``prefer`` first."""
+    """``nodes`` from a random one on (spreads reads), those in ``prefer`` first, then the
+    client's home node."""
     start = client.rng.randrange(len(nodes))
     rotated = [*nodes[start:], *nodes[:start]]
-    return sorted(rotated, key=lambda n: n not in prefer)
+    return sorted(rotated, key=lambda n: (n not in prefer, n != client.home_node))
 
 
 async def first_answer(
@@ -263,10 +264,12 @@ class ReadHandle:
 
     def _replicas(self, ensemble: Sequence[str]) -> list[str]:
         """Who is asked for a range, in order: the sticky replica first while it is one of
-        ``ensemble`` (else a random one: spreads the readers of a ledger), then the ones
-        after it in the ensemble."""
+        ``ensemble`` (else the client's home node when it is one: a local read; else a random
+        one: spreads the readers of a ledger), then the ones after it in the ensemble."""
         if self._sticky in ensemble:
             start = ensemble.index(self._sticky)
+        elif self._client.home_node in ensemble:
+            start = ensemble.index(self._client.home_node)
         else:
             start = self._client.rng.randrange(len(ensemble))
         self._sticky = ensemble[start]  # ranges asked for meanwhile go to the same one

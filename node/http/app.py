@@ -124,8 +124,10 @@ def build_app(
         storage_ = app[STORAGE]
 
         def local(remote: Transport) -> Transport:
-            """Adds to this node's own replica skip HTTP (node.replication.local)."""
-            return LocalReplica(remote, settings.id, storage_, metrics)
+            """Adds to and reads of this node's own replica skip HTTP (node.replication.local)."""
+            return LocalReplica(
+                remote, settings.id, storage_, metrics, settings.max_read_reply_bytes
+            )
 
         app[STREAMS], router = replicated_streams(settings, replication.store, clock, token, local)
         app[streams.STREAM_ROUTER] = router
@@ -135,6 +137,7 @@ def build_app(
             metrics.streams_owned.set_function(lambda: len(manager.streams()))
             router.on_takeover = metrics.stream_takeovers.inc
         app[status.REPLICATION_SUMMARY] = lambda: {**replication.summary(), **router.summary()}
+        app[status.FLEET_VIEW] = replication.fleet.view_summary
         app[REPLICA_GUARD] = replication.guard
         autorecovery.install(app, replication)
         app[AUDIT_LEDGER_SOURCE] = replication.store

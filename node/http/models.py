@@ -785,6 +785,72 @@ class StatusFleetNode(Reply):
     url: str
 
 
+class StatusDependentLedger(Reply):
+    """An open ledger whose last ensemble names the node: its writer needs that ensemble."""
+
+    ledgerId: Annotated[
+        str, Field(description="Decimal: replicated ledger ids exceed JavaScript's exact 2^53")
+    ]
+    state: Literal["OPEN", "IN_RECOVERY"]
+    stream: Annotated[str | None, Field(description="The stream whose ledger it is, if one")]
+    reachable: Annotated[
+        Count, Field(description="Nodes of its last ensemble registered now (copies reachable)")
+    ]
+    ensembleSize: Count
+    writeQuorum: Count
+    ackQuorum: Annotated[Count, Field(description="Copies an add needs")]
+
+
+class StatusFleetMember(Reply):
+    """A node the metadata store knows: registered, holding a cookie, or named by a ledger."""
+
+    id: str
+    state: Annotated[
+        Literal["registered", "read_only", "decommissioning", "unregistered", "lost"],
+        Field(description="lost: unregistered past the lost-node delay (or so audited)"),
+    ]
+    url: Annotated[str | None, Field(description="Its registration's; null when unregistered")]
+    zone: str | None
+    registered: bool
+    readOnly: bool
+    decommissioning: bool
+    cookie: Annotated[bool, Field(description="cookies/<id> held: it served in this cluster")]
+    unregisteredSinceMs: Annotated[
+        Millis | None,
+        Field(description="The first sighting of it unregistered (lost/<id>: any node or audit)"),
+    ]
+    lostAtMs: Annotated[
+        Millis | None,
+        Field(description="When the lost-node delay is over: audits then re-replicate its copies"),
+    ]
+    ledgers: Annotated[Count, Field(description="Ledgers a segment of which names it")]
+    openLedgerCount: Annotated[Count, Field(description="Open ledgers its last ensemble names")]
+    openLedgers: Annotated[
+        list[StatusDependentLedger], Field(description="The first of them, in ledger id order")
+    ]
+    streams: Annotated[list[str], Field(description="Streams whose open ledger names it")]
+
+
+class StatusFleet(Reply):
+    """Every node the store knows and what depends on it, read at most every cacheSeconds."""
+
+    readMs: Annotated[Millis | None, Field(description="When read; null until a read succeeded")]
+    cacheSeconds: Annotated[
+        Seconds,
+        Field(description="status_fleet_cache_s, or 10 times the last read's time when longer"),
+    ]
+    lostNodeDelaySeconds: Seconds
+    ledgers: Count | None
+    atRiskLedgers: Annotated[
+        Count | None,
+        Field(description="Ledgers a segment of which names a node not registered now"),
+    ]
+    atRiskOpenLedgers: Count | None
+    unregisteredNodes: Count | None
+    nodes: list[StatusFleetMember] | None
+    error: Annotated[str | None, Field(description="Why the last read failed (view kept)")]
+
+
 class StatusReplication(Reply):
     """Replicated ledgers: only ``enabled`` (false) on a node without a metadata store."""
 
@@ -850,6 +916,9 @@ class StatusReplication(Reply):
     autorecoveryPollErrors: Count | None = None
     lastAutorecoveryPollError: Annotated[
         str | None, Field(description="Why the last read failed; null when it succeeded")
+    ] = None
+    fleet: Annotated[
+        StatusFleet | None, Field(description="Every node the store knows (the fleet view)")
     ] = None
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -65,6 +65,8 @@ class StatusState:
 STATUS = web.AppKey("status", StatusState)
 # Set by node/http/app.py on a node with a metadata store: its replication block.
 REPLICATION_SUMMARY: web.AppKey[Callable[[], dict[str, Any]]] = web.AppKey("replication_summary")
+# ... and its fleet view (node/replication/fleet.py), read from the store when asked, cached.
+FLEET_VIEW: web.AppKey[Callable[[], Awaitable[dict[str, Any]]]] = web.AppKey("fleet_view")
 
 
 def install(app: web.Application, clock: Clock) -> None:
@@ -346,16 +348,17 @@ async def summary(request: web.Request) -> web.Response:
         audit=_audit(app),
         streams=streams,
         streamTotals=stream_totals,
-        replication=_replication(app),
+        replication=await _replication(app),
     )
     return json_response(reply.to_json())
 
 
-def _replication(app: web.Application) -> models.StatusReplication:
-    summary = app.get(REPLICATION_SUMMARY)
+async def _replication(app: web.Application) -> models.StatusReplication:
+    summary, fleet = app.get(REPLICATION_SUMMARY), app.get(FLEET_VIEW)
     if summary is None:
         return models.StatusReplication(enabled=False)
-    return models.StatusReplication(**summary())
+    view = models.StatusFleet.model_validate(await fleet()) if fleet is not None else None
+    return models.StatusReplication(**summary(), fleet=view)
 
 
 @routes.get("/api/v1/status/streams")

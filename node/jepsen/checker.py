@@ -38,7 +38,10 @@ lastEntryId, past the client's range check. A replica may keep an add the recove
 find (it reached too few replicas to be acknowledged: BookKeeper leaves such an entry where it
 is and no reader asks for it); such bytes, of an add whose outcome is unknown, are counted
 (``leftovers``), not a violation; an acknowledged add's bytes there are ``past_end``, a failed
-one's ``failed_present``, anyone else's ``phantom``.
+one's ``failed_present``, anyone else's ``phantom``. A stream's appends of unknown outcome have
+no ledger in the history (the answer that would have named it was lost), so ``check`` takes
+their digests as ``unplaced``: past an end such bytes are leftovers too, never in a ledger's
+range (there, a stream entry no cursor read is a phantom of the stream's checker).
 """
 
 from __future__ import annotations
@@ -128,6 +131,7 @@ class _Expected:
     absent: list[tuple[int, float, str]] = field(default_factory=list)  # (id, invoked, reader)
     lacs: list[tuple[int, str]] = field(default_factory=list)  # (LAC told, reader)
     closed_ends: list[tuple[int, str]] = field(default_factory=list)  # (end told, reader)
+    unplaced: frozenset[str] = frozenset()  # digests of unknown writes of no known ledger
 
 
 def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
@@ -178,8 +182,13 @@ def _unfinished(history: Iterable[Op]) -> int:
     return len(open_adds)
 
 
-def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) -> Verdict:
-    """Every ledger the history names must have been observed by at least one reader."""
+def check(
+    history: Sequence[Op],
+    observed: Mapping[int, Sequence[Observation]],
+    unplaced: frozenset[str] = frozenset(),
+) -> Verdict:
+    """Every ledger the history names must have been observed by at least one reader;
+    ``unplaced``: digests of writes of unknown outcome whose ledger the history cannot name."""
     verdict = Verdict()
     verdict.counts = {**_op_counts(history), "unfinished": _unfinished(history), "ledgers": 0}
     for ledger, exp in sorted(_expectations(history).items()):
@@ -188,9 +197,10 @@ def check(history: Sequence[Op], observed: Mapping[int, Sequence[Observation]]) 
         if not views:
             verdict.violations.append(Violation("unreadable", ledger, None, "no reader saw it"))
             continue
+        exp.unplaced = unplaced
         verdict.violations.extend(_check_ledger(ledger, exp, views))
         for view in views:
-            leftovers = sum(d in exp.written and _unknown(d, exp) for _, _, d in view.past_end)
+            leftovers = sum(_leftover(d, exp) for _, _, d in view.past_end)
             if leftovers:
                 verdict.counts["leftovers"] = verdict.counts.get("leftovers", 0) + leftovers
             if view.probe_errors:
@@ -218,6 +228,11 @@ def _op_counts(history: Iterable[Op]) -> dict[str, int]:
 def _unknown(d: str, exp: _Expected) -> bool:
     """The bytes of an add whose outcome is unknown (neither acknowledged nor failed)."""
     return d not in exp.failed and d not in exp.acked.values()
+
+
+def _leftover(d: str, exp: _Expected) -> bool:
+    """Bytes a replica may keep past a ledger's end: those of a write of unknown outcome."""
+    return d in exp.unplaced or (d in exp.written and _unknown(d, exp))
 
 
 def _check_ledger(ledger: int, exp: _Expected, views: list[Observation]) -> list[Violation]:
@@ -283,9 +298,11 @@ def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
         where = f"{name}: {node} served it past lastEntryId {last}"
         if served in exp.failed:
             bad("failed_present", entry, f"{where}, bytes of a failed add")
+        elif _leftover(served, exp):
+            continue
         elif served not in exp.written:
             bad("phantom", entry, f"{where}, bytes no add wrote")
-        elif not _unknown(served, exp):
+        else:
             bad("past_end", entry, f"{where}, bytes of an acknowledged add")
     ids = [e for e, _ in view.entries]
     if ids != sorted(ids) or len(set(ids)) != len(ids):
@@ -336,9 +353,11 @@ async def check_cluster(
     metadata_url: str,
     readers: int = READERS,
     address_override: Mapping[str, str] | None = None,
+    unplaced: frozenset[str] = frozenset(),
 ) -> Verdict:
     """Reads every ledger of ``history`` with ``readers`` fresh clients, each trying replicas
-    in its own seeded order, and checks what they saw against the history."""
+    in its own seeded order, and checks what they saw against the history (``unplaced``: as
+    ``check`` takes it)."""
     ledgers = sorted({op.ledger for op in history if op.ledger is not None})
     observed: dict[int, list[Observation]] = {lid: [] for lid in ledgers}
     for i in range(readers):
@@ -347,4 +366,4 @@ async def check_cluster(
         ) as client:
             for lid in ledgers:
                 observed[lid].append(await observe(client, f"reader{i}", lid))
-    return check(history, observed)
+    return check(history, observed, unplaced)

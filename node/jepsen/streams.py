@@ -734,4 +734,21 @@ async def check_stream_ledgers(
     """The replicated ledgers' checker on the stream's ``closed`` ledgers: fresh readers agree
     on each one's end, find it CLOSED with no gap, nothing served past its end, every
     acknowledged append at its position and nothing the cursor did not read."""
-    return await check_cluster(as_ledger_history(history, read_back, closed), metadata_url)
+    ledger_history = as_ledger_history(history, read_back, closed)
+    return await check_cluster(ledger_history, metadata_url, unplaced=unplaced_appends(history))
+
+
+def unplaced_appends(history: Iterable[Op]) -> frozenset[str]:
+    """Digests of the appends of unknown outcome (``info``, or invoked and never answered):
+    their bytes may sit past a closed ledger's end on a replica (a paused owner's add that
+    reached too few copies), and the history cannot say in which ledger."""
+    unknown: set[str] = set()
+    settled: set[str] = set()
+    for op in history:
+        if op.f not in ("append", "append_batch"):
+            continue
+        if op.type in ("invoke", "info"):
+            unknown.update(op.digests())
+        else:
+            settled.update(op.digests())
+    return frozenset(unknown - settled)

@@ -1,7 +1,9 @@
-"""The Transport of a node's own client (its replicated streams' writers): a replica add to
-this very node goes straight to its storage, as the replica route would take it, instead of
-an HTTP request to itself (a request out, the same request in, two answers: half the cost of
-an append on an owner in its ledger's ensemble). Everything else goes over ``remote``.
+"""The Transport of a node's own client (its replicated streams' writers and readers): a
+replica add to this very node goes straight to its storage, as the replica route would take
+it, instead of an HTTP request to itself (a request out, the same request in, two answers:
+half the cost of an append on an owner in its ledger's ensemble); so does a range read of its
+own replica (the client reads its home node first: a stream's catch-up on its owner reads
+local files, as one node does). Everything else goes over ``remote``.
 
 The storage's answer is the route's: ``add_replica`` returns once the entries are durable,
 and a refusal is the ReplicaError of the same code the route's JSON error would carry. The
@@ -32,12 +34,18 @@ class LocalReplica:
     """``remote`` for other nodes; this node's (``node_id``) replica adds to ``storage``."""
 
     def __init__(
-        self, remote: Transport, node_id: str, storage: LedgerStorage, metrics: Metrics
+        self,
+        remote: Transport,
+        node_id: str,
+        storage: LedgerStorage,
+        metrics: Metrics,
+        reply_bytes: int,
     ) -> None:
         self._remote = remote
         self._node_id = node_id
         self._storage = storage
         self._metrics = metrics
+        self._reply_bytes = reply_bytes  # a range answer's payload bytes, as the route's
 
     async def add(
         self,
@@ -89,7 +97,23 @@ class LocalReplica:
         return await self._remote.read_entry(node_id, ledger_id, entry_id, fence=fence)
 
     async def read_range(self, node_id: str, ledger_id: int, first: int, last: int) -> RangeAnswer:
-        return await self._remote.read_range(node_id, ledger_id, first, last)
+        """As the range route answers: cut by the reply's byte budget (``next_entry_id``),
+        and by an error after the first entry (reading on from there meets it)."""
+        if node_id != self._node_id:
+            return await self._remote.read_range(node_id, ledger_id, first, last)
+        found: list[tuple[int, bytes]] = []
+        size = 0
+        try:
+            async for entry_id, payload in self._storage.read_range(ledger_id, first, last):
+                size += len(payload)
+                if found and size > self._reply_bytes:
+                    return RangeAnswer(found, entry_id)
+                found.append((entry_id, payload))
+        except StorageError as error:
+            if not found:
+                raise ReplicaError(self._node_id, error.code, 0, error.message) from None
+            return RangeAnswer(found, found[-1][0] + 1)
+        return RangeAnswer(found, None)
 
     async def missing(
         self, node_id: str, ledger_id: int, first: int, last: int, stripe: Stripe

@@ -59,7 +59,12 @@ class Replication:
         self.orphans: OrphanReclaim | None = None
         assert metrics.fleet is not None  # made with the store's other metrics
         self.fleet = FleetPoller(
-            self.store, metrics.fleet, settings.autorecovery_poll_s, settings.metadata_timeout_s
+            self.store,
+            metrics.fleet,
+            settings.autorecovery_poll_s,
+            settings.metadata_timeout_s,
+            settings.lost_node_recovery_delay_s,
+            settings.status_fleet_cache_s,
         )
         self._started_ms = int(time.time() * 1000)
         if metrics.registration_up is not None:

@@ -375,7 +375,7 @@ def replicated_streams(
     """A node's streams when it has a metadata store: a manager over replicated ledgers whose
     streams are the ones this node owns, and the router that decides which those are.
     ``transport`` wraps the client's HTTP transport (the node's own replica adds, locally)."""
-    client = Client(store, token=token)
+    client = Client(store, token=token, home_node=settings.id)
     if transport is not None:
         client.transport = transport(client.transport)
     ownership = Ownership(store, settings.id, settings.advertised_url, settings.stream_owner_ttl_s)

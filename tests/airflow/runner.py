@@ -4,6 +4,8 @@ so the tests drive it through this script in a subprocess; the nodes run from th
     python runner.py migrate                 create the metadata DB in $AIRFLOW_HOME
     python runner.py dagbag                  the DAGs' ids, schedules, tags, retries, errors
     python runner.py test DAG_ID [CONF]      dag.test() with retries off; JSON of the run
+    python runner.py retrying DAG_ID [CONF]  the same with the retries the DAG declares, at
+                                             once (no delay): a task's tries are counted
     python runner.py discover CONFIG         storage_node_common.discover(CONFIG)
 
 Results are printed as one line "RESULT <json>" (Airflow logs around it go to stdout too)."""
@@ -49,7 +51,9 @@ def describe() -> None:
     emit({"importErrors": dict(bag.import_errors), "dags": dags})
 
 
-def run_test(dag_id: str, conf: dict[str, Any]) -> None:
+def run_test(dag_id: str, conf: dict[str, Any], retrying: bool = False) -> None:
+    from datetime import timedelta
+
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
@@ -57,7 +61,11 @@ def run_test(dag_id: str, conf: dict[str, Any]) -> None:
     # Retries would make dag.test() wait out the backoff of a task failing on purpose (a node
     # that is down); the import test checks the retries the DAGs really declare.
     for t in dag.tasks:
-        t.retries = 0
+        if retrying:
+            t.retry_delay = timedelta(0)
+            t.retry_exponential_backoff = False
+        else:
+            t.retries = 0
     dr = dag.test(run_conf=conf or None)
     tasks = []
     with create_session() as session:
@@ -78,6 +86,7 @@ def run_test(dag_id: str, conf: dict[str, Any]) -> None:
                     "taskId": ti.task_id,
                     "mapIndex": ti.map_index,
                     "state": str(ti.state),
+                    "tryNumber": ti.try_number,
                     "xcom": XComModel.deserialize_value(rows[0]) if rows else None,
                 }
             )
@@ -97,8 +106,9 @@ def main() -> None:
         emit({"home": os.environ["AIRFLOW_HOME"]})
     elif command == "dagbag":
         describe()
-    elif command == "test":
-        run_test(sys.argv[2], json.loads(sys.argv[3]) if len(sys.argv) > 3 else {})
+    elif command in ("test", "retrying"):
+        conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+        run_test(sys.argv[2], conf, retrying=command == "retrying")
     elif command == "discover":
         from storage_node_common import discover
 

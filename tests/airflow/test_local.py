@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.airflow.test_runs import TOKEN, call, rolling_stream
+from tests.harness.devcluster import Supervisor
 from tests.harness.hostdisk import REPO
 from tests.harness.node import DEFAULT_SETTINGS, NodeProcess
 from tests.harness.ports import free_port
@@ -38,10 +39,10 @@ DAGS = ("storage_node_compaction", "storage_node_retention")
 FENCED_SH = re.compile(r"^```sh\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
 
-def readme_cli_block() -> str:
+def readme_cli_block(section: str = "Airflow: the fleet's lifecycle") -> str:
     page = (REPO / "docs" / "deploying.md").read_text()
-    section = page.split("## Airflow: the fleet's lifecycle")[1]
-    blocks = [b for b in FENCED_SH.findall(section.split("\n## ")[0]) if "airflow-cli" in b]
+    text = page.split(f"## {section}\n")[1]
+    blocks = [b for b in FENCED_SH.findall(text.split("\n## ")[0]) if "airflow-cli" in b]
     assert len(blocks) == 1, blocks
     return str(blocks[0])
 
@@ -79,16 +80,19 @@ def is_loopback(address: str) -> bool:
 
 
 class LocalAirflow:
-    def __init__(self, home: Path, node_url: str) -> None:
+    """``make airflow`` on a free port and ``home``, working on the node at ``node_url`` or,
+    as a user's ``AIRFLOW_CLUSTER=...``, on the running ``make cluster`` under ``cluster``."""
+
+    def __init__(self, home: Path, node_url: str = "", cluster: Path | None = None) -> None:
         self.home = home
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = home.parent / "make-airflow.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        nodes = f"AIRFLOW_CLUSTER={cluster}" if cluster else f"AIRFLOW_NODE_URL={node_url}"
         env.update(
             NODE_ADMIN_TOKEN=TOKEN,
-            MAKEFLAGS=f"AIRFLOW_PORT={self.port} AIRFLOW_HOME_DIR={home} "
-            f"AIRFLOW_NODE_URL={node_url}",
+            MAKEFLAGS=f"AIRFLOW_PORT={self.port} AIRFLOW_HOME_DIR={home} {nodes}",
         )
         env.pop("MAKELEVEL", None)  # under `make test`: this is a make of its own
         self.env = env
@@ -117,6 +121,19 @@ class LocalAirflow:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def run_docs_block(self, section: str = "Airflow: the fleet's lifecycle") -> None:
+        """The section's `make airflow-cli` block of docs/deploying.md, as written."""
+        cli = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", readme_cli_block(section)],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=CLI_TIMEOUT_S,
+            check=False,
+        )
+        assert cli.returncode == 0, f"{cli.stdout[-4000:]}\n{cli.stderr[-4000:]}"
 
     def wait_for(self, done: Any, timeout: float, what: str) -> None:
         assert self.proc is not None
@@ -192,16 +209,7 @@ def test_make_airflow_runs_the_dags_against_the_node(
         return all(d["is_paused"] for d in dags) and {d["dag_id"] for d in dags} >= set(DAGS)
 
     airflow.wait_for(parsed, READY_TIMEOUT_S, "parsed")
-    cli = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", readme_cli_block()],
-        cwd=REPO,
-        env=airflow.env,
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-        check=False,
-    )
-    assert cli.returncode == 0, f"{cli.stdout[-4000:]}\n{cli.stderr[-4000:]}"
+    airflow.run_docs_block()
 
     def manual_runs() -> dict[str, dict[str, Any]]:
         found = {}
@@ -252,3 +260,41 @@ def test_make_airflow_runs_the_dags_against_the_node(
     airflow.stop()
     assert "airflow-local | stopped" in airflow.log(), airflow.log()[-4000:]
     assert not left(airflow.seen), (left(airflow.seen), time.monotonic() - started)
+
+
+AUTORECOVERY = "storage_node_autorecovery"
+
+
+def test_make_airflow_works_on_a_running_make_cluster(tmp_path: Path) -> None:
+    """The docs' block of "Airflow and make cluster" as written: the autorecovery DAG
+    unpaused and triggered with a --conf through make airflow-cli; the run succeeds against
+    the cluster's nodes and store, and carries the conf as JSON."""
+    cluster = Supervisor(tmp_path / "cluster", nodes=2)
+    airflow = LocalAirflow(tmp_path / "airflow-home", cluster=cluster.root)
+    try:
+        airflow.start()
+        assert f"working on the make cluster under {cluster.root}: nodes " in airflow.log()
+        assert cluster.state["metadataUrl"] in airflow.log(), airflow.log()[-4000:]
+
+        def parsed() -> bool:
+            dags = airflow.request("GET", "/api/v2/dags")["dags"]
+            return AUTORECOVERY in {d["dag_id"] for d in dags}
+
+        airflow.wait_for(parsed, READY_TIMEOUT_S, "parsed")
+        airflow.run_docs_block("Airflow and `make cluster`")
+
+        def manual() -> dict[str, Any] | None:
+            runs = [r for r in airflow.runs(AUTORECOVERY) if r["run_type"] == "manual"]
+            return runs[0] if runs else None
+
+        airflow.wait_for(
+            lambda: (manual() or {}).get("state") in ("success", "failed"),
+            RUNS_TIMEOUT_S,
+            "finished",
+        )
+        run = manual()
+        assert run is not None and run["state"] == "success", airflow.log()[-8000:]
+        assert run["conf"] == {"lost_node_recovery_delay_s": 0}, run
+    finally:
+        airflow.kill()
+        assert cluster.interrupt() == 0

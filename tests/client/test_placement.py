@@ -28,21 +28,28 @@ nodes_strategy = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(nodes_strategy, st.integers(1, 6), st.integers(0, 2**32))
+@given(
+    nodes_strategy,
+    st.integers(1, 6),
+    st.integers(0, 2**32),
+    st.sampled_from([None, *(f"n{i}" for i in range(12))]),
+)
 def test_ensembles_are_distinct_writable_nodes_spread_over_zones(
-    nodes: list[NodeInfo], size: int, seed: int
+    nodes: list[NodeInfo], size: int, seed: int, home: str | None
 ) -> None:
+    """With a home node: it comes first whenever it is writable, and the rest still spread."""
     writable = [n for n in nodes if n.state is NodeState.WRITABLE]
     if len(writable) < size:
         with pytest.raises(NotEnoughNodes):
-            choose_ensemble(nodes, size, random.Random(seed))
+            choose_ensemble(nodes, size, random.Random(seed), home=home)
         return
-    chosen = choose_ensemble(nodes, size, random.Random(seed))
+    chosen = choose_ensemble(nodes, size, random.Random(seed), home=home)
     assert len(chosen) == size == len(set(chosen))
     assert set(chosen) <= {n.node_id for n in writable}
     zone = {n.node_id: n.zone for n in nodes}
     zones_available = len({n.zone for n in writable})
     assert len({zone[n] for n in chosen}) == min(size, zones_available)
+    assert (chosen[0] == home) == (home in {n.node_id for n in writable})
 
 
 @settings(max_examples=300, deadline=None)

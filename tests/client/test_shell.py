@@ -32,6 +32,7 @@ from node.client.model import (
     node_key,
 )
 from node.client.shell import escape
+from node.devcluster import DEFAULT_NODES
 from node.localcluster import LocalCluster, ProcessExited
 from tests.harness.cluster import cluster_env
 from tests.harness.etcd import EtcdServer
@@ -408,7 +409,7 @@ def test_readd_lets_a_wiped_node_back_as_a_new_one(tmp_path: Any) -> None:
         assert read.stdout.splitlines() == [f"{i}\tentry {i}" for i in range(3)], read.stderr
 
 
-DEVCLUSTER_READY_S = 90  # etcd and three nodes start; only stops a hang
+DEVCLUSTER_READY_S = 90  # etcd and the nodes start; only stops a hang
 
 
 def _devcluster(root: Any) -> tuple[subprocess.Popen[str], str]:
@@ -450,7 +451,9 @@ def test_make_cluster_runs_until_interrupted_and_comes_back_the_same(tmp_path: A
     proc, url = _devcluster(root)
     try:
         first = shell_json("listnodes", "--metadata-url", url)["nodes"]
-        assert [(n["id"], n["registered"]) for n in first] == [(f"n{i}", True) for i in range(3)]
+        assert [(n["id"], n["registered"]) for n in first] == [
+            (f"n{i}", True) for i in range(DEFAULT_NODES)
+        ]
         lid = closed_ledger(url, [b"survives a restart"])
     finally:
         assert _interrupt(proc) == 0

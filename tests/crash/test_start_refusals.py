@@ -1,18 +1,24 @@
-"""A node that cannot start as asked (its data directory is another live node's, its port
-is taken) says so in one line and exits 2 before writing anything; a
+"""A node that cannot start as asked (its data directory is another live node's, a file, under
+/proc or not writable by its user; its port is taken) says so in one line and exits 2 before
+writing anything; a
 node killed outright never blocks its own restart; the audit refuses a live node's data
 directory (item 6)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.harness.hostdisk import run_node
+import pytest
+
+from tests.harness.hostdisk import REPO, neutral_env, run_node
 from tests.harness.node import NodeProcess
 from tests.harness.ports import free_port
 
@@ -71,6 +77,91 @@ def test_port_in_use_is_refused_before_any_file_is_written(tmp_path: Path) -> No
 
     _assert_one_line_refusal(done, str(port), "NODE_HTTP_PORT")
     assert not data_dir.exists()
+
+
+def test_a_data_dir_that_is_a_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.write_text("not a directory\n")
+
+    done = _run_node("serve", "--data-dir", str(data), "--port", str(free_port()))
+
+    _assert_one_line_refusal(done, str(data), "is a file, not a directory", "--data-dir")
+    assert data.read_text() == "not a directory\n"
+
+    done = _run_node("serve", "--data-dir", str(data / "sub"), "--port", str(free_port()))
+
+    _assert_one_line_refusal(done, str(data / "sub"), f"{data} is a file")
+
+
+def test_a_data_dir_on_a_pseudo_file_system_is_refused_in_one_line() -> None:
+    """/proc holds no blocks: sized as a disk, it used to be refused as "0.0 MiB, too small"."""
+    done = _run_node("serve", "--data-dir", "/proc/nope", "--port", str(free_port()))
+
+    line = _assert_one_line_refusal(done, "/proc/nope", "cannot be created", "usable file system")
+    assert "too small" not in line
+
+
+NOBODY = "nobody"  # a user other than the directory's owner (root)
+
+
+def _run_node_as_nobody(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m node ARGS`` as the user nobody (and its group), as the image runs its node
+    as uid 10001."""
+    return subprocess.run(
+        [
+            *("setpriv", f"--reuid={NOBODY}", f"--regid={_id(NOBODY, '-g')}", "--clear-groups"),
+            *(sys.executable, "-m", "node", *args),
+        ],
+        env={**neutral_env(), "PYTHONPATH": str(REPO)},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+        check=False,
+    )
+
+
+def _id(user: str, which: str) -> int:
+    return int(subprocess.run(["id", which, user], capture_output=True, text=True).stdout)
+
+
+def _nobody_can_run_the_node() -> bool:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return False
+    return _run_node_as_nobody("--help").returncode == 0
+
+
+@pytest.mark.skipif(
+    not _nobody_can_run_the_node(),
+    reason="needs root, setpriv, and a repository and Python the user nobody can read",
+)
+@pytest.mark.parametrize("mode", [0o755, 0o000], ids=["root-owned", "mode-000"])
+def test_a_data_dir_the_nodes_user_cannot_write_is_refused_naming_the_chown(mode: int) -> None:
+    """The image's /data left owned by root: the node (uid 10001 there, nobody here) used to
+    die with a traceback ending in PermissionError on /data/node.lock."""
+    # Under /tmp, not pytest's tmp_path: nobody may not enter root's pytest-of-root.
+    with tempfile.TemporaryDirectory(prefix="refusal-") as parent:
+        os.chmod(parent, 0o755)
+        data = Path(parent) / "data"
+        data.mkdir()
+        data.chmod(mode)
+        try:
+            _assert_refused_naming_the_chown(data, _id(NOBODY, "-u"))
+        finally:
+            data.chmod(0o755)  # for the clean-up
+
+
+def _assert_refused_naming_the_chown(data: Path, uid: int) -> None:
+
+    done = _run_node_as_nobody("serve", "--data-dir", str(data), "--port", str(free_port()))
+
+    _assert_one_line_refusal(done, str(data), "not writable", f"chown -R {uid} {data}")
+    assert not list(data.iterdir())
+
+    # Below it, a directory to be created: the fix names it and its parent.
+    done = _run_node_as_nobody("serve", "--data-dir", str(data / "x"), "--port", str(free_port()))
+
+    _assert_one_line_refusal(done, str(data / "x"), f"chown -R {uid} {data / 'x'}")
 
 
 def test_a_killed_node_never_blocks_its_restart(tmp_path: Path) -> None:

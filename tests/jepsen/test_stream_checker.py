@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from node.jepsen.checker import Observation, check
 from node.jepsen.history import Op, OpFunction, OpType, digest
-from node.jepsen.streams import KINDS, as_ledger_history, check_stream
+from node.jepsen.streams import KINDS, as_ledger_history, check_stream, unplaced_appends
 
 OLD, NEW = 5, 9  # the ledger before a takeover, the one after
 
@@ -246,6 +246,31 @@ def test_the_stream_as_the_ledger_checkers_history() -> None:
     assert check(ops, {OLD: [extra]}).kinds() == {"phantom"}
     cut = Observation.of("r0", "CLOSED", 3, held[:4])
     assert check(ops, {OLD: [cut]}).kinds() == {"short"}
+
+
+def test_an_unknown_appends_bytes_past_a_closed_ledgers_end_are_a_leftover() -> None:
+    """A paused owner's append that reached one replica before the takeover fenced the
+    others: its answer was lost (info, or its process died), so the history names no ledger,
+    and the replica keeps the bytes past the recovered end. A leftover, not a phantom; a
+    failed or acknowledged append's bytes there, or bytes no append carried, still are not."""
+    b, read = clean()
+    ops = as_ledger_history(b.ops, read, {OLD})
+    unplaced = unplaced_appends(b.ops)
+    assert unplaced == {digest(b"w2-1"), digest(b"w2-3"), digest(b"w1-4")}
+    held = [(int(p.split(":")[1]), payload) for p, payload in read if p.startswith(f"{OLD}:")]
+    for name in (b"w2-3", b"w1-4"):
+        view = Observation.of("r0", "CLOSED", 5, held)
+        view.past_end.append((6, "n1", digest(name)))
+        assert check(ops, {OLD: [view]}).kinds() == {"phantom"}  # without the stream's word
+        verdict = check(ops, {OLD: [view]}, unplaced)
+        assert verdict.ok, verdict
+        assert verdict.counts["leftovers"] == 1
+    for name, kind in ((b"w2-2", "phantom"), (b"w0-4", "phantom"), (b"ghost", "phantom")):
+        view = Observation.of("r0", "CLOSED", 5, held)
+        view.past_end.append((6, "n1", digest(name)))
+        assert check(ops, {OLD: [view]}, unplaced).kinds() == {kind}
+    inside = Observation.of("r0", "CLOSED", 6, [*held, (6, b"w2-3")])
+    assert check(ops, {OLD: [inside]}, unplaced).kinds() == {"phantom"}
 
 
 def entries(read: list[tuple[str, bytes]], *indexes: int) -> list[tuple[str, str]]:

@@ -5,10 +5,12 @@ axe-core fails the tests with what to run, never skips them."""
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import sync_playwright
 
 HERE = Path(__file__).resolve().parent
 CHROMIUM = "/usr/bin/chromium"
@@ -45,3 +47,37 @@ def axe_source() -> str:
 
 def launch(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+
+
+def axe_findings(page: Any) -> tuple[list[str], list[str], int]:
+    """axe-core's run over ``page`` (opened with ``bypass_csp=True``: axe is injected as a
+    script, which the page's Content-Security-Policy would refuse): the serious or critical
+    violations, the minor ones, and how many checks passed."""
+    page.add_script_tag(content=axe_source())
+    result = page.evaluate(
+        """() => axe.run(document, {
+            runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa",
+                                            "best-practice"]},
+        })"""
+    )
+    serious = [
+        f"{v['id']} ({v['impact']}): {v['help']} at "
+        + "; ".join(n["target"][0] for n in v["nodes"][:3])
+        for v in result["violations"]
+        if v["impact"] in ("serious", "critical")
+    ]
+    minor = [
+        f"{v['id']} ({v['impact']})"
+        for v in result["violations"]
+        if v["impact"] not in ("serious", "critical")
+    ]
+    return serious, minor, len(result["passes"])
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One chromium per test module (imported by the modules that use it)."""
+    with sync_playwright() as playwright:
+        chromium = launch(playwright)
+        yield chromium
+        chromium.close()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import ConsoleMessage, Page, Request, Response, sync_playwright
+from playwright.sync_api import ConsoleMessage, Page, Request, Response
 
 from node.autorecovery.markers import AUDITOR_KEY, TOTALS_KEY
 from node.client.model import NodeInfo, node_key
@@ -29,7 +29,7 @@ from node.storage.entrylog import read_ledgers_map
 from tests.client.conftest import etcd
 from tests.harness.etcd import EtcdServer, store_write
 from tests.harness.node import NodeProcess
-from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_source, launch
+from tests.status.browser import DESKTOP, PHONE, SCREENSHOTS, axe_findings, browser
 
 TOKEN = "status-page-token"
 POLL_MS = 300  # the page's poll period here (?poll=): the tests wait a few of them at most
@@ -49,7 +49,7 @@ NODE_ENV = {
 }
 OLD_S = 90 * 24 * 3600  # how old the test makes one log
 
-__all__ = ["etcd"]  # the session's etcd, for the replicated node's test
+__all__ = ["browser", "etcd"]  # fixtures: chromium, the session's etcd for the replicated node
 
 
 @pytest.fixture(autouse=True)
@@ -161,14 +161,6 @@ def world(node: NodeProcess) -> Iterator[dict[str, Any]]:
     finally:
         workload.stopped.set()
         workload.thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_playwright() as playwright:
-        chromium = launch(playwright)
-        yield chromium
-        chromium.close()
 
 
 class Watched:
@@ -306,7 +298,6 @@ def test_its_numbers_equal_the_json_apis(
         "wal.groupWrites",
         "wal.kind",
         "state",
-        "nodeId",
         "version",
     ]
     for name in fields:
@@ -315,6 +306,8 @@ def test_its_numbers_equal_the_json_apis(
             expected = expected[key]
         shown = _field(page, f'[data-src="summary"][data-field="{name}"]')
         assert shown == expected, (name, shown, expected)
+    # Without a metadata store the header names the node by its WAL node id.
+    assert _field(page, "#node-id") == str(summary["nodeId"])
     adds = summary["counters"]["adds"]
     assert page.locator('[data-field="counters.adds"]').inner_text() == f"{adds:,}"
     assert summary["replication"]["enabled"] is False
@@ -522,26 +515,12 @@ def test_with_a_token_set_actions_without_it_are_refused_and_shown_as_such(
 def test_axe_finds_no_serious_accessibility_violation(
     browser: Any, node: NodeProcess, world: dict[str, Any], viewport: dict[str, int]
 ) -> None:
-    # axe is injected as a script: the page's Content-Security-Policy would refuse it.
     watched = _open(browser, node, viewport, bypass_csp=True)
     page = watched.page
-    page.add_script_tag(content=axe_source())
-    result = page.evaluate(
-        """() => axe.run(document, {
-            runOnly: {type: "tag", values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa",
-                                            "best-practice"]},
-        })"""
-    )
-    serious = [
-        f"{v['id']} ({v['impact']}): {v['help']} at "
-        + "; ".join(n["target"][0] for n in v["nodes"][:3])
-        for v in result["violations"]
-        if v["impact"] in ("serious", "critical")
-    ]
-    minor = [f"{v['id']} ({v['impact']})" for v in result["violations"] if v not in serious]
+    serious, minor, passes = axe_findings(page)
     print("axe: minor findings:", minor or "none")
     assert serious == []
-    assert len(result["passes"]) > 20, "axe checked next to nothing"
+    assert passes > 20, "axe checked next to nothing"
     # Headings in order, every control named.
     levels = page.eval_on_selector_all("h1, h2, h3", "hs => hs.map(h => Number(h.tagName[1]))")
     assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels))
@@ -620,6 +599,7 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         "NODE_ZONE": "zone-a",
         "NODE_STATUS_HISTORY_INTERVAL_S": "0.5",
         "NODE_AUTORECOVERY_POLL_S": "0.3",
+        "NODE_STATUS_FLEET_CACHE_S": "0.3",
     }
     replicated = NodeProcess(tmp_path / "data", env=env)
     replicated.start()
@@ -681,6 +661,7 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
         store_write(etcd, prefix, TOTALS_KEY, {"fragments": 5, "entries": 50, "bytes": 5 << 20})
         page.wait_for_selector('#replication-under[data-value="2"]')
         page.wait_for_selector('#fleet-nodes tr[data-node="status-n1"]')
+        page.wait_for_selector('#fleet-nodes tr[data-node="status-n7"]')
         # The totals are a key of their own: a poll may land between the two writes.
         page.wait_for_function(
             "document.querySelector('#fleet-note').innerText.includes('5.0 MiB')"
@@ -698,9 +679,16 @@ def test_a_replicated_node_shows_its_registration_and_the_replicas_it_holds(
             )
             for row in page.locator("#fleet-nodes tbody tr").all()
         }
-        assert rows == {"status-n0": ("zone-a", "writable"), "status-n1": ("zone-b", "writable")}
+        # The audit's lost node is listed too, though the store holds nothing else of it.
+        assert rows == {
+            "status-n0": ("zone-a", "registered"),
+            "status-n1": ("zone-b", "registered"),
+            "status-n7": ("(none)", "lost"),
+        }
+        assert page.locator("#node-id").inner_text() == "status-n0"
+        assert "in zone zone-a" in page.locator("#replication-zone").inner_text()
         note = page.locator("#fleet-note").inner_text()
-        assert "2 nodes registered in 2 zones" in note and "5.0 MiB" in note
+        assert "2 of 3 nodes registered in 2 zones" in note and "5.0 MiB" in note
         assert page.locator("#fleet-error").is_hidden()
         assert page.locator("#fleet-gone").inner_text() == "At the last audit, lost: status-n7."
         _shot(page, "replication")

@@ -92,6 +92,7 @@ async def _read(url: str) -> tuple[int, bytes]:
 
 
 REPLICA_ROUTE = (("method", "POST"), ("route", "/api/v1/ledgers/{lid}/entries"))
+RANGE_ROUTE = (("method", "GET"), ("route", "/api/v1/ledgers/{lid}/entries"))
 APPENDS = 30
 
 
@@ -105,23 +106,26 @@ async def _samples(url: str) -> Samples:
         conn.writer.close()
 
 
-def _replica_requests(samples: Samples) -> float:
-    """POST requests the node answered on the ledger add route (the replica adds)."""
+def _replica_requests(
+    samples: Samples, route: tuple[tuple[str, str], ...] = REPLICA_ROUTE
+) -> float:
+    """Requests the node answered on ``route`` (default: the replica adds)."""
     name = "storage_node_http_request_duration_seconds_count"
     return sum(
         value
         for (sample, labels), value in samples.items()
-        if sample == name and set(REPLICA_ROUTE) <= set(labels)
+        if sample == name and set(route) <= set(labels)
     )
 
 
 @pytest.fixture
 def three_nodes(make_cluster: MakeCluster) -> LocalCluster:
-    """Three nodes: a 3/3/2 stream's owner holds a copy of every entry."""
-    return make_cluster(nodes=3, env=STREAM_CLUSTER_ENV)
+    """Three nodes: a 3/3/2 stream's owner holds a copy of every entry. No entry cache, so
+    that the owner's stream reads go to the ledger's replicas."""
+    return make_cluster(nodes=3, env={**STREAM_CLUSTER_ENV, "NODE_STREAM_ENTRY_CACHE_BYTES": "0"})
 
 
-async def test_the_owner_stores_its_own_copy_without_a_request_to_itself(
+async def test_the_owner_stores_and_reads_its_own_copy_without_a_request_to_itself(
     three_nodes: LocalCluster,
 ) -> None:
     cluster = three_nodes
@@ -150,6 +154,13 @@ async def test_the_owner_stores_its_own_copy_without_a_request_to_itself(
                 f"{cluster.url(found)}/api/v1/ledgers/{ledger}/entries/{n}"
             ) as r:
                 assert (r.status, await r.read()) == (200, b"entry %d" % n)
+    # The owner reads its stream from its own replica (the client's home node, read
+    # locally): no range request reaches any node, and every entry comes back.
+    status, raw = await _read(cluster.url(found))
+    assert status == 200
+    assert [p for _, p in decode_stream_frames(raw)] == [b"entry %d" % n for n in range(10)]
+    for node in cluster.node_ids:
+        assert _replica_requests(await _samples(cluster.url(node)), RANGE_ROUTE) == 0, node
 
 
 async def _holds(url: str, ledger: int, last: int, timeout_s: float = 30.0) -> None:

@@ -193,6 +193,7 @@
       const source = data[node.dataset.src];
       if (source) show(node, lookup(source, node.dataset.field));
     }
+    renderName(s);
     renderState(s);
     renderDisks(s);
     renderWal(s.wal, s.nowMs);
@@ -206,6 +207,17 @@
     renderAudit(s.audit);
     renderReplication(s.replication);
     $("#token-hint").dataset.required = String(s.adminTokenRequired);
+  }
+
+  // The node as the fleet knows it (n0, n1, ...) when it has a metadata store; the WAL's
+  // numeric node id otherwise (and in the tooltip).
+  function renderName(s) {
+    const name = s.replication.enabled && s.replication.nodeId ? s.replication.nodeId : String(s.nodeId);
+    const node = $("#node-id");
+    node.textContent = name;
+    node.dataset.value = JSON.stringify(name);
+    node.title = `WAL node id ${s.nodeId}`;
+    document.title = `Storage node ${name} status`;
   }
 
   function renderState(s) {
@@ -523,12 +535,141 @@
     box.append(list);
   }
 
+  const FLEET_STATES = { registered: ["registered", ""], read_only: ["read-only", "warn"],
+    decommissioning: ["decommissioning", "warn"], unregistered: ["unregistered", "bad"],
+    lost: ["lost", "bad"] };
+  function hhmm(ms) {
+    return new Date(ms).toLocaleTimeString("en-GB", { hour: "2-digit", minute: "2-digit", hour12: false });
+  }
+  function timeEl(ms, text) {
+    const node = el("time", { dateTime: new Date(ms).toISOString(), text });
+    node.dataset.value = JSON.stringify(ms);
+    return node;
+  }
+
+  // "2 of 3 copies reachable, needs 2": with striping (ensemble larger than the write
+  // quorum) each entry has fewer copies than the ensemble has nodes, so the ensemble is named.
+  function copies(d) {
+    const needs = `needs ${d.ackQuorum}`;
+    return d.ensembleSize === d.writeQuorum
+      ? `${d.reachable} of ${d.ensembleSize} copies reachable, ${needs}`
+      : `${d.reachable} of ${d.ensembleSize} ensemble nodes reachable (${d.writeQuorum} ` +
+        `copies of each entry), ${needs}`;
+  }
+
+  function fleetState(node) {
+    const [word, kind] = FLEET_STATES[node.state] || [node.state, "warn"];
+    const cell = el("td", { "data-field": "state", class: kind });
+    cell.append(word);
+    if (node.unregisteredSinceMs !== null) {
+      cell.append(" since ", timeEl(node.unregisteredSinceMs, clock(new Date(node.unregisteredSinceMs))));
+    }
+    if (node.decommissioning && node.state !== "decommissioning") cell.append(", decommissioning");
+    return cell;
+  }
+
+  function fleetDepends(node) {
+    const cell = el("td", { "data-field": "depends" });
+    if (!node.openLedgerCount) {
+      cell.append(node.ledgers ? `no open ledger; copies of ${count(node.ledgers)} closed ` +
+        (node.ledgers === 1 ? "ledger" : "ledgers") : "nothing");
+      return cell;
+    }
+    const list = el("ul", { class: "deps" });
+    for (const d of node.openLedgers) {
+      list.append(el("li", { "data-ledger": String(d.ledgerId) },
+        el("strong", { text: `ledger ${d.ledgerId}` }),
+        d.stream ? ` (stream ${d.stream})` : "", `: ${copies(d)}`));
+    }
+    const more = node.openLedgerCount - node.openLedgers.length;
+    if (more > 0) list.append(el("li", { text: `and ${count(more)} more open ledgers` }));
+    if (node.streams.length) {
+      list.append(el("li", { "data-field": "streams", text: `streams: ${node.streams.join(", ")}` }));
+    }
+    const closed = node.ledgers - node.openLedgerCount;
+    if (closed > 0) list.append(el("li", { text: `copies of ${count(closed)} closed ledgers` }));
+    cell.append(list);
+    return cell;
+  }
+
+  function fleetNext(node, fleet, r) {
+    const cell = el("td", { "data-field": "next" });
+    if (node.state === "unregistered" && node.lostAtMs !== null) {
+      cell.append("its ledgers re-replicated from ", timeEl(node.lostAtMs, hhmm(node.lostAtMs)),
+        ` unless it returns (lost-node delay ${duration(fleet.lostNodeDelaySeconds)})`);
+    } else if (node.state === "unregistered") {
+      cell.append("never counted lost: it holds no cookie (retired, or never served here)");
+    } else if (node.state === "lost") {
+      const audited = (r.lostNodeIds || []).includes(node.id);
+      cell.append(audited ? "lost: its ledgers are being re-replicated" :
+        "lost: the next audit marks its ledgers for re-replication");
+    } else if (node.decommissioning) {
+      cell.append("its ledgers are moved to other nodes, then it may leave");
+    } else if (node.state === "read_only") {
+      cell.append("serves reads; new ledgers go elsewhere");
+    } else {
+      cell.append("–");
+    }
+    return cell;
+  }
+
+  function renderFleet(r) {
+    const fleet = r.fleet;
+    const rows = $("#fleet-nodes tbody");
+    rows.replaceChildren();
+    // Before the fleet view's first read: the registered nodes of the last poll.
+    const nodes = fleet && fleet.nodes ? fleet.nodes : (r.nodes || []).map((n) => ({
+      id: n.id, zone: n.zone, state: n.state === "readonly" ? "read_only" : "registered",
+      registered: true, decommissioning: false, unregisteredSinceMs: null, lostAtMs: null,
+      ledgers: 0, openLedgerCount: 0, openLedgers: [], streams: [] }));
+    for (const node of nodes) {
+      rows.append(el("tr", { "data-node": node.id, "data-state": node.state },
+        el("th", { scope: "row" }, el("code", { text: node.id })),
+        el("td", { "data-field": "zone", text: node.zone || "(none)" }),
+        fleetState(node), fleetDepends(node), fleetNext(node, fleet, r)));
+    }
+    if (!nodes.length) {
+      rows.append(el("tr", {}, el("td", { colSpan: 5, text: "Not read from the store yet." })));
+    }
+    $("#fleet-at-risk").classList.toggle("bad", Boolean(fleet && fleet.atRiskLedgers));
+    $("#fleet-unregistered").classList.toggle("bad", Boolean(fleet && fleet.unregisteredNodes));
+    const away = nodes.filter((n) => !n.registered && n.ledgers);
+    const risk = $("#fleet-risk");
+    risk.hidden = !(fleet && fleet.atRiskLedgers);
+    risk.textContent = risk.hidden ? "" : `At risk now: ${count(fleet.atRiskLedgers)} ` +
+      `ledgers (${count(fleet.atRiskOpenLedgers)} open) name ${away.map((n) => n.id).join(", ")}, ` +
+      "not registered. An audit counts them under-replicated once the lost-node delay is over.";
+    const gone = [["lost", r.lostNodeIds], ["decommissioning", r.decommissioningNodeIds]]
+      .filter(([, ids]) => ids && ids.length).map(([what, ids]) => `${what}: ${ids.join(", ")}`);
+    $("#fleet-gone").hidden = !gone.length;
+    $("#fleet-gone").textContent = gone.length ? "At the last audit, " + gone.join("; ") + "." : "";
+    // Zones are counted only when nodes declare them: "1 zones" of nodes that name none says nothing.
+    const registered = nodes.filter((n) => n.registered);
+    const zones = new Set(registered.map((n) => n.zone).filter(Boolean));
+    const where = zones.size ? ` in ${count(zones.size)} ${zones.size === 1 ? "zone" : "zones"}` : "";
+    const read = fleet && fleet.readMs ? `; the fleet view read ${time(fleet.readMs)} ` +
+      `(every ${duration(fleet.cacheSeconds)} at most)` : "";
+    $("#fleet-note").textContent = `${count(registered.length)} of ${count(nodes.length)} ` +
+      `nodes registered${where}; re-replicated since the cluster began: ` +
+      `${count(r.rereplicatedFragments)} fragments, ${count(r.rereplicatedEntries)} entries, ` +
+      `${bytes(r.rereplicatedBytes)}. Autorecovery figures read ${time(r.lastAutorecoveryPollMs)}${read}.`;
+    const failed = $("#fleet-error");
+    const errors = [r.lastAutorecoveryPollError ? "The last read of the store failed " +
+      `(${count(r.autorecoveryPollErrors)} so far; the figures are the last read's): ` +
+      r.lastAutorecoveryPollError : null,
+    fleet && fleet.error ? `The last read of the fleet view failed (the view is the last ` +
+      `read's): ${fleet.error}` : null].filter(Boolean);
+    failed.hidden = !errors.length;
+    failed.textContent = errors.join(" ");
+  }
+
   function renderReplication(r) {
     $("#replication-off").hidden = r.enabled;
     $("#replication-on").hidden = !r.enabled;
     if (!r.enabled) return;
     badge($("#replication-registered"), r.registered ? "registered" : "not registered",
       r.registered ? "ok" : "bad");
+    $("#replication-zone").hidden = !r.zone;
     const error = $("#replication-error");
     error.hidden = !r.lastRegistrationError;
     error.textContent = r.lastRegistrationError
@@ -539,31 +680,7 @@
     audit.textContent = r.lastAuditorRunMs === null ? "none yet"
       : `${time(r.lastAuditorRunMs)} (${duration(Math.max(0, Date.now() - r.lastAuditorRunMs) / 1000)} ago)`;
     audit.dataset.value = JSON.stringify(r.lastAuditorRunMs);
-    const rows = $("#fleet-nodes tbody");
-    rows.replaceChildren();
-    for (const node of r.nodes || []) {
-      rows.append(el("tr", { "data-node": node.id },
-        el("td", {}, el("code", { text: node.id })),
-        el("td", { "data-field": "zone", text: node.zone || "(none)" }),
-        el("td", { "data-field": "state", text: node.state })));
-    }
-    if (r.nodes === null) {
-      rows.append(el("tr", {}, el("td", { colSpan: 3, text: "Not read from the store yet." })));
-    }
-    const gone = [["lost", r.lostNodeIds], ["decommissioning", r.decommissioningNodeIds]]
-      .filter(([, ids]) => ids && ids.length).map(([what, ids]) => `${what}: ${ids.join(", ")}`);
-    $("#fleet-gone").hidden = !gone.length;
-    $("#fleet-gone").textContent = gone.length ? "At the last audit, " + gone.join("; ") + "." : "";
-    const zones = new Set((r.nodes || []).map((n) => n.zone));
-    $("#fleet-note").textContent = `${count((r.nodes || []).length)} nodes registered in ` +
-      `${count(zones.size)} zones; re-replicated since the cluster began: ` +
-      `${count(r.rereplicatedFragments)} fragments, ${count(r.rereplicatedEntries)} entries, ` +
-      `${bytes(r.rereplicatedBytes)}. Read from the store ${time(r.lastAutorecoveryPollMs)}.`;
-    const failed = $("#fleet-error");
-    failed.hidden = !r.lastAutorecoveryPollError;
-    failed.textContent = r.lastAutorecoveryPollError ? "The last read of the store failed " +
-      `(${count(r.autorecoveryPollErrors)} so far; the figures are the last read's): ` +
-      r.lastAutorecoveryPollError : "";
+    renderFleet(r);
   }
 
   // --- admin actions ------------------------------------------------------------------------
