@@ -31,9 +31,10 @@ STOP_TIMEOUT_S = 20.0
 NOBODY_UID = 65534  # Debian's nobody/nogroup: no access to root's 0700 directories
 WORKER_CORES = 2
 WORKER_MEMORY = "1g"
-# The tests' JVMs (master, worker, spark-submit's driver, executors) live for seconds and run
-# small jobs: C2's compiling was most of their CPU (the cluster audit's spark-submit and its
-# executor: 83 CPU-s, 39 with C1 alone and the serial collector).
+# The tests' JVMs (master, worker, spark-submit's driver, executors, tests/audit's session)
+# live for minutes at most and run small jobs: C2's compiling was much of their CPU (the
+# cluster audit's spark-submit and its executor: 83 CPU-s, 39 with C1 alone and the serial
+# collector; tests/audit/test_audit.py: 129 CPU-s, 89).
 QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 VENV_BIN = Path(sys.executable).parent
 
