@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.harness.spark import quick_jvm_env
+
 REPO = Path(__file__).resolve().parents[2]
 AIRFLOW_VENV = Path(os.environ.get("AIRFLOW_VENV", REPO / ".venv-airflow"))
 RUNNER = Path(__file__).with_name("runner.py")
@@ -38,6 +40,7 @@ class Airflow:
             AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
             # spark-submit is found by bare name: the Airflow venv's bin first on PATH.
             PATH=f"{AIRFLOW_VENV / 'bin'}:{env.get('PATH', '')}",
+            **quick_jvm_env(),  # the audit DAG's spark-submit
         )
         for name, value in variables.items():
             # A string as Airflow stores one (Variable.get returns it as is); others as JSON

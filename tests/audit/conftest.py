@@ -8,10 +8,14 @@ from typing import Any
 import pytest
 
 from node.audit import job
+from tests.harness.spark import quick_jvm_env
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    session = job.spark_session("local[2]")
+    with pytest.MonkeyPatch.context() as env:  # the JVM's alone, not the nodes' and tools'
+        for name, value in quick_jvm_env().items():
+            env.setenv(name, value)
+        session = job.spark_session("local[2]")
     yield session
     session.stop()

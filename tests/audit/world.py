@@ -307,7 +307,8 @@ ARRIVAL_TIMEOUT_S = 30.0  # the copies beyond the ack quorum arrive after the ad
 POLL_S = 0.1
 
 
-def _get(url: str) -> int:
+def status_of(url: str) -> int:
+    """The status a GET of ``url`` answers (no token sent)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as reply:
             return int(reply.status)
@@ -315,16 +316,21 @@ def _get(url: str) -> int:
         return e.code
 
 
-def get_json(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=30) as reply:
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def get_json(url: str, token: str | None = None) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers=_auth(token))
+    with urllib.request.urlopen(request, timeout=30) as reply:
         return dict(json.loads(reply.read()))
 
 
-def post_json(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any], token: str | None = None) -> dict[str, Any]:
     request = urllib.request.Request(
         url,
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **_auth(token)},
         method="POST",
     )
     with urllib.request.urlopen(request, timeout=60) as reply:
@@ -343,18 +349,22 @@ def wait_every_copy(cluster: LocalCluster, metas: dict[int, LedgerMetadata], las
         for entry in range(last + 1):
             for node in meta.write_set(entry):
                 url = f"{cluster.url(node)}/api/v1/ledgers/{meta.ledger_id}/entries/{entry}"
-                while _get(url) != 200:
+                while status_of(url) != 200:
                     assert time.monotonic() < deadline, f"{url} never answered 200"
                     time.sleep(POLL_S)
 
 
 def write_ledgers(
-    cluster: LocalCluster, shapes: list[tuple[int, int, int, bool]], entries: int
+    cluster: LocalCluster,
+    shapes: list[tuple[int, int, int, bool]],
+    entries: int,
+    token: str | None = None,
 ) -> list[int]:
     """One replicated ledger per (E, Qw, Qa, close?) with ``entries`` entries each, written
-    through the client; returns once every copy is on its node."""
+    through the client (with the nodes' admin token, if they have one); returns once every
+    copy is on its node."""
     ids = []
-    with SyncClient(cluster.metadata_url) as client:
+    with SyncClient(cluster.metadata_url, token=token) as client:
         for ensemble, write_quorum, ack_quorum, close in shapes:
             ledger = client.create_ledger(ensemble, write_quorum, ack_quorum)
             lid = ledger.metadata.ledger_id

@@ -31,6 +31,11 @@ STOP_TIMEOUT_S = 20.0
 NOBODY_UID = 65534  # Debian's nobody/nogroup: no access to root's 0700 directories
 WORKER_CORES = 2
 WORKER_MEMORY = "1g"
+# The tests' JVMs (master, worker, spark-submit's driver, executors, tests/audit's session)
+# live for minutes at most and run small jobs: C2's compiling was much of their CPU (the
+# cluster audit's spark-submit and its executor: 83 CPU-s, 39 with C1 alone and the serial
+# collector; tests/audit/test_audit.py: 129 CPU-s, 89).
+QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 VENV_BIN = Path(sys.executable).parent
 
 
@@ -44,6 +49,12 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).parent
 
 
+def quick_jvm_env() -> dict[str, str]:
+    """What makes every JVM started with this environment, and its children, start quick
+    (the worker's executors inherit the worker's)."""
+    return {"JAVA_TOOL_OPTIONS": QUICK_JVM_OPTIONS}
+
+
 def spark_env(**extra: str) -> dict[str, str]:
     """The environment of spark-class and spark-submit: the venv's bin first on PATH (its
     python for the Python workers), Spark on loopback, SPARK_HOME the pyspark package."""
@@ -53,6 +64,7 @@ def spark_env(**extra: str) -> dict[str, str]:
         "SPARK_HOME": str(spark_home()),
         "SPARK_LOCAL_IP": HOST,
         "PYSPARK_PYTHON": sys.executable,
+        **quick_jvm_env(),
         **extra,
     }
 
@@ -187,6 +199,12 @@ class StandaloneCluster:
             f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
             for p in sorted(self.work_dir.glob("*.log"))
         )
+
+    def every_log(self) -> dict[Path, bytes]:
+        """The master's and the worker's logs and every file the worker's executors left
+        (their stdout and stderr), while the cluster runs: what a secret must not be in."""
+        roots = [self.work_dir, *([self._worker_root] if self._worker_root else [])]
+        return {p: p.read_bytes() for root in roots for p in root.rglob("*") if p.is_file()}
 
     def stop(self) -> None:
         for proc in reversed(self._procs):
