@@ -38,10 +38,10 @@ lastEntryId, past the client's range check. A replica may keep an add the recove
 find (it reached too few replicas to be acknowledged: BookKeeper leaves such an entry where it
 is and no reader asks for it); such bytes, of an add whose outcome is unknown, are counted
 (``leftovers``), not a violation; an acknowledged add's bytes there are ``past_end``, a failed
-one's ``failed_present``, anyone else's ``phantom``. A stream's appends of unknown outcome have
-no ledger in the history (the answer that would have named it was lost), so ``check`` takes
-their digests as ``unplaced``: past an end such bytes are leftovers too, never in a ledger's
-range (there, a stream entry no cursor read is a phantom of the stream's checker).
+one's ``failed_present``, anyone else's ``phantom``. A stream's appends that were not
+acknowledged have no ledger in the history (no answer named one), so ``check`` takes their
+digests as ``unplaced``: past an end such bytes are leftovers too, never in a ledger's range
+(there, a stream entry no cursor read is a phantom of the stream's checker).
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class _Expected:
     absent: list[tuple[int, float, str]] = field(default_factory=list)  # (id, invoked, reader)
     lacs: list[tuple[int, str]] = field(default_factory=list)  # (LAC told, reader)
     closed_ends: list[tuple[int, str]] = field(default_factory=list)  # (end told, reader)
-    unplaced: frozenset[str] = frozenset()  # digests of unknown writes of no known ledger
+    unplaced: frozenset[str] = frozenset()  # digests of unacknowledged writes of no ledger
 
 
 def _expectations(history: Iterable[Op]) -> dict[int, _Expected]:
@@ -188,7 +188,7 @@ def check(
     unplaced: frozenset[str] = frozenset(),
 ) -> Verdict:
     """Every ledger the history names must have been observed by at least one reader;
-    ``unplaced``: digests of writes of unknown outcome whose ledger the history cannot name."""
+    ``unplaced``: digests of writes not acknowledged whose ledger the history cannot name."""
     verdict = Verdict()
     verdict.counts = {**_op_counts(history), "unfinished": _unfinished(history), "ledgers": 0}
     for ledger, exp in sorted(_expectations(history).items()):
@@ -231,7 +231,8 @@ def _unknown(d: str, exp: _Expected) -> bool:
 
 
 def _leftover(d: str, exp: _Expected) -> bool:
-    """Bytes a replica may keep past a ledger's end: those of a write of unknown outcome."""
+    """Bytes a replica may keep past a ledger's end: those of a write of unknown outcome, or
+    of a stream's append that was not acknowledged."""
     return d in exp.unplaced or (d in exp.written and _unknown(d, exp))
 
 

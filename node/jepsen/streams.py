@@ -8,9 +8,10 @@ consecutive entry ids of that ledger), ``digest`` the payload's (a batch: one pe
 Outcomes:
 
 - ``ok``: 201, with the position(s);
-- ``fail``: the node certainly wrote nothing: any 4xx, a refused connection (no byte was
-  sent), or a 503 whose code says the request was turned away before it was handled
-  (``DEFINITE_CODES``);
+- ``fail``: the stream certainly holds none of it: any 4xx, a refused connection (no byte
+  was sent), or a 503 whose code says the request was turned away (``DEFINITE_CODES``; an
+  owner that lost the stream while its add was fenced may have left the bytes on its own
+  replica, past the end recovery gave the ledger, where no read reaches);
 - ``info`` (unknown): a timeout, a connection lost after the request was sent, 503
   ``append_outcome_unknown`` (an owner whose adds were fenced), any other 5xx.
 
@@ -739,16 +740,15 @@ async def check_stream_ledgers(
 
 
 def unplaced_appends(history: Iterable[Op]) -> frozenset[str]:
-    """Digests of the appends of unknown outcome (``info``, or invoked and never answered):
-    their bytes may sit past a closed ledger's end on a replica (a paused owner's add that
-    reached too few copies), and the history cannot say in which ledger."""
-    unknown: set[str] = set()
-    settled: set[str] = set()
+    """Digests of the appends that were not acknowledged (``info``, ``fail``, or invoked and
+    never answered): their bytes may sit past a closed ledger's end on a replica, and the
+    history cannot say in which ledger. A paused owner's add reaches its own copy and is
+    fenced at the others: recovery ends the ledger before it, and the owner, no longer the
+    owner, turns the append away (``not_owner``: a failure, and a true one, as the stream
+    will never hold it)."""
+    unplaced: set[str] = set()
+    acked: set[str] = set()
     for op in history:
-        if op.f not in ("append", "append_batch"):
-            continue
-        if op.type in ("invoke", "info"):
-            unknown.update(op.digests())
-        else:
-            settled.update(op.digests())
-    return frozenset(unknown - settled)
+        if op.f in ("append", "append_batch"):
+            (acked if op.type == "ok" else unplaced).update(op.digests())
+    return frozenset(unplaced - acked)
