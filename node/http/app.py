@@ -353,6 +353,7 @@ async def serve(
         app, handle_signals=False, access_log=None, shutdown_timeout=settings.shutdown_timeout_s
     )
     await runner.setup()
+    port = sockets[0].getsockname()[1]  # before the server owns the socket
     for sock in sockets:
         await web.SockSite(runner, sock).start()
     log.info(
@@ -363,7 +364,7 @@ async def serve(
     )
     replication = app.get(REPLICATION)
     if replication is not None:
-        await replication.register(sockets[0].getsockname()[1])
+        await replication.register(port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
