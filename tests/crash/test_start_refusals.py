@@ -131,14 +131,14 @@ def _nobody_can_run_the_node() -> bool:
     return _run_node_as_nobody("--help").returncode == 0
 
 
-@pytest.mark.skipif(
-    not _nobody_can_run_the_node(),
-    reason="needs root, setpriv, and a repository and Python the user nobody can read",
-)
 @pytest.mark.parametrize("mode", [0o755, 0o000], ids=["root-owned", "mode-000"])
 def test_a_data_dir_the_nodes_user_cannot_write_is_refused_naming_the_chown(mode: int) -> None:
     """The image's /data left owned by root: the node (uid 10001 there, nobody here) used to
     die with a traceback ending in PermissionError on /data/node.lock."""
+    assert _nobody_can_run_the_node(), (
+        "this test runs the node as nobody: it needs root, setpriv, and a repository and "
+        "Python the user nobody can read"
+    )
     # Under /tmp, not pytest's tmp_path: nobody may not enter root's pytest-of-root.
     with tempfile.TemporaryDirectory(prefix="refusal-") as parent:
         os.chmod(parent, 0o755)
