@@ -288,6 +288,16 @@ class Settings(BaseSettings):
     delete_when: str = "04"  # RocketMQ: hour(s) of the day retention runs, "04;16"
     retention_scheduler_enabled: bool = True  # run retention at delete_when (off with Airflow)
     delete_commit_log_files_interval_ms: int = Field(100, ge=0)  # RocketMQ: between deletions
+    # new streams' "deduplication" policy: appends with producer ids land once (Pulsar's
+    # brokerDeduplicationEnabled)
+    stream_deduplication_enabled: bool = False
+    # producers a deduplicating stream tracks; a new one past it is refused (429)
+    stream_dedup_max_producers: int = Field(10_000, gt=0)
+    # a producer silent this long is forgotten (Pulsar's ...ProducerInactivityTimeoutMinutes)
+    stream_dedup_producer_inactivity_minutes: int = Field(360, gt=0)
+    # appends between two snapshots of a stream's producer table: at most this many are read
+    # again to rebuild it (Pulsar's brokerDeduplicationEntriesInterval)
+    stream_dedup_snapshot_interval_entries: int = Field(1000, gt=0)
 
     # --- audit (docs/operations.md "Audit") ----------------------------------------------
     # Where POST /api/v1/audit/snapshot writes; None = data_dir/audit/snapshots. A file:// target

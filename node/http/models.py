@@ -116,6 +116,7 @@ class StreamPolicies(TypedDict, total=False):
     offloadThresholdInBytes: Annotated[int, _policy("offloadThresholdInBytes"), INTEGRAL]
     offloadThresholdInSeconds: Annotated[int, _policy("offloadThresholdInSeconds"), INTEGRAL]
     offloadDeletionLagInMillis: Annotated[int, _policy("offloadDeletionLagInMillis"), INTEGRAL]
+    deduplication: Annotated[bool, Field(description=POLICIES["deduplication"].description)]
     replication: StreamReplication
 
 
@@ -513,6 +514,7 @@ class PolicyValues(Reply):
     offloadThresholdInBytes: int
     offloadThresholdInSeconds: int
     offloadDeletionLagInMillis: int
+    deduplication: bool
 
 
 class StreamLedger(Reply):

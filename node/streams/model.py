@@ -111,6 +111,9 @@ class LedgerInfo:
     # Rolled over from, its close not confirmed yet: ``entries`` may lag what was acknowledged
     # in it until the close (or a takeover's recovery) settles its end.
     closing: bool = False
+    # Its entries carry a producer header (node.streams.dedup): created while the stream's
+    # deduplication policy was on.
+    envelope: bool = False
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -122,6 +125,8 @@ class LedgerInfo:
         }
         if self.closing:
             data["closing"] = True
+        if self.envelope:
+            data["envelope"] = True
         if self.offload is not None:
             data["offload"] = {
                 "state": OFFLOAD_STATES[self.offload.state],
@@ -171,6 +176,7 @@ class LedgerInfo:
                 offload["replicasDeleted"],
             ),
             bool(data.get("closing", False)),
+            bool(data.get("envelope", False)),
         )
 
 

@@ -1,0 +1,252 @@
+"""Message deduplication on one node (node/streams/dedup.py), in process over loopback HTTP
+(the fast lane answers these appends, as it does in production): a producer's retried
+append lands once and is answered with where it went the first time; bad headers are 400s
+with stable codes; the table survives a restart (snapshot + the entries after it); readers
+get exactly the bytes appended."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from node.http.app import build_app
+from node.streams.dedup import (
+    BadEnvelope,
+    Table,
+    envelope_head,
+    open_envelope,
+)
+from node.streams.model import Position
+from node.wire import BATCH_CONTENT_TYPE, decode_stream_frames, encode_batch
+from tests.harness.settings import make_settings
+
+Client = TestClient[Any, Any]
+Start = Callable[..., Awaitable[Client]]
+STREAM = "orders"
+DEDUP = {"deduplication": True, "minLedgerRolloverTimeMinutes": 0}
+OCTET = "application/octet-stream"
+
+
+@pytest.fixture
+async def start(aiohttp_client: Any, tmp_path: Path) -> AsyncIterator[Start]:
+    """A node on tmp_path/d with these settings; a second call after ``client.close()`` is
+    the node started again on the same data."""
+
+    async def make(**overrides: Any) -> Client:
+        app = build_app(make_settings(tmp_path / "d", **overrides))
+        return await aiohttp_client(app)  # type: ignore[no-any-return]
+
+    yield make
+
+
+async def _stream(client: Client, name: str = STREAM, **policies: Any) -> None:
+    answer = await client.put(f"/api/v1/streams/{name}", json={**DEDUP, **policies})
+    assert answer.status == 201, await answer.text()
+
+
+async def _append(
+    client: Client,
+    body: bytes | list[bytes],
+    producer: str | None = "p1",
+    seq: int | str | None = 0,
+    name: str = STREAM,
+) -> tuple[int, dict[str, Any], str | None]:
+    headers = {"Content-Type": OCTET}
+    data = body
+    if isinstance(body, list):
+        headers["Content-Type"], data = BATCH_CONTENT_TYPE, encode_batch(body)
+    if producer is not None:
+        headers["X-Producer-Id"] = producer
+    if seq is not None:
+        headers["X-Sequence-Id"] = str(seq)
+    answer = await client.post(f"/api/v1/streams/{name}/entries", data=data, headers=headers)
+    return answer.status, await answer.json(), answer.headers.get("X-Duplicate")
+
+
+async def _read(client: Client, name: str = STREAM) -> list[tuple[str, bytes]]:
+    answer = await client.get(f"/api/v1/streams/{name}/entries?limit=1000")
+    assert answer.status == 200, await answer.text()
+    return [(str(p), payload) for p, payload in decode_stream_frames(await answer.read())]
+
+
+def test_the_entry_header_round_trips_and_a_foreign_entry_is_refused() -> None:
+    for producer, seq in [("p", 0), ("a" * 255, (1 << 63) - 1), (None, -1)]:
+        head = envelope_head(producer, max(seq, 0))
+        assert open_envelope(head + b"payload") == (producer, seq, b"payload")
+    assert open_envelope(envelope_head("p", 7)) == ("p", 7, b"")
+    with pytest.raises(BadEnvelope):
+        open_envelope(b"\x02\x00x")  # another version
+    with pytest.raises(BadEnvelope):
+        open_envelope(envelope_head("producer", 1)[:-3])  # cut short
+
+
+def test_a_snapshot_round_trips_and_idle_producers_are_forgotten() -> None:
+    table = Table()
+    table.record("a", 0, Position(3, 0), 2, now=1_000)
+    table.record("b", 5, Position(3, 2), 1, now=9_000)
+    table.record(None, 0, Position(3, 3), 1, now=9_000)
+    again = Table.decode(table.encode(10_000))
+    assert again.producers == table.producers and again.through == Position(3, 3)
+    assert again.check("a", 1, 1).positions == [Position(3, 1)]
+    assert again.expire(now_ms=9_500, idle_ms=5_000) == 1
+    assert set(again.producers) == {"b"}
+
+
+async def test_a_retried_append_lands_once_and_is_answered_with_its_first_position(
+    start: Start,
+) -> None:
+    client = await start()
+    await _stream(client)
+    status, first, duplicate = await _append(client, b"one", "p1", 7)
+    assert (status, duplicate) == (201, None), first
+    for _ in range(2):
+        status, again, duplicate = await _append(client, b"one", "p1", 7)
+        assert (status, again, duplicate) == (200, first, "true")
+    # A batch takes consecutive ids from its first; its retry names the same two positions.
+    status, batch, _ = await _append(client, [b"two", b"three"], "p1", 8)
+    assert status == 201, batch
+    status, again, duplicate = await _append(client, [b"two", b"three"], "p1", 8)
+    assert (status, again, duplicate) == (200, batch, "true")
+    # One id of the batch alone: where that entry went.
+    status, again, duplicate = await _append(client, b"three", "p1", 9)
+    assert (status, again["position"], duplicate) == (200, batch["lastPosition"], "true")
+    # A gap is accepted (Pulsar); an id below it now is a duplicate with no position kept.
+    assert (await _append(client, b"four", "p1", 20))[0] == 201
+    status, again, duplicate = await _append(client, b"zero", "p1", 3)
+    assert (status, again, duplicate) == (200, {"position": None}, "true")
+    # Another producer has its own ids; appends without headers go on as before.
+    assert (await _append(client, b"other", "p2", 7))[0] == 201
+    assert (await _append(client, b"plain", None, None))[0] == 201
+    read = await _read(client)
+    assert [payload for _, payload in read] == [b"one", b"two", b"three", b"four", b"other",
+                                                b"plain"]  # fmt: skip
+    assert read[0][0] == first["position"]
+    assert (read[1][0], read[2][0]) == (batch["firstPosition"], batch["lastPosition"])
+    metrics = await (await client.get("/metrics")).text()
+    assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 5.0' in metrics
+    assert 'storage_node_stream_dedup_producers{stream="orders"} 2.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("headers", "code"),
+    [
+        ({"X-Producer-Id": "p"}, "invalid_producer_headers"),
+        ({"X-Sequence-Id": "1"}, "invalid_producer_headers"),
+        ({"X-Producer-Id": "bad/name", "X-Sequence-Id": "1"}, "invalid_producer_id"),
+        ({"X-Producer-Id": "a" * 256, "X-Sequence-Id": "1"}, "invalid_producer_id"),
+        ({"X-Producer-Id": "p", "X-Sequence-Id": "-1"}, "invalid_sequence_id"),
+        ({"X-Producer-Id": "p", "X-Sequence-Id": "1.5"}, "invalid_sequence_id"),
+        ({"X-Producer-Id": "p", "X-Sequence-Id": str(1 << 63)}, "invalid_sequence_id"),
+        ({"X-Producer-Id": "p", "X-Sequence-Id": "٣"}, "invalid_sequence_id"),
+    ],
+)
+async def test_bad_producer_headers_are_refused_with_a_stable_code(
+    start: Start, headers: dict[str, str], code: str
+) -> None:
+    client = await start()
+    await _stream(client)
+    answer = await client.post(
+        f"/api/v1/streams/{STREAM}/entries", data=b"x", headers={"Content-Type": OCTET, **headers}
+    )
+    assert answer.status == 400 and (await answer.json())["code"] == code
+    assert await _read(client) == []
+
+
+async def test_a_batch_past_the_last_sequence_id_is_refused(start: Start) -> None:
+    client = await start()
+    await _stream(client)
+    status, body, _ = await _append(client, [b"a", b"b"], "p", (1 << 63) - 1)
+    assert (status, body["code"]) == (400, "invalid_sequence_id")
+
+
+async def test_producer_headers_on_a_stream_without_deduplication_are_refused(
+    start: Start,
+) -> None:
+    """Not ignored (as Pulsar does): the client would believe it gets exactly-once."""
+    client = await start()
+    await _stream(client, deduplication=False)
+    status, body, _ = await _append(client, b"x", "p", 1)
+    assert (status, body["code"]) == (409, "deduplication_off")
+    assert (await _append(client, b"y", None, None))[0] == 201
+
+
+async def test_the_same_append_sent_twice_at_once_is_written_once(start: Start) -> None:
+    """Two clients send the same (producer, sequence id) at the same time, repeatedly: the
+    second waits for the first and answers its position."""
+    client = await start()
+    await _stream(client)
+    for seq in range(20):
+        answers = await asyncio.gather(
+            _append(client, f"e{seq}".encode(), "p", seq),
+            _append(client, f"e{seq}".encode(), "p", seq),
+        )
+        assert sorted(a[0] for a in answers) == [200, 201], answers
+        assert answers[0][1] == answers[1][1]
+    read = await _read(client)
+    assert [payload for _, payload in read] == [f"e{seq}".encode() for seq in range(20)]
+
+
+async def test_a_batch_overlapping_stored_ids_is_refused(start: Start) -> None:
+    client = await start()
+    await _stream(client)
+    assert (await _append(client, [b"a", b"b"], "p", 0))[0] == 201
+    status, body, _ = await _append(client, [b"b", b"c"], "p", 1)
+    assert (status, body["code"]) == (409, "sequence_overlap")
+
+
+async def test_producers_past_the_cap_are_refused(start: Start) -> None:
+    client = await start(stream_dedup_max_producers=2)
+    await _stream(client)
+    assert (await _append(client, b"a", "p1", 0))[0] == 201
+    assert (await _append(client, b"b", "p2", 0))[0] == 201
+    status, body, _ = await _append(client, b"c", "p3", 0)
+    assert (status, body["code"]) == (429, "too_many_producers"), body
+    assert (await _append(client, b"d", "p1", 1))[0] == 201  # known ones go on
+
+
+@pytest.mark.parametrize("interval", [1000, 3])
+async def test_the_table_survives_a_restart(start: Start, interval: int) -> None:
+    """Restarted on its data: the retries of every append before the restart are answered
+    as duplicates at their first positions (rebuilt from the entries alone, or from a
+    snapshot and the entries after it)."""
+    client = await start(stream_dedup_snapshot_interval_entries=interval)
+    await _stream(client, maxEntriesPerLedger=4)
+    first: dict[int, dict[str, Any]] = {}
+    for seq in range(0, 20, 2):
+        status, first[seq], _ = await _append(client, [b"%d" % seq, b"%d" % (seq + 1)], "p", seq)
+        assert status == 201
+        await _append(client, b"plain", None, None)
+    await client.close()
+    client = await start(stream_dedup_snapshot_interval_entries=interval)
+    for seq in range(0, 20, 2):
+        status, again, duplicate = await _append(client, [b"%d" % seq, b"%d" % (seq + 1)], "p", seq)
+        if seq == 18:  # the last append: its positions are kept
+            assert (status, again, duplicate) == (200, first[seq], "true")
+        else:
+            assert (status, duplicate) == (200, "true")
+    assert (await _append(client, b"20", "p", 20))[0] == 201
+    read = await _read(client)
+    assert len(read) == 31 and read[-1][1] == b"20"
+
+
+async def test_turning_deduplication_on_takes_a_new_ledger_and_reads_stay_exact(
+    start: Start,
+) -> None:
+    client = await start()
+    await _stream(client, deduplication=False)
+    assert (await _append(client, b"before", None, None))[0] == 201
+    answer = await client.put(f"/api/v1/streams/{STREAM}", json={**DEDUP, "deduplication": True})
+    assert answer.status == 200 and (await answer.json())["policies"]["deduplication"] is True
+    status, body, _ = await _append(client, b"after", "p", 0)
+    assert status == 201, body
+    assert (await _append(client, b"plain", None, None))[0] == 201
+    read = await _read(client)
+    assert [payload for _, payload in read] == [b"before", b"after", b"plain"]
+    assert read[0][0].split(":")[0] != read[1][0].split(":")[0]  # another ledger
+    answer = await client.put(f"/api/v1/streams/{STREAM}", json={"deduplication": "yes"})
+    assert answer.status == 400 and (await answer.json())["code"] == "invalid_policy"
