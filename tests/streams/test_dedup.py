@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
@@ -250,3 +251,22 @@ async def test_turning_deduplication_on_takes_a_new_ledger_and_reads_stay_exact(
     assert read[0][0].split(":")[0] != read[1][0].split(":")[0]  # another ledger
     answer = await client.put(f"/api/v1/streams/{STREAM}", json={"deduplication": "yes"})
     assert answer.status == 400 and (await answer.json())["code"] == "invalid_policy"
+
+
+async def test_an_append_whose_answer_was_lost_is_retried_and_lands_once(start: Start) -> None:
+    """Every WAL fsync takes half a second: the client gives up on its append before the
+    answer (an unknown outcome) and sends it again with the same ids, while the first is
+    still in flight and after it landed: both retries are answered with its position."""
+    client = await start(faults=["journal.fsync=delay:0.5"])
+    await _stream(client)
+    assert (await _append(client, b"first", None, None))[0] == 201  # its ledger is made
+    headers = {"Content-Type": OCTET, "X-Producer-Id": "p", "X-Sequence-Id": "0"}
+    url = f"/api/v1/streams/{STREAM}/entries"
+    with pytest.raises(TimeoutError):
+        await client.post(url, data=b"once", headers=headers, timeout=aiohttp.ClientTimeout(0.1))
+    answers = []
+    for _ in range(2):
+        answer = await client.post(url, data=b"once", headers=headers)
+        answers.append((answer.status, await answer.json(), answer.headers.get("X-Duplicate")))
+    assert answers[0] == answers[1] and answers[0][0] == 200 and answers[0][2] == "true", answers
+    assert (await _read(client))[1:] == [(answers[0][1]["position"], b"once")]
