@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import time
 from pathlib import Path
 
 from node.jepsen.history import Op
 from node.jepsen.streams import StreamWorkload, check_stream, read_back
 from tests.harness.node import NodeProcess
-from tests.harness.streams import put_stream
+from tests.harness.streams import put_stream, sigkill_and_restart
 
 STREAM = "orders"
 ENV = {"NODE_RETENTION_SCHEDULER_ENABLED": "false"}
@@ -67,13 +65,10 @@ async def test_producers_retrying_through_a_kill_land_each_append_once(tmp_path:
     ) as load:
         load.start()
         await load.wait_acked(60)
-        killed_at = time.time()
-        assert node.proc is not None
-        node.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(node.kill)
         before = load.acked
-        again = await started(tmp_path / "data", {**env, "NODE_FAULTS": "[]"})
-        load.urls[:] = [again.url]
+        again, killed_at = await sigkill_and_restart(
+            load, node, lambda: started(tmp_path / "data", {**env, "NODE_FAULTS": "[]"})
+        )
         await load.wait_acked(before + 60)
         await load.stop()
     history = load.history()
