@@ -477,7 +477,7 @@ class StreamManager:
                 changes[cursor.key()] = None
             for info in stream.ledgers:
                 changes[doomed_key(info.ledger_id)] = encode_doomed(name, _attempt(info))
-            if name in self._snapshots:
+            if stream.policies.deduplication or any(i.envelope for i in stream.ledgers):
                 changes[snapshot_key(name)] = None
             await self._storage.write_records(changes)
             del self._streams[name]

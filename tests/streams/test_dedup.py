@@ -270,3 +270,28 @@ async def test_an_append_whose_answer_was_lost_is_retried_and_lands_once(start: 
         answers.append((answer.status, await answer.json(), answer.headers.get("X-Duplicate")))
     assert answers[0] == answers[1] and answers[0][0] == 200 and answers[0][2] == "true", answers
     assert (await _read(client))[1:] == [(answers[0][1]["position"], b"once")]
+
+
+async def test_a_producer_whose_ledgers_retention_deleted_is_still_known(start: Start) -> None:
+    """Producer q's only append is in a ledger retention deletes; after a restart its retry
+    is still a duplicate: the trim wrote the table's snapshot in the batch that dropped the
+    ledger (its entries can tell nothing any more)."""
+    client = await start()
+    await _stream(client, maxEntriesPerLedger=2, retentionTimeInMinutes=0)
+    status, first, _ = await _append(client, b"q0", "q", 0)
+    assert status == 201
+    for seq in range(6):
+        assert (await _append(client, b"p%d" % seq, "p", seq))[0] == 201
+    cursor = f"/api/v1/streams/{STREAM}/cursors/c"
+    assert (await client.put(cursor, json={"start": "earliest"})).status == 201
+    last = (await _read(client))[-1][0]
+    assert (await client.post(f"{cursor}/ack", json={"position": last})).status == 200
+    answer = await client.post("/api/v1/retention/run")
+    assert answer.status == 200
+    dropped = {d["ledgerId"] for d in (await answer.json())["streams"][STREAM]}
+    assert int(first["position"].split(":")[0]) in dropped
+    await client.close()
+    client = await start()
+    status, again, duplicate = await _append(client, b"q0", "q", 0)
+    assert (status, again, duplicate) == (200, first, "true")
+    assert b"q0" not in [payload for _, payload in await _read(client)]
