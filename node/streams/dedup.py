@@ -30,6 +30,7 @@ import json
 import struct
 from dataclasses import dataclass, field
 
+from node.client.producer import DUPLICATE_HEADER, PRODUCER_HEADER, SEQUENCE_HEADER
 from node.streams.model import NAME, Position
 from node.streams.policies import INT64_MAX
 
@@ -89,9 +90,8 @@ def strip_envelope(entry: bytes) -> bytes:
 
 # --- request headers -------------------------------------------------------------------------
 
-PRODUCER_HEADER = "X-Producer-Id"
-SEQUENCE_HEADER = "X-Sequence-Id"
-DUPLICATE_HEADER = "X-Duplicate"
+# The headers, defined once with the client library's producer (node/client/producer.py).
+__all__ = ["DUPLICATE_HEADER", "PRODUCER_HEADER", "SEQUENCE_HEADER"]
 
 
 class InvalidProducerHeaders(ValueError):

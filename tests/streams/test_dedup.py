@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
 
+from node.client.producer import ProducerRefused, StreamProducer
 from node.http.app import build_app
 from node.streams.dedup import (
     BadEnvelope,
@@ -295,3 +296,26 @@ async def test_a_producer_whose_ledgers_retention_deleted_is_still_known(start: 
     status, again, duplicate = await _append(client, b"q0", "q", 0)
     assert (status, again, duplicate) == (200, first, "true")
     assert b"q0" not in [payload for _, payload in await _read(client)]
+
+
+async def test_the_client_producer_retries_until_it_has_a_position(start: Start) -> None:
+    """node/client/producer.py: its first attempts time out (slow WAL fsyncs) or find no node
+    (a closed port first in its list); it sends the same ids again until a node answers, and
+    the stream holds each entry once."""
+    client = await start(faults=["journal.fsync=delay:0.3"])
+    await _stream(client)
+    assert (await _append(client, b"first", None, None))[0] == 201  # its ledger is made
+    served = f"http://{client.host}:{client.port}"
+    closed = "http://127.0.0.1:9"  # discard: nobody listens
+    async with StreamProducer([closed, served], STREAM, "p", timeout_s=0.1) as producer:
+        one = await producer.append(b"one")
+        batch = await producer.append_batch(encode_batch([b"two", b"three"]), 2)
+        assert (one.duplicate, batch.duplicate) == (True, True), (one, batch)
+        assert producer.next_sequence == 3 and producer.retries >= 4
+    read = await _read(client)
+    assert [payload for _, payload in read] == [b"first", b"one", b"two", b"three"]
+    assert (one.position, batch.first, batch.last) == (read[1][0], read[2][0], read[3][0])
+    async with StreamProducer(served, "nostream", "p") as producer:
+        with pytest.raises(ProducerRefused) as refused:
+            await producer.append(b"x")
+    assert refused.value.code == "stream_not_found"
