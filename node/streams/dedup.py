@@ -68,6 +68,17 @@ def envelope_head(producer: str | None, sequence: int) -> bytes:
     return _HEAD.pack(ENVELOPE_VERSION, len(name)) + name + _SEQUENCE.pack(sequence)
 
 
+def enveloped(payloads: list[bytes], producer: str | None, first: int) -> list[bytes]:
+    """``payloads`` as a deduplicating stream's ledger stores them: the i-th with the header
+    of ``producer``'s id ``first + i``. (The producer's part of the header is made once.)"""
+    if producer is None:
+        return [_ANONYMOUS + payload for payload in payloads]
+    name = producer.encode()
+    prefix = _HEAD.pack(ENVELOPE_VERSION, len(name)) + name
+    pack = _SEQUENCE.pack
+    return [prefix + pack(sequence) + payload for sequence, payload in enumerate(payloads, first)]
+
+
 def open_envelope(entry: bytes) -> tuple[str | None, int, bytes]:
     """(producer or None, sequence id, payload) of an entry written with ``envelope_head``."""
     if len(entry) < _HEAD.size:

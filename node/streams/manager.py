@@ -65,7 +65,7 @@ from node.streams.dedup import (
     Flight,
     SequenceOverlap,
     Table,
-    envelope_head,
+    enveloped,
     open_envelope,
     snapshot_key,
     strip_envelope,
@@ -507,7 +507,7 @@ class StreamManager:
         append of a deduplicating stream; ``on_add`` sees each add sent)."""
         name = stream.name
         envelope = stream.policies.deduplication
-        stored = self._enveloped(payloads, producer, first) if envelope else payloads
+        stored = enveloped(payloads, producer, first) if envelope else payloads
         count, size = len(payloads), sum(map(len, stored))
         for _attempt in range(APPEND_ATTEMPTS):
             info = await self._ledger_for_append(stream, count, size)
@@ -516,7 +516,7 @@ class StreamManager:
                 if producer is not None:
                     raise DeduplicationOff(f"stream {name}: deduplication was just turned off")
                 envelope = info.envelope
-                stored = self._enveloped(payloads, None, 0) if envelope else payloads
+                stored = enveloped(payloads, None, 0) if envelope else payloads
                 continue
             add = asyncio.ensure_future(self._add(info.ledger_id, stored))
             # The reservation ends when the storage settles the add, also when the caller
@@ -552,14 +552,6 @@ class StreamManager:
             self._wake(name)
             return [Position(info.ledger_id, entry) for entry in ids]
         raise LedgerClosed(f"stream {name}: appends kept landing on closed ledgers; retry")
-
-    @staticmethod
-    def _enveloped(payloads: list[bytes], producer: str | None, first: int) -> list[bytes]:
-        """The entries as a deduplicating stream's ledger stores them (node.streams.dedup)."""
-        if producer is None:
-            head = envelope_head(None, 0)
-            return [head + payload for payload in payloads]
-        return [envelope_head(producer, first + i) + p for i, p in enumerate(payloads)]
 
     # --- message deduplication (node.streams.dedup) --------------------------------------
 

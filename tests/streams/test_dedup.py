@@ -21,6 +21,7 @@ from node.streams.dedup import (
     BadEnvelope,
     Table,
     envelope_head,
+    enveloped,
     open_envelope,
 )
 from node.streams.model import Position
@@ -81,6 +82,9 @@ def test_the_entry_header_round_trips_and_a_foreign_entry_is_refused() -> None:
         head = envelope_head(producer, max(seq, 0))
         assert open_envelope(head + b"payload") == (producer, seq, b"payload")
     assert open_envelope(envelope_head("p", 7)) == ("p", 7, b"")
+    stored = enveloped([b"a", b"b"], "p", 5) + enveloped([b"c"], None, 0)
+    assert list(map(open_envelope, stored)) == [("p", 5, b"a"), ("p", 6, b"b"), (None, -1, b"c")]
+    assert stored[0] == envelope_head("p", 5) + b"a"
     with pytest.raises(BadEnvelope):
         open_envelope(b"\x02\x00x")  # another version
     with pytest.raises(BadEnvelope):
