@@ -147,6 +147,10 @@ def _header(add: _Add, name: bytes) -> str:
     return add.headers.get(name, b"").decode("utf-8", "surrogateescape")
 
 
+def _optional(add: _Add, name: bytes) -> str | None:
+    return _header(add, name) if name in add.headers else None
+
+
 def _content_type(add: _Add) -> str:
     return media_type(_header(add, b"content-type"))
 
@@ -537,8 +541,7 @@ class FastLane(asyncio.Protocol):
         headers = add.headers
         producer = streams.NO_PRODUCER
         if _PRODUCER in headers or _SEQUENCE in headers:
-            get = _getter(add)
-            producer = get(PRODUCER_HEADER), get(SEQUENCE_HEADER)
+            producer = _optional(add, _PRODUCER), _optional(add, _SEQUENCE)
         return await streams.add(app, add.key.decode(), _content_type(add), body, producer)
 
     def check_timeouts(self, now: float) -> None:

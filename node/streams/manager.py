@@ -591,7 +591,6 @@ class StreamManager:
             return done.result(), True
         self._admit_producer(table, producer)
         flight = table.push(producer, first, count)
-        flight.done.add_done_callback(_retrieved)
         sent: list[asyncio.Future[list[int]]] = []
 
         def on_add(info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
@@ -607,7 +606,7 @@ class StreamManager:
                 # Nothing of it is in flight (refused, or failed before an add was sent).
                 table.land(producer, flight)
                 if isinstance(error, Exception):
-                    flight.done.set_exception(error)
+                    _fail(flight, error)
                 else:
                     flight.done.cancel()
             raise
@@ -660,7 +659,7 @@ class StreamManager:
             # In the ledger or not: only its entries can tell, so the table is rebuilt from
             # them before the next append with producer headers is checked.
             self._forget_table(stream.name)
-        flight.done.set_exception(error or AppendOutcomeUnknown("the append was cancelled"))
+        _fail(flight, error or AppendOutcomeUnknown("the append was cancelled"))
 
     def _through(self, name: str, info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
         """An append without producer headers of a deduplicating stream: the table's
@@ -1416,10 +1415,10 @@ async def _stripped(
         yield entry_id, strip_envelope(entry)
 
 
-def _retrieved(future: asyncio.Future[list[Position]]) -> None:
-    """A flight's failure is its waiters' to raise; none may be waiting."""
-    if not future.cancelled():
-        future.exception()
+def _fail(flight: Flight, error: BaseException) -> None:
+    """A flight's failure is its waiters' to raise; none may be waiting (no warning then)."""
+    flight.done.set_exception(error)
+    flight.done.exception()
 
 
 def _replicas_deleted(info: LedgerInfo) -> bool:
