@@ -656,8 +656,12 @@ class StreamManager:
             return  # nothing of it was sent: the append tries again on another ledger
         table.land(producer, flight)
         if error is None or isinstance(error, AppendOutcomeUnknown):
-            # In the ledger or not: only its entries can tell, so the table is rebuilt from
-            # them before the next append with producer headers is checked.
+            # In the ledger or not: only its entries can tell, once the ledger's end is
+            # settled. No append lands on it any more (closing: the next one settles its end
+            # first, as for a ledger closed under an append), and the table is rebuilt from
+            # the entries, that end settled, before the next producer append is checked.
+            if not info.closed_ms:
+                info.closed_ms, info.closing = self._clock.now_ms(), True
             self._forget_table(stream.name)
         _fail(flight, error or AppendOutcomeUnknown("the append was cancelled"))
 
@@ -690,6 +694,10 @@ class StreamManager:
                 pending = [f.done for fs in stale.flights.values() for f in fs]
                 if pending:
                     await asyncio.wait(pending)
+            if any(info.closing for info in stream.ledgers):
+                # A ledger an append's unknown outcome left: its end decides what is in it.
+                async with self._rolling.setdefault(stream.name, asyncio.Lock()):
+                    await self._settle_closing(stream)
             table = await self._rebuild(stream)
             if self._streams.get(stream.name) is not stream:
                 raise self._gone(stream.name)
@@ -713,7 +721,7 @@ class StreamManager:
             last = self._last_entry(info)
             if start > last:
                 continue
-            async for entry_id, entry in self._raw_entries(stream, info, start, last):
+            async for entry_id, entry in self.stored_entries(stream, info, start, last):
                 producer, sequence, _ = open_envelope(entry)
                 table.record(producer, sequence, Position(info.ledger_id, entry_id), 1, now)
                 replayed += 1
@@ -1111,10 +1119,10 @@ class StreamManager:
     ) -> AsyncIterator[tuple[int, bytes]]:
         """A ledger's entries [first, last]: from the object store once an offload deleted
         its replicas (replicated streams), else from the backend."""
-        entries = self._raw_entries(stream, info, first, last)
+        entries = self.stored_entries(stream, info, first, last)
         return _stripped(entries) if info.envelope else entries
 
-    def _raw_entries(
+    def stored_entries(
         self, stream: Stream, info: LedgerInfo, first: int, last: int
     ) -> AsyncIterator[tuple[int, bytes]]:
         """The entries as stored (a deduplicating stream's with their producer header)."""

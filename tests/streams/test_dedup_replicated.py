@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
 
 import pytest
 
+from node.client.producer import StreamProducer
 from node.jepsen.streams import StreamWorkload, check_stream, read_back
 from node.localcluster import LocalCluster
 from tests.harness.cluster import MakeCluster
-from tests.harness.streams import REPLICATED, etcd_get, owner, put_stream
+from tests.harness.streams import REPLICATED, call, etcd_get, owner, put_stream
 from tests.streams.conftest import NODES, OWNER_TTL_S, STREAM_CLUSTER_ENV
 from tests.streams.test_dedup_history import every_payload_acked
 
 NAME = "orders"
+OFFLOAD_NOW = {"offloadThresholdInBytes": 0, "offloadDeletionLagInMillis": 0}
 POLICIES = {"deduplication": True, "maxEntriesPerLedger": 8, "minLedgerRolloverTimeMinutes": 0}
 ACKED_PER_PHASE = 15  # appends acknowledged before a fault, during it, after it
 PHASE_TIMEOUT_S = 90.0  # a lease's end and a takeover fit well within
@@ -97,3 +100,35 @@ async def test_producers_retrying_through_owner_failovers_land_each_append_once(
     assert load.outcomes.get("200", 0) >= 1, load.outcomes  # duplicates answered
     snapshot = await etcd_get(c, f"stream-dedup/{NAME}")
     assert snapshot is not None and set(snapshot["producers"]) == {"w0", "w1", "w2"}
+
+
+async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
+    make_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    """A deduplicating stream's closed ledgers offloaded and their replicas deleted: reads
+    through another node get exactly the bytes appended (the object store holds the entries
+    as stored, header included); the owner stops, and the next one rebuilds the producer
+    table from the offloaded ledgers: a retry of the first append is a duplicate still."""
+    env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(tmp_path / "objects")}
+    c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
+    urls = [c.url(n) for n in c.node_ids]
+    policies = {**POLICIES, "maxEntriesPerLedger": 3, **OFFLOAD_NOW, "replication": REPLICATED}
+    status, body = await put_stream(urls[0], NAME, policies)
+    assert status == 201, body
+    async with StreamProducer(urls[0], NAME, "p") as producer:
+        appended = [await producer.append(b"entry %d" % n) for n in range(8)]
+    first_owner = await owner(c, NAME)
+    assert first_owner is not None
+    status, body = await call("POST", f"{c.url(first_owner)}/api/v1/offload/run", {})
+    assert status == 200 and len(body["localDeleted"]) >= 2, body
+    other = next(u for n, u in zip(c.node_ids, urls, strict=True) if n != first_owner)
+    read = await read_back(other, NAME)
+    assert read == [(a.position, b"entry %d" % n) for n, a in enumerate(appended)]
+    await asyncio.to_thread(c.terminate, first_owner)
+    async with StreamProducer(other, NAME, "p") as producer:
+        again = await producer.append(b"entry 0")
+    assert again.duplicate and again.position is None  # older than p's last append
+    async with StreamProducer(other, NAME, "p", next_sequence=7) as producer:
+        again = await producer.append(b"entry 7")
+    assert (again.duplicate, again.position) == (True, appended[7].position)
+    assert await owner(c, NAME) not in (None, first_owner)
