@@ -162,7 +162,7 @@ class Flight:
 
     first: int
     last: int
-    done: asyncio.Future[list[Position]]
+    done: asyncio.Future[tuple[int, list[int]]]  # its ledger and entry ids, once stored
 
 
 @dataclass(slots=True)

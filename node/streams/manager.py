@@ -588,7 +588,8 @@ class StreamManager:
             if error is not None:
                 raise error
             self.duplicates[name] = self.duplicates.get(name, 0) + 1
-            return done.result(), True
+            ledger_id, ids = done.result()
+            return [Position(ledger_id, i) for i in ids], True
         self._admit_producer(table, producer)
         flight = table.push(producer, first, count)
         sent: list[asyncio.Future[list[int]]] = []
@@ -649,7 +650,7 @@ class StreamManager:
             at = Position(info.ledger_id, ids[0])
             table.record(producer, flight.first, at, len(ids), self._clock.now_ms())
             table.land(producer, flight)
-            flight.done.set_result([Position(info.ledger_id, i) for i in ids])
+            flight.done.set_result((info.ledger_id, ids))  # positions only if one waits
             self._snapshot_soon(stream, table)
             return
         if isinstance(error, (LedgerClosed, LedgerFenced)):
