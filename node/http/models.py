@@ -934,6 +934,16 @@ class StatusCursor(Reply):
     ]
 
 
+class StatusDedup(Reply):
+    """A deduplicating stream's producer table on this node (node/streams/dedup.py)."""
+
+    duplicates: Annotated[Count, Field(description="Appends answered as duplicates")]
+    producers: Annotated[Count, Field(description="Producers tracked")]
+    snapshotAgeSeconds: Annotated[
+        float, Field(description="Age of the table's snapshot; -1: none taken or loaded yet")
+    ]
+
+
 class StatusStream(Reply):
     name: str
     ledgers: Count
@@ -943,6 +953,9 @@ class StatusStream(Reply):
         Field(description="In the summary, metrics_max_streams cursors at most in all"),
     ]
     cursorCount: Annotated[Count, Field(description="All of the stream's cursors")]
+    deduplication: Annotated[
+        StatusDedup | None, Field(description="null: the stream does not deduplicate")
+    ] = None
 
 
 class StatusStreamTotals(Reply):

@@ -136,6 +136,9 @@ async def test_a_retried_append_lands_once_and_is_answered_with_its_first_positi
     metrics = await (await client.get("/metrics")).text()
     assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 5.0' in metrics
     assert 'storage_node_stream_dedup_producers{stream="orders"} 2.0' in metrics
+    page = await (await client.get("/api/v1/status/streams")).json()
+    shown = page["streams"][0]["deduplication"]
+    assert (shown["duplicates"], shown["producers"]) == (5, 2), shown
 
 
 @pytest.mark.parametrize(
