@@ -436,6 +436,7 @@ class StreamManager:
         its deduplication snapshot record, if it has one."""
         self._moved.discard(stream.name)
         self._forget_table(stream.name)
+        self._snapshots.pop(stream.name, None)
         if snapshot is not None:
             self._snapshots[stream.name] = snapshot
         self._streams[stream.name] = stream
@@ -483,6 +484,7 @@ class StreamManager:
             del self._streams[name]
             self._cursors.pop(name, None)
             self._forget_table(name)
+            self._snapshots.pop(name, None)
         self._wake(name)
         await self._delete_dropped(stream.ledgers)
 

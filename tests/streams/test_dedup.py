@@ -326,3 +326,16 @@ async def test_the_client_producer_retries_until_it_has_a_position(start: Start)
         with pytest.raises(ProducerRefused) as refused:
             await producer.append(b"x")
     assert refused.value.code == "stream_not_found"
+
+
+async def test_a_stream_made_again_under_a_deleted_ones_name_knows_no_producer(
+    start: Start,
+) -> None:
+    client = await start(stream_dedup_snapshot_interval_entries=1)  # a snapshot at once
+    await _stream(client)
+    assert (await _append(client, b"old", "p", 0))[0] == 201
+    assert (await client.delete(f"/api/v1/streams/{STREAM}")).status == 204
+    await _stream(client)
+    status, _, duplicate = await _append(client, b"new", "p", 0)
+    assert (status, duplicate) == (201, None)
+    assert [payload for _, payload in await _read(client)] == [b"new"]
