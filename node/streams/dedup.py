@@ -219,6 +219,10 @@ class Table:
             return Check(positions=[Position(known.at.ledger_id, start + i) for i in range(count)])
         return Check(positions=[])
 
+    def tracked(self) -> int:
+        """Producers known or with an append in flight."""
+        return len(self.producers) + sum(1 for name in self.flights if name not in self.producers)
+
     def highest_pushed(self, producer: str) -> int:
         """The highest id persisted or in flight (-1: none)."""
         known = self.producers.get(producer)

@@ -620,10 +620,10 @@ class StreamManager:
         if producer in table.producers or producer in table.flights:
             return
         cap = self._settings.stream_dedup_max_producers
-        if len(table.producers) + len(table.flights) < cap:
+        if table.tracked() < cap:
             return
         table.expire(self._clock.now_ms(), self._idle_ms())
-        if len(table.producers) + len(table.flights) >= cap:
+        if table.tracked() >= cap:
             raise TooManyProducers(
                 f"the stream tracks {cap} producers (stream_dedup_max_producers): a new one "
                 f"is refused until one is idle for "
