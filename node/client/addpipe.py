@@ -149,6 +149,15 @@ class _Connection(asyncio.Protocol):
             self.transport.write(body)
         return future
 
+    def stopped_waiting(self) -> None:
+        """A caller stopped waiting for its answer (its timeout): what is sent after it would
+        wait for that answer too, so the connection takes no more; closed at once when no
+        other caller waits on it (as a client library closes a connection it gave up on)."""
+        self.reusable = False
+        if all(future.done() for future, _sent in self.out):
+            self.abort(UNREACHABLE, "the caller stopped waiting")
+        self._pool.answered(self)
+
     def abort(self, code: str, message: str) -> None:
         """Closes at once, failing every request out with ``code``."""
         self.reusable = False
@@ -183,6 +192,7 @@ class _NodePool:
         owner = self.owner
         while True:
             best: _Connection | None = None
+            usable = 0  # a connection that takes no more requests leaves its place
             now = time.monotonic()
             for conn in list(self.connections):
                 if not conn.reusable:
@@ -190,11 +200,12 @@ class _NodePool:
                 if not conn.out and now - conn.idle_since > IDLE_CLOSE_S:
                     conn.abort(UNREACHABLE, "idle")
                     continue
+                usable += 1
                 if best is None or len(conn.out) < len(best.out):
                     best = conn
             if best is not None and not best.out:
                 return best
-            if len(self.connections) + self.opening < owner.connections:
+            if usable + self.opening < owner.connections:
                 return await self._open(host, port)
             if best is not None and len(best.out) < owner.depth:
                 return best
@@ -296,8 +307,7 @@ class AddPipes:
         try:
             return await future
         except asyncio.CancelledError:
-            # Its answer will still come and be read, behind it nothing new should wait.
-            conn.reusable = False
+            conn.stopped_waiting()
             raise
 
     def watch(self) -> None:
