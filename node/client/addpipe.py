@@ -293,15 +293,18 @@ class AddPipes:
         self.depth = depth
         self._timeout_s = request_timeout_s
         self.unreachable = unreachable
-        self._pools: dict[str, _NodePool] = {}
+        # By node id and address: a node that moved is a new pool (the old one's connections
+        # drain and close as idle), never a request to its old address.
+        self._pools: dict[tuple[str, str, int], _NodePool] = {}
         self._sweep: asyncio.TimerHandle | None = None
 
     async def request(self, node_id: str, host: str, port: int, head: bytes, body: bytes) -> Answer:
         """The node's answer (status, body) to ``head`` and ``body``, sent on one of its
         connections; ReplicaError ``unreachable`` when no complete answer came."""
-        pool = self._pools.get(node_id)
+        key = node_id, host, port
+        pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[node_id] = _NodePool(self, node_id)
+            pool = self._pools[key] = _NodePool(self, node_id)
         conn = await pool.connection(host, port)
         future = conn.send(head, body)
         try:
@@ -318,9 +321,11 @@ class AddPipes:
     def _check(self) -> None:
         self._sweep = None
         now = time.monotonic()
-        for pool in self._pools.values():
+        for key, pool in list(self._pools.items()):
             pool.sweep(now, self._timeout_s)
-        if any(pool.connections for pool in self._pools.values()):
+            if not pool.connections and not pool.opening and not pool.waiters:
+                del self._pools[key]
+        if self._pools:
             self.watch()
 
     def close(self) -> None:

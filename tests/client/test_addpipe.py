@@ -3,7 +3,8 @@ real node process behind a relay that sees each HTTP message: adds pipelined on 
 get their own answers in order, errors included (the JSON code, as aiohttp's path gave it); a
 connection cut in the middle of an answer fails every add not completely answered (never ok,
 although the node stored it); the next add reconnects; a caller that stops waiting leaves no
-answer behind for the next add to take as its own."""
+answer behind for the next add to take as its own; a node that moved gets its adds at its
+new address."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from node.client.bookies import UNREACHABLE, BookieClient, within
 from node.client.errors import ReplicaError
 from node.client.metadata.memory import MemoryStore
+from node.client.model import NodeInfo, node_key
 from node.client.protocol import ENTRY_CONFLICT, INVALID_LAC, WRONG_NODE
 from node.client.registry import Registry
 from node.localcluster import LocalCluster
@@ -231,3 +233,23 @@ async def test_a_caller_that_stops_waiting_leaves_no_answer_for_the_next_add(
         assert [code_of(o) for o in refused] == [ENTRY_CONFLICT]
         assert relay.connections == 2
         assert await direct.read_entry("n0", LEDGER, 0, fence=False) == b"late"
+
+
+async def test_a_node_that_moved_gets_its_adds_at_its_new_address(node: LocalCluster) -> None:
+    port = int(node.url("n0").rsplit(":", 1)[1])
+    old, new = await Relay(port).start(), await Relay(port).start()
+    store = MemoryStore()
+    lease = await store.grant_lease(600)
+    registry = Registry(store)
+    bookie = BookieClient(registry)
+    try:
+        await store.put(node_key("n0"), NodeInfo("n0", old.url).encode(), lease=lease)
+        await add(bookie, 0, b"before the move")
+        await store.put(node_key("n0"), NodeInfo("n0", new.url).encode(), lease=lease)
+        await registry.nodes()  # the client learns the new address (as after a failure)
+        await add(bookie, 1, b"after the move")
+        assert (len(old.requests), len(new.requests)) == (1, 1)
+    finally:
+        await bookie.close()
+        await old.close()
+        await new.close()
