@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from node.audit import CHECKS, snapshot, tables
+from node.audit import CHECKS, kept, snapshot
 from node.localcluster import LocalCluster
 from node.storage import logformat
 from tests.airflow.conftest import Airflow
@@ -36,7 +36,7 @@ def _run(airflow: Airflow, cluster: LocalCluster, out_dir: Path) -> tuple[Any, d
 def _flip(directory: Path, ledger_id: int, entry_id: int) -> None:
     """Flip a payload byte of the copy a node's snapshot indexes, in the node's own log (the
     snapshot holds a hard link to the same file)."""
-    table = pq.read_table(directory / f"locations{tables.PARQUET_SUFFIX}").to_pylist()
+    table = pq.read_table(directory / f"locations{kept.PARQUET_SUFFIX}").to_pylist()
     [hit] = [r for r in table if (r["ledger_id"], r["entry_id"]) == (ledger_id, entry_id)]
     meta = json.loads((directory / "snapshot.json").read_text())
     path = logformat.log_path(Path(meta["ledgersDir"]), hit["log_id"])

@@ -46,6 +46,7 @@ NODE_DEFAULTS = {  # the settings' defaults (docs/api.md, "Streams")
     "offloadThresholdInBytes": -1,  # offload off (Pulsar's broker default)
     "offloadThresholdInSeconds": -1,
     "offloadDeletionLagInMillis": 4 * 3600 * 1000,  # Pulsar: 4 h
+    "deduplication": False,  # exactly-once appends are asked for per stream
 }
 POLL_S = 5  # a long poll that should be answered by an append waits at most this long
 NOT_YET_S = 0.05  # how long a long poll is watched to see that it does not return early
