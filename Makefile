@@ -121,6 +121,10 @@ test: $(STAMP) $(AIRFLOW_STAMP) tools $(AXE)
 	$(PY) -m ruff check node tests grafana dags tools
 	$(PY) -m mypy
 	$(PY) -m mypy dags
+	@# Bytecode up front: the suite starts hundreds of node and tool processes, each of which
+	@# would otherwise compile node/ anew where PYTHONDONTWRITEBYTECODE is set (a fifth of a
+	@# node's start).
+	$(PY) -m compileall -q -j 0 node dags tests tools > /dev/null
 	$(PY) -m pytest -q --durations=15 $(PYTEST_WORKERS)
 
 lint: $(STAMP)

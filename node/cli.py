@@ -271,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
         "single node's, and an append forwarded by a non-owner against the owner's",
     )
     bench.add_argument(
+        "--dedup",
+        action="store_true",
+        help="stream (also --replicated): appends with producer headers (exactly-once) "
+        "against the same without, alternating, with the node's CPU per entry",
+    )
+    bench.add_argument(
         "--rows",
         help="stream --replicated: appends, reads, tail; replicated: appends, reads "
         "(comma-separated; default: all)",

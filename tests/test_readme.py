@@ -125,6 +125,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     assert "hello" in quick and '"state": "closed"' in quick, quick[-2000:]
     assert re.search(r"f\s+i\s+r\s+s\s+t\s+e\s+v", quick), quick[-2000:]  # od -c of the frames
     assert "state: writable" in quick, quick[-2000:]
+    assert quick.count("X-Duplicate: true") == 1 and "HTTP/1.1 201" in quick, quick[-2000:]
     # The ledger block: entries at 0, 1 (payload.bin) and 2-3 (the batch), read back.
     assert '"entryId": 1' in ledgers and '"lastEntryId": 3' in ledgers
     assert "hello" in ledgers and '"state": "closed"' in ledgers

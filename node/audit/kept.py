@@ -14,6 +14,10 @@ from typing import Any, cast
 META_FILE = "snapshot.json"  # a snapshot's description, written last
 LEDGERS_FILE = "ledgers.json"  # a replicated node's: the store's ledgers (node.audit.fleet)
 LOGS_DIR = "logs"  # in a live node's snapshot directory: hard links to the logs it lists
+PARQUET_SUFFIX = ".parquet"  # a snapshot's table is the file <name>.parquet
+# The snapshot's tables by name; node.audit.tables gives their Arrow schemas (pyarrow, which
+# a node that serves no snapshot never imports).
+TABLES = ("locations", "ledgers", "logs", "log_ledgers", "streams", "cursors", "doomed")
 
 
 def read_meta(directory: Path) -> dict[str, Any]:

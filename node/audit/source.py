@@ -35,7 +35,8 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from node.audit import ranges, remote
-from node.audit.tables import PARQUET_SUFFIX, SCHEMAS
+from node.audit.kept import PARQUET_SUFFIX
+from node.audit.tables import SCHEMAS
 from node.storage import logformat
 
 FORMAT = "entrylog"

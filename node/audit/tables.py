@@ -1,13 +1,11 @@
-"""The tables of an audit snapshot: their names and Arrow schemas, and the file suffix they
-are written with. Apart from node.audit.snapshot, which writes them with the engine's index
+"""The Arrow schemas of an audit snapshot's tables (their names and file suffix are
+node.audit.kept's). Apart from node.audit.snapshot, which writes them with the engine's index
 at hand, so that the executors that read them (node.audit.source) import pyarrow alone, never
 the engine (tests/audit/test_worker_imports.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-
-PARQUET_SUFFIX = ".parquet"
 
 SCHEMAS: dict[str, pa.Schema] = {
     "locations": pa.schema(

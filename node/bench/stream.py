@@ -12,6 +12,11 @@ in production):
 - tail (cursor): the same with ``--writers``, the reader taking a cursor's entries
   (long poll) and acknowledging the last of each read before the next.
 
+With ``--dedup``: single and batch appends with producer headers (``X-Producer-Id``,
+``X-Sequence-Id``; each writer a producer) on deduplicating streams against the same without,
+alternating, twice each, with the node's CPU per 1,000 entries: on a machine shared with other
+work the CPU per entry is the figure to compare, not the rate.
+
 With ``--replicated``: replicated streams on a local cluster against a single node's
 (stream_replicated.py), which also uses this load process's ``tail-paced`` mode: one writer at
 ``TAIL_RATE`` appends/s and the reader long-polling, perhaps on another node than the writer's.
@@ -30,6 +35,7 @@ import json
 import struct
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +71,11 @@ NS_PER_S = 1e9
 TAIL_RATE = 100  # appends/s of the paced tail's one writer: far below what a node sustains
 SINGLE, BATCH, TAIL_READ, TAIL_CURSOR = "single", "batch", "tail-read", "tail-cursor"
 TAIL_PACED = "tail-paced"  # one writer at TAIL_RATE, the reader long-polling (stream_replicated)
+# Appends with producer headers on a deduplicating stream (node/streams/dedup.py)
+SINGLE_DEDUP, BATCH_DEDUP = "single-dedup", "batch-dedup"
+DEDUP_MODES = {SINGLE_DEDUP: SINGLE, BATCH_DEDUP: BATCH}  # -> the same appends without
+DEDUP_POLICIES = {**POLICIES, "deduplication": True}
+DEDUP_TARGET = 1.2  # the issue's bound: CPU per entry with the headers over without
 
 
 @dataclass(slots=True)
@@ -103,24 +114,34 @@ async def _load(
     draining = False
     # perf_counter_ns of the measured window; until it opens, no stamp is in it.
     window = {"start": NEVER_NS, "end": NEVER_NS}
+    producers = iter(range(connections))
+    dedup = mode in DEDUP_MODES
+    shape = DEDUP_MODES.get(mode, mode)
 
     async def writer(session: aiohttp.ClientSession) -> None:
         next_send = time.perf_counter()
+        headers = {}
+        if dedup:
+            headers = {"X-Producer-Id": f"bench-{next(producers)}"}
+        sequence = 0
         while phase.running:
             if mode == TAIL_PACED:  # a steady rate: the latency of a light load, no queue
                 await asyncio.sleep(max(0.0, next_send - time.perf_counter()))
                 next_send = max(next_send + 1 / TAIL_RATE, time.perf_counter())
             started = time.perf_counter()
-            if mode == BATCH:
+            if shape == BATCH:
                 body, content_type, entries = batch, BATCH_CONTENT_TYPE, BATCH_ENTRIES
             else:
                 body, content_type, entries = _stamped(ENTRY_SIZE), OCTET_CONTENT_TYPE, 1
+            if dedup:
+                headers["X-Sequence-Id"] = str(sequence)
+                sequence += entries
             async with session.post(
-                f"{base}/entries", data=body, headers={"Content-Type": content_type}
+                f"{base}/entries", data=body, headers={"Content-Type": content_type, **headers}
             ) as response:
                 await response.read()
                 ok = response.status == 201
-            if ok and mode != BATCH:
+            if ok and shape != BATCH:
                 starts.append(STAMP.unpack_from(body)[0])
             if phase.recording:
                 if ok:
@@ -220,7 +241,7 @@ def _run(
     server: Server, name: str, mode: str, writers: int, seconds: float, n: int
 ) -> StreamFigures:
     stream = f"bench-{n}"
-    body = json.dumps(POLICIES).encode()
+    body = json.dumps(DEDUP_POLICIES if mode in DEDUP_MODES else POLICIES).encode()
     call(f"{server.url}/api/v1/streams/{stream}", "PUT", body, JSON_CONTENT_TYPE)
     result, server_cpu_s = server.load("node.bench.stream", mode, writers, seconds, stream)
     details = call(f"{server.url}/api/v1/streams/{stream}")
@@ -266,9 +287,58 @@ def _table(rows: list[StreamFigures]) -> list[str]:
     return markdown_table(header, cells)
 
 
+def per_thousand_ms(f: Figures) -> float:
+    """The node's CPU milliseconds per 1,000 entries appended."""
+    return f.server_cpu_s * 1e6 / f.entries if f.entries else 0.0
+
+
+def dedup_runs(writers: int) -> list[tuple[str, str, int]]:
+    """(name, mode, writers): each shape without and with producer headers, twice, in turn."""
+    runs = []
+    for with_headers, plain in DEDUP_MODES.items():
+        shape = "single appends" if plain == SINGLE else f"batch appends ({BATCH_ENTRIES} x 1 KiB)"
+        for n in (1, 2):
+            runs.append((f"{shape}, {writers} writers (#{n})", plain, writers))
+            runs.append((f"{shape}, producer headers, {writers} writers (#{n})", with_headers,
+                         writers))  # fmt: skip
+    return runs
+
+
+def dedup_lines(rows: Sequence[Figures], modes: list[str]) -> list[str]:
+    """CPU per 1,000 entries of each run, and per shape: with the headers over without."""
+    lines = [f"- {f.name}: node CPU {per_thousand_ms(f):.1f} ms per 1,000 entries" for f in rows]
+    for with_headers, plain in DEDUP_MODES.items():
+        cost = {
+            mode: sum(f.server_cpu_s for f, m in zip(rows, modes, strict=True) if m == mode)
+            / max(1, sum(f.entries for f, m in zip(rows, modes, strict=True) if m == mode))
+            for mode in (plain, with_headers)
+        }
+        # The least CPU per entry of each: a run the machine's other work slowed (fewer
+        # appends sharing each fsync, caches cold) costs more per entry, never less.
+        best = {
+            mode: min(
+                (per_thousand_ms(f) for f, m in zip(rows, modes, strict=True) if m == mode),
+                default=0.0,
+            )
+            for mode in (plain, with_headers)
+        }
+        if cost[plain] and best[plain]:
+            ratio = cost[with_headers] / cost[plain]
+            least = best[with_headers] / best[plain]
+            met = "met" if min(ratio, least) <= DEDUP_TARGET else "MISSED"
+            lines.append(
+                f"- {plain} appends: CPU per entry with producer headers / without = "
+                f"{ratio:.2f}x over all runs, {least:.2f}x of the best runs (target <= "
+                f"{DEDUP_TARGET}x: {met})"
+            )
+    return lines
+
+
 def main(args: argparse.Namespace) -> int:
     writers = args.writers
     seconds = args.seconds
+    if args.dedup:
+        return _dedup_main(args)
     runs = [
         (f"single appends, {writers} writers", SINGLE, writers),
         (f"batch appends ({BATCH_ENTRIES} x 1 KiB), {writers} writers", BATCH, writers),
@@ -295,6 +365,25 @@ def main(args: argparse.Namespace) -> int:
                     f"- {f.name}: the reader received {f.delivered_in_window:,} of the "
                     f"{f.appended_in_window:,} entries appended in the measured window"
                 )
+    return 0
+
+
+def _dedup_main(args: argparse.Namespace) -> int:
+    runs = dedup_runs(args.writers)
+    with scratch_dir(args.dir, "node-bench-stream-dedup-") as scratch:
+        print(
+            f"## node bench stream --dedup: {args.seconds} s per run, 1 KiB entries, appends "
+            "with and without producer headers, alternating"
+        )
+        print(short_machine_line(scratch))
+        with serving(scratch / "server") as server:
+            rows = [
+                _run(server, name, mode, count, args.seconds, n)
+                for n, (name, mode, count) in enumerate(runs)
+            ]
+        print("\n".join(_table(rows)))
+        print()
+        print("\n".join(dedup_lines(rows, [mode for _, mode, _ in runs])))
     return 0
 
 

@@ -56,7 +56,16 @@ from node.bench.server import (
     serving,
     short_machine_line,
 )
-from node.bench.stream import BATCH, POLICIES, SINGLE, TAIL_PACED, TAIL_RATE
+from node.bench.stream import (
+    BATCH,
+    DEDUP_MODES,
+    POLICIES,
+    SINGLE,
+    TAIL_PACED,
+    TAIL_RATE,
+    dedup_lines,
+    dedup_runs,
+)
 from node.bench.stream_reads import CURSOR, PLAIN
 from node.localcluster import LocalCluster, ProcessExited
 from node.wire import BATCH_CONTENT_TYPE, JSON_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
@@ -66,6 +75,7 @@ REPLICATION = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}
 ONE_COPY = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
 APPENDS, READS, TAIL = "appends", "reads", "tail"
 GROUPS = (APPENDS, READS, TAIL)
+DEDUP = "dedup"  # --dedup: appends with producer headers against without, replicated
 # Targets: replicated over single node (at least for throughput, at most for latency)
 BATCH_TARGET = 0.3  # batch appends, entries/s (three copies on two cores: about 1/3 at best)
 SINGLE_TARGET = 0.3  # single appends, entries/s
@@ -182,9 +192,13 @@ def _by_role(roles: dict[int, str], by_pid: dict[int, float]) -> dict[str, float
     return cpu
 
 
-def _policies(replication: dict[str, int] | None) -> bytes:
+def _policies(replication: dict[str, int] | None, dedup: bool = False) -> bytes:
     return json.dumps(
-        {**POLICIES, **({"replication": replication} if replication else {})}
+        {
+            **POLICIES,
+            **({"replication": replication} if replication else {}),
+            **({"deduplication": True} if dedup else {}),
+        }
     ).encode()
 
 
@@ -206,11 +220,13 @@ def _replicated_stream(
     replication: dict[str, int] = REPLICATION,
     first: bytes = bytes(ENTRY_SIZE),
     content_type: str = OCTET_CONTENT_TYPE,
+    dedup: bool = False,
 ) -> str:
     """Creates ``stream`` through n0 and appends ``first`` through it; its owner's id."""
     url = cluster.url(cluster.node_ids[0])
+    policies = _policies(replication, dedup)
     try:
-        call(f"{url}/api/v1/streams/{stream}", "PUT", _policies(replication), JSON_CONTENT_TYPE)
+        call(f"{url}/api/v1/streams/{stream}", "PUT", policies, JSON_CONTENT_TYPE)
         call(f"{url}/api/v1/streams/{stream}/entries", "POST", first, content_type)
     except OSError as error:  # urllib's HTTPError: the refusal's body says why
         detail = error.read().decode(errors="replace") if hasattr(error, "read") else ""
@@ -322,6 +338,21 @@ def _appends(sides: Sides, writers: int, seconds: float) -> list[Row]:
     rows.append(
         _load_row(name, sides.roles(owner), sides.other_than(owner), SINGLE, 1, seconds, stream)
     )
+    return rows
+
+
+def _dedup_rows(sides: Sides, writers: int, seconds: float) -> list[Row]:
+    """Replicated appends with producer headers against without (stream.dedup_runs)."""
+    rows = []
+    for n, (shape, mode, count) in enumerate(dedup_runs(writers)):
+        stream = f"dedup-{n}"
+        owner = _replicated_stream(sides.cluster, stream, dedup=mode in DEDUP_MODES)
+        url = sides.cluster.url(owner)
+        rows.append(
+            _load_row(
+                f"{shape}, {REPLICATED}", sides.roles(owner), url, mode, count, seconds, stream
+            )
+        )
     return rows
 
 
@@ -509,11 +540,12 @@ TABLES: dict[str, Callable[[list[Row]], list[str]]] = {
     APPENDS: append_table,
     READS: read_table,
     TAIL: tail_table,
+    DEDUP: append_table,
 }
 
 
 def main(args: argparse.Namespace) -> int:
-    groups = parse_groups(args.rows, GROUPS)
+    groups = [DEDUP] if args.dedup else parse_groups(args.rows, GROUPS)
     entries, page = args.read_entries, args.read_page
     require_positive(
         seconds=args.seconds, writers=args.writers, read_entries=entries, read_page=page
@@ -536,6 +568,8 @@ def main(args: argparse.Namespace) -> int:
                         done[group] = _appends(sides, args.writers, args.seconds)
                     elif group == READS:
                         done[group] = _reads(sides, entries, page)
+                    elif group == DEDUP:
+                        done[group] = _dedup_rows(sides, args.writers, args.seconds)
                     else:
                         done[group] = _tail(sides, args.seconds)
             except (ReplicationRefused, LoadFailed) as error:
@@ -548,6 +582,9 @@ def main(args: argparse.Namespace) -> int:
         rows = [row for group_rows in done.values() for row in group_rows]
         print()
         print("\n".join(ratio_lines(rows, targets(args.writers, entries, page))))
+        if DEDUP in done:
+            modes = [mode for _, mode, _ in dedup_runs(args.writers)][: len(done[DEDUP])]
+            print("\n".join(dedup_lines(done[DEDUP], modes)))
         failures = [f for f in map(Row.failure, rows) if f is not None]
         if failed is not None:
             failures.append(failed)

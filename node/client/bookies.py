@@ -1,6 +1,7 @@
 """The client's half of the bookie protocol: replica adds, LAC reads and entry reads to one node
 by its id. ``Transport`` is the contract (the simulation plugs in-memory nodes behind it);
-``BookieClient`` speaks it over HTTP with one keep-alive session for every node.
+``BookieClient`` speaks it over HTTP: replica adds on connections of their own (addpipe.py:
+the hot path of every replicated append), everything else through one aiohttp session.
 
 An answer is success, or a ReplicaError classified by the JSON body's ``code``: only
 ``entry_not_found``/``ledger_not_found`` mean "not here", never a status alone (a proxy's or an
@@ -16,6 +17,8 @@ from typing import Protocol, TypeVar
 
 import aiohttp
 
+from node.client import addpipe
+from node.client.addpipe import AddPipes, address
 from node.client.errors import MetadataError, ReplicaError
 from node.client.protocol import (
     BATCH_CONTENT_TYPE,
@@ -40,8 +43,11 @@ from node.client.stripes import IdRange, Stripe
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 # Keep-alive connections per node (adds of one ledger go out concurrently).
 DEFAULT_CONNECTIONS_PER_NODE = 16
+# Replica adds pipelined on one connection once every connection to the node has one out
+# (a node answers a connection's requests one at a time: more wait in its read-ahead).
+DEFAULT_ADD_PIPELINE_DEPTH = 4
 
-UNREACHABLE = "unreachable"  # connection refused or reset, no answer
+UNREACHABLE = addpipe.UNREACHABLE  # connection refused or reset, no answer
 UNREGISTERED = "unregistered"  # no URL for the node id (not registered, or no store)
 TIMEOUT = "timeout"  # no answer in the caller's time
 
@@ -70,6 +76,19 @@ class MissingAnswer:
 
 
 Replication = tuple[int, int, int]
+# A replica add's head: ledger id, the node's fixed lines, Content-Type, Content-Length,
+# first entry id, LAC, LAC length, E/Qw/Qa, the recovery line or nothing.
+_ADD_HEAD = (
+    b"POST /api/v1/ledgers/%%d/entries HTTP/1.1\r\n%%sContent-Type: %%s\r\n"
+    b"Content-Length: %%d\r\n%s: %%d\r\n%s: %%d\r\n%s: %%d\r\n%s: %%s\r\n%%s\r\n"
+    % (
+        ENTRY_ID_HEADER.encode(),
+        LAC_HEADER.encode(),
+        LAC_LENGTH_HEADER.encode(),
+        REPLICATED_HEADER.encode(),
+    )
+)
+_RECOVERY_LINE = RECOVERY_ADD_HEADER.encode() + b": 1\r\n"
 T = TypeVar("T")
 
 
@@ -125,8 +144,21 @@ def _body(entries: Sequence[tuple[int, bytes]]) -> tuple[bytes, str]:
     return encode_range(entries), RANGE_CONTENT_TYPE
 
 
+def _refusal(node_id: str, status: int, raw: bytes) -> ReplicaError:
+    """A node's answer other than success, by the JSON body's code (``http_<status>`` when
+    the body has none)."""
+    code, message = f"http_{status}", ""
+    try:
+        answer = json.loads(raw)
+        code, message = str(answer["code"]), str(answer.get("message", ""))
+    except (ValueError, KeyError, TypeError):
+        pass
+    return ReplicaError(node_id, code, status, message)
+
+
 class BookieClient:
-    """The Transport over HTTP: one aiohttp session (keep-alive pools per node)."""
+    """The Transport over HTTP: replica adds on their own keep-alive connections (AddPipes),
+    the rest through one aiohttp session (keep-alive pools per node)."""
 
     def __init__(
         self,
@@ -134,6 +166,7 @@ class BookieClient:
         *,
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         connections_per_node: int = DEFAULT_CONNECTIONS_PER_NODE,
+        add_pipeline_depth: int = DEFAULT_ADD_PIPELINE_DEPTH,
         token: str | None = None,
     ) -> None:
         self._registry = registry
@@ -142,6 +175,15 @@ class BookieClient:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._per_host = connections_per_node
         self._session: aiohttp.ClientSession | None = None
+        self._pipes = AddPipes(
+            connections=connections_per_node,
+            depth=add_pipeline_depth,
+            request_timeout_s=request_timeout_s,
+            unreachable=registry.forget,
+        )
+        # Per node id: its base URL when last looked at, and (host, port, the headers every
+        # add to it carries) or None for a URL the add path does not speak (aiohttp does).
+        self._add_heads: dict[str, tuple[str, tuple[str, int, bytes] | None]] = {}
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -164,10 +206,7 @@ class BookieClient:
         headers: dict[str, str],
         data: bytes | None = None,
     ) -> tuple[bytes, Mapping[str, str]]:
-        try:
-            base = await self._registry.url(node_id)
-        except (UnknownNode, MetadataError) as error:  # no address: as unreachable
-            raise ReplicaError(node_id, UNREGISTERED, 0, str(error)) from None
+        base = await self._url(node_id)
         headers[EXPECT_NODE_HEADER] = node_id
         headers.update(self._auth)
         try:
@@ -181,13 +220,29 @@ class BookieClient:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             self._registry.forget(node_id)
             raise ReplicaError(node_id, UNREACHABLE, 0, repr(error)) from None
-        code, message = f"http_{status}", ""
+        raise _refusal(node_id, status, raw)
+
+    async def _url(self, node_id: str) -> str:
         try:
-            answer = json.loads(raw)
-            code, message = str(answer["code"]), str(answer.get("message", ""))
-        except (ValueError, KeyError, TypeError):
-            pass
-        raise ReplicaError(node_id, code, status, message)
+            return await self._registry.url(node_id)
+        except (UnknownNode, MetadataError) as error:  # no address: as unreachable
+            raise ReplicaError(node_id, UNREGISTERED, 0, str(error)) from None
+
+    def _add_head(self, node_id: str, base: str) -> tuple[str, int, bytes] | None:
+        known = self._add_heads.get(node_id)
+        if known is not None and known[0] == base:
+            return known[1]
+        target = address(base)
+        if target is not None:
+            host, port, netloc = target
+            lines = [
+                b"Host: " + netloc,
+                EXPECT_NODE_HEADER.encode() + b": " + node_id.encode("utf-8", "surrogateescape"),
+                *(f"{name}: {value}".encode() for name, value in self._auth.items()),
+            ]
+            target = host, port, b"".join(line + b"\r\n" for line in lines)
+        self._add_heads[node_id] = base, target
+        return target
 
     async def add(
         self,
@@ -201,6 +256,25 @@ class BookieClient:
         recovery: bool = False,
     ) -> None:
         body, content_type = _body(entries)
+        base = await self._url(node_id)
+        target = self._add_head(node_id, base)
+        if target is not None:
+            host, port, fixed = target
+            head = _ADD_HEAD % (
+                ledger_id,
+                fixed,
+                content_type.encode(),
+                len(body),
+                entries[0][0],
+                lac,
+                lac_length,
+                replication_header(*replication).encode(),
+                _RECOVERY_LINE if recovery else b"",
+            )
+            status, raw = await self._pipes.request(node_id, host, port, head, body)
+            if status >= 300:
+                raise _refusal(node_id, status, raw)
+            return
         headers = {
             "Content-Type": content_type,
             ENTRY_ID_HEADER: str(entries[0][0]),
@@ -277,6 +351,7 @@ class BookieClient:
             raise ReplicaError(node_id, "bad_answer", 200, repr(error)) from None
 
     async def close(self) -> None:
+        self._pipes.close()
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -20,7 +20,7 @@ from urllib.parse import unquote
 from aiohttp import web
 from pydantic import ValidationError
 
-from node.audit import kept, snapshot, tables
+from node.audit import kept, snapshot
 from node.http import models
 from node.http.bodies import limited_by
 from node.http.errors import ApiError, error_response
@@ -56,7 +56,7 @@ NAME_SUFFIX_CHARS = 6  # random hex after the time: two snapshots in one ms do n
 SNAPSHOTS_PATH = "/api/v1/audit/snapshots"
 # A snapshot's directory name (one component: no "..", no "/"); its files by name only.
 SNAPSHOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-TABLE_FILES = [f"{n}{tables.PARQUET_SUFFIX}" for n in tables.SCHEMAS]
+TABLE_FILES = [f"{n}{kept.PARQUET_SUFFIX}" for n in kept.TABLES]
 SNAPSHOT_FILES = frozenset({kept.META_FILE, kept.LEDGERS_FILE, *TABLE_FILES})
 LOG_NAME = re.compile(rf"[0-9a-f]{{1,16}}{re.escape(logformat.SUFFIX)}")
 SERVE_CHUNK = 1 * MiB  # bytes read, budgeted, paced and written at a time

@@ -37,7 +37,9 @@ STATUSES: dict[int, Status] = {
         "Malformed id, query, body or frame (against this document's schemas); an empty "
         "batch (empty_batch); a reserved ledger property (reserved_property); a malformed "
         "header of the replica protocol (invalid_header) or query flag (invalid_query); an "
-        "X-Forwarded-By that names no node of the fleet (invalid_header); a "
+        "X-Forwarded-By that names no node of the fleet (invalid_header); a malformed "
+        "X-Producer-Id or X-Sequence-Id, or one without the other (invalid_producer_id, "
+        "invalid_sequence_id, invalid_producer_headers); a "
         "local ledger id in the fleet's range of replicated ledgers (reserved_ledger_id); an "
         "audit snapshot's or file's name that names none (invalid_path: no path leaves the "
         "snapshot directory)",
@@ -88,8 +90,12 @@ STATUSES: dict[int, Status] = {
         "not empty (snapshot_exists); a plain add, a close or a delete of a replicated ledger "
         "(replicated_ledger); a replica add to a local ledger (not_replicated); an "
         "autorecovery call naming another metadata store (metadata_mismatch), or refused by "
-        "the cluster's state (replicas_disagree, copy_mismatch, lock_lost, not_enough_nodes)",
+        "the cluster's state (replicas_disagree, copy_mismatch, lock_lost, not_enough_nodes); "
+        "producer headers on a stream that does not deduplicate (deduplication_off), or a "
+        "batch whose sequence ids are partly stored already (sequence_overlap)",
         (
+            stream_errors.DeduplicationOff,
+            stream_errors.SequenceConflict,
             storage_errors.ReplicatedLedger,
             storage_errors.NotReplicated,
             storage_errors.LedgerExists,
@@ -128,6 +134,12 @@ STATUSES: dict[int, Status] = {
             stream_errors.ConflictingPolicies,
             stream_errors.ReplicationOff,
         ),
+    ),
+    429: Status(
+        "A new producer on a stream that tracks stream_dedup_max_producers already "
+        "(too_many_producers): one is forgotten once idle for "
+        "stream_dedup_producer_inactivity_minutes",
+        (stream_errors.TooManyProducers,),
     ),
     421: Status(
         "X-Expect-Node names another node than this one (wrong_node): the caller's address "

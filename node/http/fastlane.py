@@ -59,6 +59,7 @@ from node.http.middleware import (
 from node.http.state import BUDGET, METRICS, SETTINGS
 from node.storage.adds import PendingAdd
 from node.storage.errors import StorageError
+from node.streams.dedup import DUPLICATE_HEADER, PRODUCER_HEADER, SEQUENCE_HEADER
 from node.streams.model import ID_DIGITS
 from node.wire import JSON_CONTENT_TYPE, RAW_CONTENT_TYPES, media_type
 
@@ -82,6 +83,9 @@ SERVER_HEADER = b"storage-node"
 _WRITE_TOKEN = ledgers.WRITE_TOKEN_HEADER.lower().encode()
 _REPLICATED = protocol.REPLICATED_HEADER.lower().encode()
 _EXPECT_NODE = protocol.EXPECT_NODE_HEADER.lower().encode()
+_PRODUCER = PRODUCER_HEADER.lower().encode()
+_SEQUENCE = SEQUENCE_HEADER.lower().encode()
+_DUPLICATE = b"%s: true\r\n" % DUPLICATE_HEADER.encode()
 _PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 _JSON_CONTENT_TYPE = JSON_CONTENT_TYPE.encode()
 
@@ -141,6 +145,10 @@ def parse_add(buffer: bytes | bytearray, head_end: int) -> _Add | None:
 def _header(add: _Add, name: bytes) -> str:
     """A header's value as aiohttp's parser gives it to the routes."""
     return add.headers.get(name, b"").decode("utf-8", "surrogateescape")
+
+
+def _optional(add: _Add, name: bytes) -> str | None:
+    return _header(add, name) if name in add.headers else None
 
 
 def _content_type(add: _Add) -> str:
@@ -459,18 +467,23 @@ class FastLane(asyncio.Protocol):
 
     async def _answer(self, add: _Add, body: bytes, rid: str, started: float) -> None:
         logs.request_id.set(rid)  # the task runs in a copy of the context _start set it in
+        extra = b""
         try:
-            status, reply = 201, await self._add(add, body)
+            reply, duplicate = await self._add(add, body)
+            status = 201
+            if duplicate:
+                status, extra = 200, _DUPLICATE
         except Exception as e:
             status, reply = _failure(e, add.path)
-        self._respond(add, rid, started, status, reply)
+        self._respond(add, rid, started, status, reply, extra)
 
-    def _respond(self, add: _Add, rid: str, started: float, status: int, reply: bytes) -> None:
+    def _respond(
+        self, add: _Add, rid: str, started: float, status: int, reply: bytes, extra: bytes = b""
+    ) -> None:
         lanes = self._lanes
         self._give_back()
-        extra = b""
         if status == 503:
-            extra = b"Retry-After: %s\r\n" % RETRY_AFTER_S.encode()
+            extra += b"Retry-After: %s\r\n" % RETRY_AFTER_S.encode()
         close = self._closing or b"close" in add.headers.get(b"connection", b"").lower()
         if close:
             extra += b"Connection: close\r\n"
@@ -514,15 +527,22 @@ class FastLane(asyncio.Protocol):
         else:
             self._next()
 
-    async def _add(self, add: _Add, body: bytes) -> bytes:
+    async def _add(self, add: _Add, body: bytes) -> tuple[bytes, bool]:
+        """The reply, and whether it answers a duplicate append (node.streams.dedup)."""
         app = self._lanes.app
         if add.route is LEDGER_ROUTE:
             if _REPLICATED in add.headers:
                 return await ledgers.replica_add(
                     app, int(add.key), _content_type(add), _getter(add), body
-                )
-            return await ledgers.add(app, int(add.key), _content_type(add), _token(add), body)
-        return await streams.add(app, add.key.decode(), _content_type(add), body)
+                ), False
+            return await ledgers.add(
+                app, int(add.key), _content_type(add), _token(add), body
+            ), False
+        headers = add.headers
+        producer = streams.NO_PRODUCER
+        if _PRODUCER in headers or _SEQUENCE in headers:
+            producer = _optional(add, _PRODUCER), _optional(add, _SEQUENCE)
+        return await streams.add(app, add.key.decode(), _content_type(add), body, producer)
 
     def check_timeouts(self, now: float) -> None:
         """The sweep's visit: close what waited too long (as aiohttp's timeouts do)."""

@@ -293,6 +293,11 @@ def _status_stream(s: StreamSnapshot) -> models.StatusStream:
             for c in s.cursors
         ],
         cursorCount=s.cursor_count,
+        deduplication=None
+        if s.dedup is None
+        else models.StatusDedup(
+            duplicates=s.dedup[0], producers=s.dedup[1], snapshotAgeSeconds=s.dedup[2]
+        ),
     )
 
 

@@ -21,6 +21,13 @@ from node.http.jsonreply import LINE_END, json_response
 from node.http.ledgers import decode_payloads, parse_id, unsupported
 from node.http.replies import ReplyBytes, send
 from node.http.state import METRICS, SETTINGS, STREAMS, WORK
+from node.streams.dedup import (
+    DUPLICATE_HEADER,
+    PRODUCER_HEADER,
+    SEQUENCE_HEADER,
+    InvalidProducerHeaders,
+    parse_producer,
+)
 from node.streams.manager import Read, StreamManager, parse_position
 from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
 from node.wire import (
@@ -314,13 +321,34 @@ async def delete_stream(request: web.Request) -> web.Response:
 @served()
 async def append(request: web.Request) -> web.Response:
     content_type = media_type(request.headers.get("Content-Type", ""))
-    reply = await add(request.app, _name(request), content_type, await request.read())
+    producer = request.headers.get(PRODUCER_HEADER), request.headers.get(SEQUENCE_HEADER)
+    reply, duplicate = await add(
+        request.app, _name(request), content_type, await request.read(), producer
+    )
+    if duplicate:
+        return web.Response(
+            body=reply,
+            status=200,
+            content_type=JSON_CONTENT_TYPE,
+            headers={DUPLICATE_HEADER: "true"},
+        )
     return web.Response(body=reply, status=201, content_type=JSON_CONTENT_TYPE)
 
 
-async def add(app: web.Application, name: str, content_type: str, body: bytes) -> bytes:
-    """POST /api/v1/streams/{name}/entries once its body is read: the 201 reply's JSON. The
-    route and the fast lane (fastlane.py) both answer through this."""
+NO_PRODUCER: tuple[str | None, str | None] = (None, None)
+
+
+async def add(
+    app: web.Application,
+    name: str,
+    content_type: str,
+    body: bytes,
+    producer: tuple[str | None, str | None] = NO_PRODUCER,
+) -> tuple[bytes, bool]:
+    """POST /api/v1/streams/{name}/entries once its body is read: the reply's JSON, and
+    whether it is a duplicate (200, ``X-Duplicate: true``; else 201). ``producer``: the
+    X-Producer-Id and X-Sequence-Id values (node.streams.dedup). The route and the fast lane
+    (fastlane.py) both answer through this."""
     if content_type == BATCH_CONTENT_TYPE:
         payloads = await decode_payloads(app, body)
     elif content_type in RAW_CONTENT_TYPES:
@@ -331,16 +359,31 @@ async def add(app: web.Application, name: str, content_type: str, body: bytes) -
     if any(len(p) > limit for p in payloads):
         raise ApiError(413, "entry_too_large", f"an entry exceeds max_entry_size {limit}")
     started = time.perf_counter()
-    positions = await app[STREAMS].append(name, payloads)
+    duplicate = False
+    if producer is NO_PRODUCER:
+        positions = await app[STREAMS].append(name, payloads)
+    else:
+        try:
+            named = parse_producer(*producer, len(payloads))
+        except InvalidProducerHeaders as e:
+            raise ApiError(400, e.code, str(e)) from None
+        if named is None:
+            positions = await app[STREAMS].append(name, payloads)
+        else:
+            positions, duplicate = await app[STREAMS].append_once(name, payloads, *named)
     app[METRICS].add_latency_stream.observe(time.perf_counter() - started)
+    if not positions:  # a duplicate of an append older than its producer's last one
+        if content_type == BATCH_CONTENT_TYPE:
+            return b'{"firstPosition": null, "lastPosition": null}%s' % LINE_END, duplicate
+        return b'{"position": null}%s' % LINE_END, duplicate
     if content_type == BATCH_CONTENT_TYPE:
         # A batch lands in one ledger at consecutive entry ids: first and last name them all.
         return b'{"firstPosition": "%s", "lastPosition": "%s"}%s' % (
             str(positions[0]).encode(),
             str(positions[-1]).encode(),
             LINE_END,
-        )
-    return b'{"position": "%s"}%s' % (str(positions[0]).encode(), LINE_END)
+        ), duplicate
+    return b'{"position": "%s"}%s' % (str(positions[0]).encode(), LINE_END), duplicate
 
 
 @routes.get("/api/v1/streams/{name}/entries")

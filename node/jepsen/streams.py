@@ -15,7 +15,14 @@ Outcomes:
 - ``info`` (unknown): a timeout, a connection lost after the request was sent, 503
   ``append_outcome_unknown`` (an owner whose adds were fenced), any other 5xx.
 
-A retry is a new operation with new payloads, so a payload names its operation.
+A retry is a new operation with new payloads, so a payload names its operation; except with
+``producers`` (message deduplication, node/streams/dedup.py): each writer is a producer
+(``X-Producer-Id`` its process name) numbering its entries (``X-Sequence-Id``), and retries
+every operation that was not acknowledged with the same payloads and ids until it is (a 4xx
+ends it: refused for good); an answer 200 ``X-Duplicate: true`` is ``ok`` at the position it
+names. Then a payload names its entry, retries included: exactly-once means each is in the
+stream once, where every acknowledgment of it said, and ``check_stream`` sees that (a
+retried append's invocation is its first one's).
 
 Readers run beside the writers (``cursor_readers``, ``plain_readers``): a cursor reader
 creates its cursor at the earliest entry, reads (``cursor_read``), acknowledges the last entry
@@ -119,6 +126,7 @@ class StreamWorkload:
     retry_pause_s: float = RETRY_PAUSE_S  # after an operation that was not ok
     cursor_readers: int = 0  # each with its own cursor, named after its process
     plain_readers: int = 0
+    producers: bool = False  # writers are producers, retrying with the same ids (docstring)
     read_limit: int = RUN_READ_LIMIT
     histories: list[History] = field(init=False)
     readers: list[History] = field(init=False)
@@ -126,6 +134,7 @@ class StreamWorkload:
     acked: int = field(init=False, default=0)  # ok operations so far
     _turn: int = field(init=False, default=0)
     _counts: list[int] = field(init=False)
+    _sequences: list[int] = field(init=False)  # each producer's next sequence id
     _running: bool = field(init=False, default=False)
     _tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
     _reader_tasks: list[asyncio.Task[None]] = field(init=False, default_factory=list)
@@ -137,6 +146,7 @@ class StreamWorkload:
         self.readers = [History(f"{self.prefix}c{i}") for i in range(self.cursor_readers)]
         self.readers += [History(f"{self.prefix}r{i}") for i in range(self.plain_readers)]
         self._counts = [0] * self.writers
+        self._sequences = [0] * self.writers
         self._rng = random.Random(self.seed)
 
     def history(self) -> list[Op]:
@@ -159,11 +169,24 @@ class StreamWorkload:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
         return self._session
 
-    async def append(self, writer: int, entries: int = 1, url: str | None = None) -> Op:
+    async def append(
+        self,
+        writer: int,
+        entries: int = 1,
+        url: str | None = None,
+        again: tuple[list[bytes], int] | None = None,
+    ) -> Op:
         """One operation of writer ``writer`` (``entries`` > 1: a batch) to ``url`` (default:
-        the next of ``urls``), logged; its completion."""
+        the next of ``urls``), logged; its completion. ``again``: the payloads and first
+        sequence id of a producer's operation sent before (``producers``)."""
         history = self.histories[writer]
-        payloads = [self._payload(writer) for _ in range(entries)]
+        if again is not None:
+            payloads, sequence = again
+        else:
+            payloads = [self._payload(writer) for _ in range(entries)]
+            sequence = self._sequences[writer]
+            self._sequences[writer] += entries
+        entries = len(payloads)
         digests = [digest(p) for p in payloads]
         f: OpFunction = "append" if entries == 1 else "append_batch"
         logged: str | list[str] = digests[0] if entries == 1 else digests
@@ -172,33 +195,41 @@ class StreamWorkload:
         else:
             body, content_type = encode_batch(payloads), BATCH_CONTENT_TYPE
         target = url or self.next_url()
+        headers = {"Content-Type": content_type}
+        if self.producers:
+            headers |= {"X-Producer-Id": history.process, "X-Sequence-Id": str(sequence)}
         history.log("invoke", f, None, None, logged)
         outcome: OpType
         try:
             async with self._open().post(
                 f"{target}/api/v1/streams/{self.stream}/entries",
                 data=body,
-                headers={"Content-Type": content_type},
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             ) as response:
                 raw = await response.read()
                 status = response.status
+                duplicate = response.headers.get("X-Duplicate") == "true"
         except aiohttp.ClientConnectorError:
             self._count("refused")
             return history.log("fail", f, None, None, logged)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as error:
             self._count(type(error).__name__)
             return history.log("info", f, None, None, logged)
-        if status == 201:
+        if status == 201 or (status == 200 and duplicate):
             reply = json.loads(raw)
-            first = _position(reply["position"] if entries == 1 else reply["firstPosition"])
-            self._count("201")
+            named = reply["position"] if entries == 1 else reply["firstPosition"]
+            if named is None:  # a duplicate older than the producer's last append
+                self._count("200 no position")
+                return history.log("info", f, None, None, logged, error="200 no position")
+            first = _position(named)
+            self._count(str(status))
             self.acked += 1
             return history.log("ok", f, first.ledger_id, first.entry_id, logged)
         code = _code(raw)
         self._count(f"{status} {code}")
         outcome = "fail" if 400 <= status < 500 or code in DEFINITE_CODES else "info"
-        return history.log(outcome, f, None, None, logged)
+        return history.log(outcome, f, None, None, logged, error=f"{status} {code}")
 
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
@@ -207,11 +238,26 @@ class StreamWorkload:
         done = 0
         while self._running and (operations is None or done < operations):
             entries = self._rng.randint(1, self.batch_max)
-            op = await self.append(writer, entries)
+            if self.producers:
+                op = await self._until_acked(writer, entries)
+            else:
+                op = await self.append(writer, entries)
             done += 1
             pause = self.pause_s if op.type == "ok" else max(self.pause_s, self.retry_pause_s)
             if pause:
                 await asyncio.sleep(pause)
+
+    async def _until_acked(self, writer: int, entries: int) -> Op:
+        """A producer's operation, sent again with the same payloads and sequence ids after
+        every answer but an acknowledgment or a 4xx (also after ``stop``: it ends acked)."""
+        payloads = [self._payload(writer) for _ in range(entries)]
+        first = self._sequences[writer]
+        self._sequences[writer] += entries
+        op = await self.append(writer, again=(payloads, first))
+        while op.type != "ok" and not (op.error or "").startswith("4"):
+            await asyncio.sleep(self.retry_pause_s)
+            op = await self.append(writer, again=(payloads, first))
+        return op
 
     async def _request(
         self, method: str, url: str, body: Any = None
@@ -431,6 +477,7 @@ def _completions(history: Iterable[Op]) -> tuple[list[_Append], int]:
     """Every completed append with its invocation time, and how many were never completed
     (their process died first)."""
     started: dict[tuple[str, tuple[str, ...]], float] = {}
+    first: dict[tuple[str, tuple[str, ...]], float] = {}  # a retried one's first invocation
     done: list[_Append] = []
     per_process: dict[str, int] = {}
     for op in history:
@@ -439,10 +486,12 @@ def _completions(history: Iterable[Op]) -> tuple[list[_Append], int]:
         key = (op.p, tuple(op.digests()))
         if op.type == "invoke":
             started[key] = op.t
+            first.setdefault(key, op.t)
             continue
         index = per_process.get(op.p, 0)
         per_process[op.p] = index + 1
-        done.append(_Append(op, started.pop(key, op.t), index))
+        started.pop(key, None)
+        done.append(_Append(op, first.get(key, op.t), index))
     return done, len(started)
 
 
@@ -462,8 +511,11 @@ def check_stream(
         if op.f in ("append", "append_batch"):
             invoked.update(op.digests())
     appends, unfinished = _completions(history)
-    failed = {d for a in appends if a.op.type == "fail" for d in a.op.digests()}
     acked = [a for a in appends if a.op.type == "ok"]
+    # A producer's payload may fail once and be acknowledged on a retry (``producers``).
+    failed = {d for a in appends if a.op.type == "fail" for d in a.op.digests()} - {
+        d for a in acked for d in a.op.digests()
+    }
     counts: dict[str, int] = {"ok": 0, "fail": 0, "info": 0}
     for a in appends:
         counts[a.op.type] = counts.get(a.op.type, 0) + 1

@@ -69,6 +69,9 @@ class StreamSnapshot:
     retained_bytes: int
     cursors: list[CursorSnapshot]
     cursor_count: int  # all of the stream's cursors, those without series included
+    # Message deduplication (node.streams.dedup), None when the stream has it off: duplicate
+    # appends answered, producers tracked, the age of the table's snapshot (-1: none yet).
+    dedup: tuple[int, int, float] | None = None
 
     @property
     def largest_backlog(self) -> int:
@@ -170,6 +173,11 @@ def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> St
             )
         )
     entries, size = manager.appended.get(stream.name, (0, 0))
+    dedup = None
+    if stream.policies.deduplication:
+        producers, age_ms = manager.dedup_stats().get(stream.name, (0, -1))
+        duplicates = manager.duplicates.get(stream.name, 0)
+        dedup = (duplicates, producers, age_ms / MS_PER_S if age_ms >= 0 else -1.0)
     return StreamSnapshot(
         name=stream.name,
         appended_entries=entries,
@@ -179,6 +187,7 @@ def stream_snapshot(manager: StreamManager, stream: Stream, now_ms: float) -> St
         retained_bytes=sum(info.size_bytes for info in stream.ledgers),
         cursors=cursors,
         cursor_count=len(cursors),
+        dedup=dedup,
     )
 
 
@@ -625,9 +634,28 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
         "Payload bytes of the ledgers retention deleted, by why.",
         labels=["stream", "reason"],
     )
+    duplicates = CounterMetricFamily(
+        f"{PREFIX}_stream_dedup_duplicates",
+        "Appends answered as duplicates (a producer's sequence id stored already).",
+        labels=stream_label,
+    )
+    producers = GaugeMetricFamily(
+        f"{PREFIX}_stream_dedup_producers",
+        "Producers the stream's deduplication table tracks on this node.",
+        labels=stream_label,
+    )
+    snapshot_age = GaugeMetricFamily(
+        f"{PREFIX}_stream_dedup_snapshot_age_seconds",
+        "Age of the deduplication table's snapshot (-1: none taken or loaded yet).",
+        labels=stream_label,
+    )
     r = s.retention
     for stream in s.streams:
         label = [stream.name]
+        if stream.dedup is not None:
+            duplicates.add_metric(label, stream.dedup[0])
+            producers.add_metric(label, stream.dedup[1])
+            snapshot_age.add_metric(label, stream.dedup[2])
         appended.add_metric(label, stream.appended_entries)
         appended_bytes.add_metric(label, stream.appended_bytes)
         rollovers.add_metric(label, stream.rollovers)
@@ -643,7 +671,7 @@ def _stream_metrics(s: EngineSnapshot) -> Iterator[Metric]:
             deleted.add_metric([stream.name, reason], r.deleted.get(key, 0))
             deleted_bytes.add_metric([stream.name, reason], r.deleted_bytes.get(key, 0))
     yield from (appended, appended_bytes, rollovers, ledgers, retained, backlog, backlog_bytes)
-    yield from (oldest, deleted, deleted_bytes)
+    yield from (oldest, deleted, deleted_bytes, duplicates, producers, snapshot_age)
     yield from _stream_totals_metrics(s.stream_totals, r)
     hits, misses, cached = s.stream_cache
     yield CounterMetricFamily(

@@ -35,7 +35,9 @@ class StreamLedger:
 
     def entries(self, last: int) -> AsyncIterator[tuple[int, bytes]]:
         stream, info = self._info()
-        return self._streams.ledger_entries(stream, info, 0, last)
+        # As stored (a deduplicating stream's with their producer header): the object store
+        # holds the ledger, and reads of it strip the header as they do of its replicas.
+        return self._streams.stored_entries(stream, info, 0, last)
 
     async def record(self, offload: OffloadInfo) -> None:
         try:

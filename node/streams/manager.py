@@ -58,6 +58,18 @@ from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState, Offload
 from node.storage.reads import ColdReader
 from node.streams.backend import StreamBackend
 from node.streams.cache import EntryCache
+from node.streams.dedup import (
+    ENVELOPE_MARK,
+    ENVELOPE_PROPERTY,
+    SNAPSHOT_PREFIX,
+    Flight,
+    SequenceOverlap,
+    Table,
+    enveloped,
+    open_envelope,
+    snapshot_key,
+    strip_envelope,
+)
 from node.streams.model import (
     CURSOR_PREFIX,
     DOOMED_PREFIX,
@@ -141,6 +153,25 @@ class MetadataUnavailable(StorageError):
     code = "metadata_unavailable"
 
 
+class DeduplicationOff(StorageError):
+    """Producer headers on a stream whose ledger takes no producer header: the stream's
+    ``deduplication`` policy is off (or was turned off while the append waited)."""
+
+    code = "deduplication_off"
+
+
+class TooManyProducers(StorageError):
+    """A new producer past ``stream_dedup_max_producers`` (idle ones are forgotten first)."""
+
+    code = "too_many_producers"
+
+
+class SequenceConflict(StorageError):
+    """A batch whose sequence ids are partly persisted (or in flight) and partly not."""
+
+    code = "sequence_overlap"
+
+
 class NotEnoughNodes(StorageError):
     """A replicated stream's new ledger needs E writable nodes and fewer are registered
     (BookKeeper's BKNotEnoughBookiesException): appends wait for nodes to come back."""
@@ -204,6 +235,14 @@ class StreamManager:
         # Entries appended here, for tailing readers (replicated streams: the ledger's
         # replicas are a network hop away; a node's own ledgers have the engine's caches).
         self.cache = EntryCache(0)
+        # Message deduplication (node.streams.dedup): snapshots as last read or written,
+        # the tables of the streams that needed one since, and what they answered.
+        self._snapshots: dict[str, bytes] = {}
+        self._tables: dict[str, Table] = {}
+        self._stale: dict[str, Table] = {}  # dropped tables whose appends may still land
+        self._loading: dict[str, asyncio.Lock] = {}
+        self._snapshotting: dict[str, asyncio.Task[None]] = {}
+        self.duplicates: dict[str, int] = {}  # stream -> duplicate appends answered
 
     # --- start ---------------------------------------------------------------------------
 
@@ -219,6 +258,8 @@ class StreamManager:
                 self._cursors.setdefault(cursor.stream, {})[cursor.name] = cursor
             elif key.startswith(DOOMED_PREFIX):
                 doomed.append(decode_doomed_key(key))
+            elif key.startswith(SNAPSHOT_PREFIX):
+                self._snapshots[key.removeprefix(SNAPSHOT_PREFIX).decode()] = value
         await self._delete_doomed(doomed)
         named = {info.ledger_id for s in self._streams.values() for info in s.ledgers}
         unnamed = sorted(  # oldest first: orphans re-attach to a stream in id order
@@ -273,6 +314,7 @@ class StreamManager:
                 closed.payload_bytes,
                 closed.created_ms,
                 closed.closed_ms or now,
+                envelope=meta.properties.get(ENVELOPE_PROPERTY) == ENVELOPE_MARK,
             )
             stream.ledgers = [*stream.ledgers, info]
             await self._storage.write_records({stream.key(): stream.encode()})
@@ -387,9 +429,16 @@ class StreamManager:
 
     # --- ownership (replicated streams: node.streams.router) -----------------------------
 
-    def adopt(self, stream: Stream, cursors: Iterable[Cursor]) -> None:
-        """Serve a stream this node has just taken over, its last ledger closed."""
+    def adopt(
+        self, stream: Stream, cursors: Iterable[Cursor], snapshot: bytes | None = None
+    ) -> None:
+        """Serve a stream this node has just taken over, its last ledger closed; ``snapshot``
+        its deduplication snapshot record, if it has one."""
         self._moved.discard(stream.name)
+        self._forget_table(stream.name)
+        self._snapshots.pop(stream.name, None)
+        if snapshot is not None:
+            self._snapshots[stream.name] = snapshot
         self._streams[stream.name] = stream
         self._cursors[stream.name] = {cursor.name: cursor for cursor in cursors}
 
@@ -401,6 +450,7 @@ class StreamManager:
             self._moved.add(name)
             self.cache.drop_ledgers({info.ledger_id for info in dropped.ledgers})
         self._cursors.pop(name, None)
+        self._forget_table(name)
         self._wake(name)
 
     async def open_ledger(self, name: str) -> LedgerInfo:
@@ -428,9 +478,13 @@ class StreamManager:
                 changes[cursor.key()] = None
             for info in stream.ledgers:
                 changes[doomed_key(info.ledger_id)] = encode_doomed(name, _attempt(info))
+            if stream.policies.deduplication or any(i.envelope for i in stream.ledgers):
+                changes[snapshot_key(name)] = None
             await self._storage.write_records(changes)
             del self._streams[name]
             self._cursors.pop(name, None)
+            self._forget_table(name)
+            self._snapshots.pop(name, None)
         self._wake(name)
         await self._delete_dropped(stream.ledgers)
 
@@ -441,13 +495,39 @@ class StreamManager:
         stream = self.stream(name)
         if not payloads:
             return []
-        count, size = len(payloads), sum(map(len, payloads))
+        return await self._append(stream, payloads)
+
+    async def _append(
+        self,
+        stream: Stream,
+        payloads: list[bytes],
+        producer: str | None = None,
+        first: int = 0,
+        on_add: Callable[[LedgerInfo, asyncio.Future[list[int]]], None] | None = None,
+    ) -> list[Position]:
+        """``payloads`` appended (``producer`` and ``first``: the producer headers of an
+        append of a deduplicating stream; ``on_add`` sees each add sent)."""
+        name = stream.name
+        envelope = stream.policies.deduplication
+        stored = enveloped(payloads, producer, first) if envelope else payloads
+        count, size = len(payloads), sum(map(len, stored))
         for _attempt in range(APPEND_ATTEMPTS):
             info = await self._ledger_for_append(stream, count, size)
-            add = asyncio.ensure_future(self._add(info.ledger_id, payloads))
+            if info.envelope != envelope:  # the policy changed while the append waited
+                self._settle_unsent(info, count, size)
+                if producer is not None:
+                    raise DeduplicationOff(f"stream {name}: deduplication was just turned off")
+                envelope = info.envelope
+                stored = enveloped(payloads, None, 0) if envelope else payloads
+                continue
+            add = asyncio.ensure_future(self._add(info.ledger_id, stored))
             # The reservation ends when the storage settles the add, also when the caller
             # gives up first (its entries may land anyway): the counts stay true.
             add.add_done_callback(functools.partial(self._settle, info, count, size))
+            if on_add is not None:
+                on_add(info, add)
+            elif envelope:
+                add.add_done_callback(functools.partial(self._through, name, info))
             try:
                 ids = await asyncio.shield(add)
             except (LedgerClosed, LedgerFenced):
@@ -474,6 +554,235 @@ class StreamManager:
             self._wake(name)
             return [Position(info.ledger_id, entry) for entry in ids]
         raise LedgerClosed(f"stream {name}: appends kept landing on closed ledgers; retry")
+
+    # --- message deduplication (node.streams.dedup) --------------------------------------
+
+    async def append_once(
+        self, name: str, payloads: list[bytes], producer: str, first: int
+    ) -> tuple[list[Position], bool]:
+        """Append entries of ``producer`` numbered ``first``.. unless the stream holds them
+        already: (their positions, False), or (where they were stored the first time, True;
+        [] when that is older than the producer's last append) for a duplicate. One whose
+        first send is still in flight waits for it and answers as it does."""
+        stream = self.stream(name)
+        if not stream.policies.deduplication:
+            raise DeduplicationOff(
+                f"stream {name} does not deduplicate: its deduplication policy is off, so "
+                "producer headers would promise what it does not keep"
+            )
+        count = len(payloads)
+        while True:
+            table = await self._table(stream)
+            try:
+                check = table.check(producer, first, count)
+            except SequenceOverlap as e:
+                raise SequenceConflict(str(e)) from None
+            if check.positions is not None:
+                self.duplicates[name] = self.duplicates.get(name, 0) + 1
+                return check.positions, True
+            if check.wait is None:
+                break
+            await asyncio.wait({check.wait.done})
+            done = check.wait.done
+            if done.cancelled():
+                continue  # never sent: the stream does not hold it, look again
+            error = done.exception()
+            if error is not None:
+                raise error
+            self.duplicates[name] = self.duplicates.get(name, 0) + 1
+            ledger_id, ids = done.result()
+            return [Position(ledger_id, i) for i in ids], True
+        self._admit_producer(table, producer)
+        flight = table.push(producer, first, count)
+        sent: list[asyncio.Future[list[int]]] = []
+
+        def on_add(info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
+            sent.append(add)
+            add.add_done_callback(
+                functools.partial(self._landed, stream, table, producer, flight, info)
+            )
+
+        try:
+            positions = await self._append(stream, payloads, producer, first, on_add)
+        except BaseException as error:
+            if not flight.done.done() and (not sent or sent[-1].done()):
+                # Nothing of it is in flight (refused, or failed before an add was sent).
+                table.land(producer, flight)
+                if isinstance(error, Exception):
+                    _fail(flight, error)
+                else:
+                    flight.done.cancel()
+            raise
+        return positions, False
+
+    def _admit_producer(self, table: Table, producer: str) -> None:
+        """A new producer past the cap: idle ones are forgotten first, then TooManyProducers."""
+        if producer in table.producers or producer in table.flights:
+            return
+        cap = self._settings.stream_dedup_max_producers
+        if table.tracked() < cap:
+            return
+        table.expire(self._clock.now_ms(), self._idle_ms())
+        if table.tracked() >= cap:
+            raise TooManyProducers(
+                f"the stream tracks {cap} producers (stream_dedup_max_producers): a new one "
+                f"is refused until one is idle for "
+                f"{self._settings.stream_dedup_producer_inactivity_minutes} minutes"
+            )
+
+    def _idle_ms(self) -> int:
+        return self._settings.stream_dedup_producer_inactivity_minutes * MINUTE_MS
+
+    def _landed(
+        self,
+        stream: Stream,
+        table: Table,
+        producer: str,
+        flight: Flight,
+        info: LedgerInfo,
+        add: asyncio.Future[list[int]],
+    ) -> None:
+        """A producer's add settled (a callback, so that it counts even when the request
+        that sent it is gone): the table learns where it went, or that it went nowhere."""
+        if flight.done.done():
+            return
+        error = None if add.cancelled() else add.exception()
+        if error is None and not add.cancelled():
+            ids = add.result()
+            at = Position(info.ledger_id, ids[0])
+            table.record(producer, flight.first, at, len(ids), self._clock.now_ms())
+            table.land(producer, flight)
+            flight.done.set_result((info.ledger_id, ids))  # positions only if one waits
+            self._snapshot_soon(stream, table)
+            return
+        if isinstance(error, (LedgerClosed, LedgerFenced)):
+            return  # nothing of it was sent: the append tries again on another ledger
+        table.land(producer, flight)
+        if error is None or isinstance(error, AppendOutcomeUnknown):
+            # In the ledger or not: only its entries can tell, once the ledger's end is
+            # settled. No append lands on it any more (closing: the next one settles its end
+            # first, as for a ledger closed under an append), and the table is rebuilt from
+            # the entries, that end settled, before the next producer append is checked.
+            if not info.closed_ms:
+                info.closed_ms, info.closing = self._clock.now_ms(), True
+            self._forget_table(stream.name)
+        _fail(flight, error or AppendOutcomeUnknown("the append was cancelled"))
+
+    def _through(self, name: str, info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
+        """An append without producer headers of a deduplicating stream: the table's
+        ``through`` moves past it."""
+        table = self._tables.get(name)
+        if table is not None and not add.cancelled() and add.exception() is None:
+            ids = add.result()
+            table.record(None, 0, Position(info.ledger_id, ids[0]), len(ids), 0)
+
+    def _forget_table(self, name: str) -> None:
+        table = self._tables.pop(name, None)
+        if table is not None and table.flights:
+            self._stale[name] = table
+
+    async def _table(self, stream: Stream) -> Table:
+        """The stream's producer table, rebuilt first when this node has none (started,
+        took the stream over, or lost an append's outcome): the snapshot, then the entries
+        after it."""
+        table = self._tables.get(stream.name)
+        if table is not None:
+            return table
+        async with self._loading.setdefault(stream.name, asyncio.Lock()):
+            table = self._tables.get(stream.name)
+            if table is not None:
+                return table
+            stale = self._stale.pop(stream.name, None)
+            if stale is not None:  # its adds land, or fail, before the entries are read
+                pending = [f.done for fs in stale.flights.values() for f in fs]
+                if pending:
+                    await asyncio.wait(pending)
+            if any(info.closing for info in stream.ledgers):
+                # A ledger an append's unknown outcome left: its end decides what is in it.
+                async with self._rolling.setdefault(stream.name, asyncio.Lock()):
+                    await self._settle_closing(stream)
+            table = await self._rebuild(stream)
+            if self._streams.get(stream.name) is not stream:
+                raise self._gone(stream.name)
+            self._tables[stream.name] = table
+            return table
+
+    def _gone(self, name: str) -> StorageError:
+        if name in self._moved:
+            return NotOwner(f"stream {name[:100]!r} is served by another node now: retry")
+        return StreamNotFound(f"stream {name[:100]!r} was deleted")
+
+    async def _rebuild(self, stream: Stream) -> Table:
+        raw = self._snapshots.get(stream.name)
+        table = Table.decode(raw) if raw is not None else Table()
+        now = self._clock.now_ms()
+        replayed = 0
+        for info in list(stream.ledgers):
+            if not info.envelope or info.ledger_id < table.through.ledger_id:
+                continue
+            start = table.through.entry_id + 1 if info.ledger_id == table.through.ledger_id else 0
+            last = self._last_entry(info)
+            if start > last:
+                continue
+            async for entry_id, entry in self.stored_entries(stream, info, start, last):
+                producer, sequence, _ = open_envelope(entry)
+                table.record(producer, sequence, Position(info.ledger_id, entry_id), 1, now)
+                replayed += 1
+        table.since_snapshot = replayed
+        log.info(
+            "stream %s: producer table rebuilt (%d producers; %d entries read after the "
+            "snapshot at %s)",
+            stream.name,
+            len(table.producers),
+            replayed,
+            table.through,
+        )
+        return table
+
+    async def load_table(self, name: str) -> None:
+        """Rebuild the table of a deduplicating stream now (a takeover, before serving)."""
+        stream = self.stream(name)
+        if stream.policies.deduplication or any(i.envelope for i in stream.ledgers):
+            await self._table(stream)
+
+    def _snapshot_soon(self, stream: Stream, table: Table) -> None:
+        interval = self._settings.stream_dedup_snapshot_interval_entries
+        if table.since_snapshot < interval or stream.name in self._snapshotting:
+            return
+        task = asyncio.get_running_loop().create_task(self._write_snapshot(stream, table))
+        self._snapshotting[stream.name] = task
+        task.add_done_callback(lambda _: self._snapshotting.pop(stream.name, None))
+
+    async def _write_snapshot(self, stream: Stream, table: Table) -> None:
+        try:
+            async with self._writing.setdefault(stream.name, asyncio.Lock()):
+                if self._streams.get(stream.name) is not stream or (
+                    self._tables.get(stream.name) is not table
+                ):
+                    return
+                await self._storage.write_records(self._snapshot_change(stream.name, table))
+        except StorageError as error:
+            log.warning("stream %s: producer table snapshot not written (the next one is "
+                        "tried after as many appends): %s", stream.name, error)  # fmt: skip
+
+    def _snapshot_change(self, name: str, table: Table) -> dict[bytes, bytes | None]:
+        """The snapshot record of the table as it is now (called under the writing lock;
+        ``_snapshots`` is set at once: a record written later holds newer state)."""
+        now = self._clock.now_ms()
+        table.expire(now, self._idle_ms())
+        value = table.encode(now)
+        table.since_snapshot, table.snapshot_ms = 0, now
+        self._snapshots[name] = value
+        return {snapshot_key(name): value}
+
+    def dedup_stats(self) -> dict[str, tuple[int, int]]:
+        """Per deduplicating stream served here with a table: (producers tracked, the age
+        of its snapshot in ms; -1 without one)."""
+        now = self._clock.now_ms()
+        return {
+            name: (len(t.producers), now - t.snapshot_ms if t.snapshot_ms else -1)
+            for name, t in self._tables.items()
+        }
 
     async def _add(self, ledger_id: int, payloads: list[bytes]) -> list[int]:
         if len(payloads) == 1:
@@ -548,6 +857,8 @@ class StreamManager:
         if info.closed_ms:
             return False
         p = stream.policies
+        if info.envelope != p.deduplication:
+            return False  # deduplication was turned on or off: it takes the next ledger
         age_ms = self._clock.now_ms() - info.created_ms
         if age_ms < p.minLedgerRolloverTimeMinutes * MINUTE_MS:
             return True  # Pulsar: a ledger younger than the minimum time passes its limits
@@ -569,7 +880,11 @@ class StreamManager:
     async def _open_next(self, stream: Stream) -> tuple[LedgerInfo, LedgerInfo | None]:
         """Create the stream's next ledger and write the record naming it; only then does
         it take appends. Returns it and the ledger it replaces (None: none was open)."""
-        meta, _ = await self._storage.create_ledger(properties={STREAM_PROPERTY: stream.name})
+        envelope = stream.policies.deduplication
+        properties = {STREAM_PROPERTY: stream.name}
+        if envelope:
+            properties[ENVELOPE_PROPERTY] = ENVELOPE_MARK
+        meta, _ = await self._storage.create_ledger(properties=properties)
         async with self._writing.setdefault(stream.name, asyncio.Lock()):
             if self._streams.get(stream.name) is not stream:
                 # Deleted while the ledger was created: it must not take appends.
@@ -578,7 +893,7 @@ class StreamManager:
             now = self._clock.now_ms()
             last = stream.ledgers[-1] if stream.ledgers else None
             old = last if last is not None and not last.closed_ms else None
-            fresh = LedgerInfo(meta.ledger_id, created_ms=now)
+            fresh = LedgerInfo(meta.ledger_id, created_ms=now, envelope=envelope)
             written = [dataclasses.replace(info) for info in stream.ledgers]
             if old is not None:
                 written[-1].closed_ms, written[-1].closing = now, True
@@ -807,6 +1122,13 @@ class StreamManager:
     ) -> AsyncIterator[tuple[int, bytes]]:
         """A ledger's entries [first, last]: from the object store once an offload deleted
         its replicas (replicated streams), else from the backend."""
+        entries = self.stored_entries(stream, info, first, last)
+        return _stripped(entries) if info.envelope else entries
+
+    def stored_entries(
+        self, stream: Stream, info: LedgerInfo, first: int, last: int
+    ) -> AsyncIterator[tuple[int, bytes]]:
+        """The entries as stored (a deduplicating stream's with their producer header)."""
         offload = info.offload
         if offload is None or not offload.local_deleted:
             return self._storage.read_range(info.ledger_id, first, last)
@@ -1036,6 +1358,8 @@ class StreamManager:
         that no mark-delete names a deleted ledger."""
         stream = self.stream(name)
         doomed = set(ledger_ids)
+        # The snapshot written with the trim holds what the dropped ledgers' entries told.
+        table = await self._table(stream) if any(i.envelope for i in stream.ledgers) else None
         async with self._writing.setdefault(name, asyncio.Lock()):
             if self._streams.get(name) is not stream:
                 return []  # deleted meanwhile, with its ledgers
@@ -1053,6 +1377,8 @@ class StreamManager:
             }
             for info in removed:
                 changes[doomed_key(info.ledger_id)] = encode_doomed(name, _attempt(info))
+            if table is not None and self._tables.get(name) is table:
+                changes.update(self._snapshot_change(name, table))
             await self._storage.write_records({stream.key(): stream.encode(), **changes})
             for cursor in behind:
                 cursor.mark_delete = first
@@ -1091,6 +1417,19 @@ class StreamManager:
                 if await self._move(cursor, end, forward_only=True):
                     moved.append(cursor.name)
         return moved
+
+
+async def _stripped(
+    entries: AsyncIterator[tuple[int, bytes]],
+) -> AsyncIterator[tuple[int, bytes]]:
+    async for entry_id, entry in entries:
+        yield entry_id, strip_envelope(entry)
+
+
+def _fail(flight: Flight, error: BaseException) -> None:
+    """A flight's failure is its waiters' to raise; none may be waiting (no warning then)."""
+    flight.done.set_exception(error)
+    flight.done.exception()
 
 
 def _replicas_deleted(info: LedgerInfo) -> bool:

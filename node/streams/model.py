@@ -6,6 +6,8 @@ Records (JSON values, each with a format version ``v``)::
                                                    "replication" (replicated streams only)}
     key  b"cursor/" + name + 0x00 + cur value {"v": 1, "markDelete": [ledger, entry], "created"}
     key  b"doomed/" + ledger id (decimal) value {"v": 1, "stream", "offload" (optional)}
+    key  b"dedup/" + name               value a deduplicating stream's producer table snapshot
+                                              (node.streams.dedup)
 
 A ``doomed`` record names a ledger that a trim or a stream deletion dropped from its stream
 and has yet to delete (with ``"offload"``, the attempt whose objects go with it; the
@@ -18,7 +20,7 @@ keeps: it may hold acknowledged data).
 ``ledgers`` lists the stream's ledgers oldest first, each ``{"id", "entries", "bytes",
 "created", "closed"}``; the last one takes appends (``closed`` 0), the others are closed
 (``"closing": true`` while a rollover's close of it is not confirmed: its counts may be short
-until then). A
+until then; ``"envelope": true`` when its entries carry a producer header, node.streams.dedup). A
 replicated stream's ledger also carries its offload record once an offload began (a node's own
 ledger keeps it in the ledger's metadata instead): ``"offload": {"state": "in_progress" |
 "offloaded", "attempt", "bytes", "at", "replicasDeleted"}`` (Pulsar's OffloadContext:
@@ -111,6 +113,9 @@ class LedgerInfo:
     # Rolled over from, its close not confirmed yet: ``entries`` may lag what was acknowledged
     # in it until the close (or a takeover's recovery) settles its end.
     closing: bool = False
+    # Its entries carry a producer header (node.streams.dedup): created while the stream's
+    # deduplication policy was on.
+    envelope: bool = False
 
     def to_json(self) -> dict[str, object]:
         data: dict[str, object] = {
@@ -122,6 +127,8 @@ class LedgerInfo:
         }
         if self.closing:
             data["closing"] = True
+        if self.envelope:
+            data["envelope"] = True
         if self.offload is not None:
             data["offload"] = {
                 "state": OFFLOAD_STATES[self.offload.state],
@@ -171,6 +178,7 @@ class LedgerInfo:
                 offload["replicasDeleted"],
             ),
             bool(data.get("closing", False)),
+            bool(data.get("envelope", False)),
         )
 
 

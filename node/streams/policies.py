@@ -31,12 +31,15 @@ class PolicyRule:
     high: int  # largest allowed value: Pulsar's type, and a byte count in an int64
     description: str  # as the API documents it
     setting: str | None  # the Settings field holding the node's default; None: no setting
+    boolean: bool = False  # true or false (low and high are 0 and 1)
 
 
-def _policy(setting: str | None, low: int, high: int, description: str) -> Any:
+def _policy(
+    setting: str | None, low: int, high: int, description: str, *, boolean: bool = False
+) -> Any:
     """A policy field whose default is its setting's default (0 without a setting)."""
     default = 0 if setting is None else Settings.model_fields[setting].default
-    rule = PolicyRule(low, high, description, setting)
+    rule = PolicyRule(low, high, description, setting, boolean)
     return field(default=default, metadata={_RULE: rule})
 
 
@@ -89,6 +92,15 @@ class Policies:
     offloadDeletionLagInMillis: int = _policy(
         "managed_ledger_offload_deletion_lag_ms", 0, INT64_MAX, "Then the local copy goes"
     )
+    # Pulsar's deduplicationEnabled: takes effect at the stream's next ledger (its ledgers
+    # carry producer headers or not, as they were created; node.streams.dedup)
+    deduplication: bool = _policy(
+        "stream_deduplication_enabled",
+        0,
+        1,
+        "Appends with X-Producer-Id and X-Sequence-Id land once",
+        boolean=True,
+    )
 
     @classmethod
     def from_json(cls, given: dict[str, Any], defaults: Policies) -> Policies:
@@ -100,7 +112,10 @@ class Policies:
         values = defaults.to_json()
         for key, value in given.items():
             low, high = POLICIES[key].low, POLICIES[key].high
-            if type(value) is not int or not low <= value <= high:
+            if POLICIES[key].boolean:
+                if type(value) is not bool:
+                    raise ValueError(f"{key} must be true or false, got {value!r}")
+            elif type(value) is not int or not low <= value <= high:
                 raise ValueError(f"{key} must be an integer in [{low}, {high}], got {value!r}")
             values[key] = value
         policies = cls(**values)
@@ -111,7 +126,7 @@ class Policies:
             )
         return policies
 
-    def to_json(self) -> dict[str, int]:
+    def to_json(self) -> dict[str, Any]:  # ints, and deduplication a bool
         return {key: getattr(self, key) for key in POLICIES}
 
 

@@ -7,6 +7,7 @@ Keys (under the cluster's prefix; values are the records of node.streams.model):
     streams/<name>                          the stream record, plus "replication"
     stream-cursors/<name>/<cursor>          a cursor's mark-delete
     stream-doomed/<19-digit ledger id>      a ledger a trim or a deletion dropped, deleted next
+    stream-dedup/<name>                     the producer table's snapshot (node.streams.dedup)
 
 Why the guard: the manager writes a record only after the write that holds it, and a node
 that lost the stream (paused past its lease, partitioned) must write nothing more. Every
@@ -47,6 +48,7 @@ from node.client.writer import LedgerHandle
 from node.settings import Settings
 from node.storage.errors import LedgerClosed, LedgerNotFound, StorageError, StorageIoError
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
+from node.streams.dedup import SNAPSHOT_PREFIX
 from node.streams.manager import AppendOutcomeUnknown, MetadataUnavailable, NotOwner
 from node.streams.manager import NotEnoughNodes as StreamNotEnoughNodes
 from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Replication
@@ -55,11 +57,16 @@ from node.streams.ownership import Ownership
 STREAMS_KEY = "streams/"
 CURSORS_KEY = "stream-cursors/"
 DOOMED_KEY = "stream-doomed/"
+DEDUP_KEY = "stream-dedup/"
 READERS_KEPT = 64  # closed ledgers kept open for reading (their metadata, read once)
 
 
 def stream_key(name: str) -> str:
     return STREAMS_KEY + name
+
+
+def dedup_key(name: str) -> str:
+    return DEDUP_KEY + name
 
 
 def cursor_prefix(name: str) -> str:
@@ -77,6 +84,9 @@ def store_key(record_key: bytes) -> tuple[str, str | None]:
         return cursor_prefix(stream.decode()) + cursor.decode(), stream.decode()
     if record_key.startswith(DOOMED_PREFIX):
         return f"{DOOMED_KEY}{int(record_key.removeprefix(DOOMED_PREFIX)):019d}", None
+    if record_key.startswith(SNAPSHOT_PREFIX):
+        name = record_key.removeprefix(SNAPSHOT_PREFIX).decode()
+        return dedup_key(name), name
     raise ValueError(f"not a stream record key: {record_key[:60]!r}")
 
 

@@ -61,6 +61,7 @@ from node.streams.replicated import (
     STREAMS_KEY,
     ReplicatedBackend,
     cursor_prefix,
+    dedup_key,
     stream_key,
 )
 
@@ -208,10 +209,12 @@ class StreamRouter:
                 Cursor.decode(cursor_key(name, key.rsplit("/", 1)[1]), value.value)
                 for key, value in await self._store.range(cursor_prefix(name))
             ]
+            snapshot = await self._store.get(dedup_key(name))
             settled = await self._settle_ends(stream)
-            self._manager.adopt(stream, cursors)
+            self._manager.adopt(stream, cursors, None if snapshot is None else snapshot.value)
             if settled:
                 await self._open_or_read_only(stream)
+            await self._load_table(name)
         except BaseException:
             if not creating:
                 self._manager.drop(name)
@@ -222,6 +225,16 @@ class StreamRouter:
         self.on_takeover()
         log.info("took stream %s over (%d ledgers)", name, len(stream.ledgers))
         return None
+
+    async def _load_table(self, name: str) -> None:
+        """A deduplicating stream's producer table, rebuilt before the stream is served (its
+        snapshot and the entries after it: node.streams.dedup). Entries that cannot be read
+        now leave it for the first append with producer headers to rebuild."""
+        try:
+            await self._manager.load_table(name)
+        except StorageError as error:
+            log.warning("stream %s: producer table not rebuilt at takeover (the first "
+                        "append with producer headers does): %s", name, error)  # fmt: skip
 
     async def _open_or_read_only(self, stream: Stream) -> None:
         """Open the stream's next ledger, committing the recovered ends with it. Too few

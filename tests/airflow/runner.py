@@ -7,14 +7,23 @@ so the tests drive it through this script in a subprocess; the nodes run from th
     python runner.py retrying DAG_ID [CONF]  the same with the retries the DAG declares, at
                                              once (no delay): a task's tries are counted
     python runner.py discover CONFIG         storage_node_common.discover(CONFIG)
+    python runner.py serve                   the commands above, one per line of stdin
 
-Results are printed as one line "RESULT <json>" (Airflow logs around it go to stdout too)."""
+Results are printed as one line "RESULT <json>" (Airflow logs around it go to stdout too).
+
+``serve`` keeps one process for a session's runs: Airflow's imports and its in-process
+execution API (FastAPI routes for every API version) cost some seven seconds of CPU, which a
+process per run paid every time. Each stdin line is a JSON object: ``args`` (a command as
+above), ``env`` (the whole environment of the run: its Variables and Connections) and
+``output`` (a file that gets the run's stdout and stderr, as a process per run would print
+them). When the command is over, ``DONE <exit status>`` goes to the original stdout."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +35,12 @@ def emit(value: Any) -> None:
     print(MARK + json.dumps(value, default=str), flush=True)
 
 
-def dagbag() -> Any:
+def dagbag(dag_id: str | None = None) -> Any:
+    """All the DAGs, or the one of ``dag_id`` alone (its file is named after it: parsing the
+    others costs every run a second of CPU)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    return DagBag(dag_folder=str(DAGS))
+    return DagBag(dag_folder=str(DAGS if dag_id is None else DAGS / f"{dag_id}.py"))
 
 
 def describe() -> None:
@@ -57,7 +68,8 @@ def run_test(dag_id: str, conf: dict[str, Any], retrying: bool = False) -> None:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
-    dag = dagbag().get_dag(dag_id)
+    dag = dagbag(dag_id).get_dag(dag_id)
+    assert dag is not None, f"no DAG {dag_id} in {DAGS / f'{dag_id}.py'}"
     # Retries would make dag.test() wait out the backoff of a task failing on purpose (a node
     # that is down); the import test checks the retries the DAGs really declare.
     for t in dag.tasks:
@@ -94,11 +106,48 @@ def run_test(dag_id: str, conf: dict[str, Any], retrying: bool = False) -> None:
     emit({"state": str(dr.state), "tasks": tasks})
 
 
+def serve() -> None:
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    for line in sys.stdin:
+        request = json.loads(line)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        status = 0
+        with open(request["output"], "w") as output:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            saved = os.dup(1), os.dup(2)
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
+            try:
+                dispatch(request["args"])
+            except SystemExit as e:
+                status = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+        replies.write(f"DONE {status}\n")
+
+
 def main() -> None:
     # Airflow's DAG processor and workers put the dags folder on sys.path (the DAG files import
     # storage_node_common from it); this process parses the DAGs itself, so it does the same.
     sys.path.insert(0, str(DAGS))
-    command = sys.argv[1]
+    if sys.argv[1] == "serve":
+        serve()
+    else:
+        dispatch(sys.argv[1:])
+
+
+def dispatch(args: list[str]) -> None:
+    command = args[0]
     if command == "migrate":
         from airflow.utils.db import resetdb
 
@@ -107,12 +156,12 @@ def main() -> None:
     elif command == "dagbag":
         describe()
     elif command in ("test", "retrying"):
-        conf = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
-        run_test(sys.argv[2], conf, retrying=command == "retrying")
+        conf = json.loads(args[2]) if len(args) > 2 else {}
+        run_test(args[1], conf, retrying=command == "retrying")
     elif command == "discover":
         from storage_node_common import discover
 
-        emit(discover(json.loads(sys.argv[2])))
+        emit(discover(json.loads(args[1])))
     else:
         raise SystemExit(f"unknown command {command!r}")
 

@@ -23,10 +23,16 @@ ENGINE = ("node.lifecycle", "node.http", "node.streams.manager", "rocksdict", "a
 LOG_FORMAT = {"node.storage", "node.storage.logformat", "node.storage.wal"}
 
 
-def test_the_modules_shipped_to_spark_workers_import_no_engine_module() -> None:
+# What a node's server leaves for the request that needs it: Arrow (audit snapshots) and
+# botocore (S3 multipart uploads), a fifth of its imports, paid by every node start.
+LATE = ("pyarrow", "numpy", "botocore")
+
+
+def loaded_after(modules: tuple[str, ...]) -> list[str]:
+    """sys.modules of a fresh interpreter that imported ``modules``."""
     code = (
         "import importlib, json, sys\n"
-        f"for name in {SHIPPED!r}:\n"
+        f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
@@ -39,9 +45,24 @@ def test_the_modules_shipped_to_spark_workers_import_no_engine_module() -> None:
         timeout=120,
         check=True,
     )
-    loaded = json.loads(done.stdout)
+    return list(json.loads(done.stdout))
+
+
+def test_the_modules_shipped_to_spark_workers_import_no_engine_module() -> None:
+    loaded = loaded_after(SHIPPED)
     assert set(SHIPPED) <= set(loaded)
     engine = [m for m in loaded if any(m == e or m.startswith(e + ".") for e in ENGINE)]
     assert engine == []
     storage = {m for m in loaded if m == "node.storage" or m.startswith("node.storage.")}
     assert storage <= LOG_FORMAT, sorted(storage - LOG_FORMAT)
+
+
+def test_the_node_server_starts_without_arrow_or_botocore() -> None:
+    loaded = loaded_after(("node.cli", "node.http.app"))
+    assert [m for m in loaded if m.split(".")[0] in LATE] == []
+
+
+def test_the_table_names_are_those_of_the_schemas() -> None:
+    from node.audit import kept, tables
+
+    assert tuple(tables.SCHEMAS) == kept.TABLES

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 
 from node.client.metadata.etcd import EtcdStore
 from node.client.model import ledger_key
+from node.jepsen.streams import StreamWorkload
 from node.localcluster import LocalCluster
+from tests.harness.node import NodeProcess
 
 REPLICATED = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 2}
 SINGLE_COPY = {"ensemble": 1, "writeQuorum": 1, "ackQuorum": 1}
@@ -128,3 +133,17 @@ async def ledger_leftovers(cluster: LocalCluster, ledger_ids: set[int]) -> list[
             held = await node_ledger_ids(cluster.url(node_id)) & ledger_ids
             left += [f"{node_id} holds ledger {lid}" for lid in sorted(held)]
     return left
+
+
+async def sigkill_and_restart(
+    load: StreamWorkload, node: NodeProcess, restart: Callable[[], Awaitable[NodeProcess]]
+) -> tuple[NodeProcess, float]:
+    """SIGKILL ``node`` (appends of ``load`` in flight), start it again with ``restart`` and
+    send ``load``'s requests there: the new node, and when the kill was sent."""
+    killed_at = time.time()
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(node.kill)
+    again = await restart()
+    load.urls[:] = [again.url]
+    return again, killed_at

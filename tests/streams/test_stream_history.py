@@ -6,13 +6,11 @@ flight and started again on its data; and the replication settings such a node a
 from __future__ import annotations
 
 import asyncio
-import signal
-import time
 from pathlib import Path
 
 from node.jepsen.streams import StreamWorkload, check_stream, read_back
 from tests.harness.node import NodeProcess
-from tests.harness.streams import REPLICATED, SINGLE_COPY, call, put_stream
+from tests.harness.streams import REPLICATED, SINGLE_COPY, call, put_stream, sigkill_and_restart
 
 STREAM = "orders"
 ENV = {"NODE_RETENTION_SCHEDULER_ENABLED": "false"}
@@ -37,13 +35,8 @@ async def test_a_local_stream_survives_a_kill_with_every_acknowledged_append(
     async with StreamWorkload([node.url], STREAM, writers=4, batch_max=4, seed=3) as load:
         load.start()
         await load.wait_acked(60)
-        killed_at = time.time()
-        assert node.proc is not None
-        node.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(node.kill)
         before = load.acked
-        again = await started(tmp_path / "data")
-        load.urls[:] = [again.url]
+        again, killed_at = await sigkill_and_restart(load, node, lambda: started(tmp_path / "data"))
         await load.wait_acked(before + 60)
         await load.stop()
     history = load.history()

@@ -1,0 +1,134 @@
+"""Exactly-once appends of a replicated stream across owner failovers, on etcd and four node
+processes: producers (X-Producer-Id, X-Sequence-Id) append through every node and retry
+every append not acknowledged with the same payloads and ids, while the owner is SIGKILLed
+(and later started again on its data) and the next owner is paused past its lease. Each new
+owner rebuilds the producer table before it serves the stream (the snapshot in etcd and the
+entries after it). Afterwards the stream checker finds each payload once, at the position
+every acknowledgment of it named."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from node.client.producer import StreamProducer
+from node.jepsen.streams import StreamWorkload, check_stream, read_back
+from node.localcluster import LocalCluster
+from tests.harness.cluster import MakeCluster
+from tests.harness.streams import REPLICATED, call, etcd_get, owner, put_stream
+from tests.streams.conftest import NODES, OWNER_TTL_S, STREAM_CLUSTER_ENV
+from tests.streams.test_dedup_history import every_payload_acked
+
+NAME = "orders"
+OFFLOAD_NOW = {"offloadThresholdInBytes": 0, "offloadDeletionLagInMillis": 0}
+POLICIES = {"deduplication": True, "maxEntriesPerLedger": 8, "minLedgerRolloverTimeMinutes": 0}
+ACKED_PER_PHASE = 15  # appends acknowledged before a fault, during it, after it
+PHASE_TIMEOUT_S = 90.0  # a lease's end and a takeover fit well within
+TIMEOUT_S = 3.0  # a producer's wait for an answer; then it sends the append again
+SLOW_FSYNC_S = 4.0  # a few WAL fsyncs of each node take longer than that
+
+
+async def _new_owner(c: LocalCluster, old: str | None) -> str:
+    """The stream's owner once it is another node than ``old``."""
+    for _ in range(int(PHASE_TIMEOUT_S * 10)):
+        now = await owner(c, NAME)
+        if now is not None and now != old:
+            return now
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no new owner of {NAME} after {old}")
+
+
+@pytest.fixture
+def dedup_cluster(make_cluster: MakeCluster) -> LocalCluster:
+    """The streams' four nodes; a producer table snapshot every 5 entries; one slow fsync."""
+    return make_cluster(
+        nodes=NODES,
+        env={
+            **STREAM_CLUSTER_ENV,
+            "NODE_STREAM_DEDUP_SNAPSHOT_INTERVAL_ENTRIES": "5",
+            "NODE_FAULTS": json.dumps([f"journal.fsync=delay:{SLOW_FSYNC_S},after=20,times=1"]),
+        },
+    )
+
+
+async def test_producers_retrying_through_owner_failovers_land_each_append_once(
+    dedup_cluster: LocalCluster,
+) -> None:
+    c = dedup_cluster
+    urls = [c.url(n) for n in c.node_ids]
+    status, body = await put_stream(urls[0], NAME, {"replication": REPLICATED, **POLICIES})
+    assert status == 201, body
+    load = StreamWorkload(
+        urls,
+        NAME,
+        writers=3,
+        batch_max=3,
+        seed=7,
+        producers=True,
+        timeout_s=TIMEOUT_S,
+        cursor_readers=1,
+        plain_readers=1,
+    )
+    async with load:
+        load.start()
+        await load.wait_acked(ACKED_PER_PHASE, PHASE_TIMEOUT_S)
+        first = await owner(c, NAME)
+        assert first is not None
+        c.node(first).signal(signal.SIGKILL)  # requests in flight to it, or forwarded
+        await asyncio.to_thread(c.kill, first)
+        await load.wait_acked(load.acked + ACKED_PER_PHASE, PHASE_TIMEOUT_S)
+        await asyncio.to_thread(c.start, first)
+        second = await _new_owner(c, first)
+        c.stop(second)  # paused past its lease: the stream moves on without it
+        try:
+            await asyncio.sleep(OWNER_TTL_S + 1)
+            await load.wait_acked(load.acked + ACKED_PER_PHASE, PHASE_TIMEOUT_S)
+        finally:
+            c.cont(second)
+        await load.wait_acked(load.acked + ACKED_PER_PHASE, PHASE_TIMEOUT_S)
+        await load.stop()
+    history = load.history()
+    read = await read_back(urls[1], NAME)
+    verdict = check_stream(history, read)
+    assert verdict.ok, f"{load.outcomes}: {verdict}"
+    assert not every_payload_acked(history), load.outcomes
+    assert verdict.counts["read"] == len({d for op in history for d in op.digests()})
+    assert load.outcomes.get("200", 0) >= 1, load.outcomes  # duplicates answered
+    snapshot = await etcd_get(c, f"stream-dedup/{NAME}")
+    assert snapshot is not None and set(snapshot["producers"]) == {"w0", "w1", "w2"}
+
+
+async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
+    make_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    """A deduplicating stream's closed ledgers offloaded and their replicas deleted: reads
+    through another node get exactly the bytes appended (the object store holds the entries
+    as stored, header included); the owner stops, and the next one rebuilds the producer
+    table from the offloaded ledgers: a retry of the first append is a duplicate still."""
+    env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(tmp_path / "objects")}
+    c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
+    urls = [c.url(n) for n in c.node_ids]
+    policies = {**POLICIES, "maxEntriesPerLedger": 3, **OFFLOAD_NOW, "replication": REPLICATED}
+    status, body = await put_stream(urls[0], NAME, policies)
+    assert status == 201, body
+    async with StreamProducer(urls[0], NAME, "p") as producer:
+        appended = [await producer.append(b"entry %d" % n) for n in range(8)]
+    first_owner = await owner(c, NAME)
+    assert first_owner is not None
+    status, body = await call("POST", f"{c.url(first_owner)}/api/v1/offload/run", {})
+    assert status == 200 and len(body["localDeleted"]) >= 2, body
+    other = next(u for n, u in zip(c.node_ids, urls, strict=True) if n != first_owner)
+    read = await read_back(other, NAME)
+    assert read == [(a.position, b"entry %d" % n) for n, a in enumerate(appended)]
+    await asyncio.to_thread(c.terminate, first_owner)
+    async with StreamProducer(other, NAME, "p") as producer:
+        again = await producer.append(b"entry 0")
+    assert again.duplicate and again.position is None  # older than p's last append
+    async with StreamProducer(other, NAME, "p", next_sequence=7) as producer:
+        again = await producer.append(b"entry 7")
+    assert (again.duplicate, again.position) == (True, appended[7].position)
+    assert await owner(c, NAME) not in (None, first_owner)
