@@ -18,10 +18,11 @@ Runs, each over every byte of every log:
 With ``--http``, a node is started on the data set and takes an audit snapshot (holding
 the same logs), and the scan runs again with local[2] reading the logs from the node over
 HTTP (``node.audit.remote``), the node's CPU per second of the scan beside it: once without
-the node's pace (``audit_serve_bytes_per_s`` 0), once with ``--pace-mib`` (its default).
-Meanwhile a writer
-adds 1 KiB entries one at a time (each acknowledged after its fsync): their p99 with no scan,
-during the uncapped scan and during the capped one is what the pace is for.
+the node's pace (``audit_serve_bytes_per_s`` 0), measured as the local-file rows are (a
+warmed-up session, the best of ROUNDS, nothing else running), and once with ``--pace-mib``
+(its default). A writer adds 1 KiB entries one at a time (each acknowledged after its
+fsync): their p99 with no scan, during one more uncapped scan and during the capped one is
+what the pace is for.
 
 MB/s is bytes of log per second of wall time, the best of ROUNDS scans. "cores" is the CPU
 time of this process and all its descendants (the JVM, Spark's Python workers) over the
@@ -64,6 +65,7 @@ HTTP_MASTER = "local[2]"
 ADD_BYTES = 1024  # the adds measured beside the scan over HTTP
 IDLE_ADDS_S = 5.0  # adds with no scan: their p99 is the baseline
 HTTP_CREATED = 201
+GB = 1000 * MB
 # /proc/<pid>/stat after the command's ")": state is field 3, so field n is at n - 3.
 PPID_FIELD = 4 - 3
 CPU_FIELDS = slice(14 - 3, 17 - 3 + 1)  # utime, stime, cutime, cstime (reaped children)
@@ -77,6 +79,11 @@ class Scan:
     bad_crc: int
     partitions: str = "-"
     cores: float = 0.0
+    node_cpu_s: float = 0.0  # the node's serving it (over HTTP)
+
+    def cpu_s_per_gb(self, log_bytes: int) -> float:
+        """CPU seconds the scan took per GB of log, the node's included."""
+        return (self.cores * self.seconds + self.node_cpu_s) / (log_bytes / GB)
 
 
 def tree_cpu_seconds(root: int) -> float:
@@ -171,9 +178,7 @@ def spark_pass(master: str, ledgers_dir: Path, split_bytes: int) -> Scan:
     planned = sum(len(ranges.plan_ranges(size, split_bytes)) for *_, size in logs)
     spark = job.spark_session(master)
     try:
-        first = logs[:1]
-        warm = [(n, d, i, min(s, logformat.HEADER_SIZE + split_bytes)) for n, d, i, s in first]
-        source.read_records(spark, warm, split_bytes).count()
+        source.read_records(spark, _first_split(logs, split_bytes), split_bytes).count()
         df = source.read_records(spark, logs, split_bytes)
         reported = df.rdd.getNumPartitions()
 
@@ -207,6 +212,7 @@ class Adds:
         self.url = url
         self.path = f"/api/v1/ledgers/{ledger_id}/entries"
         self.latencies: list[float] = []
+        self._cpu_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -226,6 +232,7 @@ class Adds:
         connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
         headers = {"Content-Type": "application/octet-stream"}
         body = bytes([PAYLOAD_FILL]) * ADD_BYTES
+        cpu_started = time.thread_time()
         try:
             while not self._stop.is_set():
                 started = time.perf_counter()
@@ -237,9 +244,14 @@ class Adds:
                 self.latencies.append(time.perf_counter() - started)
         finally:
             connection.close()
+            self._cpu_s = time.thread_time() - cpu_started
 
     def p99_ms(self) -> float:
         return quantile_ms(self.latencies, P99)
+
+    def cpu_seconds(self) -> float:
+        """The writer thread's CPU time, once stopped."""
+        return self._cpu_s
 
 
 def http_passes(
@@ -248,57 +260,83 @@ def http_passes(
     """The scan over HTTP without and with the node's pace, and adds' p99 beside it: of
     the logs as they were built (``sizes``), which the snapshots hold (the node appends the
     adds measured to its current log, and the second node the first one's)."""
-    from node.audit import job, source
-    from node.bench.server import call, cpu_seconds, serving
+    from node.audit import job
 
-    scans: list[Scan] = []
-    latency_rows: list[tuple[str, ...]] = []
     spark = job.spark_session(HTTP_MASTER)
     try:
-        for cap in (0, pace):
-            with serving(data_dir, {"NODE_AUDIT_SERVE_BYTES_PER_S": str(cap)}) as server:
-                ledger = call(f"{server.url}/api/v1/ledgers", "POST")["ledgerId"]
-                taken = call(f"{server.url}/api/v1/audit/snapshot", "POST")
-                logs_url = taken["url"] + "logs"
-                logs = [(NODE, logs_url, i, size) for i, size in sorted(sizes.items())]
-                with Adds(server.url, ledger) as idle:
-                    time.sleep(IDLE_ADDS_S)
-                name = "no cap" if cap == 0 else f"cap {cap / MB:.0f} MB/s"
-                with Adds(server.url, ledger) as busy:
-                    node_cpu = cpu_seconds(server.proc.pid)
-                    tree_cpu = tree_cpu_seconds(os.getpid())
-                    started = time.perf_counter()
-                    query = source.read_records(spark, logs, split_bytes).selectExpr(
-                        "count(*) AS n", "sum(CAST(NOT crc_ok AS INT)) AS bad"
-                    )
-                    [row] = query.collect()
-                    seconds = time.perf_counter() - started
-                    node_used = cpu_seconds(server.proc.pid) - node_cpu
-                    node_cores = node_used / seconds
-                    # The node is this process's child: its CPU is not the scan's.
-                    cores = (tree_cpu_seconds(os.getpid()) - tree_cpu - node_used) / seconds
-                scans.append(
-                    Scan(
-                        f"spark {HTTP_MASTER} over HTTP, {name}",
-                        seconds,
-                        int(row["n"]),
-                        int(row["bad"] or 0),
-                        f"node {node_cores:.2f} cores",
-                        cores,
-                    )
-                )
-                latency_rows.append(
-                    (
-                        name,
-                        f"{idle.p99_ms():.1f}",
-                        f"{busy.p99_ms():.1f}",
-                        f"{busy.p99_ms() / max(idle.p99_ms(), 1e-9):.2f}",
-                        str(len(busy.latencies)),
-                    )
-                )
+        passes = [http_pass(spark, data_dir, sizes, split_bytes, cap) for cap in (0, pace)]
     finally:
         spark.stop()
-    return scans, latency_rows
+    return [scan for scan, _ in passes], [row for _, row in passes]
+
+
+def http_pass(
+    spark: Any, data_dir: Path, sizes: dict[int, int], split_bytes: int, cap: int
+) -> tuple[Scan, tuple[str, ...]]:
+    """One node with the pace ``cap``: the scan's row, and the adds' p99 row.
+
+    Without a pace the scan is measured as the local-file rows are, so that the two
+    compare: the session warmed up on one split first (a fresh session's Python workers
+    import pyspark, pyarrow and the Data Source: seconds of CPU whatever the scan reads),
+    the best of ROUNDS scans, no adds meanwhile (a writer's fsyncs and its thread in this
+    process share the cores). The adds' p99 is measured beside one more scan; with a pace
+    that scan is the row (one: it takes the logs' size over the pace)."""
+    from node.audit import source
+    from node.bench.server import call, cpu_seconds, serving
+
+    with serving(data_dir, {"NODE_AUDIT_SERVE_BYTES_PER_S": str(cap)}) as server:
+        ledger = call(f"{server.url}/api/v1/ledgers", "POST")["ledgerId"]
+        taken = call(f"{server.url}/api/v1/audit/snapshot", "POST")
+        logs_url = taken["url"] + "logs"
+        logs = [(NODE, logs_url, i, size) for i, size in sorted(sizes.items())]
+        source.read_records(spark, _first_split(logs, split_bytes), split_bytes).count()
+        name = "no cap" if cap == 0 else f"cap {cap / MB:.0f} MB/s"
+
+        def scan() -> tuple[Any, float]:
+            """The scan's row and the node's CPU seconds meanwhile."""
+            node_cpu = cpu_seconds(server.proc.pid)
+            query = source.read_records(spark, logs, split_bytes).selectExpr(
+                "count(*) AS n", "sum(CAST(NOT crc_ok AS INT)) AS bad"
+            )
+            [row] = query.collect()
+            return row, cpu_seconds(server.proc.pid) - node_cpu
+
+        if cap == 0:
+            seconds, cores, (row, node_used) = _timed(scan)
+            # The node is this process's child: its CPU is not the scan's.
+            measured = _http_scan(name, seconds, cores - node_used / seconds, row, node_used)
+        with Adds(server.url, ledger) as idle:
+            time.sleep(IDLE_ADDS_S)
+        with Adds(server.url, ledger) as busy:
+            tree_cpu = tree_cpu_seconds(os.getpid())
+            started = time.perf_counter()
+            row, node_used = scan()
+            seconds = time.perf_counter() - started
+            tree_used = tree_cpu_seconds(os.getpid()) - tree_cpu
+        if cap != 0:
+            # The node's CPU and the writer's are not the scan's.
+            cores = (tree_used - node_used - busy.cpu_seconds()) / seconds
+            measured = _http_scan(name, seconds, cores, row, node_used)
+    ratio = busy.p99_ms() / max(idle.p99_ms(), 1e-9)
+    p99s = (f"{idle.p99_ms():.1f}", f"{busy.p99_ms():.1f}", f"{ratio:.2f}")
+    return measured, (name, *p99s, str(len(busy.latencies)))
+
+
+def _first_split(logs: list[Any], split_bytes: int) -> list[Any]:
+    """The warm-up's logs: the first split of the first log."""
+    return [(n, d, i, min(s, logformat.HEADER_SIZE + split_bytes)) for n, d, i, s in logs[:1]]
+
+
+def _http_scan(name: str, seconds: float, cores: float, row: Any, node_cpu_s: float) -> Scan:
+    return Scan(
+        f"spark {HTTP_MASTER} over HTTP, {name}",
+        seconds,
+        int(row["n"]),
+        int(row["bad"] or 0),
+        f"node {node_cpu_s / seconds:.2f} cores",
+        cores,
+        node_cpu_s,
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -359,6 +397,12 @@ def report(
     uncapped = next((s for s in scans if s.name.endswith("no cap")), None)
     if uncapped is not None:
         print(f"over HTTP / local files (local[2]): {two.seconds / uncapped.seconds:.2f}x")
+        # What a shared machine's load changes least: the CPU each way costs per byte.
+        print(
+            f"CPU s per GB of log: local files {two.cpu_s_per_gb(log_bytes):.2f}, over HTTP "
+            f"{uncapped.cpu_s_per_gb(log_bytes):.2f} (the node's "
+            f"{uncapped.node_cpu_s / (log_bytes / GB):.2f})"
+        )
     if latency_rows:
         print()
         print(f"adds of {ADD_BYTES} B, one at a time: p99 ms with no scan, during the scan")

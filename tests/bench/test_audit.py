@@ -1,10 +1,12 @@
 """`python -m node bench audit --http` end to end on a tiny data set: the table has a row per
 scan (over HTTP from a node too, without and with its pace), every scan found every record
 and no bad CRC, Spark ran as many partitions as the Data Source planned, and adds were
-measured beside the scans over HTTP. Nothing about speed."""
+measured beside the scans over HTTP, the CPU per GB of each way printed. Nothing about
+speed."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,9 @@ def test_bench_audit_prints_the_scans_side_by_side(tmp_path: Path) -> None:
         assert int(planned) > 1 and reported == f"{planned} in Spark", rows[scan]
     assert "local[2] / local[1]: " in result.stdout
     assert "over HTTP / local files (local[2]): " in result.stdout
+    [cpu] = [line for line in result.stdout.splitlines() if line.startswith("CPU s per GB")]
+    local, http, node = (float(x) for x in re.findall(r"\d+\.\d+", cpu))
+    assert local > 0 and http > node > 0, cpu  # the node's CPU counted in the HTTP scan's
     for pace in ("no cap", "cap 34 MB/s"):
         assert int(rows[pace][4]) > 0, rows[pace]  # adds completed during the scan
     assert not (tmp_path / "bench").exists() or not any((tmp_path / "bench").iterdir())
