@@ -41,7 +41,9 @@ METADATA_PREFIX = "storage"  # the cluster's key prefix in etcd (NODE_METADATA_U
 # ephemeral range (32768-60999 by default), where a kernel-chosen port (bind to 0) and the
 # local end of any outgoing connection live. A port from there can be taken by a connection
 # while its process is down, and the restart then fails with "address already in use".
-PORTS = range(24000, 25000)
+# Under pytest-xdist each worker takes a share and never hands a port out twice: a share must
+# outlast a worker's whole run (with three workers, a share of 333 ran out).
+PORTS = range(20000, 32000)
 STOPPED_TIMEOUT_S = 5.0  # for a SIGSTOPped process to be stopped (the signal is asynchronous)
 _handed_out: set[int] = set()  # chosen in this process, perhaps not listened on yet
 
