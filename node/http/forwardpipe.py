@@ -155,6 +155,9 @@ class Pipe(asyncio.Protocol):
 
     def _dechunk(self, data: bytes) -> None:
         """Chunked framing (RFC 9112 7.1): the chunks' data go on, their framing does not."""
+        if self._framing == _WHOLE and data:
+            self.abort("bytes past the answer's last chunk")
+            return
         buffer = self._head_buffer
         buffer += data
         while buffer and self._error is None:
@@ -250,6 +253,9 @@ class Pipe(asyncio.Protocol):
         body = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
         self._chunks.clear()
         self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
         self._done()
         return body
 
