@@ -572,7 +572,8 @@ class StreamManager:
             )
         count = len(payloads)
         while True:
-            table = await self._table(stream)
+            # Without an await when the table is there (every append but the first).
+            table = self._tables.get(name) or await self._table(stream)
             try:
                 check = table.check(producer, first, count)
             except SequenceOverlap as e:
@@ -592,20 +593,14 @@ class StreamManager:
             self.duplicates[name] = self.duplicates.get(name, 0) + 1
             ledger_id, ids = done.result()
             return [Position(ledger_id, i) for i in ids], True
-        self._admit_producer(table, producer)
+        if producer not in table.producers:
+            self._admit_producer(table, producer)
         flight = table.push(producer, first, count)
-        sent: list[asyncio.Future[list[int]]] = []
-
-        def on_add(info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
-            sent.append(add)
-            add.add_done_callback(
-                functools.partial(self._landed, stream, table, producer, flight, info)
-            )
-
+        on_add = functools.partial(self._sent, stream, table, producer, flight)
         try:
             positions = await self._append(stream, payloads, producer, first, on_add)
         except BaseException as error:
-            if not flight.done.done() and (not sent or sent[-1].done()):
+            if not flight.done.done() and (flight.sent is None or flight.sent.done()):
                 # Nothing of it is in flight (refused, or failed before an add was sent).
                 table.land(producer, flight)
                 if isinstance(error, Exception):
@@ -632,6 +627,20 @@ class StreamManager:
 
     def _idle_ms(self) -> int:
         return self._settings.stream_dedup_producer_inactivity_minutes * MINUTE_MS
+
+    def _sent(
+        self,
+        stream: Stream,
+        table: Table,
+        producer: str,
+        flight: Flight,
+        info: LedgerInfo,
+        add: asyncio.Future[list[int]],
+    ) -> None:
+        flight.sent = add
+        add.add_done_callback(
+            functools.partial(self._landed, stream, table, producer, flight, info)
+        )
 
     def _landed(
         self,
