@@ -1,10 +1,11 @@
 """Exactly-once appends of a replicated stream across owner failovers, on etcd and four node
 processes: producers (X-Producer-Id, X-Sequence-Id) append through every node and retry
-every append not acknowledged with the same payloads and ids, while the owner is SIGKILLed
-(and later started again on its data) and the next owner is paused past its lease. Each new
-owner rebuilds the producer table before it serves the stream (the snapshot in etcd and the
-entries after it). Afterwards the stream checker finds each payload once, at the position
-every acknowledgment of it named."""
+every append not acknowledged with the same payloads and ids, while a node that forwards an
+append to the owner is SIGKILLed with it in flight (the producer retries through another
+node), the owner is SIGKILLed (and later started again on its data) and the next owner is
+paused past its lease. Each new owner rebuilds the producer table before it serves the
+stream (the snapshot in etcd and the entries after it). Afterwards the stream checker finds
+each payload once, at the position every acknowledgment of it named."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import json
 import signal
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from node.client.producer import StreamProducer
+from node.jepsen.history import Op, merge
 from node.jepsen.streams import StreamWorkload, check_stream, read_back
 from node.localcluster import LocalCluster
 from tests.harness.cluster import MakeCluster
-from tests.harness.streams import REPLICATED, call, etcd_get, owner, put_stream
+from tests.harness.metrics import parse_samples
+from tests.harness.streams import POLL_S, REPLICATED, call, etcd_get, owner, put_stream
 from tests.streams.conftest import NODES, OWNER_TTL_S, STREAM_CLUSTER_ENV
 from tests.streams.test_dedup_history import every_payload_acked
 
@@ -30,6 +34,8 @@ ACKED_PER_PHASE = 15  # appends acknowledged before a fault, during it, after it
 PHASE_TIMEOUT_S = 90.0  # a lease's end and a takeover fit well within
 TIMEOUT_S = 3.0  # a producer's wait for an answer; then it sends the append again
 SLOW_FSYNC_S = 4.0  # a few WAL fsyncs of each node take longer than that
+BODY_BYTES = "storage_node_http_request_body_bytes_in_flight"  # held until answered
+FORWARDED_WAIT_S = 30.0  # the forwarded append's wait: it ends when its node is killed
 
 
 async def _new_owner(c: LocalCluster, old: str | None) -> str:
@@ -40,6 +46,58 @@ async def _new_owner(c: LocalCluster, old: str | None) -> str:
             return now
         await asyncio.sleep(0.1)
     raise AssertionError(f"no new owner of {NAME} after {old}")
+
+
+async def _body_bytes(url: str) -> float:
+    """Request bodies the node at ``url`` holds: requests it has read and not answered."""
+    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as response:
+        return parse_samples(await response.text())[(BODY_BYTES, ())]
+
+
+async def _until(url: str, held: bool) -> None:
+    for _ in range(int(PHASE_TIMEOUT_S / POLL_S)):
+        if (await _body_bytes(url) > 0) == held:
+            return
+        await asyncio.sleep(POLL_S)
+    raise AssertionError(f"{url} never {'held' if held else 'let go of'} a request body")
+
+
+async def _kill_the_forwarder(c: LocalCluster, load: StreamWorkload) -> list[Op]:
+    """A producer's append sent to a node that is not the owner, which forwards it to the
+    owner (paused, so that the append stays in flight); that node is SIGKILLed while it
+    holds the request, the owner goes on, and the producer sends the append again, same
+    ids, through another node until it is acknowledged. Its operations (producer ``f0``)."""
+    lead = await owner(c, NAME)
+    assert lead is not None
+    node_id = next(n for n in c.node_ids if n != lead)
+    url = c.url(node_id)
+    everyone = list(load.urls)
+    load.urls[:] = [u for u in everyone if u != url]  # the node's own load drains first
+    await _until(url, held=False)
+    producer = StreamWorkload(
+        [u for u in everyone if u != url], NAME, writers=1, prefix="f", producers=True,
+        timeout_s=FORWARDED_WAIT_S,
+    )  # fmt: skip
+    async with producer:
+        payloads, first = [b"forwarded-1"], 1_000
+        c.stop(lead)
+        try:
+            sent = asyncio.create_task(producer.append(0, url=url, again=(payloads, first)))
+            await _until(url, held=True)
+            c.node(node_id).signal(signal.SIGKILL)
+            await asyncio.to_thread(c.kill, node_id)
+        finally:
+            c.cont(lead)
+        lost = await sent
+        assert lost.type == "info", lost  # cut mid-request: the outcome is unknown
+        producer.timeout_s = TIMEOUT_S
+        op = lost
+        while op.type != "ok":
+            op = await producer.append(0, again=(payloads, first))
+            assert not (op.error or "").startswith("4"), op
+    await asyncio.to_thread(c.start, node_id)
+    load.urls[:] = everyone
+    return producer.history()
 
 
 @pytest.fixture
@@ -76,6 +134,8 @@ async def test_producers_retrying_through_owner_failovers_land_each_append_once(
     async with load:
         load.start()
         await load.wait_acked(ACKED_PER_PHASE, PHASE_TIMEOUT_S)
+        forwarded = await _kill_the_forwarder(c, load)
+        await load.wait_acked(load.acked + ACKED_PER_PHASE, PHASE_TIMEOUT_S)
         first = await owner(c, NAME)
         assert first is not None
         c.node(first).signal(signal.SIGKILL)  # requests in flight to it, or forwarded
@@ -91,15 +151,16 @@ async def test_producers_retrying_through_owner_failovers_land_each_append_once(
             c.cont(second)
         await load.wait_acked(load.acked + ACKED_PER_PHASE, PHASE_TIMEOUT_S)
         await load.stop()
-    history = load.history()
+    history = merge(load.history(), forwarded)
     read = await read_back(urls[1], NAME)
     verdict = check_stream(history, read)
     assert verdict.ok, f"{load.outcomes}: {verdict}"
+    assert b"forwarded-1" in {payload for _, payload in read}
     assert not every_payload_acked(history), load.outcomes
     assert verdict.counts["read"] == len({d for op in history for d in op.digests()})
     assert load.outcomes.get("200", 0) >= 1, load.outcomes  # duplicates answered
     snapshot = await etcd_get(c, f"stream-dedup/{NAME}")
-    assert snapshot is not None and set(snapshot["producers"]) == {"w0", "w1", "w2"}
+    assert snapshot is not None and set(snapshot["producers"]) == {"w0", "w1", "w2", "f0"}
 
 
 async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
