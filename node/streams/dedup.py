@@ -233,6 +233,15 @@ class Table:
             return Check(positions=[Position(known.at.ledger_id, start + i) for i in range(count)])
         return Check(positions=[])
 
+    def last(self, producer: str) -> tuple[int, Position] | None:
+        """Pulsar's getLastSequenceId: ``producer``'s highest persisted id and where it is
+        stored (the end of its last run); None for a producer the table does not know."""
+        known = self.producers.get(producer)
+        if known is None:
+            return None
+        at = known.at
+        return known.highest, Position(at.ledger_id, at.entry_id + known.highest - known.first)
+
     def tracked(self) -> int:
         """Producers known or with an append in flight."""
         return len(self.producers) + sum(1 for name in self.flights if name not in self.producers)

@@ -172,6 +172,13 @@ class SequenceConflict(StorageError):
     code = "sequence_overlap"
 
 
+class ProducerNotFound(StorageError):
+    """No persisted append of that producer in the stream's table (never seen, or forgotten
+    once idle for ``stream_dedup_producer_inactivity_minutes``)."""
+
+    code = "producer_not_found"
+
+
 class NotEnoughNodes(StorageError):
     """A replicated stream's new ledger needs E writable nodes and fewer are registered
     (BookKeeper's BKNotEnoughBookiesException): appends wait for nodes to come back."""
@@ -609,6 +616,31 @@ class StreamManager:
                     flight.done.cancel()
             raise
         return positions, False
+
+    async def last_sequence(self, name: str, producer: str) -> tuple[int, Position]:
+        """``producer``'s highest sequence id the stream holds and its position (Pulsar's
+        getLastSequenceId: where a restarting producer resumes). Appends of it still in
+        flight settle first: an id answered here is never one still in the air, so a producer
+        that resumes after it never reuses an id that lands later."""
+        stream = self.stream(name)
+        if not (stream.policies.deduplication or any(i.envelope for i in stream.ledgers)):
+            raise DeduplicationOff(
+                f"stream {name} does not deduplicate: its deduplication policy is off, so it "
+                "keeps no producer's sequence ids"
+            )
+        while True:
+            table = self._tables.get(name) or await self._table(stream)
+            flights = table.flights.get(producer)
+            if not flights:
+                break
+            await asyncio.wait([flight.done for flight in flights])
+        last = table.last(producer)
+        if last is None:
+            raise ProducerNotFound(
+                f"stream {name} holds no append of producer {producer[:100]!r} (never seen, or "
+                "idle past stream_dedup_producer_inactivity_minutes): start from any id"
+            )
+        return last
 
     def _admit_producer(self, table: Table, producer: str) -> None:
         """A new producer past the cap: idle ones are forgotten first, then TooManyProducers."""

@@ -169,7 +169,9 @@ async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
     """A deduplicating stream's closed ledgers offloaded and their replicas deleted: reads
     through another node get exactly the bytes appended (the object store holds the entries
     as stored, header included); the owner stops, and the next one rebuilds the producer
-    table from the offloaded ledgers: a retry of the first append is a duplicate still."""
+    table from the offloaded ledgers: a retry of the first append is a duplicate still. The
+    producer's last sequence id is answered through a node that does not own the stream, and
+    by the next owner."""
     env = {**STREAM_CLUSTER_ENV, "NODE_OFFLOAD_LOCAL_DIR": str(tmp_path / "objects")}
     c = await asyncio.to_thread(make_cluster, nodes=NODES, env=env)
     urls = [c.url(n) for n in c.node_ids]
@@ -185,7 +187,11 @@ async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
     other = next(u for n, u in zip(c.node_ids, urls, strict=True) if n != first_owner)
     read = await read_back(other, NAME)
     assert read == [(a.position, b"entry %d" % n) for n, a in enumerate(appended)]
+    last = {"producerId": "p", "lastSequenceId": 7, "position": appended[7].position}
+    assert await call("GET", f"{other}/api/v1/streams/{NAME}/producers/p") == (200, last)
     await asyncio.to_thread(c.terminate, first_owner)
+    async with StreamProducer(other, NAME, "p", resume=True) as producer:  # the next owner's
+        assert producer.next_sequence == 8
     async with StreamProducer(other, NAME, "p") as producer:
         again = await producer.append(b"entry 0")
     assert again.duplicate and again.position is None  # older than p's last append
