@@ -5,7 +5,8 @@ append to the owner is SIGKILLed with it in flight (the producer retries through
 node), the owner is SIGKILLed (and later started again on its data) and the next owner is
 paused past its lease. Each new owner rebuilds the producer table before it serves the
 stream (the snapshot in etcd and the entries after it). Afterwards the stream checker finds
-each payload once, at the position every acknowledgment of it named."""
+each payload once, at the position every acknowledgment of it named, and the ledger checker
+finds the same in the closed ledgers' replicas (behind each entry's producer header)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,19 @@ import pytest
 
 from node.client.producer import StreamProducer
 from node.jepsen.history import Op, merge
-from node.jepsen.streams import StreamWorkload, check_stream, read_back
+from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
 from node.localcluster import LocalCluster
 from tests.harness.cluster import MakeCluster
 from tests.harness.metrics import parse_samples
-from tests.harness.streams import POLL_S, REPLICATED, call, etcd_get, owner, put_stream
+from tests.harness.streams import (
+    POLL_S,
+    REPLICATED,
+    call,
+    etcd_get,
+    owner,
+    put_stream,
+    stream_ledgers,
+)
 from tests.streams.conftest import NODES, OWNER_TTL_S, STREAM_CLUSTER_ENV
 from tests.streams.test_dedup_history import every_payload_acked
 
@@ -156,6 +165,12 @@ async def test_producers_retrying_through_owner_failovers_land_each_append_once(
     verdict = check_stream(history, read)
     assert verdict.ok, f"{load.outcomes}: {verdict}"
     assert b"forwarded-1" in {payload for _, payload in read}
+    # One level down: each closed ledger, read from its replicas, holds the payloads behind
+    # their producer headers where the acknowledgments said, and nothing the cursor did not.
+    closed = {info["id"] for info in await stream_ledgers(c, NAME) if info["closed"]}
+    replicas = await check_stream_ledgers(history, read, c.metadata_url, closed)
+    assert replicas.ok, str(replicas)
+    assert len(closed) >= 3  # across rollovers and failovers
     assert not every_payload_acked(history), load.outcomes
     assert verdict.counts["read"] == len({d for op in history for d in op.digests()})
     assert load.outcomes.get("200", 0) >= 1, load.outcomes  # duplicates answered
