@@ -187,8 +187,9 @@ class NotEnoughNodes(StorageError):
 
 
 class RecoveryFailed(StorageError):
-    """A takeover could not settle the end of the stream's last ledgers (too few of their
-    replicas answered): nothing changed, the next request tries again."""
+    """A takeover could not settle the end of the stream's last ledgers, or an owner the end
+    of a ledger an append's unknown outcome left (too few of their replicas answered):
+    nothing changed, the next request tries again."""
 
     code = "recovery_failed"
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import signal
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -22,6 +23,7 @@ from node.client.producer import StreamProducer
 from node.jepsen.history import Op, merge
 from node.jepsen.streams import StreamWorkload, check_stream, check_stream_ledgers, read_back
 from node.localcluster import LocalCluster
+from node.streams.model import Position
 from tests.harness.cluster import MakeCluster
 from tests.harness.metrics import parse_samples
 from tests.harness.streams import (
@@ -44,6 +46,7 @@ PHASE_TIMEOUT_S = 90.0  # a lease's end and a takeover fit well within
 TIMEOUT_S = 3.0  # a producer's wait for an answer; then it sends the append again
 SLOW_FSYNC_S = 4.0  # a few WAL fsyncs of each node take longer than that
 BODY_BYTES = "storage_node_http_request_body_bytes_in_flight"  # held until answered
+OCTET = "application/octet-stream"
 FORWARDED_WAIT_S = 30.0  # the forwarded append's wait: it ends when its node is killed
 
 
@@ -214,3 +217,63 @@ async def test_offloaded_ledgers_read_back_exactly_and_rebuild_the_table(
         again = await producer.append(b"entry 7")
     assert (again.duplicate, again.position) == (True, appended[7].position)
     assert await owner(c, NAME) not in (None, first_owner)
+
+
+async def _send(url: str, payload: bytes, sequence: int) -> tuple[int, Any, str | None]:
+    """One append of producer ``p``: (status, JSON answer, X-Duplicate)."""
+    headers = {"Content-Type": OCTET, "X-Producer-Id": "p", "X-Sequence-Id": str(sequence)}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/api/v1/streams/{NAME}/entries",
+            data=payload,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=PHASE_TIMEOUT_S),
+        ) as response,
+    ):
+        return response.status, await response.json(), response.headers.get("X-Duplicate")
+
+
+async def test_an_owner_that_loses_an_appends_outcome_settles_the_ledger_before_the_retry(
+    make_cluster: MakeCluster,
+) -> None:
+    """Ensemble = write quorum = ack quorum = 3 on three nodes: with a replica SIGKILLed, the
+    owner's add of a producer's append reaches the other two and its writer has no node to
+    replace the dead one: the outcome is unknown (503 append_outcome_unknown). The owner
+    marks the ledger closing and forgets its producer table; the retry (same ids) is not
+    answered while the ledger's end cannot be settled (the replica is down), and once it
+    can, the table is rebuilt from the entries up to that end: the retry is answered where
+    the end put the append (200, a duplicate, when the ledger holds it; else 201 on the next
+    ledger) and the stream holds it once."""
+    c = await asyncio.to_thread(make_cluster, nodes=3, env=STREAM_CLUSTER_ENV)
+    urls = [c.url(n) for n in c.node_ids]
+    every_copy = {"ensemble": 3, "writeQuorum": 3, "ackQuorum": 3}
+    status, body = await put_stream(urls[0], NAME, {"replication": every_copy, **POLICIES})
+    assert status == 201, body
+    async with StreamProducer(urls[0], NAME, "p") as producer:
+        before = [await producer.append(b"entry %d" % n) for n in range(3)]
+    lead = await owner(c, NAME)
+    assert lead is not None
+    replica = next(n for n in c.node_ids if n != lead)
+    c.node(replica).signal(signal.SIGKILL)
+    await asyncio.to_thread(c.kill, replica)
+    status, body, _ = await _send(c.url(lead), b"entry 3", 3)
+    assert (status, body["code"]) == (503, "append_outcome_unknown"), body
+    status, body, _ = await _send(c.url(lead), b"entry 3", 3)  # its end cannot be settled
+    assert (status, body["code"]) == (503, "recovery_failed"), body
+    await asyncio.to_thread(c.start, replica)
+    for _ in range(int(PHASE_TIMEOUT_S / POLL_S)):
+        status, body, duplicate = await _send(c.url(lead), b"entry 3", 3)
+        if status != 503:
+            break
+        await asyncio.sleep(POLL_S)
+    assert status in (200, 201), body
+    assert (status == 200) == (duplicate == "true")
+    read = await read_back(urls[1], NAME)
+    expected = [(a.position, b"entry %d" % n) for n, a in enumerate(before)]
+    assert read == [*expected, (body["position"], b"entry 3")]
+    ledgers = await stream_ledgers(c, NAME)
+    first = Position.parse(str(before[0].position)).ledger_id
+    assert [info["closed"] is not None for info in ledgers if info["id"] == first] == [True]
+    status, body, duplicate = await _send(c.url(lead), b"entry 3", 3)
+    assert (status, body["position"], duplicate) == (200, read[-1][0], "true")
