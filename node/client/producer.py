@@ -127,9 +127,10 @@ class StreamProducer:
 
     async def resume(self) -> int:
         """Go on after the highest sequence id of this producer the stream holds (its
-        appends still in flight settle first); a producer it does not know (never
-        appended, or forgotten once idle) keeps ``next_sequence``. Asked again, of the next
-        URL, after any answer but a reply or a 4xx. The next id to send."""
+        appends still in flight settle first), or from ``next_sequence`` if that is higher;
+        a producer it does not know (never appended, or forgotten once idle) keeps
+        ``next_sequence``. Asked again, of the next URL, after any answer but a reply or a
+        4xx. The next id to send."""
         attempt = 0
         while True:
             attempt += 1

@@ -76,6 +76,8 @@ def enveloped(payloads: list[bytes], producer: str | None, first: int) -> list[b
     name = producer.encode()
     prefix = _HEAD.pack(ENVELOPE_VERSION, len(name)) + name
     pack = _SEQUENCE.pack
+    if len(payloads) == 1:  # most appends
+        return [prefix + pack(first) + payloads[0]]
     return [prefix + pack(sequence) + payload for sequence, payload in enumerate(payloads, first)]
 
 

@@ -96,6 +96,9 @@ READ_AHEAD_CACHE_SHARE = 4  # a read-ahead fills at most 1/4 of the entry cache
 
 Read = list[tuple[Position, bytes]]  # entries read, in order
 Admit = Callable[[int], Awaitable[bool]]  # may an entry of this many bytes join a read?
+Settled = Callable[["asyncio.Future[list[int]]"], None]  # told of an add once it settled
+# Told of each add an append sends (its ledger, the add); returns what is told once it settled.
+OnAdd = Callable[[LedgerInfo, "asyncio.Future[list[int]]"], Settled]
 
 
 class StreamNotFound(StorageError):
@@ -511,10 +514,11 @@ class StreamManager:
         payloads: list[bytes],
         producer: str | None = None,
         first: int = 0,
-        on_add: Callable[[LedgerInfo, asyncio.Future[list[int]]], None] | None = None,
+        on_add: OnAdd | None = None,
     ) -> list[Position]:
         """``payloads`` appended (``producer`` and ``first``: the producer headers of an
-        append of a deduplicating stream; ``on_add`` sees each add sent)."""
+        append of a deduplicating stream; ``on_add`` sees each add sent, and what it returns
+        is called once the add settled)."""
         name = stream.name
         envelope = stream.policies.deduplication
         stored = enveloped(payloads, producer, first) if envelope else payloads
@@ -531,11 +535,14 @@ class StreamManager:
             add = asyncio.ensure_future(self._add(info.ledger_id, stored))
             # The reservation ends when the storage settles the add, also when the caller
             # gives up first (its entries may land anyway): the counts stay true.
-            add.add_done_callback(functools.partial(self._settle, info, count, size))
             if on_add is not None:
-                on_add(info, add)
+                then: Settled | None = on_add(info, add)
             elif envelope:
-                add.add_done_callback(functools.partial(self._through, name, info))
+                then = functools.partial(self._through, name, info)
+            else:
+                then = None
+            # One callback for both (this is every append's path: one loop turn fewer).
+            add.add_done_callback(functools.partial(self._settle, info, count, size, then))
             try:
                 ids = await asyncio.shield(add)
             except (LedgerClosed, LedgerFenced):
@@ -669,11 +676,10 @@ class StreamManager:
         flight: Flight,
         info: LedgerInfo,
         add: asyncio.Future[list[int]],
-    ) -> None:
+    ) -> Settled:
+        """``on_add`` of a producer's append: what the table learns once the add settled."""
         flight.sent = add
-        add.add_done_callback(
-            functools.partial(self._landed, stream, table, producer, flight, info)
-        )
+        return functools.partial(self._landed, stream, table, producer, flight, info)
 
     def _landed(
         self,
@@ -841,9 +847,15 @@ class StreamManager:
         return info
 
     def _settle(
-        self, info: LedgerInfo, count: int, size: int, add: asyncio.Future[list[int]]
+        self,
+        info: LedgerInfo,
+        count: int,
+        size: int,
+        then: Settled | None,
+        add: asyncio.Future[list[int]],
     ) -> None:
-        """An add on ``info`` is over: its reservation becomes counted entries, or nothing."""
+        """An add on ``info`` is over: its reservation becomes counted entries, or nothing;
+        then ``then`` learns it (the producer table)."""
         flight = self._in_flight[info.ledger_id]
         flight.appends -= 1
         flight.entries -= count
@@ -855,6 +867,8 @@ class StreamManager:
         if not flight.appends:
             del self._in_flight[info.ledger_id]
             flight.settled.set()
+        if then is not None:
+            then(add)
 
     def _reserve_now(self, stream: Stream, count: int, size: int) -> LedgerInfo | None:
         """Room for the append in the ledger taking appends, reserved (no await: nothing
@@ -891,7 +905,7 @@ class StreamManager:
     def _settle_unsent(self, info: LedgerInfo, count: int, size: int) -> None:
         never: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         never.cancel()
-        self._settle(info, count, size, never)
+        self._settle(info, count, size, None, never)
 
     def _has_room(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
         """Whether the ledger takes an append of ``count`` entries and ``size`` bytes, with
