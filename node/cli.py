@@ -208,7 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["redis"],
         help="http: the node beside this peer (Redis Streams, appendfsync always) instead",
     )
-    bench.add_argument("--rounds", type=int, default=3, help="http --peer: alternating rounds")
+    bench.add_argument(
+        "--rounds",
+        type=int,
+        help="http --peer: alternating rounds (default 3); audit: scans per runner, the best "
+        "reported (default 2)",
+    )
     bench.add_argument("--sizes", default="100,1024,65536", help="entry sizes in bytes")
     bench.add_argument("--window", type=int, default=64, help="adds in flight per writer")
     bench.add_argument(

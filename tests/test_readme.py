@@ -19,6 +19,7 @@ import pytest
 
 from tests.harness.hostdisk import REPO
 from tests.harness.node import NodeProcess
+from tests.harness.spark import quick_jvm_env
 
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -94,7 +95,7 @@ def test_the_readme_walkthrough_runs_as_written(tmp_path: Path) -> None:
     node.start()
     (tmp_path / ".venv").symlink_to(sys.prefix)
     activate = activation_block()
-    env = shell_env()
+    env = {**shell_env(), **quick_jvm_env()}  # the audit block's JVM: its speed is not checked
     outputs: dict[str, str] = {}
     try:
         for i, (title, block) in enumerate(walkthrough_blocks()):

@@ -19,12 +19,12 @@ With ``--http``, a node is started on the data set and takes an audit snapshot (
 the same logs), and the scan runs again with local[2] reading the logs from the node over
 HTTP (``node.audit.remote``), the node's CPU per second of the scan beside it: once without
 the node's pace (``audit_serve_bytes_per_s`` 0), measured as the local-file rows are (a
-warmed-up session, the best of ROUNDS, nothing else running), and once with ``--pace-mib``
+warmed-up session, the best of --rounds, nothing else running), and once with ``--pace-mib``
 (its default). A writer adds 1 KiB entries one at a time (each acknowledged after its
 fsync): their p99 with no scan, during one more uncapped scan and during the capped one is
 what the pace is for.
 
-MB/s is bytes of log per second of wall time, the best of ROUNDS scans. "cores" is the CPU
+MB/s is bytes of log per second of wall time, the best of --rounds scans. "cores" is the CPU
 time of this process and all its descendants (the JVM, Spark's Python workers) over the
 scan, per second of wall time: how many cores the scan kept busy. The logs were just
 written, so they are read from the page cache when they fit in memory: the figures are
@@ -60,7 +60,7 @@ LEDGERS = 4  # interleaved, as a node's logs are
 BATCH_BYTES = 16 * MiB  # payload per add_entries call and checkpoint
 MASTERS = ("local[1]", "local[2]")
 NODE = "bench"
-ROUNDS = 2  # scans per runner; the best is reported (a shared machine is noisy)
+DEFAULT_ROUNDS = 2  # scans per runner (--rounds); the best is reported (a shared machine is noisy)
 HTTP_MASTER = "local[2]"
 ADD_BYTES = 1024  # the adds measured beside the scan over HTTP
 IDLE_ADDS_S = 5.0  # adds with no scan: their p99 is the baseline
@@ -112,10 +112,10 @@ def tree_cpu_seconds(root: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(scan: Any) -> tuple[float, float, Any]:
-    """The best of ROUNDS runs of ``scan()``: (wall seconds, cores busy, its result)."""
+def _timed(scan: Any, rounds: int) -> tuple[float, float, Any]:
+    """The best of ``rounds`` runs of ``scan()``: (wall seconds, cores busy, its result)."""
     best: tuple[float, float, Any] | None = None
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         cpu = tree_cpu_seconds(os.getpid())
         started = time.perf_counter()
         result = scan()
@@ -155,7 +155,7 @@ async def build(data_dir: Path, total_bytes: int, entry_size: int) -> int:
     return written
 
 
-def inspect_pass(ledgers_dir: Path) -> Scan:
+def inspect_pass(ledgers_dir: Path, rounds: int) -> Scan:
     def scan() -> tuple[int, int]:
         records = bad = 0
         for log_id in entrylog.list_logs(ledgers_dir):
@@ -164,11 +164,11 @@ def inspect_pass(ledgers_dir: Path) -> Scan:
                 bad += not record.crc_ok
         return records, bad
 
-    seconds, cores, (records, bad) = _timed(scan)
+    seconds, cores, (records, bad) = _timed(scan, rounds)
     return Scan("inspect (1 thread)", seconds, records, bad, cores=cores)
 
 
-def spark_pass(master: str, ledgers_dir: Path, split_bytes: int) -> Scan:
+def spark_pass(master: str, ledgers_dir: Path, split_bytes: int, rounds: int) -> Scan:
     from node.audit import job, ranges, source
 
     logs = [
@@ -189,7 +189,7 @@ def spark_pass(master: str, ledgers_dir: Path, split_bytes: int) -> Scan:
             query = records.selectExpr("count(*) AS n", "sum(CAST(NOT crc_ok AS INT)) AS bad")
             return query.collect()
 
-        seconds, cores, rows = _timed(scan)
+        seconds, cores, rows = _timed(scan, rounds)
     finally:
         spark.stop()
     return Scan(
@@ -255,7 +255,7 @@ class Adds:
 
 
 def http_passes(
-    data_dir: Path, sizes: dict[int, int], split_bytes: int, pace: int
+    data_dir: Path, sizes: dict[int, int], split_bytes: int, pace: int, rounds: int
 ) -> tuple[list[Scan], list[tuple[str, ...]]]:
     """The scan over HTTP without and with the node's pace, and adds' p99 beside it: of
     the logs as they were built (``sizes``), which the snapshots hold (the node appends the
@@ -264,21 +264,21 @@ def http_passes(
 
     spark = job.spark_session(HTTP_MASTER)
     try:
-        passes = [http_pass(spark, data_dir, sizes, split_bytes, cap) for cap in (0, pace)]
+        passes = [http_pass(spark, data_dir, sizes, split_bytes, cap, rounds) for cap in (0, pace)]
     finally:
         spark.stop()
     return [scan for scan, _ in passes], [row for _, row in passes]
 
 
 def http_pass(
-    spark: Any, data_dir: Path, sizes: dict[int, int], split_bytes: int, cap: int
+    spark: Any, data_dir: Path, sizes: dict[int, int], split_bytes: int, cap: int, rounds: int
 ) -> tuple[Scan, tuple[str, ...]]:
     """One node with the pace ``cap``: the scan's row, and the adds' p99 row.
 
     Without a pace the scan is measured as the local-file rows are, so that the two
     compare: the session warmed up on one split first (a fresh session's Python workers
     import pyspark, pyarrow and the Data Source: seconds of CPU whatever the scan reads),
-    the best of ROUNDS scans, no adds meanwhile (a writer's fsyncs and its thread in this
+    the best of ``rounds`` scans, no adds meanwhile (a writer's fsyncs and its thread in this
     process share the cores). The adds' p99 is measured beside one more scan; with a pace
     that scan is the row (one: it takes the logs' size over the pace)."""
     from node.audit import source
@@ -302,7 +302,7 @@ def http_pass(
             return row, cpu_seconds(server.proc.pid) - node_cpu
 
         if cap == 0:
-            seconds, cores, (row, node_used) = _timed(scan)
+            seconds, cores, (row, node_used) = _timed(scan, rounds)
             # The node is this process's child: its CPU is not the scan's.
             measured = _http_scan(name, seconds, cores - node_used / seconds, row, node_used)
         with Adds(server.url, ledger) as idle:
@@ -349,8 +349,9 @@ def main(args: argparse.Namespace) -> int:
         ledgers_dir = data_dir / "ledgers"
         log_bytes = sum(p.stat().st_size for p in ledgers_dir.glob(f"*{logformat.SUFFIX}"))
         split = int(args.split_mib * MiB)
-        scans = [spark_pass(master, ledgers_dir, split) for master in MASTERS]
-        scans.append(inspect_pass(ledgers_dir))
+        rounds = args.rounds or DEFAULT_ROUNDS
+        scans = [spark_pass(master, ledgers_dir, split, rounds) for master in MASTERS]
+        scans.append(inspect_pass(ledgers_dir, rounds))
         latency_rows: list[tuple[str, ...]] = []
         if args.http:
             sizes = {
@@ -358,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
                 for i in entrylog.list_logs(ledgers_dir)
             }
             pace = int(args.pace_mib * MiB)
-            over_http, latency_rows = http_passes(data_dir, sizes, split, pace)
+            over_http, latency_rows = http_passes(data_dir, sizes, split, pace, rounds)
             scans += over_http
         report(scans, entries, log_bytes, scratch, latency_rows)
     return 0

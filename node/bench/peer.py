@@ -46,7 +46,7 @@ from node.wire import BATCH_CONTENT_TYPE, OCTET_CONTENT_TYPE, encode_batch
 
 # (clients, entries per request) of each shape: batches from a few clients, single adds from many.
 SHAPES = ((4, BATCH_ENTRIES), (8, BATCH_ENTRIES), (16, 1))
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 3  # alternating rounds (--rounds)
 REDIS_SERVER = "redis-server"
 STREAM_KEY = "bench-{}"  # one stream per client, as one ledger per client on the node
 
@@ -238,7 +238,7 @@ def _round(
 
 
 def main(args: argparse.Namespace) -> int:
-    seconds, rounds = args.seconds, args.rounds
+    seconds, rounds = args.seconds, args.rounds or DEFAULT_ROUNDS
     with scratch_dir(args.dir, "node-bench-peer-") as scratch:
         print(
             f"## node bench http --peer redis: {rounds} alternating rounds of {seconds} s, "

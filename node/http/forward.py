@@ -17,21 +17,29 @@ it and holds the body) and ``X-Request-Id`` (this node's id for the request, so 
 nodes' logs name it alike). Authorization passes unchanged: the owner checks the admin
 token as this node did.
 
-What comes back: the owner's status, its headers but the hop-by-hop ones, and its body
-chunk by chunk as it arrives (a long-poll read answers after up to ``max_long_poll_ms`` and
-can hold ``max_read_reply_bytes`` of frames: nothing is held whole). The owner's own errors
-(404, 409, a 503 of its own) pass through as it gave them.
+What comes back: the owner's status, its headers but the hop-by-hop ones, and its body.
+An answer of a known length up to ``WHOLE_ANSWER_MAX`` (64 KiB: a tail read's, an append's,
+an error) is read whole and written to the client at once, before the handler returns (the
+middlewares' metrics and log line come after it); a larger one streams chunk by chunk as it
+arrives (a read can hold ``max_read_reply_bytes`` of frames: nothing large is held whole).
+The owner's own errors (404, 409, a 503 of its own) pass through as it gave them.
+
+The client: reads (GETs without a body, long polls among them) go over keep-alive
+connections of their own (forwardpipe.py: a tailing consumer's entries cross this hop, and
+aiohttp's client objects cost each more event-loop time than the hop's sends); every other
+request goes through aiohttp's pooled client.
 
 When the owner does not answer: no connection (refused, unreachable, the connect timeout)
-or, for any request but an append, a connection that broke or stayed silent before the head
-of the answer -> 503 ``owner_unreachable`` (retryable: the owner's lease runs out, another
-node takes the stream over). A refused connection to an owner the node remembered is asked
-about once more first (the stream routes): an owner that stopped cleanly revoked its lease,
-and the node asked takes the stream over at once. An append (``POST .../entries``) whose
+or, for any request but an append, a connection that broke or stayed silent before the
+answer (its head; or its whole body, when read whole) -> 503 ``owner_unreachable``
+(retryable: the owner's lease runs out, another node takes the stream over). A refused
+connection to an owner the node remembered is asked about once more first (the stream
+routes): an owner that stopped cleanly revoked its lease, and the node asked takes the
+stream over at once. An append (``POST .../entries``) whose
 connection broke or timed out after it was sent may have been appended by the owner: 503
 ``append_outcome_unknown``, never "failed" (a retry may append it twice). A break in the
-middle of the answer's body aborts the client's connection: the client sees a truncated
-answer, never a complete-looking wrong one.
+middle of a streamed answer's body aborts the client's connection: the client sees a
+truncated answer, never a complete-looking wrong one.
 
 Timeouts: a connection within ``stream_forward_connect_timeout_s``; then the owner may be
 silent ``stream_forward_timeout_s``, plus a long poll's ``waitMs`` (at most
@@ -39,7 +47,7 @@ silent ``stream_forward_timeout_s``, plus a long poll's ``waitMs`` (at most
 the whole: a large answer to a slow client is bounded by ``reply_write_timeout_s``.
 
 Replicated streams' appends take aiohttp's route, not the fast lane (fastlane.py), so that
-``forward`` is the one client: aiohttp's, pooled, the answer streamed back.
+``forward`` is the one place that sends requests on.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Final
+from typing import Final, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -58,15 +66,19 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from node import logs
+from node.client.addpipe import address
 from node.client.protocol import EXPECT_NODE_HEADER
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
+from node.http.forwardpipe import Head, Pipe, PipeBroken, ReadPipes, request_head
 from node.http.middleware import REQUEST_ID_HEADER
+from node.http.replies import UNBLOCKED_REPLY
 from node.http.state import METRICS, SETTINGS
 from node.metrics import Metrics
 from node.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FORWARDED_BY: Final = "X-Forwarded-By"
 OWNER_UNREACHABLE: Final = "owner_unreachable"
@@ -102,7 +114,10 @@ _NO_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 # keepalive_timeout_s (75 s), so that a node never reuses one its owner is closing.
 POOL_KEEPALIVE_S = 15.0
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-ERROR_BODY_MAX = 64 * 1024  # a 503 up to this size is read to see whether it says not_owner
+# An answer up to this size is read whole and passed on in one write (a 503 to see whether it
+# says not_owner); a larger one streams. Below asyncio's 64 KiB high-water mark: the write of
+# one never waits on the client (node/http/replies.py).
+WHOLE_ANSWER_MAX = UNBLOCKED_REPLY
 
 
 def forwarded(request: web.BaseRequest) -> bool:
@@ -173,6 +188,14 @@ class OwnerMoved(Exception):
         self.url = url
 
 
+class _NotConnected(Exception):
+    """No connection to the owner could be made: nothing was sent."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
+
+
 class _OwnerLost(Exception):
     """The node a request was forwarded to lost the stream before it answered."""
 
@@ -180,20 +203,117 @@ class _OwnerLost(Exception):
         return "it lost the stream (its lease ended) before answering"
 
 
-async def _unless(
-    call: Awaitable[aiohttp.ClientResponse], lost: Awaitable[None]
-) -> aiohttp.ClientResponse:
-    """``call``'s answer, or _OwnerLost (``call`` cancelled) if ``lost`` comes first."""
-    answer, watch = asyncio.ensure_future(call), asyncio.ensure_future(lost)
+async def _unless(call: Awaitable[T], lost: Awaitable[None]) -> T:
+    """``call``'s answer, or _OwnerLost (``call`` cancelled) if ``lost`` comes first.
+    ``call`` runs in the caller's task (as asyncio.timeout does): a task of its own and a
+    wait on both cost the answer two more turns of a busy event loop."""
+    task = asyncio.current_task()
+    assert task is not None
+    watch = asyncio.ensure_future(lost)
+    fired = False
+
+    def on_lost(_: asyncio.Future[None]) -> None:
+        nonlocal fired
+        fired = True
+        task.cancel()
+
+    watch.add_done_callback(on_lost)
     try:
-        await asyncio.wait({answer, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await call
+    except asyncio.CancelledError:
+        if fired and task.uncancel() == 0:
+            raise _OwnerLost() from None
+        raise
     finally:
+        watch.remove_done_callback(on_lost)
         watch.cancel()
-        if not answer.done():
-            answer.cancel()
-    if answer.done() and not answer.cancelled():
-        return answer.result()
-    raise _OwnerLost()
+
+
+def _whole(request: web.Request, answer: _Answer, raise_moved: bool) -> bool:
+    """Whether the owner's answer is passed on whole (read, then written at once) rather
+    than streamed: one of a known length up to WHOLE_ANSWER_MAX (a tail read's, an append's:
+    one write of the reply instead of a head and chunks, the forward's cost on a tail read's
+    latency), for a client that has taken all it was sent before (the reply's write cannot
+    wait on it; replies.send's rule). A 503 that may say not_owner is read whole whatever
+    the client's state: it is not written to the client then."""
+    length = answer.length
+    if length is None or length > WHOLE_ANSWER_MAX:
+        return False
+    if raise_moved and answer.status == 503:
+        return True
+    transport = request.transport
+    return transport is not None and not transport.get_write_buffer_size()
+
+
+class _Answer:
+    """The owner's answer as the relay reads it: aiohttp's response (_ClientAnswer), or a
+    read pipe's (_PipeAnswer). Its body's reads raise _OwnerSilent on a break or a stall."""
+
+    status: int
+    reason: str | None
+    headers: Iterable[tuple[str, str]]
+    length: int | None  # of the body, None when not known ahead (chunked)
+
+    async def body(self) -> bytes:
+        raise NotImplementedError
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+
+class _ClientAnswer(_Answer):
+    def __init__(self, answer: aiohttp.ClientResponse) -> None:
+        self._answer = answer
+        self.status, self.reason = answer.status, answer.reason
+        self.headers = answer.headers.items()
+        chunked = "chunked" in answer.headers.get("Transfer-Encoding", "").lower()
+        self.length = None if chunked else answer.content_length
+
+    async def body(self) -> bytes:
+        try:
+            return await self._answer.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise _OwnerSilent(error) from error
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                chunk = await self._answer.content.readany()
+            except (aiohttp.ClientError, TimeoutError, OSError) as error:
+                raise _OwnerSilent(error) from error
+            if not chunk:
+                return
+            yield chunk
+
+
+class _PipeAnswer(_Answer):
+    """An answer on a read pipe; at most ``silence_s`` between two pieces of its body."""
+
+    def __init__(self, pipe: Pipe, head: Head, silence_s: float) -> None:
+        self._pipe, self._silence_s = pipe, silence_s
+        self.status, self.reason, self.headers = head.status, head.reason, head.headers
+        self.length = head.length
+
+    async def body(self) -> bytes:
+        whole = self._pipe.whole()
+        if whole is not None:  # no timer to set and cancel
+            return whole
+        try:
+            async with asyncio.timeout(self._silence_s):
+                return await self._pipe.body()
+        except (PipeBroken, TimeoutError) as error:
+            raise _OwnerSilent(error) from error
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                async with asyncio.timeout(self._silence_s):
+                    chunk = await self._pipe.chunk()
+            except (PipeBroken, TimeoutError) as error:
+                raise _OwnerSilent(error) from error
+            if not chunk:
+                return
+            yield chunk
 
 
 def _code(body: bytes) -> str | None:
@@ -209,6 +329,10 @@ def _code(body: bytes) -> str | None:
 def in_words(error: BaseException) -> str:
     """Why a request to another node got no answer, as an operator reads it: the OS's
     reason or the timeout that ran out, not an exception's repr."""
+    if isinstance(error, _NotConnected):
+        if isinstance(error.error, OSError) and not isinstance(error.error, TimeoutError):
+            return f"could not connect ({_os_reason(error.error)})"
+        return in_words(error.error)
     if isinstance(error, aiohttp.ClientConnectorError):
         return f"could not connect ({_os_reason(error.os_error)})"
     if isinstance(error, aiohttp.ConnectionTimeoutError):
@@ -227,7 +351,11 @@ def _os_reason(error: OSError) -> str:
 
 
 class _OwnerSilent(Exception):
-    """The owner's answer broke off or stalled after its head was passed on."""
+    """The owner's answer broke off or stalled after its head came."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(repr(error))
+        self.error = error
 
 
 class Forwarder:
@@ -238,6 +366,7 @@ class Forwarder:
         self._settings = settings
         self._node_id = settings.id
         self._session: aiohttp.ClientSession | None = None
+        self._pipes = ReadPipes()
         counter = metrics.stream_forwarded_requests
         # Every outcome's series from the start (0), on the nodes that forward: rate()
         # sees the first failure.
@@ -265,6 +394,7 @@ class Forwarder:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self._pipes.close()
 
     def _timeout(self, target: str) -> aiohttp.ClientTimeout:
         """Connect within ``stream_forward_connect_timeout_s``; then no silence longer than
@@ -328,6 +458,9 @@ class Forwarder:
         body = await request.read()
         data = body if body or request.method in _BODY_METHODS else None
         headers = request_headers(request.headers.items(), self._node_id)
+        where = address(base_url) if request.method == "GET" and not body else None
+        if where is not None:
+            return await self._read(request, base_url, where, headers, raise_moved, owner_lost)
         session = self._open()
         # A long poll forwarded ends with its client (as on the owner): the owner's
         # connection closes and its long poll ends too. Appends run to their end.
@@ -357,46 +490,100 @@ class Forwarder:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise self._failure(error, base_url, append) from None
         async with answer:
-            if raise_moved and answer.status == 503:
-                return await self._not_owner_or_relay(request, answer, base_url)
-            return await self._relay(request, answer, base_url)
+            return await self._answer(request, _ClientAnswer(answer), base_url, append, raise_moved)
 
-    async def _not_owner_or_relay(
-        self, request: web.Request, answer: aiohttp.ClientResponse, base_url: str
+    async def _answer(
+        self,
+        request: web.Request,
+        answer: _Answer,
+        base_url: str,
+        append: bool,
+        raise_moved: bool,
     ) -> web.StreamResponse:
-        """A 503: OwnerMoved if it says not_owner, else passed on as it came."""
-        length = answer.content_length
-        if length is None or length > ERROR_BODY_MAX:
+        """The owner's answer passed on: a small one read whole, then given as one reply
+        (OwnerMoved instead if it says not_owner, with ``raise_moved``: nothing has reached
+        the client if the owner breaks off meanwhile, which gets the 503 of an owner that did
+        not answer, not a cut answer); any other streamed (_relay)."""
+        if not _whole(request, answer, raise_moved):
             return await self._relay(request, answer, base_url)
         try:
-            body = await answer.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise self._failure(error, base_url, False) from None
+            body = await answer.body()
+        except _OwnerSilent as error:
+            raise self._failure(error.error, base_url, append, connected=True) from None
         self._count("ok")
-        if _code(body) == NOT_OWNER:
+        if raise_moved and answer.status == 503 and _code(body) == NOT_OWNER:
             raise OwnerMoved(base_url)
-        headers = response_headers(answer.headers.items())
+        headers = response_headers(answer.headers)
         rid = logs.request_id.get()
-        if rid:
+        if rid:  # the middleware names only replies not yet prepared; the owner echoed it
             headers[REQUEST_ID_HEADER] = rid
-        return web.Response(status=answer.status, reason=answer.reason, body=body, headers=headers)
+        reply = web.Response(status=answer.status, reason=answer.reason, body=body, headers=headers)
+        # Written here, not by aiohttp once the handler and the middlewares have returned
+        # (their metrics and logs would come first): a tail read's entry is on its way sooner.
+        await reply.prepare(request)
+        await reply.write_eof()
+        return reply
+
+    async def _read(
+        self,
+        request: web.Request,
+        base_url: str,
+        where: tuple[str, int, bytes],
+        headers: CIMultiDict[str],
+        raise_moved: bool,
+        owner_lost: Callable[[], Awaitable[None]] | None,
+    ) -> web.StreamResponse:
+        """``forward`` for a GET without a body, over a read pipe (forwardpipe.py)."""
+        host, port, host_header = where
+        target = request.raw_path
+        settings = self._settings
+        pipe: Pipe | None = None
+        try:
+            # As on the owner, a long poll ends with its client: the pipe closes, and the
+            # owner's long poll ends too.
+            with cancelled_on_hangup(request):
+                try:
+                    async with asyncio.timeout(settings.stream_forward_connect_timeout_s):
+                        pipe = await self._pipes.connection(host, port)
+                except TimeoutError:
+                    raise _NotConnected(aiohttp.ConnectionTimeoutError()) from None
+                except OSError as error:
+                    if raise_moved:  # nothing listens there: as forward() says
+                        self._count("unreachable")
+                        raise OwnerMoved(base_url) from None
+                    raise _NotConnected(error) from None
+                pipe.send(request_head(target, host_header.decode(), headers.items()))
+                async with asyncio.timeout(
+                    settings.stream_forward_timeout_s + _wait_s(target, settings)
+                ):
+                    head = await (
+                        pipe.head() if owner_lost is None else _unless(pipe.head(), owner_lost())
+                    )
+            answer = _PipeAnswer(pipe, head, settings.stream_forward_timeout_s)
+            return await self._answer(request, answer, base_url, False, raise_moved)
+        except _NotConnected as error:
+            raise self._failure(error, base_url, False, connected=False) from None
+        except (PipeBroken, TimeoutError, _OwnerLost) as error:
+            raise self._failure(error, base_url, False) from None
+        finally:
+            if pipe is not None and pipe.out:  # the answer was not read whole: never reused
+                pipe.abort("its answer was left unread")
 
     async def _relay(
-        self, request: web.Request, answer: aiohttp.ClientResponse, base_url: str
+        self, request: web.Request, answer: _Answer, base_url: str
     ) -> web.StreamResponse:
         reply = web.StreamResponse(status=answer.status, reason=answer.reason)
-        reply.headers.extend(response_headers(answer.headers.items()))
+        reply.headers.extend(response_headers(answer.headers))
         rid = logs.request_id.get()
         if rid:  # the middleware names only replies not yet prepared; the owner echoed it
             reply.headers[REQUEST_ID_HEADER] = rid
-        chunked = "chunked" in answer.headers.get("Transfer-Encoding", "").lower()
-        if answer.content_length is not None and not chunked:
-            reply.content_length = answer.content_length  # the client knows when it is whole
+        if answer.length is not None:
+            reply.content_length = answer.length  # the client knows when it is whole
         write_timeout_s = self._settings.reply_write_timeout_s
         outcome = "ok"  # the owner answered (a client that then hung up or stalled: still ok)
         try:
             await reply.prepare(request)
-            async for chunk in _chunks(answer):
+            async for chunk in answer.chunks():
                 async with asyncio.timeout(write_timeout_s):
                     await reply.write(chunk)
             await reply.write_eof()
@@ -421,19 +608,6 @@ class Forwarder:
         finally:
             self._count(outcome)
         return reply
-
-
-async def _chunks(answer: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The answer's body as it arrives; a break or a stall of the owner is _OwnerSilent
-    (a failure of the client's side, a write, is not caught here)."""
-    while True:
-        try:
-            chunk = await answer.content.readany()
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise _OwnerSilent(repr(error)) from error
-        if not chunk:
-            return
-        yield chunk
 
 
 def _abort(request: web.Request) -> None:

@@ -5,7 +5,6 @@ session serves the module; the job also runs once through spark-submit."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from node.audit import CHECKS, FLEET_CHECKS, job, ranges, snapshot, source
 from node.storage import entrylog, logformat
 from tests.audit import world as w
+from tests.harness.spark import spark_env
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 # These copies are of a node without a metadata store: no replicated ledger, no metadata for
 # the replicas check (tests/audit/test_replicas.py), which therefore does not run.
 NODE_CHECKS = [c for c in CHECKS if c not in FLEET_CHECKS]
-SPLIT_BYTES = 16 * 1024  # several tasks per 64 KiB log: ranges start mid-record
+SPLIT_BYTES = 32 * 1024  # two tasks per 64 KiB log: the second starts mid-record
 VENV_BIN = Path(sys.executable).parent
 WHOLE_LOG_BYTES = 1 << 30  # one range per (64 KiB) log
 
@@ -139,13 +139,7 @@ def test_spark_submit_runs_the_same_job(base: w.World, tmp_path: Path) -> None:
     faulty = w.copy(base, tmp_path / "data")
     w.flip_payload_byte(faulty, base.plain[0], 1)
     out = tmp_path / "out"
-    env = {
-        **os.environ,
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYTHONPATH": str(REPO),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
+    env = spark_env(PYTHONPATH=str(REPO))
     result = subprocess.run(
         [
             str(VENV_BIN / "spark-submit"),

@@ -38,17 +38,21 @@ def neutral_env() -> dict[str, str]:
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_bench(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """``python -m node bench ARGS`` from the repository, on a host-disk-neutral node.
-    ``timeout_s`` only stops a hang; it asserts nothing about speed."""
-    return run_node("bench", *args, timeout_s=timeout_s)
+def run_bench(
+    *args: str, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m node bench ARGS`` from the repository, on a host-disk-neutral node, with
+    ``env`` added. ``timeout_s`` only stops a hang; it asserts nothing about speed."""
+    return run_node("bench", *args, timeout_s=timeout_s, env=env)
 
 
-def run_node(*args: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def run_node(
+    *args: str, timeout_s: float, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """``python -m node ARGS`` from the repository, host-disk-neutral, to its end."""
     return subprocess.run(
         [sys.executable, "-m", "node", *args],
-        env=neutral_env(),
+        env={**neutral_env(), **(env or {})},
         cwd=REPO,
         capture_output=True,
         text=True,

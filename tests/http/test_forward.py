@@ -34,6 +34,7 @@ from tests.harness.settings import make_settings
 
 NODE_ID = "node-a"
 BEHAVE = "X-Test-Behave"  # what the test owner does with a request (it passes through)
+LENGTH = "X-Test-Length"  # "die-mid-body": the Content-Length of the answer it breaks off
 BIG = 8 * 1024 * 1024  # a large streamed answer: bytes
 PIECE = 64 * 1024
 IN_FLIGHT = 200
@@ -101,7 +102,7 @@ class Owner:
             await asyncio.sleep(10)
         if behave == "die-mid-body":
             reply = web.StreamResponse()
-            reply.content_length = 1000
+            reply.content_length = int(request.headers.get(LENGTH, "1000"))
             await reply.prepare(request)
             await reply.write(b"x" * 100)
             await reply.drain()
@@ -444,14 +445,33 @@ async def test_an_owner_silent_after_an_append_leaves_it_unknown(setup: Setup) -
     await asyncio.wait_for(owner.hung_up.wait(), 5)  # its connection was closed
 
 
-async def test_an_answer_cut_by_the_owner_is_cut_for_the_client(setup: Setup) -> None:
+async def test_a_large_answer_cut_by_the_owner_is_cut_for_the_client(setup: Setup) -> None:
     client, _ = setup
-    response = await client.get("/api/v1/streams/orders/entries", headers={BEHAVE: "die-mid-body"})
-    assert response.status == 200 and response.headers["Content-Length"] == "1000"
+    length = forward.WHOLE_ANSWER_MAX + 1  # streamed: its head is passed on before its body
+    response = await client.get(
+        "/api/v1/streams/orders/entries", headers={BEHAVE: "die-mid-body", LENGTH: str(length)}
+    )
+    assert response.status == 200 and response.headers["Content-Length"] == str(length)
     with pytest.raises(aiohttp.ClientPayloadError):
         await response.read()
     assert _count(client, "unreachable") == 1
     # The node goes on serving.
+    response = await client.get("/api/v1/streams/orders")
+    assert response.status == 207
+
+
+async def test_a_small_answer_cut_by_the_owner_is_unreachable(setup: Setup) -> None:
+    """An answer read whole before any of it is passed on: cut, the client gets the 503 of
+    an owner that did not answer (retryable), and an append's stays unknown."""
+    client, _ = setup
+    response = await client.get("/api/v1/streams/orders/entries", headers={BEHAVE: "die-mid-body"})
+    body = await _error(response, "owner_unreachable")
+    assert "connection" in body["message"].lower() or "payload" in body["message"].lower(), body
+    response = await client.post(
+        "/api/v1/streams/orders/entries", data=b"x", headers={BEHAVE: "die-mid-body"}
+    )
+    await _error(response, "append_outcome_unknown")
+    assert _count(client, "unreachable") == 1 and _count(client, "unknown") == 1
     response = await client.get("/api/v1/streams/orders")
     assert response.status == 207
 

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -240,6 +240,25 @@ def _updated_after(page: Page, after_ms: float) -> None:
     )
 
 
+def _until_agreed(
+    page: Page,
+    node: NodeProcess,
+    summary: dict[str, Any],
+    differences: Callable[[dict[str, Any]], list[tuple[str, Any, Any]]],
+) -> dict[str, Any]:
+    """The summary the page agrees with. Some figures move with no request (a timed
+    checkpoint writes the WAL, retention drops a ledger on its own timer): on a difference
+    the page is compared again against a summary read before its next refresh, until both
+    agree (AssertionError naming the differences past AT_REST_TIMEOUT_S)."""
+    deadline = time.monotonic() + AT_REST_TIMEOUT_S
+    while differ := differences(summary):
+        assert time.monotonic() < deadline, differ
+        asked_ms = time.time() * 1000
+        summary = node.get_json("/api/v1/status/summary")
+        _updated_after(page, asked_ms)
+    return summary
+
+
 def test_the_page_loads_with_no_console_error_and_no_failed_request(
     browser: Any, node: NodeProcess, world: dict[str, Any]
 ) -> None:
@@ -301,12 +320,19 @@ def test_its_numbers_equal_the_json_apis(
         "state",
         "version",
     ]
-    for name in fields:
-        expected = summary
-        for key in name.split("."):
-            expected = expected[key]
-        shown = _field(page, f'[data-src="summary"][data-field="{name}"]')
-        assert shown == expected, (name, shown, expected)
+
+    def differences(summary: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        differ = []
+        for name in fields:
+            expected = summary
+            for key in name.split("."):
+                expected = expected[key]
+            shown = _field(page, f'[data-src="summary"][data-field="{name}"]')
+            if shown != expected:
+                differ.append((name, shown, expected))
+        return differ
+
+    summary = _until_agreed(page, node, summary, differences)
     # Without a metadata store the header names the node by its WAL node id.
     assert _field(page, "#node-id") == str(summary["nodeId"])
     adds = summary["counters"]["adds"]
@@ -317,24 +343,18 @@ def test_its_numbers_equal_the_json_apis(
     assert _field(page, '[data-src="entrylogs"][data-field="logs.length"]') == len(logs["logs"])
     for log in logs["logs"]:
         assert page.locator(f'#logmap [data-log="{log["logId"]}"]').count() == 1
-    # A backlog moves with no request (retention drops a ledger on its own timer): compared
-    # against a summary read before the page's next refresh, until both agree.
-    deadline = time.monotonic() + AT_REST_TIMEOUT_S
-    while True:
+
+    def backlogs_differ(summary: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         cursors = {c["name"]: c for c in summary["streams"][0]["cursors"]}
         assert cursors["audit"]["backlogEntries"] > 0
-        rows = {
-            name: f'#streams tr[data-cursor="{name}"] [data-field="backlogEntries"]'
-            for name in cursors
-        }
-        shown = {name: _field(page, row) for name, row in rows.items()}
-        expected = {name: cursor["backlogEntries"] for name, cursor in cursors.items()}
-        if shown == expected or time.monotonic() > deadline:
-            break
-        asked_ms = time.time() * 1000
-        summary = node.get_json("/api/v1/status/summary")
-        _updated_after(page, asked_ms)
-    assert shown == expected
+        differ = []
+        for name, cursor in cursors.items():
+            row = f'#streams tr[data-cursor="{name}"] [data-field="backlogEntries"]'
+            if (shown := _field(page, row)) != cursor["backlogEntries"]:
+                differ.append((name, shown, cursor["backlogEntries"]))
+        return differ
+
+    _until_agreed(page, node, summary, backlogs_differ)
     latest = history["samples"][-1]
     assert _field(page, '#charts [data-field="addsPerSecond"]') == latest["addsPerSecond"] == 0
     page.context.close()
