@@ -812,15 +812,19 @@ def _unwrapped(entry: bytes) -> bytes:
 
 
 def unplaced_appends(history: Iterable[Op]) -> frozenset[str]:
-    """Digests of the appends that were not acknowledged (``info``, ``fail``, or invoked and
-    never answered): their bytes may sit past a closed ledger's end on a replica, and the
-    history cannot say in which ledger. A paused owner's add reaches its own copy and is
-    fenced at the others: recovery ends the ledger before it, and the owner, no longer the
+    """Digests of the appends sent more often than acknowledged (``info``, ``fail``, or
+    invoked and never answered): their bytes may sit past a closed ledger's end on a replica,
+    and the history cannot say in which ledger. A paused owner's add reaches its own copy and
+    is fenced at the others: recovery ends the ledger before it, and the owner, no longer the
     owner, turns the append away (``not_owner``: a failure, and a true one, as the stream
-    will never hold it)."""
-    unplaced: set[str] = set()
-    acked: set[str] = set()
+    will never hold it). A producer's append (``producers``) sent again with the same payload
+    after such an answer, and acknowledged then, counts too: its first attempt's bytes may be
+    such a leftover, past another ledger's end."""
+    sent: dict[str, int] = {}
+    acked: dict[str, int] = {}
     for op in history:
-        if op.f in ("append", "append_batch"):
-            (acked if op.type == "ok" else unplaced).update(op.digests())
-    return frozenset(unplaced - acked)
+        if op.f in ("append", "append_batch") and op.type in ("invoke", "ok"):
+            counts = sent if op.type == "invoke" else acked
+            for d in op.digests():
+                counts[d] = counts.get(d, 0) + 1
+    return frozenset(d for d, n in sent.items() if n > acked.get(d, 0))
