@@ -12,7 +12,9 @@ is answered 200 with ``X-Duplicate: true`` and the position it got the first tim
 The stream's ``deduplication`` policy must be on (else 409 ``deduplication_off``). A producer
 id names one sequence: a producer that restarts goes on from the id after its last
 acknowledged one (``next_sequence``; a smaller one is answered as a duplicate), or takes a
-new producer id. 4xx answers (bad headers, a batch overlapping stored ids, too many
+new producer id. ``resume()`` (or ``resume=True``, on entering ``async with``) asks the
+stream for that id (``GET .../producers/{id}``, Pulsar's getLastSequenceId) and goes on
+after it. 4xx answers (bad headers, a batch overlapping stored ids, too many
 producers) are refusals: ``ProducerRefused``, nothing stored.
 
 Only aiohttp: no import of the node (this is the client library's floor).
@@ -35,6 +37,7 @@ OCTET = "application/octet-stream"  # node.wire's OCTET_CONTENT_TYPE
 BATCH = "application/x-entry-batch"  # node.wire's BATCH_CONTENT_TYPE (encode_batch)
 TIMEOUT_S = 30.0  # one attempt; past it the outcome is unknown and the append is sent again
 RETRY_PAUSE_S = 0.2  # between two attempts (an owner being replaced answers 503 a while)
+PRODUCER_NOT_FOUND = "producer_not_found"  # the stream holds no append of the producer
 
 
 class ProducerRefused(Exception):
@@ -74,6 +77,7 @@ class StreamProducer:
         timeout_s: float = TIMEOUT_S,
         retry_pause_s: float = RETRY_PAUSE_S,
         max_attempts: int | None = None,
+        resume: bool = False,
     ) -> None:
         self._urls = itertools.cycle([urls] if isinstance(urls, str) else list(urls))
         self.stream = stream
@@ -86,6 +90,7 @@ class StreamProducer:
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()  # one append at a time: ids go out in order
         self.retries = 0  # attempts after the first, over every append
+        self._resume = resume  # on entering: next_sequence from the stream (resume())
 
     async def append(self, payload: bytes) -> Appended:
         return await self._send(payload, OCTET, 1)
@@ -120,14 +125,60 @@ class StreamProducer:
                 self.retries += 1
                 await asyncio.sleep(self._pause_s)
 
+    async def resume(self) -> int:
+        """Go on after the highest sequence id of this producer the stream holds (its
+        appends still in flight settle first), or from ``next_sequence`` if that is higher;
+        a producer it does not know (never appended, or forgotten once idle) keeps
+        ``next_sequence``. Asked again, of the next URL, after any answer but a reply or a
+        4xx. The next id to send."""
+        attempt = 0
+        while True:
+            attempt += 1
+            known, last = await self._last(next(self._urls))
+            if known:
+                if last is not None:
+                    self.next_sequence = max(self.next_sequence, last + 1)
+                return self.next_sequence
+            if self._max_attempts is not None and attempt >= self._max_attempts:
+                raise TimeoutError(
+                    f"last sequence id of {self.producer_id}: no answer in {attempt} attempts"
+                )
+            self.retries += 1
+            await asyncio.sleep(self._pause_s)
+
+    async def _last(self, url: str) -> tuple[bool, int | None]:
+        """One ask: (True, the last id, or None for a producer the stream does not know), or
+        (False, None) without an answer."""
+        try:
+            async with self._open().get(
+                f"{url}/api/v1/streams/{self.stream}/producers/{self.producer_id}",
+                headers=self._auth,
+                timeout=self._timeout,
+            ) as response:
+                raw = await response.read()
+                status = response.status
+        except (TimeoutError, aiohttp.ClientError, ConnectionError):
+            return False, None
+        if status == 200:
+            return True, int(json.loads(raw)["lastSequenceId"])
+        if 400 <= status < 500:
+            refused = _refusal(status, raw)
+            if refused.code == PRODUCER_NOT_FOUND:
+                return True, None
+            raise refused
+        return False, None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
     async def _attempt(
         self, url: str, body: bytes, headers: dict[str, str], count: int
     ) -> tuple[str | None, str | None, bool] | None:
         """One send: (first, last, duplicate), or None when the outcome is unknown."""
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         try:
-            async with self._session.post(
+            async with self._open().post(
                 f"{url}/api/v1/streams/{self.stream}/entries",
                 data=body,
                 headers=headers,
@@ -144,12 +195,7 @@ class StreamProducer:
                 return reply["position"], reply["position"], duplicate
             return reply["firstPosition"], reply["lastPosition"], duplicate
         if 400 <= status < 500:
-            try:
-                error = json.loads(raw)
-                code, message = str(error["code"]), str(error["message"])
-            except (ValueError, KeyError, TypeError):
-                code, message = f"http_{status}", raw[:200].decode("utf-8", "replace")
-            raise ProducerRefused(status, code, message)
+            raise _refusal(status, raw)
         return None  # 5xx: refused before anything happened, or unknown; either way again
 
     async def close(self) -> None:
@@ -158,6 +204,12 @@ class StreamProducer:
             self._session = None
 
     async def __aenter__(self) -> StreamProducer:
+        if self._resume:
+            try:
+                await self.resume()
+            except BaseException:
+                await self.close()
+                raise
         return self
 
     async def __aexit__(
@@ -167,3 +219,13 @@ class StreamProducer:
         traceback: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def _refusal(status: int, raw: bytes) -> ProducerRefused:
+    """A 4xx answer as the error it is (its JSON code and message, when it has them)."""
+    try:
+        error = json.loads(raw)
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = f"http_{status}", raw[:200].decode("utf-8", "replace")
+    return ProducerRefused(status, code, message)

@@ -65,12 +65,14 @@ STATUSES: dict[int, Status] = {
     ),
     404: Status(
         "No such ledger, entry or route; an autorecovery route on a node without a metadata "
-        "store (replication_off); no such audit snapshot or file in it",
+        "store (replication_off); no such audit snapshot or file in it; no persisted append "
+        "of a stream's producer (producer_not_found)",
         (
             storage_errors.LedgerNotFound,
             storage_errors.EntryNotFound,
             stream_errors.StreamNotFound,
             stream_errors.CursorNotFound,
+            stream_errors.ProducerNotFound,
         ),
         "not_found",
     ),

@@ -563,6 +563,16 @@ class Appended(Reply):
     position: Position
 
 
+class ProducerSequence(Reply):
+    """GET /api/v1/streams/{name}/producers/{producerId}: where the producer resumes."""
+
+    producerId: Annotated[str, Field(pattern=NAME_PATTERN)]
+    lastSequenceId: Annotated[
+        int, Field(ge=0, le=MAX_ID, description="The highest id the stream holds")
+    ]
+    position: Annotated[Position, Field(description="Where that id's entry is stored")]
+
+
 class AppendedBatch(Reply):
     """A batch lands in one ledger at consecutive entry ids: first and last name them all."""
 
@@ -1084,6 +1094,7 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     StreamList,
     Appended,
     AppendedBatch,
+    ProducerSequence,
     RetentionResult,
     GcStatus,
     BookieState,

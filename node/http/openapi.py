@@ -575,6 +575,25 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                 "responses": {"200": frames, **_errors(400, 404, 422, *OFFLOAD_READ_ERRORS)},
             },
         },
+        "/api/v1/streams/{name}/producers/{producerId}": {
+            "parameters": [
+                name,
+                {
+                    "name": "producerId",
+                    "in": "path",
+                    "required": True,
+                    "example": "billing-1",
+                    "schema": {"type": "string", "pattern": models.NAME_PATTERN},
+                },
+            ],
+            "get": {
+                "summary": "A producer's last sequence id the stream holds (where it resumes)",
+                "responses": {
+                    "200": _json(_ref("ProducerSequence"), "Its highest id and that entry's place"),
+                    **_errors(400, 404, 409),
+                },
+            },
+        },
         "/api/v1/streams/{name}/cursors/{cursor}": {
             "parameters": [name, cursor],
             "put": {

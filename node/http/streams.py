@@ -29,7 +29,7 @@ from node.streams.dedup import (
     parse_producer,
 )
 from node.streams.manager import Read, StreamManager, parse_position
-from node.streams.model import Cursor, LedgerInfo, Position, Replication, Stream
+from node.streams.model import NAME, Cursor, LedgerInfo, Position, Replication, Stream
 from node.wire import (
     BATCH_CONTENT_TYPE,
     JSON_CONTENT_TYPE,
@@ -384,6 +384,24 @@ async def add(
             LINE_END,
         ), duplicate
     return b'{"position": "%s"}%s' % (str(positions[0]).encode(), LINE_END), duplicate
+
+
+@routes.get("/api/v1/streams/{name}/producers/{producerId}")
+@served()
+async def get_producer(request: web.Request) -> web.Response:
+    """Pulsar's getLastSequenceId: where a restarting producer resumes (node.streams.dedup)."""
+    producer = request.match_info["producerId"]
+    if not NAME.fullmatch(producer):
+        raise ApiError(
+            400,
+            "invalid_producer_id",
+            f"a producer id is 1-255 of [A-Za-z0-9._-], not {producer[:60]!r}",
+        )
+    last, position = await _streams(request).last_sequence(_name(request), producer)
+    reply = models.ProducerSequence(
+        producerId=producer, lastSequenceId=last, position=str(position)
+    )
+    return json_response(reply.to_json())
 
 
 @routes.get("/api/v1/streams/{name}/entries")

@@ -47,7 +47,7 @@ digests as ``unplaced``: past an end such bytes are leftovers too, never in a le
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,11 @@ from node.jepsen.workload import ask_replicas
 
 READERS = 3  # fresh clients that read every ledger back, each from its own node order
 PAST_END_PROBES = 2  # ids past lastEntryId a reader asks for (each must be refused)
+
+
+# Given a ledger's metadata (Client.ledger_metadata), how to take the payload out of one of
+# its entries as stored (None: the entry is the payload): a deduplicating stream's header.
+Payload = Callable[[Mapping[str, Any]], Callable[[bytes], bytes] | None]
 
 
 @dataclass
@@ -327,23 +332,30 @@ def _check_view(view: Observation, exp: _Expected, bad: Any) -> None:
             bad("phantom", entry, f"{name}: bytes no add wrote")
 
 
-async def observe(client: Client, reader: str, ledger_id: int) -> Observation:
+async def observe(
+    client: Client, reader: str, ledger_id: int, payload: Payload | None = None
+) -> Observation:
     """What ``client`` reads of ``ledger_id``: its metadata's state, lastEntryId, every entry
     up to it and what each node of the last ensemble serves past it (asked directly: the
-    client itself refuses ids past the end). Nothing is fenced or recovered."""
+    client itself refuses ids past the end). Nothing is fenced or recovered. ``payload``:
+    given the ledger's metadata, what of each entry's bytes the history's digests are of
+    (None: all of them)."""
     try:
         meta = await client.ledger_metadata(ledger_id)
         handle = await client.open_ledger(ledger_id)
         last = handle.last_entry_id
-        entries = [(e, payload) async for e, payload in handle.read(0, last)]
+        entries = [(e, data) async for e, data in handle.read(0, last)]
     except ClientError as error:
         return Observation(reader, error=f"{type(error).__name__}: {error}")
+    of = None if payload is None else payload(meta)
+    if of is not None:
+        entries = [(e, of(data)) for e, data in entries]
     seen = Observation.of(reader, meta["state"], last, entries)
     nodes = list(handle.metadata.last_segment.ensemble)
     for entry in range(last + 1, last + 1 + PAST_END_PROBES):
         for node, answer in (await ask_replicas(client, ledger_id, entry, nodes)).items():
             if isinstance(answer, bytes):
-                seen.past_end.append((entry, node, digest(answer)))
+                seen.past_end.append((entry, node, digest(answer if of is None else of(answer))))
             elif not answer.absent:
                 seen.probe_errors += 1
     return seen
@@ -355,10 +367,11 @@ async def check_cluster(
     readers: int = READERS,
     address_override: Mapping[str, str] | None = None,
     unplaced: frozenset[str] = frozenset(),
+    payload: Payload | None = None,
 ) -> Verdict:
     """Reads every ledger of ``history`` with ``readers`` fresh clients, each trying replicas
     in its own seeded order, and checks what they saw against the history (``unplaced``: as
-    ``check`` takes it)."""
+    ``check`` takes it; ``payload``: as ``observe`` takes it)."""
     ledgers = sorted({op.ledger for op in history if op.ledger is not None})
     observed: dict[int, list[Observation]] = {lid: [] for lid in ledgers}
     for i in range(readers):
@@ -366,5 +379,5 @@ async def check_cluster(
             metadata_url, address_override=address_override, rng=random.Random(i)
         ) as client:
             for lid in ledgers:
-                observed[lid].append(await observe(client, f"reader{i}", lid))
+                observed[lid].append(await observe(client, f"reader{i}", lid, payload))
     return check(history, observed, unplaced)

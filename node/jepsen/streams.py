@@ -38,7 +38,8 @@ entries the final cursor read back are the stream: what a reader got during the 
 judged against them.
 ``check_stream_ledgers`` goes one level down: the closed ledgers of the stream, read from
 their replicas by fresh clients, are checked by the replicated ledgers' checker (checker.py)
-against the acknowledged appends and what the cursor read.
+against the acknowledged appends and what the cursor read (a deduplicating stream's entries
+behind their producer header, taken off with node/streams/dedup.py's decoder).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import asyncio
 import itertools
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +56,7 @@ import aiohttp
 
 from node.jepsen.checker import Verdict, Violation, check_cluster
 from node.jepsen.history import History, Op, OpFunction, OpType, digest, merge
+from node.streams.dedup import ENVELOPE_MARK, ENVELOPE_PROPERTY, BadEnvelope, strip_envelope
 from node.streams.model import Position
 from node.wire import (
     BATCH_CONTENT_TYPE,
@@ -788,19 +790,41 @@ async def check_stream_ledgers(
     on each one's end, find it CLOSED with no gap, nothing served past its end, every
     acknowledged append at its position and nothing the cursor did not read."""
     ledger_history = as_ledger_history(history, read_back, closed)
-    return await check_cluster(ledger_history, metadata_url, unplaced=unplaced_appends(history))
+    return await check_cluster(
+        ledger_history, metadata_url, unplaced=unplaced_appends(history), payload=stored_payload
+    )
+
+
+def stored_payload(meta: Mapping[str, Any]) -> Callable[[bytes], bytes] | None:
+    """A deduplicating stream's ledger (marked so in its properties) stores each payload
+    behind a producer header (node/streams/dedup.py): the checker compares what is behind
+    it. Bytes without the header stay as they are (a digest no append has: a phantom)."""
+    if meta.get("properties", {}).get(ENVELOPE_PROPERTY) != ENVELOPE_MARK:
+        return None
+    return _unwrapped
+
+
+def _unwrapped(entry: bytes) -> bytes:
+    try:
+        return strip_envelope(entry)
+    except BadEnvelope:
+        return entry
 
 
 def unplaced_appends(history: Iterable[Op]) -> frozenset[str]:
-    """Digests of the appends that were not acknowledged (``info``, ``fail``, or invoked and
-    never answered): their bytes may sit past a closed ledger's end on a replica, and the
-    history cannot say in which ledger. A paused owner's add reaches its own copy and is
-    fenced at the others: recovery ends the ledger before it, and the owner, no longer the
+    """Digests of the appends sent more often than acknowledged (``info``, ``fail``, or
+    invoked and never answered): their bytes may sit past a closed ledger's end on a replica,
+    and the history cannot say in which ledger. A paused owner's add reaches its own copy and
+    is fenced at the others: recovery ends the ledger before it, and the owner, no longer the
     owner, turns the append away (``not_owner``: a failure, and a true one, as the stream
-    will never hold it)."""
-    unplaced: set[str] = set()
-    acked: set[str] = set()
+    will never hold it). A producer's append (``producers``) sent again with the same payload
+    after such an answer, and acknowledged then, counts too: its first attempt's bytes may be
+    such a leftover, past another ledger's end."""
+    sent: dict[str, int] = {}
+    acked: dict[str, int] = {}
     for op in history:
-        if op.f in ("append", "append_batch"):
-            (acked if op.type == "ok" else unplaced).update(op.digests())
-    return frozenset(unplaced - acked)
+        if op.f in ("append", "append_batch") and op.type in ("invoke", "ok"):
+            counts = sent if op.type == "invoke" else acked
+            for d in op.digests():
+                counts[d] = counts.get(d, 0) + 1
+    return frozenset(d for d, n in sent.items() if n > acked.get(d, 0))

@@ -76,6 +76,8 @@ def enveloped(payloads: list[bytes], producer: str | None, first: int) -> list[b
     name = producer.encode()
     prefix = _HEAD.pack(ENVELOPE_VERSION, len(name)) + name
     pack = _SEQUENCE.pack
+    if len(payloads) == 1:  # most appends
+        return [prefix + pack(first) + payloads[0]]
     return [prefix + pack(sequence) + payload for sequence, payload in enumerate(payloads, first)]
 
 
@@ -96,7 +98,14 @@ def open_envelope(entry: bytes) -> tuple[str | None, int, bytes]:
 
 
 def strip_envelope(entry: bytes) -> bytes:
-    return open_envelope(entry)[2]
+    """The payload of an entry written with ``envelope_head`` (every read of a deduplicating
+    stream's ledger: the producer's name is not decoded)."""
+    if len(entry) >= _HEAD.size and entry[0] == ENVELOPE_VERSION:
+        length = entry[1]
+        start = _HEAD.size + length + (_SEQUENCE.size if length else 0)
+        if len(entry) >= start:
+            return entry[start:]
+    return open_envelope(entry)[2]  # malformed: its BadEnvelope says how
 
 
 # --- request headers -------------------------------------------------------------------------
@@ -163,6 +172,7 @@ class Flight:
     first: int
     last: int
     done: asyncio.Future[tuple[int, list[int]]]  # its ledger and entry ids, once stored
+    sent: asyncio.Future[list[int]] | None = None  # its last add sent to a ledger
 
 
 @dataclass(slots=True)
@@ -172,6 +182,9 @@ class Check:
 
     positions: list[Position] | None = None
     wait: Flight | None = None
+
+
+NEW = Check()  # a new append: shared, never changed
 
 
 class SequenceOverlap(ValueError):
@@ -189,8 +202,12 @@ class Table:
     flights: dict[str, list[Flight]] = field(default_factory=dict)
 
     def check(self, producer: str, first: int, count: int) -> Check:
+        known = self.producers.get(producer)
+        flights = self.flights.get(producer)
+        if flights is None and (known is None or first > known.highest):
+            return NEW  # the usual case: the producer's next id, nothing of it in flight
         last = first + count - 1
-        for flight in self.flights.get(producer, ()):
+        for flight in flights or ():
             if first <= flight.last and last >= flight.first:
                 if (first, last) != (flight.first, flight.last):
                     raise SequenceOverlap(
@@ -198,7 +215,6 @@ class Table:
                         f"{flight.first}..{flight.last}, an append in flight"
                     )
                 return Check(wait=flight)
-        known = self.producers.get(producer)
         if known is None or first > known.highest:
             pushed = self.highest_pushed(producer)
             if first > pushed:
@@ -219,6 +235,15 @@ class Table:
             return Check(positions=[Position(known.at.ledger_id, start + i) for i in range(count)])
         return Check(positions=[])
 
+    def last(self, producer: str) -> tuple[int, Position] | None:
+        """Pulsar's getLastSequenceId: ``producer``'s highest persisted id and where it is
+        stored (the end of its last run); None for a producer the table does not know."""
+        known = self.producers.get(producer)
+        if known is None:
+            return None
+        at = known.at
+        return known.highest, Position(at.ledger_id, at.entry_id + known.highest - known.first)
+
     def tracked(self) -> int:
         """Producers known or with an append in flight."""
         return len(self.producers) + sum(1 for name in self.flights if name not in self.producers)
@@ -227,11 +252,17 @@ class Table:
         """The highest id persisted or in flight (-1: none)."""
         known = self.producers.get(producer)
         top = -1 if known is None else known.highest
-        return max([top, *(f.last for f in self.flights.get(producer, ()))])
+        for flight in self.flights.get(producer, ()):
+            top = max(top, flight.last)
+        return top
 
     def push(self, producer: str, first: int, count: int) -> Flight:
         flight = Flight(first, first + count - 1, asyncio.get_running_loop().create_future())
-        self.flights.setdefault(producer, []).append(flight)
+        flights = self.flights.get(producer)
+        if flights is None:
+            self.flights[producer] = [flight]
+        else:
+            flights.append(flight)
         return flight
 
     def land(self, producer: str, flight: Flight) -> None:
@@ -244,8 +275,12 @@ class Table:
     def record(self, producer: str | None, first: int, at: Position, count: int, now: int) -> None:
         """An append (or a replayed entry) stored at ``at``..; ``producer`` None: without
         producer headers (only ``through`` moves)."""
-        last_position = Position(at.ledger_id, at.entry_id + count - 1)
-        self.through = max(self.through, last_position)
+        ledger_id, last_entry = at.ledger_id, at.entry_id + count - 1
+        through = self.through
+        if ledger_id > through.ledger_id or (
+            ledger_id == through.ledger_id and last_entry > through.entry_id
+        ):
+            self.through = Position(ledger_id, last_entry)
         self.since_snapshot += count
         if producer is None:
             return
@@ -254,8 +289,10 @@ class Table:
         if known is None:
             self.producers[producer] = Producer(last, first, at, now)
         elif last > known.highest:
-            follows = first == known.highest + 1 and at == Position(
-                known.at.ledger_id, known.at.entry_id + first - known.first
+            follows = (
+                first == known.highest + 1
+                and ledger_id == known.at.ledger_id
+                and at.entry_id == known.at.entry_id + first - known.first
             )
             if not follows:  # else the run from known.first goes on: its positions still hold
                 known.first, known.at = first, at

@@ -96,6 +96,9 @@ READ_AHEAD_CACHE_SHARE = 4  # a read-ahead fills at most 1/4 of the entry cache
 
 Read = list[tuple[Position, bytes]]  # entries read, in order
 Admit = Callable[[int], Awaitable[bool]]  # may an entry of this many bytes join a read?
+Settled = Callable[["asyncio.Future[list[int]]"], None]  # told of an add once it settled
+# Told of each add an append sends (its ledger, the add); returns what is told once it settled.
+OnAdd = Callable[[LedgerInfo, "asyncio.Future[list[int]]"], Settled]
 
 
 class StreamNotFound(StorageError):
@@ -172,6 +175,13 @@ class SequenceConflict(StorageError):
     code = "sequence_overlap"
 
 
+class ProducerNotFound(StorageError):
+    """No persisted append of that producer in the stream's table (never seen, or forgotten
+    once idle for ``stream_dedup_producer_inactivity_minutes``)."""
+
+    code = "producer_not_found"
+
+
 class NotEnoughNodes(StorageError):
     """A replicated stream's new ledger needs E writable nodes and fewer are registered
     (BookKeeper's BKNotEnoughBookiesException): appends wait for nodes to come back."""
@@ -180,8 +190,9 @@ class NotEnoughNodes(StorageError):
 
 
 class RecoveryFailed(StorageError):
-    """A takeover could not settle the end of the stream's last ledgers (too few of their
-    replicas answered): nothing changed, the next request tries again."""
+    """A takeover could not settle the end of the stream's last ledgers, or an owner the end
+    of a ledger an append's unknown outcome left (too few of their replicas answered):
+    nothing changed, the next request tries again."""
 
     code = "recovery_failed"
 
@@ -503,10 +514,11 @@ class StreamManager:
         payloads: list[bytes],
         producer: str | None = None,
         first: int = 0,
-        on_add: Callable[[LedgerInfo, asyncio.Future[list[int]]], None] | None = None,
+        on_add: OnAdd | None = None,
     ) -> list[Position]:
         """``payloads`` appended (``producer`` and ``first``: the producer headers of an
-        append of a deduplicating stream; ``on_add`` sees each add sent)."""
+        append of a deduplicating stream; ``on_add`` sees each add sent, and what it returns
+        is called once the add settled)."""
         name = stream.name
         envelope = stream.policies.deduplication
         stored = enveloped(payloads, producer, first) if envelope else payloads
@@ -523,11 +535,14 @@ class StreamManager:
             add = asyncio.ensure_future(self._add(info.ledger_id, stored))
             # The reservation ends when the storage settles the add, also when the caller
             # gives up first (its entries may land anyway): the counts stay true.
-            add.add_done_callback(functools.partial(self._settle, info, count, size))
             if on_add is not None:
-                on_add(info, add)
+                then: Settled | None = on_add(info, add)
             elif envelope:
-                add.add_done_callback(functools.partial(self._through, name, info))
+                then = functools.partial(self._through, name, info)
+            else:
+                then = None
+            # One callback for both (this is every append's path: one loop turn fewer).
+            add.add_done_callback(functools.partial(self._settle, info, count, size, then))
             try:
                 ids = await asyncio.shield(add)
             except (LedgerClosed, LedgerFenced):
@@ -572,7 +587,8 @@ class StreamManager:
             )
         count = len(payloads)
         while True:
-            table = await self._table(stream)
+            # Without an await when the table is there (every append but the first).
+            table = self._tables.get(name) or await self._table(stream)
             try:
                 check = table.check(producer, first, count)
             except SequenceOverlap as e:
@@ -592,20 +608,14 @@ class StreamManager:
             self.duplicates[name] = self.duplicates.get(name, 0) + 1
             ledger_id, ids = done.result()
             return [Position(ledger_id, i) for i in ids], True
-        self._admit_producer(table, producer)
+        if producer not in table.producers:
+            self._admit_producer(table, producer)
         flight = table.push(producer, first, count)
-        sent: list[asyncio.Future[list[int]]] = []
-
-        def on_add(info: LedgerInfo, add: asyncio.Future[list[int]]) -> None:
-            sent.append(add)
-            add.add_done_callback(
-                functools.partial(self._landed, stream, table, producer, flight, info)
-            )
-
+        on_add = functools.partial(self._sent, stream, table, producer, flight)
         try:
             positions = await self._append(stream, payloads, producer, first, on_add)
         except BaseException as error:
-            if not flight.done.done() and (not sent or sent[-1].done()):
+            if not flight.done.done() and (flight.sent is None or flight.sent.done()):
                 # Nothing of it is in flight (refused, or failed before an add was sent).
                 table.land(producer, flight)
                 if isinstance(error, Exception):
@@ -614,6 +624,31 @@ class StreamManager:
                     flight.done.cancel()
             raise
         return positions, False
+
+    async def last_sequence(self, name: str, producer: str) -> tuple[int, Position]:
+        """``producer``'s highest sequence id the stream holds and its position (Pulsar's
+        getLastSequenceId: where a restarting producer resumes). Appends of it still in
+        flight settle first: an id answered here is never one still in the air, so a producer
+        that resumes after it never reuses an id that lands later."""
+        stream = self.stream(name)
+        if not (stream.policies.deduplication or any(i.envelope for i in stream.ledgers)):
+            raise DeduplicationOff(
+                f"stream {name} does not deduplicate: its deduplication policy is off, so it "
+                "keeps no producer's sequence ids"
+            )
+        while True:
+            table = self._tables.get(name) or await self._table(stream)
+            flights = table.flights.get(producer)
+            if not flights:
+                break
+            await asyncio.wait([flight.done for flight in flights])
+        last = table.last(producer)
+        if last is None:
+            raise ProducerNotFound(
+                f"stream {name} holds no append of producer {producer[:100]!r} (never seen, or "
+                "idle past stream_dedup_producer_inactivity_minutes): start from any id"
+            )
+        return last
 
     def _admit_producer(self, table: Table, producer: str) -> None:
         """A new producer past the cap: idle ones are forgotten first, then TooManyProducers."""
@@ -632,6 +667,19 @@ class StreamManager:
 
     def _idle_ms(self) -> int:
         return self._settings.stream_dedup_producer_inactivity_minutes * MINUTE_MS
+
+    def _sent(
+        self,
+        stream: Stream,
+        table: Table,
+        producer: str,
+        flight: Flight,
+        info: LedgerInfo,
+        add: asyncio.Future[list[int]],
+    ) -> Settled:
+        """``on_add`` of a producer's append: what the table learns once the add settled."""
+        flight.sent = add
+        return functools.partial(self._landed, stream, table, producer, flight, info)
 
     def _landed(
         self,
@@ -799,9 +847,15 @@ class StreamManager:
         return info
 
     def _settle(
-        self, info: LedgerInfo, count: int, size: int, add: asyncio.Future[list[int]]
+        self,
+        info: LedgerInfo,
+        count: int,
+        size: int,
+        then: Settled | None,
+        add: asyncio.Future[list[int]],
     ) -> None:
-        """An add on ``info`` is over: its reservation becomes counted entries, or nothing."""
+        """An add on ``info`` is over: its reservation becomes counted entries, or nothing;
+        then ``then`` learns it (the producer table)."""
         flight = self._in_flight[info.ledger_id]
         flight.appends -= 1
         flight.entries -= count
@@ -813,6 +867,8 @@ class StreamManager:
         if not flight.appends:
             del self._in_flight[info.ledger_id]
             flight.settled.set()
+        if then is not None:
+            then(add)
 
     def _reserve_now(self, stream: Stream, count: int, size: int) -> LedgerInfo | None:
         """Room for the append in the ledger taking appends, reserved (no await: nothing
@@ -849,7 +905,7 @@ class StreamManager:
     def _settle_unsent(self, info: LedgerInfo, count: int, size: int) -> None:
         never: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         never.cancel()
-        self._settle(info, count, size, never)
+        self._settle(info, count, size, None, never)
 
     def _has_room(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
         """Whether the ledger takes an append of ``count`` entries and ``size`` bytes, with

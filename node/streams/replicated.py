@@ -41,6 +41,7 @@ from node.client.errors import (
     NotEnoughNodes,
     OutcomeUnknown,
 )
+from node.client.errors import RecoveryFailed as ClientRecoveryFailed
 from node.client.metadata.loop import read_with_retry
 from node.client.metadata.store import MetadataStore
 from node.client.reader import ReadHandle
@@ -49,7 +50,12 @@ from node.settings import Settings
 from node.storage.errors import LedgerClosed, LedgerNotFound, StorageError, StorageIoError
 from node.storage.index import STREAM_PROPERTY, LedgerMeta, LedgerState
 from node.streams.dedup import SNAPSHOT_PREFIX
-from node.streams.manager import AppendOutcomeUnknown, MetadataUnavailable, NotOwner
+from node.streams.manager import (
+    AppendOutcomeUnknown,
+    MetadataUnavailable,
+    NotOwner,
+    RecoveryFailed,
+)
 from node.streams.manager import NotEnoughNodes as StreamNotEnoughNodes
 from node.streams.model import CURSOR_PREFIX, DOOMED_PREFIX, STREAM_PREFIX, Replication
 from node.streams.ownership import Ownership
@@ -315,6 +321,12 @@ class ReplicatedBackend:
             raise LedgerNotFound(f"ledger {ledger_id} does not exist") from None
         except MetadataError as error:
             raise _metadata_error(error) from error
+        except ClientRecoveryFailed as error:
+            # Too few replicas answered (one is down): 503, retried once they are back, as a
+            # takeover's (node.streams.router); not an I/O error of this node.
+            raise RecoveryFailed(
+                f"ledger {ledger_id}: its end cannot be settled: {error}"
+            ) from None
         except ClientError as error:
             raise StorageIoError(f"ledger {ledger_id}: its recovery failed: {error}") from None
         self.remember_closed(ledger_id, found["lastEntryId"], found["length"])

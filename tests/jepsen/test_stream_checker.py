@@ -276,6 +276,26 @@ def test_an_unacknowledged_appends_bytes_past_a_closed_ledgers_end_are_a_leftove
         assert check(ops, {OLD: [inside]}, unplaced).kinds() == {"phantom"}
 
 
+def test_a_producers_retried_appends_first_bytes_past_a_ledgers_end_are_a_leftover() -> None:
+    """A producer's append (the same payload sent again after an unknown outcome) whose first
+    attempt was fenced past the old ledger's end and whose retry was acknowledged in the new
+    ledger: its bytes past the old end are a leftover; an append acknowledged at its only
+    attempt is not."""
+    b = Builder()
+    b.op("w0", "ok", ["w0-1"], (OLD, 0))
+    b.op("w0", "info", ["w0-2"])
+    b.op("w0", "ok", ["w0-2"], (NEW, 0))
+    unplaced = unplaced_appends(b.ops)
+    assert unplaced == {digest(b"w0-2")}
+    read = [(f"{OLD}:0", b"w0-1"), (f"{NEW}:0", b"w0-2")]
+    ops = as_ledger_history(b.ops, read, {OLD})
+    view = Observation.of("r0", "CLOSED", 0, [(0, b"w0-1")])
+    view.past_end.append((1, "n1", digest(b"w0-2")))
+    assert check(ops, {OLD: [view]}, unplaced).ok
+    view.past_end.append((2, "n1", digest(b"w0-1")))
+    assert check(ops, {OLD: [view]}, unplaced).kinds() == {"past_end"}
+
+
 def entries(read: list[tuple[str, bytes]], *indexes: int) -> list[tuple[str, str]]:
     """The read-back's entries at ``indexes``, as a read during the run got them."""
     return [(read[i][0], read[i][1].decode()) for i in indexes]

@@ -48,6 +48,7 @@ NODE_ENV = {
     "NODE_METRICS_MAX_STREAMS": "2",
 }
 OLD_S = 90 * 24 * 3600  # how old the test makes one log
+STREAM_PAGE = 50  # streams per page of the page's full list (status.js)
 
 __all__ = ["browser", "etcd"]  # fixtures: chromium, the session's etcd for the replicated node
 
@@ -597,6 +598,60 @@ def test_with_many_streams_the_page_shows_the_largest_backlogs_and_pages_the_res
     assert listed == names[50:]
     assert page.locator("#all-streams-next").is_disabled()
     _shot(page, "many-streams")
+    page.context.close()
+
+
+def _produce(node: NodeProcess, stream: str, producer: str, sequence: int) -> None:
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "X-Producer-Id": producer,
+        "X-Sequence-Id": str(sequence),
+        "Authorization": f"Bearer {TOKEN}",
+    }
+    path = f"{node.url}/api/v1/streams/{stream}/entries"
+    request = urllib.request.Request(path, data=b"x", method="POST", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as r:
+        assert r.status in (200, 201)
+
+
+def test_a_deduplicating_stream_shows_its_producer_table(
+    browser: Any, node: NodeProcess, world: dict[str, Any]
+) -> None:
+    """Where the page lists streams: deduplication on or off, and for a deduplicating stream
+    the producers its table tracks, the duplicates answered and its snapshot's age, as the
+    summary gives them (and in the full list)."""
+    name = "once"
+    _call(node, "PUT", f"/api/v1/streams/{name}", {"deduplication": True})
+    # A backlog, so that the summary's streams (the two largest backlogs) include it.
+    _call(node, "PUT", f"/api/v1/streams/{name}/cursors/c", {"start": "earliest"})
+    for producer, sequence in (("a", 0), ("b", 0), ("a", 1), ("a", 1)):  # the last: a duplicate
+        _produce(node, name, producer, sequence)
+    summary = node.get_json("/api/v1/status/summary")
+    expected = next(s for s in summary["streams"] if s["name"] == name)["deduplication"]
+    assert expected == {"duplicates": 1, "producers": 2, "snapshotAgeSeconds": -1}
+    page = _open(browser, node).page
+    shown = f'#streams h3[data-stream="{name}"] [data-field="deduplication"]'
+    page.wait_for_selector(shown)
+    assert _field(page, shown) == expected
+    text = page.locator(shown).inner_text()
+    assert "deduplication on: 2 producers tracked, 1 duplicate answered" in text, text
+    assert "no snapshot yet" in text, text
+    off = f'#streams h3[data-stream="{STREAM}"] [data-field="deduplication"]'
+    assert page.locator(off).inner_text() == "; deduplication off"
+    page.locator("#all-streams summary").click()
+    listed = f'#all-streams-list li[data-stream="{name}"] [data-field="deduplication"]'
+    everything = node.get_json("/api/v1/status/streams?limit=1000")["streams"]
+    at = [s["name"] for s in everything].index(name)  # the list is by name: other tests add some
+    page.wait_for_selector("#all-streams-list li")
+    for offset in range(STREAM_PAGE, at + 1, STREAM_PAGE):
+        page.locator("#all-streams-next").click()
+        page.wait_for_function(
+            "first => document.getElementById('all-streams-range').textContent"
+            ".startsWith(first + '\u2013')",
+            arg=f"{offset + 1:,}",
+        )
+    assert _field(page, listed) == expected
+    _shot(page, "deduplication")
     page.context.close()
 
 

@@ -26,6 +26,7 @@ from node.streams.dedup import (
 )
 from node.streams.model import Position
 from node.wire import BATCH_CONTENT_TYPE, decode_stream_frames, encode_batch
+from tests.harness.metrics import parse_samples
 from tests.harness.settings import make_settings
 
 Client = TestClient[Any, Any]
@@ -33,6 +34,8 @@ Start = Callable[..., Awaitable[Client]]
 STREAM = "orders"
 DEDUP = {"deduplication": True, "minLedgerRolloverTimeMinutes": 0}
 OCTET = "application/octet-stream"
+SLOW_FSYNC_S = 0.5  # each WAL fsync: an append stays in flight that long
+POLL_S = 0.01
 
 
 @pytest.fixture
@@ -339,3 +342,65 @@ async def test_a_stream_made_again_under_a_deleted_ones_name_knows_no_producer(
     status, _, duplicate = await _append(client, b"new", "p", 0)
     assert (status, duplicate) == (201, None)
     assert [payload for _, payload in await _read(client)] == [b"new"]
+
+
+async def _last(client: Client, producer: str, name: str = STREAM) -> tuple[int, dict[str, Any]]:
+    answer = await client.get(f"/api/v1/streams/{name}/producers/{producer}")
+    return answer.status, await answer.json()
+
+
+async def test_a_producers_last_sequence_id_is_where_it_resumes(start: Start) -> None:
+    """GET .../producers/{id} (Pulsar's getLastSequenceId): the highest id stored and its
+    entry's position, also after a restart; a stable 404 for a producer never seen; the
+    client producer resumes after it."""
+    client = await start()
+    await _stream(client)
+    status, body = await _last(client, "p")
+    assert (status, body["code"]) == (404, "producer_not_found")
+    assert (await _append(client, b"zero", "p", 0))[0] == 201
+    status, batch, _ = await _append(client, [b"five", b"six"], "p", 5)
+    assert status == 201
+    assert await _last(client, "p") == (
+        200,
+        {"producerId": "p", "lastSequenceId": 6, "position": batch["lastPosition"]},
+    )
+    assert (await _last(client, "bad id!"))[1]["code"] == "invalid_producer_id"
+    assert (await _last(client, "p", "nostream"))[1]["code"] == "stream_not_found"
+    await _stream(client, "plain", deduplication=False)
+    assert (await _last(client, "p", "plain"))[1]["code"] == "deduplication_off"
+    await client.close()
+    client = await start()
+    assert (await _last(client, "p"))[1]["lastSequenceId"] == 6  # rebuilt from the entries
+    served = f"http://{client.host}:{client.port}"
+    async with StreamProducer(served, STREAM, "p", resume=True) as producer:
+        assert producer.next_sequence == 7
+        appended = await producer.append(b"seven")
+    assert (appended.sequence, appended.duplicate) == (7, False)
+    async with StreamProducer(served, STREAM, "new", next_sequence=3, resume=True) as producer:
+        assert producer.next_sequence == 3  # unknown to the stream: as given
+    assert [p for _, p in await _read(client)] == [b"zero", b"five", b"six", b"seven"]
+
+
+async def test_the_last_sequence_id_waits_for_the_producers_append_in_flight(
+    start: Start,
+) -> None:
+    """Asked while an append of the producer is in flight (slow WAL fsyncs), the answer is
+    that append's id once it landed, never the one before: a producer resuming after that
+    would send new entries under an id that lands a moment later."""
+    client = await start(faults=[f"journal.fsync=delay:{SLOW_FSYNC_S}"])
+    await _stream(client)
+    assert (await _append(client, b"zero", "p", 0))[0] == 201
+    sent = asyncio.create_task(_append(client, b"one", "p", 1))
+    for _ in range(int(SLOW_FSYNC_S / POLL_S)):
+        if await _body_bytes_held(client):  # the node has the append
+            break
+        await asyncio.sleep(POLL_S)
+    status, last = await _last(client, "p")
+    assert sent.done()
+    _, one, _ = await sent
+    assert (status, last["lastSequenceId"], last["position"]) == (200, 1, one["position"])
+
+
+async def _body_bytes_held(client: Client) -> float:
+    samples = parse_samples(await (await client.get("/metrics")).text())
+    return samples[("storage_node_http_request_body_bytes_in_flight", ())]

@@ -430,6 +430,23 @@
     }
   }
 
+  // Message deduplication (node/streams/dedup.py): whether the stream's appends with producer
+  // headers land once, and the producer table this node keeps for it.
+  function dedupEl(stream) {
+    const d = stream.deduplication;
+    let text = "deduplication off";
+    if (d) {
+      const snapshot = d.snapshotAgeSeconds < 0 ? "no snapshot yet" :
+        `snapshot ${duration(d.snapshotAgeSeconds)} old`;
+      const of = (n, one) => `${count(n)} ${one}${n === 1 ? "" : "s"}`;
+      text = `deduplication on: ${of(d.producers, "producer")} tracked, ` +
+        `${of(d.duplicates, "duplicate")} answered, ${snapshot}`;
+    }
+    const node = el("span", { class: "meta", "data-field": "deduplication", text: `; ${text}` });
+    node.dataset.value = JSON.stringify(d);
+    return node;
+  }
+
   function renderStreams(streams, totals) {
     const box = $("#streams");
     box.replaceChildren();
@@ -447,7 +464,7 @@
         `; ${count(stream.cursors.length)} of ${count(stream.cursorCount)} cursors shown` : "";
       box.append(el("h3", { "data-stream": stream.name }, stream.name,
         el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ` +
-          `${bytes(stream.retainedBytes)}${some}` })));
+          `${bytes(stream.retainedBytes)}${some}` }), dedupEl(stream)));
       if (!stream.cursors.length) {
         box.append(el("p", { class: "legend", text: stream.cursorCount ?
           "Its cursors' backlogs are smaller than those shown." :
@@ -490,7 +507,7 @@
       list.append(el("li", { "data-stream": stream.name }, stream.name,
         el("span", { class: "meta", text: ` — ${stream.ledgers} ledgers, ` +
           `${bytes(stream.retainedBytes)}, ${stream.cursorCount} cursors, largest backlog ` +
-          `${count(backlog)}` })));
+          `${count(backlog)}` }), dedupEl(stream)));
     }
     const last = offset + page.streams.length;
     range.textContent = page.total ? `${count(offset + 1)}–${count(last)} of ` +
