@@ -16,11 +16,12 @@ AIRFLOW_PKGS  := apache-airflow==3.3.2 apache-airflow-providers-http \
 	apache-airflow-providers-apache-spark apache-airflow-providers-cncf-kubernetes \
 	'pyspark==4.2.0' 'pandas<3' 'kubernetes<37'
 
-# Three pytest workers on two cores: a test waits on processes, fsyncs, leases and timers for
+# Four pytest workers on two cores: a test waits on processes, fsyncs, leases and timers for
 # about half its time (the suite's CPU over its workers' time, measured per test in a cgroup),
-# so two workers left a third of the cores idle. Whole files go to one worker (their module
-# fixtures, a node or a cluster, start once). `make test PYTEST_WORKERS=` runs in one process.
-PYTEST_WORKERS ?= -n 3 --dist loadfile
+# so fewer workers left the cores idle. Whole files go to one worker (their module fixtures, a
+# node or a cluster, start once), in the order tests/conftest.py gives (LONGEST_FILES first).
+# `make test PYTEST_WORKERS=` runs in one process.
+PYTEST_WORKERS ?= -n 4 --dist loadfile --no-loadscope-reorder
 
 # The runtime libraries at the versions of requirements.lock, as in the image (Dockerfile):
 # the tests run against what ships, and tests/deploy checks the lock against this venv.

@@ -20,35 +20,45 @@ from tests.harness.moto import MotoServer, aws_variables
 from tests.harness.node import reap_nodes  # noqa: F401 (an autouse fixture, for every test)
 from tests.harness.settings import make_settings
 
-# The longest files (wall time per file, -n 3), longest first: `make test` hands whole files to
-# its workers in collection order, and a long file collected late can run alone at the end
-# while the others idle; longest first keeps them all busy to the end.
+# The longest files (wall time per file, -n 4), longest first: `make test` hands whole files to
+# its workers in collection order (--no-loadscope-reorder: xdist would otherwise put the files
+# with the most tests first, and the long files of one or two tests, Airflow's and Spark's,
+# ran last while the other workers idled), so longest first keeps them all busy to the end.
 LONGEST_FILES = (
     "tests/airflow/test_local.py",
-    "tests/audit/test_audit.py",
     "tests/crash/test_crash_blockdev.py",
-    "tests/test_readme.py",
-    "tests/deploy/test_image.py",
-    "tests/streams/test_replicated_streams.py",
+    "tests/audit/test_audit.py",
     "tests/airflow/test_runs.py",
     "tests/client/test_shell.py",
-    "tests/airflow/test_autorecovery_run.py",
-    "tests/replication/test_scenarios_etcd.py",
+    "tests/deploy/test_image.py",
+    "tests/streams/test_replicated_streams.py",
     "tests/lifecycle/test_full_disk.py",
-    "tests/replication/test_scenarios_fencing.py",
-    "tests/bench/test_audit.py",
-    "tests/crash/test_crash.py",
-    "tests/crash/test_faults.py",
-    "tests/streams/test_replicated_availability.py",
-    "tests/streams/test_replicated_faults.py",
-    "tests/autorecovery/test_autorecovery.py",
-    "tests/audit/test_fleet.py",
-    "tests/http/test_many_streams.py",
     "tests/storage/test_blockwal.py",
-    "tests/streams/test_stream_crash.py",
-    "tests/bench/test_stream_replicated.py",
-    "tests/lifecycle/test_gc_crash.py",
+    "tests/replication/test_scenarios_etcd.py",
     "tests/audit/test_snapshot_disk.py",
+    "tests/bench/test_audit.py",
+    "tests/streams/test_replicated_faults.py",
+    "tests/streams/test_stream_crash.py",
+    "tests/crash/test_crash.py",
+    "tests/test_readme.py",
+    "tests/streams/test_replicated_availability.py",
+    "tests/replication/test_scenarios_fencing.py",
+    "tests/http/test_openapi.py",
+    "tests/airflow/test_autorecovery_run.py",
+    "tests/bench/test_stream_replicated.py",
+    "tests/audit/test_replicas.py",
+    "tests/audit/test_live.py",
+    "tests/autorecovery/test_autorecovery.py",
+    "tests/crash/test_faults.py",
+    "tests/streams/test_dedup_replicated.py",
+    "tests/audit/test_fleet.py",
+    "tests/crash/test_mixed_workload.py",
+    "tests/lifecycle/test_gc_simulation.py",
+    "tests/http/test_many_streams.py",
+    "tests/lifecycle/test_gc_crash.py",
+    "tests/status/test_page.py",
+    "tests/airflow/test_audit_cluster.py",
+    "tests/airflow/test_audit_replicas.py",
 )
 
 
