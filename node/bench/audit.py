@@ -340,7 +340,10 @@ def _http_scan(name: str, seconds: float, cores: float, row: Any, node_cpu_s: fl
 
 
 def main(args: argparse.Namespace) -> int:
-    require_positive(gib=args.gib, entry_size=args.entry_size, split_mib=args.split_mib)
+    rounds = DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    require_positive(
+        gib=args.gib, entry_size=args.entry_size, split_mib=args.split_mib, rounds=rounds
+    )
     with scratch_dir(args.dir, "bench-audit-") as scratch:
         data_dir = scratch / "data"
         total = int(args.gib * GiB)
@@ -349,7 +352,6 @@ def main(args: argparse.Namespace) -> int:
         ledgers_dir = data_dir / "ledgers"
         log_bytes = sum(p.stat().st_size for p in ledgers_dir.glob(f"*{logformat.SUFFIX}"))
         split = int(args.split_mib * MiB)
-        rounds = args.rounds or DEFAULT_ROUNDS
         scans = [spark_pass(master, ledgers_dir, split, rounds) for master in MASTERS]
         scans.append(inspect_pass(ledgers_dir, rounds))
         latency_rows: list[tuple[str, ...]] = []

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from node.bench.common import Phase, UsageError, markdown_table, scratch_dir
+from node.bench.common import Phase, UsageError, markdown_table, require_positive, scratch_dir
 from node.bench.server import (
     BATCH_ENTRIES,
     ENTRY_SIZE,
@@ -238,7 +238,9 @@ def _round(
 
 
 def main(args: argparse.Namespace) -> int:
-    seconds, rounds = args.seconds, args.rounds or DEFAULT_ROUNDS
+    seconds = args.seconds
+    rounds = DEFAULT_ROUNDS if args.rounds is None else args.rounds
+    require_positive(rounds=rounds)
     with scratch_dir(args.dir, "node-bench-peer-") as scratch:
         print(
             f"## node bench http --peer redis: {rounds} alternating rounds of {seconds} s, "
