@@ -448,7 +448,7 @@ def _against_fio(
     depth: int,
 ) -> Comparison:
     """The WAL and fio in alternating rounds, compared by ``figure``. ``block`` None: fio
-    writes the WAL's average block (of its first run, which comes first)."""
+    writes the WAL's average block (of its first run that wrote, which comes first)."""
     wal_rows: list[Row] = []
     fio_rows: list[Row] = []
     ratios: list[float] = []
@@ -458,9 +458,13 @@ def _against_fio(
         if wal_first:
             wal = run_wal(seconds / ROUNDS)
             wal_rows.append(wal)
-        size = block or max(
-            BLOCK_ALIGNMENT, round(wal_rows[0].average_write / BLOCK_ALIGNMENT) * BLOCK_ALIGNMENT
-        )
+        # A short run on a busy machine may write nothing: fio then takes the first that did.
+        average = next((r.average_write for r in wal_rows if r.average_write), 0.0)
+        while block is None and not average and len(wal_rows) < ROUNDS:
+            wal = run_wal(seconds / ROUNDS)
+            wal_rows.append(wal)
+            average = wal.average_write
+        size = block or max(BLOCK_ALIGNMENT, round(average / BLOCK_ALIGNMENT) * BLOCK_ALIGNMENT)
         fio = _fio(medium, size, depth, seconds / ROUNDS, warmup, sync)
         if not wal_first:
             wal = run_wal(seconds / ROUNDS)
