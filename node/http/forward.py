@@ -58,7 +58,7 @@ import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -245,23 +245,25 @@ def _whole(request: web.Request, answer: _Answer, raise_moved: bool) -> bool:
     return transport is not None and not transport.get_write_buffer_size()
 
 
-class _Answer:
+class _Answer(Protocol):
     """The owner's answer as the relay reads it: aiohttp's response (_ClientAnswer), or a
     read pipe's (_PipeAnswer). Its body's reads raise _OwnerSilent on a break or a stall."""
 
-    status: int
-    reason: str | None
-    headers: Iterable[tuple[str, str]]
-    length: int | None  # of the body, None when not known ahead (chunked)
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str | None: ...
+    @property
+    def headers(self) -> Iterable[tuple[str, str]]: ...
+    @property
+    def length(self) -> int | None: ...  # of the body, None when not known ahead (chunked)
 
-    async def body(self) -> bytes:
-        raise NotImplementedError
+    async def body(self) -> bytes: ...
 
-    def chunks(self) -> AsyncIterator[bytes]:
-        raise NotImplementedError
+    def chunks(self) -> AsyncIterator[bytes]: ...
 
 
-class _ClientAnswer(_Answer):
+class _ClientAnswer:
     def __init__(self, answer: aiohttp.ClientResponse) -> None:
         self._answer = answer
         self.status, self.reason = answer.status, answer.reason
@@ -286,7 +288,7 @@ class _ClientAnswer(_Answer):
             yield chunk
 
 
-class _PipeAnswer(_Answer):
+class _PipeAnswer:
     """An answer on a read pipe; at most ``silence_s`` between two pieces of its body."""
 
     def __init__(self, pipe: Pipe, head: Head, silence_s: float) -> None:
