@@ -76,13 +76,24 @@ BACKPRESSURE_PAUSE_S = 0.05
 
 class _PendingAdd:
     """One entry in flight. Only the last entry of an add or a batch has a future (one per
-    call, not per entry); ``batch_first`` is its call's first id."""
+    call, not per entry); ``batch_first`` is its call's first id; ``offset`` the ledger's
+    payload bytes before it."""
 
-    __slots__ = ("acks", "batch_first", "done", "entry_id", "future", "payload", "write_set")
+    __slots__ = (
+        "acks",
+        "batch_first",
+        "done",
+        "entry_id",
+        "future",
+        "offset",
+        "payload",
+        "write_set",
+    )
 
-    def __init__(self, entry_id: int, payload: bytes, write_set: list[str]) -> None:
+    def __init__(self, entry_id: int, payload: bytes, offset: int, write_set: list[str]) -> None:
         self.entry_id = entry_id
         self.payload = payload
+        self.offset = offset
         self.write_set = write_set
         self.future: asyncio.Future[int] | None = None
         self.batch_first = entry_id
@@ -102,6 +113,7 @@ class LedgerHandle:
         self.lac = -1  # last add confirmed: every entry up to it has Qa durable copies
         self._lac_length = 0  # payload bytes up to and including the LAC
         self._next_id = 0
+        self._next_offset = 0  # payload bytes of every entry submitted
         self._pending: deque[_PendingAdd] = deque()
         # Adds submitted in this turn of the event loop, by node: sent together at its end, so
         # many single adds in flight cost one request per node rather than one per entry.
@@ -173,9 +185,12 @@ class LedgerHandle:
         first = self._next_id
         pendings = []
         for payload in payloads:
-            entry_id = self._next_id
-            pendings.append(_PendingAdd(entry_id, bytes(payload), self._meta.write_set(entry_id)))
+            entry_id, data = self._next_id, bytes(payload)
+            pendings.append(
+                _PendingAdd(entry_id, data, self._next_offset, self._meta.write_set(entry_id))
+            )
             self._next_id += 1
+            self._next_offset += len(data)
         last = pendings[-1]
         future: asyncio.Future[int] = loop.create_future()
         last.future, last.batch_first = future, first
@@ -263,9 +278,13 @@ class LedgerHandle:
         """One replica add; a node that pushes back (its write cache full, too many requests)
         is asked again after a pause, until the add's time is up."""
         deadline = started + self._client.add_timeout_s
-        # The LAC as the request was first made: a retry must not claim one past its own
-        # entries (acknowledged meanwhile on other nodes), which a node refuses (invalid_lac).
+        # The LAC piggybacked is below the request's first entry, as BookKeeper's is: an add
+        # held behind this node's previous request (or retried) may go out after the other
+        # replicas acknowledged its entries, and a node refuses a LAC past the entries it
+        # holds (invalid_lac). Readers and recovery then see a LAC that trails the writer's.
         lac, lac_length = self.lac, self._lac_length
+        if lac >= group[0].entry_id:
+            lac, lac_length = group[0].entry_id - 1, group[0].offset
         while True:
             try:
                 await within(
