@@ -28,7 +28,7 @@ async def started(data: Path, env: dict[str, str] | None = None) -> NodeProcess:
     return node
 
 
-def every_payload_acked(history: list[Op]) -> set[str]:
+def unacked_payloads(history: list[Op]) -> set[str]:
     """The payloads some append carried that no acknowledgment covers."""
     invoked = {d for op in history if op.f.startswith("append") for d in op.digests()}
     acked = {d for op in history if op.type == "ok" and op.f.startswith("append")
@@ -77,6 +77,6 @@ async def test_producers_retrying_through_a_kill_land_each_append_once(tmp_path:
     assert verdict.ok, str(verdict)
     assert retried_after(history, killed_at) > 0, load.outcomes
     assert load.outcomes.get("200", 0) >= 1, load.outcomes  # the slow fsyncs' retries
-    assert not every_payload_acked(history), load.outcomes
+    assert not unacked_payloads(history), (unacked_payloads(history), load.outcomes)
     assert verdict.counts["read"] == len({d for op in history for d in op.digests()})
     assert len({p.split(":")[0] for p, _ in read}) >= 3  # across rollovers
