@@ -19,35 +19,19 @@ import asyncio
 import collections
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from node.client.errors import ReplicaError
+from node.client.http1 import IDLE_CLOSE_S, MAX_ANSWER_HEAD, BadAnswer, parse_answer_head
 
-# A connection idle this long is closed rather than reused: well under the nodes' keep-alive
-# (keepalive_timeout_s, 75 s), so that an add seldom meets a connection the node just closed.
-IDLE_CLOSE_S = 15.0
 # How often connections with requests out are checked against the backstop timeout.
 SWEEP_INTERVAL_S = 1.0
 # A body at least this large is written after the head rather than joined to it (a copy).
 JOIN_LIMIT = 64 * 1024
-# The longest answer head read (the nodes' are a few hundred bytes).
-MAX_ANSWER_HEAD = 64 * 1024
 
 UNREACHABLE = "unreachable"  # connection refused or reset, no (complete) answer
 BAD_ANSWER = "bad_answer"  # an answer that is not HTTP/1.1 as the nodes send it
 
 Answer = tuple[int, bytes]  # status, body
-
-
-def address(base_url: str) -> tuple[str, int, bytes] | None:
-    """(host, port, Host header) of a plain-HTTP base URL; None for any other (https)."""
-    parts = urlsplit(base_url)
-    if parts.scheme != "http" or parts.hostname is None:
-        return None
-    try:
-        return parts.hostname, parts.port or 80, parts.netloc.encode("ascii")
-    except (UnicodeError, ValueError):  # an IDN host or a bad port: aiohttp's rules apply
-        return None
 
 
 class _Connection(asyncio.Protocol):
@@ -109,31 +93,15 @@ class _Connection(asyncio.Protocol):
     def _head(self, head: bytes) -> bool:
         """Takes an answer's status, length and Connection from its head; False (and the
         connection aborted) when it is not an answer of a known length."""
-        lines = head.split(b"\r\n")
-        status_line = lines[0].split(b" ", 2)
-        if len(status_line) < 2 or status_line[0] != b"HTTP/1.1" or not status_line[1].isdigit():
-            self.abort(BAD_ANSWER, f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
+        try:
+            answer = parse_answer_head(head)
+        except BadAnswer as error:
+            self.abort(BAD_ANSWER, str(error))
             return False
-        length = -1
-        closes = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            key = name.strip().lower()
-            if key == b"content-length":
-                value = value.strip()
-                if not value.isdigit() or length >= 0:
-                    self.abort(BAD_ANSWER, "a bad or repeated Content-Length")
-                    return False
-                length = int(value)
-            elif key == b"transfer-encoding":
-                self.abort(BAD_ANSWER, "an answer without a Content-Length")
-                return False
-            elif key == b"connection":
-                closes = b"close" in value.lower()
-        if length < 0:
+        if answer.length is None:  # the nodes' answers to adds all carry a Content-Length
             self.abort(BAD_ANSWER, "an answer without a Content-Length")
             return False
-        self._status, self._length, self._closes = int(status_line[1]), length, closes
+        self._status, self._length, self._closes = answer.status, answer.length, answer.closes
         return True
 
     # --- the pool's side -------------------------------------------------------------------

@@ -18,8 +18,9 @@ from typing import Protocol, TypeVar
 import aiohttp
 
 from node.client import addpipe
-from node.client.addpipe import AddPipes, address
+from node.client.addpipe import AddPipes
 from node.client.errors import MetadataError, ReplicaError
+from node.client.http1 import address
 from node.client.protocol import (
     BATCH_CONTENT_TYPE,
     ENTRY_ID_HEADER,

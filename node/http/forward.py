@@ -66,11 +66,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from node import logs
-from node.client.addpipe import address
+from node.client.http1 import AnswerHead, address
 from node.client.protocol import EXPECT_NODE_HEADER
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.forwardpipe import Head, Pipe, PipeBroken, ReadPipes, request_head
+from node.http.forwardpipe import Pipe, PipeBroken, ReadPipes, request_head
 from node.http.middleware import REQUEST_ID_HEADER
 from node.http.replies import UNBLOCKED_REPLY
 from node.http.state import METRICS, SETTINGS
@@ -291,7 +291,7 @@ class _ClientAnswer:
 class _PipeAnswer:
     """An answer on a read pipe; at most ``silence_s`` between two pieces of its body."""
 
-    def __init__(self, pipe: Pipe, head: Head, silence_s: float) -> None:
+    def __init__(self, pipe: Pipe, head: AnswerHead, silence_s: float) -> None:
         self._pipe, self._silence_s = pipe, silence_s
         self.status, self.reason, self.headers = head.status, head.reason, head.headers
         self.length = head.length

@@ -19,14 +19,16 @@ import asyncio
 import collections
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-# Idle connections are closed after this: well under the nodes' keepalive_timeout_s (75 s),
-# so that a request seldom meets a connection the owner is closing (as aiohttp's pool did).
-IDLE_CLOSE_S = 15.0
-MAX_ANSWER_HEAD = 64 * 1024  # the longest answer head read (the nodes' are a few hundred bytes)
+from node.client.http1 import (
+    IDLE_CLOSE_S,
+    MAX_ANSWER_HEAD,
+    AnswerHead,
+    BadAnswer,
+    parse_answer_head,
+)
+
 BUFFERED_MAX = 256 * 1024  # answer bytes held for a slow client before reading pauses
-NO_BODY = frozenset({204, 304})  # answers without a body whatever their headers say
 # A chunked body's framing: what comes next
 _SIZE, _DATA, _DATA_END, _TRAILER, _WHOLE = range(5)
 
@@ -36,54 +38,11 @@ class PipeBroken(Exception):
     not HTTP/1.1), before the whole answer came."""
 
 
-@dataclass(frozen=True, slots=True)
-class Head:
-    status: int
-    reason: str
-    headers: list[tuple[str, str]]
-    length: int | None  # of the body; None: chunked (Transfer-Encoding)
-
-
 def request_head(target: str, host: str, headers: Iterable[tuple[str, str]]) -> bytes:
     """A GET's head: ``target`` (path and query string, encoded) with ``headers``."""
     lines = [f"GET {target} HTTP/1.1", f"Host: {host}"]
     lines += [f"{name}: {value}" for name, value in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-
-
-def _parse_head(raw: bytes) -> tuple[Head, bool]:
-    """The answer's head, and whether it closes the connection; PipeBroken if unreadable."""
-    lines = raw.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code, _, reason = rest.partition(" ")
-    if version not in ("HTTP/1.1", "HTTP/1.0") or not code.isdigit():
-        raise PipeBroken(f"not an HTTP/1.1 answer: {lines[0][:80]!r}")
-    headers, length, chunked, closes = [], -1, False, version != "HTTP/1.1"
-    for line in lines[1:]:
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise PipeBroken(f"a bad header line: {line[:80]!r}")
-        name, value = name.strip(), value.strip()
-        key = name.lower()
-        if key == "content-length":
-            if not value.isdigit() or length >= 0:
-                raise PipeBroken("a bad or repeated Content-Length")
-            length = int(value)
-        elif key == "transfer-encoding":
-            if value.lower() != "chunked":
-                raise PipeBroken(f"a Transfer-Encoding of {value[:80]!r}")
-            chunked = True
-        elif key == "connection":
-            closes = closes or "close" in value.lower()
-        headers.append((name, value))
-    status = int(code)
-    if status in NO_BODY or 100 <= status < 200:
-        return Head(status, reason, headers, 0), closes
-    if chunked:
-        return Head(status, reason, headers, None), closes
-    if length < 0:
-        raise PipeBroken("an answer with neither a Content-Length nor chunks")
-    return Head(status, reason, headers, length), closes
 
 
 class Pipe(asyncio.Protocol):
@@ -96,7 +55,7 @@ class Pipe(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.idle_since = time.monotonic()
         self._head_buffer = bytearray()
-        self._head: asyncio.Future[Head] | None = None  # the answer's, while one is out
+        self._head: asyncio.Future[AnswerHead] | None = None  # the answer's, while one is out
         self._left = -1  # body bytes still to come (-1: the head is not in)
         self._chunked = False  # the body comes in chunks: _left is the current chunk's rest
         self._framing = _SIZE  # chunked: what the bytes in _head_buffer are
@@ -133,10 +92,11 @@ class Pipe(asyncio.Protocol):
                     self.abort("an answer head past its limit")
                 return
             try:
-                head, self._closes = _parse_head(bytes(buffer[:end]))
-            except PipeBroken as error:
+                head = parse_answer_head(bytes(buffer[:end]), keep_headers=True)
+            except BadAnswer as error:
                 self.abort(str(error))
                 return
+            self._closes = head.closes
             data = bytes(buffer[end + 4 :])
             buffer.clear()
             self._chunked = head.length is None
@@ -220,7 +180,7 @@ class Pipe(asyncio.Protocol):
         self._head = self._loop.create_future()
         self.transport.write(head)
 
-    async def head(self) -> Head:
+    async def head(self) -> AnswerHead:
         """The answer's head, once in."""
         assert self._head is not None
         return await self._head

@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from node.http.forwardpipe import Head, PipeBroken, ReadPipes, request_head
+from node.client.http1 import AnswerHead
+from node.http.forwardpipe import PipeBroken, ReadPipes, request_head
 
 CLOSE = b""  # in a server's answers: close the connection there (after the answer before)
 HEAD = request_head("/api/v1/streams/s/entries?waitMs=10", "owner:1", [("X-A", "b")])
@@ -74,7 +75,7 @@ async def _serve(answers: list[bytes], piece: int = 1 << 20) -> RawServer:
     return raw
 
 
-async def _get(pipes: ReadPipes, raw: RawServer) -> tuple[Head, bytes]:
+async def _get(pipes: ReadPipes, raw: RawServer) -> tuple[AnswerHead, bytes]:
     pipe = await pipes.connection("127.0.0.1", raw.port)
     pipe.send(HEAD)
     head = await asyncio.wait_for(pipe.head(), 5)
