@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from node.bench.server import Figures
+from node.bench.stream import BATCH, BATCH_DEDUP, SINGLE, SINGLE_DEDUP, dedup_lines, dedup_runs
 from tests.harness.hostdisk import run_bench
 
 RUN_TIMEOUT_S = 180  # the run itself takes about fifteen seconds; this only stops a hang
@@ -60,3 +62,28 @@ def test_bench_stream_prints_throughput_and_end_to_end_latency(tmp_path: Path) -
     for received, appended in delivered.values():
         assert received == appended > 0, result.stdout
     assert not any(tmp_path.iterdir())  # its scratch directory is gone
+
+
+def test_dedup_runs_alternate_so_that_the_later_runs_are_not_one_sides() -> None:
+    runs = dedup_runs(WRITERS)
+    for plain, with_headers in ((SINGLE, SINGLE_DEDUP), (BATCH, BATCH_DEDUP)):
+        modes = [mode for _, mode, _ in runs if mode in (plain, with_headers)]
+        assert modes == [plain, with_headers, with_headers, plain]
+    assert len({name for name, _, _ in runs}) == len(runs) == 8
+
+
+def test_dedup_lines_compare_all_runs_and_the_best() -> None:
+    """A node whose CPU per entry grows run by run (its data grows) charges the last run
+    most: with the runs in turn, the ratio over all runs shows the headers' cost alone."""
+    runs = [(name, mode) for name, mode, _ in dedup_runs(WRITERS) if mode in (BATCH, BATCH_DEDUP)]
+    drift = [1.0, 1.2, 1.4, 1.6]  # the CPU per entry of runs 1..4, headers or not
+    cost = {BATCH: 1.0, BATCH_DEDUP: 1.1}
+    rows = [
+        Figures(name, 10, 1_000, 1.0, [], server_cpu_s=cost[mode] * grown)
+        for (name, mode), grown in zip(runs, drift, strict=True)
+    ]
+    lines = dedup_lines(rows, [mode for _, mode in runs])
+    assert lines[-1] == (
+        "- batch appends: CPU per entry with producer headers / without = 1.10x over all "
+        "runs, 1.32x of the best runs (target <= 1.2x: met)"
+    )
