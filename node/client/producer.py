@@ -52,7 +52,8 @@ class ProducerRefused(Exception):
 class Appended:
     """Where the append is: ``first`` (a single entry: its position) .. ``last``, as ``L:E``.
     ``duplicate``: answered by a retry (stored by an earlier attempt). None: a duplicate of
-    an append older than the producer's last one, whose position the node no longer keeps."""
+    an append older than the producer's last five runs of appends, whose position the node
+    no longer keeps."""
 
     first: str | None
     last: str | None

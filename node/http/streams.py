@@ -372,7 +372,7 @@ async def add(
         else:
             positions, duplicate = await app[STREAMS].append_once(name, payloads, *named)
     app[METRICS].add_latency_stream.observe(time.perf_counter() - started)
-    if not positions:  # a duplicate of an append older than its producer's last one
+    if not positions:  # a duplicate older than the runs of appends its producer's entry keeps
         if content_type == BATCH_CONTENT_TYPE:
             return b'{"firstPosition": null, "lastPosition": null}%s' % LINE_END, duplicate
         return b'{"position": null}%s' % LINE_END, duplicate

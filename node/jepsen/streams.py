@@ -221,7 +221,7 @@ class StreamWorkload:
         if status == 201 or (status == 200 and duplicate):
             reply = json.loads(raw)
             named = reply["position"] if entries == 1 else reply["firstPosition"]
-            if named is None:  # a duplicate older than the producer's last append
+            if named is None:  # a duplicate older than the producer's runs the node keeps
                 self._count("200 no position")
                 return history.log("info", f, None, None, logged, error="200 no position")
             first = _position(named)

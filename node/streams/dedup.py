@@ -3,10 +3,11 @@ an append that names its producer (``X-Producer-Id``) and numbers itself (``X-Se
 a batch takes consecutive ids from it) lands once, however often the client sends it.
 
 The table: per stream, per producer, the highest sequence id persisted and where its last
-append was stored, so that a retry of it is answered with the position it got the first time
-(200, ``X-Duplicate: true``; nothing is written). Pulsar answers such a retry without a
-position; here the last append's is kept, which is the one a client retrying after an unknown
-outcome sends again. An older id is still a duplicate, answered with no position.
+``RECENT_RUNS`` runs of appends were stored, so that a retry is answered with the position it
+got the first time (200, ``X-Duplicate: true``; nothing is written). Pulsar answers such a
+retry without a position; Kafka keeps a producer's last five batches, as many as it may have
+in flight: a client with several appends out whose answers were all lost learns each one's
+position. An older id (or one a gap skipped) is still a duplicate, answered with no position.
 
 What rebuilds it (a restart, an owner's failover, an append whose outcome the owner lost):
 the snapshot (``dedup/<stream>`` beside the stream's record: the table as it was once every
@@ -37,7 +38,10 @@ from node.streams.policies import INT64_MAX
 ENVELOPE_PROPERTY = "envelope"  # a ledger property: its entries carry the header below
 ENVELOPE_MARK = "producer-v1"  # ... of this version
 SNAPSHOT_PREFIX = b"dedup/"  # the snapshot's record key: SNAPSHOT_PREFIX + stream name
-SNAPSHOT_VERSION = 1
+# 2: per producer [highest, seen_ms, [[first, last, ledger id, entry id] of each run]];
+# 1 (still read): [highest, first, "ledger:entry", seen_ms], one run
+SNAPSHOT_VERSION = 2
+RECENT_RUNS = 5  # runs of appends whose positions each producer's entry keeps (Kafka: 5)
 BEFORE_ALL = Position(0, -1)  # a table with no snapshot: every entry is read
 
 
@@ -158,10 +162,22 @@ def parse_producer(
 
 
 @dataclass(slots=True)
+class Run:
+    """Sequence ids ``first``..``last`` of a producer, stored at consecutive entries of one
+    ledger from ``at``: one append, or several that followed each other there."""
+
+    first: int
+    last: int
+    at: Position
+
+    def position(self, sequence: int) -> Position:
+        return Position(self.at.ledger_id, self.at.entry_id + sequence - self.first)
+
+
+@dataclass(slots=True)
 class Producer:
     highest: int  # the highest sequence id persisted
-    first: int  # the first sequence id of its last append (a batch: several)
-    at: Position  # where ``first`` was stored
+    runs: list[Run]  # its last RECENT_RUNS runs, oldest first; the last one ends at highest
     seen_ms: int  # its last append, for the idle expiry
 
 
@@ -178,7 +194,7 @@ class Flight:
 @dataclass(slots=True)
 class Check:
     """What to do with an append: ``positions`` (a duplicate stored there; empty: stored
-    before the last append, where is not kept), ``wait`` (it is in flight) or neither (new)."""
+    before the runs kept, where is not known), ``wait`` (it is in flight) or neither (new)."""
 
     positions: list[Position] | None = None
     wait: Flight | None = None
@@ -230,10 +246,10 @@ class Table:
                 f"sequence ids {first}..{last} of producer {producer!r}: up to "
                 f"{known.highest} are in the stream, the rest not; send those apart"
             )
-        if first >= known.first:
-            start = known.at.entry_id + first - known.first
-            return Check(positions=[Position(known.at.ledger_id, start + i) for i in range(count)])
-        return Check(positions=[])
+        for run in reversed(known.runs):  # most retries are of the last one
+            if run.first <= first and last <= run.last:
+                return Check(positions=[run.position(first + i) for i in range(count)])
+        return Check(positions=[])  # older than the runs kept, or ids a gap skipped
 
     def last(self, producer: str) -> tuple[int, Position] | None:
         """Pulsar's getLastSequenceId: ``producer``'s highest persisted id and where it is
@@ -241,8 +257,7 @@ class Table:
         known = self.producers.get(producer)
         if known is None:
             return None
-        at = known.at
-        return known.highest, Position(at.ledger_id, at.entry_id + known.highest - known.first)
+        return known.highest, known.runs[-1].position(known.highest)
 
     def tracked(self) -> int:
         """Producers known or with an append in flight."""
@@ -287,15 +302,20 @@ class Table:
         known = self.producers.get(producer)
         last = first + count - 1
         if known is None:
-            self.producers[producer] = Producer(last, first, at, now)
+            self.producers[producer] = Producer(last, [Run(first, last, at)], now)
         elif last > known.highest:
-            follows = (
-                first == known.highest + 1
-                and ledger_id == known.at.ledger_id
-                and at.entry_id == known.at.entry_id + first - known.first
-            )
-            if not follows:  # else the run from known.first goes on: its positions still hold
-                known.first, known.at = first, at
+            run = known.runs[-1]
+            start = run.at
+            if (
+                first == run.last + 1
+                and ledger_id == start.ledger_id
+                and at.entry_id == start.entry_id + first - run.first
+            ):
+                run.last = last  # stored right after the run: it goes on
+            else:
+                known.runs.append(Run(first, last, at))
+                if len(known.runs) > RECENT_RUNS:
+                    del known.runs[0]
             known.highest, known.seen_ms = last, now
         else:
             known.seen_ms = now
@@ -319,7 +339,7 @@ class Table:
                 "through": str(self.through),
                 "at": now_ms,
                 "producers": {
-                    name: [p.highest, p.first, str(p.at), p.seen_ms]
+                    name: [p.highest, p.seen_ms, [[r.first, r.last, *r.at] for r in p.runs]]
                     for name, p in self.producers.items()
                 },
             }
@@ -328,12 +348,21 @@ class Table:
     @classmethod
     def decode(cls, data: bytes) -> Table:
         raw = json.loads(data)
-        if raw.get("v") != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported deduplication snapshot version {raw.get('v')}")
-        producers = {
-            name: Producer(highest, first, Position.parse(at), seen)
-            for name, (highest, first, at, seen) in raw["producers"].items()
-        }
+        version = raw.get("v")
+        if version == 1:  # one run, from its first id to the highest
+            producers = {
+                name: Producer(highest, [Run(first, highest, Position.parse(at))], seen)
+                for name, (highest, first, at, seen) in raw["producers"].items()
+            }
+        elif version == SNAPSHOT_VERSION:
+            producers = {
+                name: Producer(
+                    highest, [Run(f, last, Position(lid, eid)) for f, last, lid, eid in runs], seen
+                )
+                for name, (highest, seen, runs) in raw["producers"].items()
+            }
+        else:
+            raise ValueError(f"unsupported deduplication snapshot version {version}")
         return cls(producers, Position.parse(raw["through"]), raw["at"])
 
 

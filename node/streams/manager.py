@@ -577,7 +577,7 @@ class StreamManager:
     ) -> tuple[list[Position], bool]:
         """Append entries of ``producer`` numbered ``first``.. unless the stream holds them
         already: (their positions, False), or (where they were stored the first time, True;
-        [] when that is older than the producer's last append) for a duplicate. One whose
+        [] when that is older than the runs its table keeps) for a duplicate. One whose
         first send is still in flight waits for it and answers as it does."""
         stream = self.stream(name)
         if not stream.policies.deduplication:

@@ -18,6 +18,7 @@ from aiohttp.test_utils import TestClient
 from node.client.producer import ProducerRefused, StreamProducer
 from node.http.app import build_app
 from node.streams.dedup import (
+    RECENT_RUNS,
     BadEnvelope,
     Table,
     envelope_head,
@@ -106,6 +107,41 @@ def test_a_snapshot_round_trips_and_idle_producers_are_forgotten() -> None:
     assert set(again.producers) == {"b"}
 
 
+def test_each_producer_keeps_the_positions_of_its_last_runs_of_appends() -> None:
+    """A producer with several appends out whose answers were all lost learns where each
+    one is (Kafka keeps five batches): up to RECENT_RUNS runs, a run being appends of
+    consecutive ids stored one after the other."""
+    table = Table()
+    table.record("p", 0, Position(1, 0), 2, now=0)  # 0..1 at 1:0..1
+    table.record("p", 2, Position(1, 2), 1, now=0)  # follows: the same run, 0..2
+    table.record("q", 0, Position(1, 3), 1, now=0)
+    for n in range(RECENT_RUNS):  # p's ids 3.., each after one of q's: a run apiece
+        table.record("p", 3 + n, Position(1, 4 + 2 * n), 1, now=0)
+        table.record("q", 1 + n, Position(1, 5 + 2 * n), 1, now=0)
+    assert len(table.producers["p"].runs) == RECENT_RUNS
+    assert table.check("p", 3, 1).positions == [Position(1, 4)]  # the oldest run kept
+    assert table.check("p", 2, 1).positions == []  # its run went: a duplicate, no position
+    assert table.check("p", 7, 1).positions == [Position(1, 12)]
+    assert table.last("p") == (7, Position(1, 12))
+    again = Table.decode(table.encode(1))
+    assert again.producers == table.producers
+    # A gap: the ids it skipped were never stored anywhere.
+    table.record("p", 20, Position(2, 0), 2, now=0)
+    assert table.check("p", 10, 1).positions == []
+    assert table.check("p", 21, 1).positions == [Position(2, 1)]
+    assert table.check("p", 6, 2).positions == []  # no one append: 6 and 7 are two runs
+
+
+def test_a_snapshot_of_the_first_version_is_read() -> None:
+    """Version 1 kept one run per producer: [highest, first, "ledger:entry", seen_ms]."""
+    v1 = b'{"v": 1, "through": "4:9", "at": 5, "producers": {"p": [12, 10, "4:7", 3]}}'
+    table = Table.decode(v1)
+    assert (table.through, table.snapshot_ms) == (Position(4, 9), 5)
+    assert table.check("p", 11, 2).positions == [Position(4, 8), Position(4, 9)]
+    assert table.check("p", 9, 1).positions == []
+    assert table.last("p") == (12, Position(4, 9))
+
+
 async def test_a_retried_append_lands_once_and_is_answered_with_its_first_position(
     start: Start,
 ) -> None:
@@ -124,10 +160,14 @@ async def test_a_retried_append_lands_once_and_is_answered_with_its_first_positi
     # One id of the batch alone: where that entry went.
     status, again, duplicate = await _append(client, b"three", "p1", 9)
     assert (status, again["position"], duplicate) == (200, batch["lastPosition"], "true")
-    # A gap is accepted (Pulsar); an id below it now is a duplicate with no position kept.
+    # A gap is accepted (Pulsar); an id it skipped is a duplicate with no position, and so is
+    # one before the producer's first; the appends before the gap keep theirs.
     assert (await _append(client, b"four", "p1", 20))[0] == 201
-    status, again, duplicate = await _append(client, b"zero", "p1", 3)
-    assert (status, again, duplicate) == (200, {"position": None}, "true")
+    for skipped in (3, 15):
+        status, again, duplicate = await _append(client, b"zero", "p1", skipped)
+        assert (status, again, duplicate) == (200, {"position": None}, "true")
+    status, again, duplicate = await _append(client, b"one", "p1", 7)
+    assert (status, again, duplicate) == (200, first, "true")
     # Another producer has its own ids; appends without headers go on as before.
     assert (await _append(client, b"other", "p2", 7))[0] == 201
     assert (await _append(client, b"plain", None, None))[0] == 201
@@ -137,11 +177,11 @@ async def test_a_retried_append_lands_once_and_is_answered_with_its_first_positi
     assert read[0][0] == first["position"]
     assert (read[1][0], read[2][0]) == (batch["firstPosition"], batch["lastPosition"])
     metrics = await (await client.get("/metrics")).text()
-    assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 5.0' in metrics
+    assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 7.0' in metrics
     assert 'storage_node_stream_dedup_producers{stream="orders"} 2.0' in metrics
     page = await (await client.get("/api/v1/status/streams")).json()
     shown = page["streams"][0]["deduplication"]
-    assert (shown["duplicates"], shown["producers"]) == (5, 2), shown
+    assert (shown["duplicates"], shown["producers"]) == (7, 2), shown
 
 
 @pytest.mark.parametrize(
