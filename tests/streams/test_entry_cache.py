@@ -32,6 +32,25 @@ def test_the_cache_keeps_the_newest_entries_within_its_bytes() -> None:
     assert len(cache) == 0 and cache.size_bytes == 0
 
 
+def test_entries_read_ahead_behind_the_cached_ones_go_with_the_cursors_prefix() -> None:
+    """A read-ahead may put entries below those cached (a catch-up behind a writer's tail):
+    ids stay in order, so a cursor's acknowledgment drops them too, and the oldest are the
+    first evicted."""
+    cache = EntryCache(max_bytes=100)
+    cache.put(7, 10, [b"k", b"l"])
+    cache.put(7, 0, [b"a", b"b", b"c"])  # behind: merged in id order
+    cache.put(7, 11, [b"L", b"m"])  # 11 is cached already: only 12 goes in
+    assert [cache.get(7, i) for i in (0, 2, 10, 11, 12)] == [b"a", b"c", b"k", b"l", b"m"]
+    assert (len(cache), cache.size_bytes) == (6, 6)
+    cache.drop_through(7, 5)
+    assert (len(cache), cache.size_bytes) == (3, 3) and cache.get(7, 0) is None
+    cache.max_bytes = 2
+    cache.put(8, 0, [b"z"])  # the oldest of ledger 7 make room
+    assert [cache.get(7, i) for i in (10, 11, 12)] == [None, None, b"m"]
+    cache.drop_through(7, 12)
+    assert (len(cache), cache.size_bytes, cache.get(8, 0)) == (1, 1, b"z")
+
+
 def test_a_cache_of_no_bytes_keeps_nothing() -> None:
     cache = EntryCache(max_bytes=0)
     cache.put(1, 0, [b"x"])
