@@ -580,6 +580,25 @@ class AppendedBatch(Reply):
     lastPosition: Position
 
 
+KEPT_POSITIONS = (
+    "Where it was stored the first time; null when that is older than the producer's last "
+    "five runs of appends (the positions its table keeps), or an id a gap skipped"
+)
+
+
+class DuplicateAppended(Reply):
+    """An append whose producer ids the stream holds (X-Duplicate: true): nothing written."""
+
+    position: Annotated[Position | None, Field(description=KEPT_POSITIONS)]
+
+
+class DuplicateBatch(Reply):
+    """A batch whose producer ids the stream holds (X-Duplicate: true): nothing written."""
+
+    firstPosition: Annotated[Position | None, Field(description=KEPT_POSITIONS)]
+    lastPosition: Annotated[Position | None, Field(description=KEPT_POSITIONS)]
+
+
 class RetentionDeletion(Reply):
     ledgerId: Id
     reason: Literal["time", "size", "disk"]
@@ -1094,6 +1113,8 @@ RESPONSE_MODELS: tuple[type[Reply], ...] = (
     StreamList,
     Appended,
     AppendedBatch,
+    DuplicateAppended,
+    DuplicateBatch,
     ProducerSequence,
     RetentionResult,
     GcStatus,

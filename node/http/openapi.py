@@ -21,6 +21,7 @@ from node.http.state import SETTINGS
 from node.http.streams import STREAM_PAGE_DEFAULT, STREAM_PAGE_MAX
 from node.settings import Settings
 from node.storage.index import MAX_ID
+from node.streams.dedup import DUPLICATE_HEADER, PRODUCER_HEADER, SEQUENCE_HEADER
 from node.wire import (
     BATCH_CONTENT_TYPE,
     BATCH_LAYOUT,
@@ -551,6 +552,16 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
             "parameters": [name],
             "post": {
                 "summary": "Append one entry (octet-stream) or a batch",
+                # The producer headers are described in words, as the replica add's are:
+                # they go together, which no parameter schema states.
+                "description": "On a stream whose deduplication policy is on, "
+                f"`{PRODUCER_HEADER}` (1-255 of [A-Za-z0-9._-]) and `{SEQUENCE_HEADER}` "
+                "(a decimal in [0, 2^63-1]; a batch's first id), always together, make the "
+                "append land once however often it is sent: ids the stream holds are "
+                f"answered 200 with `{DUPLICATE_HEADER}: true` and nothing is written "
+                "(docs/api.md). One of them alone, or a malformed one, is 400; on a stream "
+                "without deduplication 409 deduplication_off; a batch partly stored 409 "
+                "sequence_overlap; a producer past the stream's cap 429 too_many_producers.",
                 "requestBody": {
                     "required": True,
                     "content": {
@@ -559,11 +570,18 @@ def _stream_paths(max_long_poll_ms: int) -> dict[str, Any]:
                     },
                 },
                 "responses": {
+                    "200": {
+                        **_json(
+                            {"oneOf": [_ref("DuplicateAppended"), _ref("DuplicateBatch")]},
+                            "A duplicate (producer headers): where it was stored",
+                        ),
+                        "headers": {DUPLICATE_HEADER: _header("true")},
+                    },
                     "201": _json(
                         {"oneOf": [_ref("Appended"), _ref("AppendedBatch")]},
                         "Durable: the position, or every position of the batch",
                     ),
-                    **_errors(*MUTATION_ERRORS),
+                    **_errors(*MUTATION_ERRORS, 429),
                 },
             },
             "get": {

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient
+from jsonschema import Draft202012Validator
 
 from node.client.producer import ProducerRefused, StreamProducer
 from node.http.app import build_app
@@ -73,6 +74,17 @@ async def _append(
         headers["X-Sequence-Id"] = str(seq)
     answer = await client.post(f"/api/v1/streams/{name}/entries", data=data, headers=headers)
     return answer.status, await answer.json(), answer.headers.get("X-Duplicate")
+
+
+async def _documented(client: Client, status: int, answers: list[Any]) -> None:
+    """Each of ``answers`` matches the node's OpenAPI document for a stream append's
+    ``status``."""
+    document = await (await client.get("/openapi.json")).json()
+    post = document["paths"]["/api/v1/streams/{name}/entries"]["post"]
+    schema = post["responses"][str(status)]["content"]["application/json"]["schema"]
+    validator = Draft202012Validator({**schema, "components": document["components"]})
+    for answer in answers:
+        validator.validate(answer)
 
 
 async def _read(client: Client, name: str = STREAM) -> list[tuple[str, bytes]]:
@@ -168,6 +180,10 @@ async def test_a_retried_append_lands_once_and_is_answered_with_its_first_positi
         assert (status, again, duplicate) == (200, {"position": None}, "true")
     status, again, duplicate = await _append(client, b"one", "p1", 7)
     assert (status, again, duplicate) == (200, first, "true")
+    # The answers are the OpenAPI document's.
+    status, batch_null, _ = await _append(client, [b"a", b"b"], "p1", 4)
+    assert batch_null == {"firstPosition": None, "lastPosition": None}
+    await _documented(client, 200, [again, {"position": None}, batch, batch_null])
     # Another producer has its own ids; appends without headers go on as before.
     assert (await _append(client, b"other", "p2", 7))[0] == 201
     assert (await _append(client, b"plain", None, None))[0] == 201
@@ -177,11 +193,11 @@ async def test_a_retried_append_lands_once_and_is_answered_with_its_first_positi
     assert read[0][0] == first["position"]
     assert (read[1][0], read[2][0]) == (batch["firstPosition"], batch["lastPosition"])
     metrics = await (await client.get("/metrics")).text()
-    assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 7.0' in metrics
+    assert 'storage_node_stream_dedup_duplicates_total{stream="orders"} 8.0' in metrics
     assert 'storage_node_stream_dedup_producers{stream="orders"} 2.0' in metrics
     page = await (await client.get("/api/v1/status/streams")).json()
     shown = page["streams"][0]["deduplication"]
-    assert (shown["duplicates"], shown["producers"]) == (7, 2), shown
+    assert (shown["duplicates"], shown["producers"]) == (8, 2), shown
 
 
 @pytest.mark.parametrize(
