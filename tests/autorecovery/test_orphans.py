@@ -21,6 +21,7 @@ from node.autorecovery.auditor import audit
 from node.autorecovery.markers import Lock
 from node.autorecovery.worker import DONE, rereplicate
 from node.client import Client
+from node.client.errors import NotEnoughNodes
 from node.client.model import node_key
 from node.localcluster import LocalCluster
 from tests.autorecovery.test_autorecovery import (
@@ -65,14 +66,19 @@ async def orphan(client: Client, ledger_id: int) -> None:
     """A copy of the ledger's marked fragment to its replacement, interrupted before its CAS
     (the worker's lock goes with it)."""
     with pytest.raises(Interrupted):
-        await rereplicate(
-            client,
-            ledger_id,
-            worker_id="t",
-            open_ledger_grace_s=0,
-            lock_ttl_s=5,
-            faults=Interrupt(),
-        )
+        try:
+            await rereplicate(
+                client,
+                ledger_id,
+                worker_id="t",
+                open_ledger_grace_s=0,
+                lock_ttl_s=5,
+                faults=Interrupt(),
+            )
+        except NotEnoughNodes as error:  # say what placement saw
+            nodes = [(n.node_id, n.state.value) for n in await client.registry.candidates()]
+            lost = [key for key, _ in await client.store.range(markers.LOST_PREFIX)]
+            raise AssertionError(f"{error}; registered {nodes}; lost {lost}") from error
 
 
 async def registered(client: Client, nodes: list[str]) -> None:
@@ -227,6 +233,9 @@ async def test_orphans_are_kept_under_a_lock_or_etcd_down_and_a_copy_racing_the_
         worker = next(n for n in cluster.node_ids if n != victim)
         await asyncio.to_thread(cluster.wipe, victim)
         await gone_from_registry(client, victim)
+        # An audit at lost_node_delay_s=0 marks any node it finds unregistered as lost (and
+        # no replacement may be one), so every other node is registered first.
+        await registered(client, [n for n in cluster.node_ids if n != victim])
         marked = sorted(i for i in written if victim in ensembles[i])
         assert sorted((await audit(client, lost_node_delay_s=0)).markers) == marked
 
