@@ -26,6 +26,7 @@ BATCH_ENTRIES = 100  # entries per batch request
 FILL_BATCH = 1000  # entries per add filling a stream or ledger for a read bench
 WARMUP_S = 1.0  # the load process's warm-up before its measured window
 READY_TIMEOUT_S = 30.0
+START_ATTEMPTS = 3  # starts of a node that exited before it was ready (its port taken)
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 INDEX_BYTES = 8  # an entry index in a read bench's payload
 STDERR_CHARS = 2000  # of a failed load process's stderr, in the error
@@ -62,20 +63,26 @@ class Server:
     """A node serving ``data_dir`` on a free loopback port, ready when constructed."""
 
     def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "node", "--log-level", "warning", "serve",
-             "--data-dir", str(data_dir), "--port", str(self.port)],
-            env={**os.environ, **(env or {})},
-        )  # fmt: skip
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"{self.url}/api/v1/bookie/is_ready", timeout=1).close()
-                return
-            except OSError:
-                time.sleep(0.05)
+        # A node that exits before it is ready most likely lost its port to another process
+        # between free_port() and its bind (a shared machine's tests pick from the same
+        # range): it is started again on another port.
+        for _attempt in range(START_ATTEMPTS):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "node", "--log-level", "warning", "serve",
+                 "--data-dir", str(data_dir), "--port", str(self.port)],
+                env={**os.environ, **(env or {})},
+            )  # fmt: skip
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    urllib.request.urlopen(f"{self.url}/api/v1/bookie/is_ready", timeout=1).close()
+                    return
+                except OSError:
+                    time.sleep(0.05)
+            if self.proc.poll() is None:  # running, never ready: not a port taken
+                break
         self.proc.kill()
         raise SystemExit("bench: the node did not start")
 

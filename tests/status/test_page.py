@@ -245,16 +245,18 @@ def _until_agreed(
     node: NodeProcess,
     summary: dict[str, Any],
     differences: Callable[[dict[str, Any]], list[tuple[str, Any, Any]]],
+    route: str = "/api/v1/status/summary",
 ) -> dict[str, Any]:
-    """The summary the page agrees with. Some figures move with no request (a timed
-    checkpoint writes the WAL, retention drops a ledger on its own timer): on a difference
-    the page is compared again against a summary read before its next refresh, until both
-    agree (AssertionError naming the differences past AT_REST_TIMEOUT_S)."""
+    """The answer of ``route`` (``summary``: as last read) the page agrees with. Some
+    figures move with no request (a timed checkpoint writes the WAL and may start an entry
+    log, retention drops a ledger on its own timer): on a difference the page is compared
+    again against an answer read before its next refresh, until both agree (AssertionError
+    naming the differences past AT_REST_TIMEOUT_S)."""
     deadline = time.monotonic() + AT_REST_TIMEOUT_S
     while differ := differences(summary):
         assert time.monotonic() < deadline, differ
         asked_ms = time.time() * 1000
-        summary = node.get_json("/api/v1/status/summary")
+        summary = node.get_json(route)
         _updated_after(page, asked_ms)
     return summary
 
@@ -341,9 +343,16 @@ def test_its_numbers_equal_the_json_apis(
     assert summary["replication"]["enabled"] is False
     assert page.locator("#replication-off").is_visible()
     assert page.locator("#replication-on").is_hidden()
-    assert _field(page, '[data-src="entrylogs"][data-field="logs.length"]') == len(logs["logs"])
-    for log in logs["logs"]:
-        assert page.locator(f'#logmap [data-log="{log["logId"]}"]').count() == 1
+
+    def logs_differ(logs: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        shown = _field(page, '[data-src="entrylogs"][data-field="logs.length"]')
+        differ = [] if shown == len(logs["logs"]) else [("logs.length", shown, len(logs["logs"]))]
+        for log in logs["logs"]:
+            if (found := page.locator(f'#logmap [data-log="{log["logId"]}"]').count()) != 1:
+                differ.append((f"log {log['logId']} on the map", found, 1))
+        return differ
+
+    _until_agreed(page, node, logs, logs_differ, "/api/v1/status/entrylogs")
 
     def backlogs_differ(summary: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         cursors = {c["name"]: c for c in summary["streams"][0]["cursors"]}
