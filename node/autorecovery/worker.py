@@ -275,11 +275,13 @@ async def _unmark(client: Client, ledger_id: int, nodes: Collection[str]) -> Non
 
 
 async def _avoid(client: Client, marker: Marker) -> set[str]:
-    """Nodes no replacement may be: the marked ones, the lost and the decommissioning."""
-    avoid = set(marker.nodes)
-    for prefix in (m.LOST_PREFIX, m.DECOMMISSIONING_PREFIX):
-        avoid |= {key.removeprefix(prefix) for key, _v in await client.store.range(prefix)}
-    return avoid
+    """Nodes no replacement may be: the marked ones and the decommissioning. A ``lost/`` mark
+    is not one: it records when a node was first seen unregistered, and placement only ever
+    picks registered nodes, so the mark of a node registered again (kept until an audit sees
+    it back) would only have kept a live node out."""
+    prefix = m.DECOMMISSIONING_PREFIX
+    leaving = {key.removeprefix(prefix) for key, _v in await client.store.range(prefix)}
+    return set(marker.nodes) | leaving
 
 
 async def _source(
