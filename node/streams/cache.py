@@ -3,7 +3,8 @@ tailing reader of a replicated stream is answered from memory, without a request
 replica. Only acknowledged entries go in (the manager puts an append's entries after its
 add returned), so the cache never serves what the ledger may not keep.
 
-Bounded by bytes (``stream_entry_cache_bytes``): the oldest entries put go first. Entries
+Bounded by bytes (``stream_entry_cache_bytes``): the lowest ids of the ledger first put go
+first. Entries
 every cursor of their stream has acknowledged go at once (Pulsar evicts behind the slowest
 cursor), and a ledger's entries go with the ledger (trimmed, deleted, the stream moved).
 """
