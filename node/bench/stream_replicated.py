@@ -16,7 +16,8 @@ ledgers roll over every ``stream.ROLLOVER_ENTRIES`` entries:
   owner. Every entry read is compared with the one written there;
 - tail: one writer appending single entries at ``stream.TAIL_RATE`` per second, one consumer
   long-polling from the end; end-to-end latency from the append's send to the consumer's
-  receipt, with the consumer on the single node, on the owner, and on a non-owner.
+  receipt, with the consumer on the single node, on the owner, and on a non-owner. The three
+  take turns ``TAIL_ROUNDS`` times, ``--seconds`` split among the turns, each row's pooled.
 
 The cluster's streams are created and first appended to through n0, which takes them over;
 the owner is then read from etcd (``stream-owners/<name>``). CPU: the cores each serving
@@ -84,6 +85,7 @@ FORWARD_TARGET = 1.5  # a forwarded append's p50 over the owner's
 CATCH_UP_TARGET = 0.8  # catch-up reads of a 3/3/2 stream, entries/s
 FLEET_TARGET = 0.9  # catch-up reads of a 1/1/1 stream on the fleet, entries/s
 TAIL_TARGET = 1.5  # a tailing consumer's end-to-end p50
+TAIL_ROUNDS = 3  # the tail rows take turns this many times in a run (``_tail``)
 SINGLE_NODE, REPLICATED, FORWARDED = "single node", "replicated 3/3/2", "replicated, forwarded"
 OWNER_SIDE = f"{REPLICATED}, through the owner"
 OTHER_SIDE = f"{REPLICATED}, through a non-owner"
@@ -392,28 +394,53 @@ def tail_shape() -> str:
 
 
 def _tail(sides: Sides, seconds: float) -> list[Row]:
+    """The three rows in turn, ``TAIL_ROUNDS`` times for ``seconds / TAIL_ROUNDS`` each (on
+    fresh streams), each row's rounds pooled: a p50 of 100/s moves with the machine's state
+    by more than the gap between the rows, and taking turns shares that drift among them."""
     shape = tail_shape()
-    _single_stream(sides.single, "tail")
-    rows = [
-        _load_row(
-            f"{shape}, {SINGLE_NODE}",
-            sides.single_roles(),
-            sides.single.url,
-            TAIL_PACED,
-            1,
-            seconds,
-            "tail",
+    per_round = seconds / TAIL_ROUNDS
+    rounds: dict[str, list[Row]] = {}
+    for turn in range(TAIL_ROUNDS):
+        stream = f"tail-{turn}"
+        _single_stream(sides.single, stream)
+        name = f"{shape}, {SINGLE_NODE}"
+        rounds.setdefault(name, []).append(
+            _load_row(
+                name, sides.single_roles(), sides.single.url, TAIL_PACED, 1, per_round, stream
+            )
         )
-    ]
-    for stream, side in (("tail", OWNER_SIDE), ("tail-elsewhere", CONSUMER_ELSEWHERE)):
-        owner = _replicated_stream(sides.cluster, stream)
-        reader = sides.other_than(owner) if side == CONSUMER_ELSEWHERE else ""
-        url = sides.cluster.url(owner)
-        name = f"{shape}, {side}"
-        rows.append(
-            _load_row(name, sides.roles(owner), url, TAIL_PACED, 1, seconds, stream, reader)
-        )
-    return rows
+        for side in (OWNER_SIDE, CONSUMER_ELSEWHERE):
+            stream = f"tail-{turn}" if side == OWNER_SIDE else f"tail-elsewhere-{turn}"
+            owner = _replicated_stream(sides.cluster, stream)
+            reader = sides.other_than(owner) if side == CONSUMER_ELSEWHERE else ""
+            url = sides.cluster.url(owner)
+            name = f"{shape}, {side}"
+            rounds.setdefault(name, []).append(
+                _load_row(name, sides.roles(owner), url, TAIL_PACED, 1, per_round, stream, reader)
+            )
+    return [_pooled(name, runs) for name, runs in rounds.items()]
+
+
+def _pooled(name: str, runs: list[Row]) -> Row:
+    """One row of several runs of the same shape: counts and CPU summed, samples joined."""
+    cpu: dict[str, float] = {}
+    for run in runs:
+        for role, used in run.cpu.items():
+            cpu[role] = cpu.get(role, 0.0) + used
+    return Row(
+        name=name,
+        requests=sum(r.requests for r in runs),
+        entries=sum(r.entries for r in runs),
+        seconds=sum(r.seconds for r in runs),
+        latencies=[x for r in runs for x in r.latencies],
+        server_cpu_s=sum(r.server_cpu_s for r in runs),
+        errors=sum(r.errors for r in runs),
+        cpu=cpu,
+        misread=sum(r.misread for r in runs),
+        e2e=[x for r in runs for x in r.e2e],
+        appended=sum(r.appended for r in runs),
+        delivered=sum(r.delivered for r in runs),
+    )
 
 
 # --- the report ----------------------------------------------------------------------------

@@ -155,22 +155,33 @@ class _NodePool:
         self.opening = 0
         self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
+    def _least_busy(self) -> tuple[_Connection | None, int]:
+        """The usable connection with the fewest requests out, and how many are usable (one
+        that takes no more requests leaves its place; one idle too long is closed here)."""
+        best: _Connection | None = None
+        usable = 0
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if not conn.reusable:
+                continue
+            if not conn.out and now - conn.idle_since > IDLE_CLOSE_S:
+                conn.abort(UNREACHABLE, "idle")
+                continue
+            usable += 1
+            if best is None or len(conn.out) < len(best.out):
+                best = conn
+        return best, usable
+
+    def idle(self) -> _Connection | None:
+        """A usable connection with no request out, or None (no waiting, no opening)."""
+        best, _usable = self._least_busy()
+        return best if best is not None and not best.out else None
+
     async def connection(self, host: str, port: int) -> _Connection:
         """A connection with room for one more request (opened, chosen or waited for)."""
         owner = self.owner
         while True:
-            best: _Connection | None = None
-            usable = 0  # a connection that takes no more requests leaves its place
-            now = time.monotonic()
-            for conn in list(self.connections):
-                if not conn.reusable:
-                    continue
-                if not conn.out and now - conn.idle_since > IDLE_CLOSE_S:
-                    conn.abort(UNREACHABLE, "idle")
-                    continue
-                usable += 1
-                if best is None or len(conn.out) < len(best.out):
-                    best = conn
+            best, usable = self._least_busy()
             if best is not None and not best.out:
                 return best
             if usable + self.opening < owner.connections:
@@ -245,6 +256,23 @@ class _NodePool:
                 waiter.exception()
 
 
+class Sent:
+    """A request written on a connection; ``answer`` awaits the node's answer to it."""
+
+    __slots__ = ("_conn", "_future")
+
+    def __init__(self, conn: _Connection, head: bytes, body: bytes) -> None:
+        self._conn = conn
+        self._future = conn.send(head, body)
+
+    async def answer(self) -> Answer:
+        try:
+            return await self._future
+        except asyncio.CancelledError:
+            self._conn.stopped_waiting()
+            raise
+
+
 class AddPipes:
     """The replica-add connections of one client, to every node. ``unreachable(node_id)`` is
     called when a connection to the node fails (the registry forgets its address)."""
@@ -274,12 +302,15 @@ class AddPipes:
         if pool is None:
             pool = self._pools[key] = _NodePool(self, node_id)
         conn = await pool.connection(host, port)
-        future = conn.send(head, body)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            conn.stopped_waiting()
-            raise
+        return await Sent(conn, head, body).answer()
+
+    def send_now(self, node_id: str, host: str, port: int, head: bytes, body: bytes) -> Sent | None:
+        """``request``'s first half: the request written before this returns, on an open
+        connection with nothing out. None when there is none (``request`` then opens one or
+        waits)."""
+        pool = self._pools.get((node_id, host, port))
+        conn = None if pool is None else pool.idle()
+        return None if conn is None else Sent(conn, head, body)
 
     def watch(self) -> None:
         if self._sweep is None:

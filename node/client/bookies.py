@@ -10,8 +10,9 @@ unknown route's 404 is not the index speaking)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -102,7 +103,27 @@ class RangeAnswer:
     next_entry_id: int | None
 
 
+# A replica add already written to its node (Transport.start_add): awaiting its call's
+# result is awaiting ``add``'s.
+StartedAdd = Callable[[], Awaitable[None]]
+
+
 class Transport(Protocol):
+    def start_add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+    ) -> StartedAdd | None:
+        """``add``'s request written before this returns, when it can go without waiting (the
+        node's address known, a connection to it idle): its outcome to await. None when it
+        cannot (the caller then awaits ``add``, which waits for what is missing). Never
+        raises: a failure shows when the outcome is awaited, or in ``add``."""
+
     async def add(
         self,
         node_id: str,
@@ -134,6 +155,31 @@ class Transport(Protocol):
         """Which of the stripe's ids in [first, last] the node lacks, from its index."""
 
     async def close(self) -> None: ...
+
+
+def _add_request(
+    fixed: bytes,
+    ledger_id: int,
+    entries: Sequence[tuple[int, bytes]],
+    lac: int,
+    lac_length: int,
+    replication: Replication,
+    recovery: bool,
+) -> tuple[bytes, bytes]:
+    """The head and body of a replica add over AddPipes (``fixed``: the node's own lines)."""
+    body, content_type = _body(entries)
+    head = _ADD_HEAD % (
+        ledger_id,
+        fixed,
+        content_type.encode(),
+        len(body),
+        entries[0][0],
+        lac,
+        lac_length,
+        replication_header(*replication).encode(),
+        _RECOVERY_LINE if recovery else b"",
+    )
+    return head, body
 
 
 def _body(entries: Sequence[tuple[int, bytes]]) -> tuple[bytes, str]:
@@ -245,6 +291,25 @@ class BookieClient:
         self._add_heads[node_id] = base, target
         return target
 
+    def start_add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+    ) -> StartedAdd | None:
+        base = self._registry.known_url(node_id)
+        target = None if base is None else self._add_head(node_id, base)
+        if target is None:
+            return None
+        host, port, fixed = target
+        head, body = _add_request(fixed, ledger_id, entries, lac, lac_length, replication, False)
+        sent = self._pipes.send_now(node_id, host, port, head, body)
+        return None if sent is None else functools.partial(self._added, node_id, sent)
+
     async def add(
         self,
         node_id: str,
@@ -256,26 +321,18 @@ class BookieClient:
         replication: Replication,
         recovery: bool = False,
     ) -> None:
-        body, content_type = _body(entries)
         base = await self._url(node_id)
         target = self._add_head(node_id, base)
         if target is not None:
             host, port, fixed = target
-            head = _ADD_HEAD % (
-                ledger_id,
-                fixed,
-                content_type.encode(),
-                len(body),
-                entries[0][0],
-                lac,
-                lac_length,
-                replication_header(*replication).encode(),
-                _RECOVERY_LINE if recovery else b"",
+            head, body = _add_request(
+                fixed, ledger_id, entries, lac, lac_length, replication, recovery
             )
             status, raw = await self._pipes.request(node_id, host, port, head, body)
             if status >= 300:
                 raise _refusal(node_id, status, raw)
             return
+        body, content_type = _body(entries)
         headers = {
             "Content-Type": content_type,
             ENTRY_ID_HEADER: str(entries[0][0]),
@@ -288,6 +345,12 @@ class BookieClient:
         await self._request(
             "POST", node_id, f"/api/v1/ledgers/{ledger_id}/entries", headers=headers, data=body
         )
+
+    @staticmethod
+    async def _added(node_id: str, sent: addpipe.Sent) -> None:
+        status, raw = await sent.answer()
+        if status >= 300:
+            raise _refusal(node_id, status, raw)
 
     async def read_lac(
         self, node_id: str, ledger_id: int, *, fence: bool, replication: Replication

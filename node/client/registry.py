@@ -71,6 +71,12 @@ class Registry:
         except KeyError:
             raise UnknownNode(f"node {node_id} is not registered") from None
 
+    def known_url(self, node_id: str) -> str | None:
+        """``url`` without a read: None when it would have to read the registrations."""
+        if node_id in self._override:
+            return self._override[node_id].rstrip("/")
+        return self._urls.get(node_id)
+
     def forget(self, node_id: str) -> None:
         """Drop a cached URL after a connection failure: the next call re-reads the registration."""
         self._urls.pop(node_id, None)

@@ -1,7 +1,8 @@
 """The writer of one replicated ledger (BookKeeper's LedgerHandle and PendingAddOp).
 
 Entry e goes to the Qw nodes of its write set, carrying the writer's LAC, in one request per
-node with every add made in the same turn of the event loop; while ``adds_in_flight_per_node``
+node with every add made in the same turn of the event loop (an idle writer's first add goes
+at once, the rest of its turn's adds at the turn's end); while ``adds_in_flight_per_node``
 requests to a node are out, the adds made meanwhile wait for one of them to answer and go to
 it together (Nagle's rule: under concurrent adds, fewer and larger requests, each costing a
 node one parse, one journal write and one answer; a lone add never waits, and with Qa < Qw
@@ -23,10 +24,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
-from node.client.bookies import within
+from node.client.bookies import StartedAdd, within
 from node.client.errors import (
     AddFailed,
     AddOutcomeUnknown,
@@ -118,8 +119,12 @@ class LedgerHandle:
         # Adds submitted in this turn of the event loop, by node: sent together at its end, so
         # many single adds in flight cost one request per node rather than one per entry.
         self._outbox: dict[str, list[_PendingAdd]] = {}
+        self._flush_due = False  # the end-of-turn flush is scheduled
         # Per node: its requests out, and the adds waiting for one of them to answer.
         self._out: dict[str, int] = {}
+        # Nodes an idle writer sent its first add to in this turn: the rest of the turn's
+        # adds still go to them at its end, one request over adds_in_flight_per_node.
+        self._eager: set[str] = set()
         self._held: dict[str, list[_PendingAdd]] = {}
         self._failed: set[str] = set()  # nodes of the last ensemble to replace
         self._changing: asyncio.Task[None] | None = None
@@ -155,7 +160,7 @@ class LedgerHandle:
         acknowledged. AddOutcomeUnknown when the writer lost the ledger with it unacknowledged
         (it may be in the ledger); AddFailed when nothing was sent (a closed or unusable
         handle, an entry over ``max_entry_size``)."""
-        _, last = self._submit([payload])
+        _, last = self.submit([payload])
         return await last
 
     async def add_batch(self, payloads: Sequence[bytes]) -> tuple[int, int]:
@@ -165,7 +170,7 @@ class LedgerHandle:
         entries before its ``entry_id`` are acknowledged and the rest are unknown."""
         if not payloads:
             raise ValueError("add_batch needs at least one payload")
-        first, last = self._submit(payloads)
+        first, last = self.submit(payloads)
         return first, await last
 
     def _check_sendable(self, payloads: Sequence[bytes]) -> None:
@@ -178,8 +183,11 @@ class LedgerHandle:
         if any(len(p) > limit for p in payloads):
             raise AddFailed(f"ledger {self.id}: an entry is larger than {limit} bytes")
 
-    def _submit(self, payloads: Sequence[bytes]) -> tuple[int, asyncio.Future[int]]:
-        """Send ``payloads`` at the next ids: (first id, the future of the last one)."""
+    def submit(self, payloads: Sequence[bytes]) -> tuple[int, asyncio.Future[int]]:
+        """``add_batch`` without waiting: ``payloads`` take the next ids and are on their
+        way (written before this returns when the writer was idle) when it returns (first
+        id, the future of the last one: its id, or add_batch's errors). AddFailed at once
+        when nothing can be sent."""
         self._check_sendable(payloads)
         loop = asyncio.get_running_loop()
         first = self._next_id
@@ -196,18 +204,31 @@ class LedgerHandle:
         last.future, last.batch_first = future, first
         self._pending.extend(pendings)
         self._drained.clear()
-        if not self._outbox:
-            loop.call_soon(self._flush)
+        # An idle writer sends at once, in its caller's step: a lone add (a tailing stream's)
+        # goes out without waiting for the loop, and adds made later in the same turn still
+        # go together at its end (_eager).
+        idle = not self._out
+        if not self._flush_due:
+            self._flush_due = True
+            loop.call_soon(self._end_turn)
         for pending in pendings:
             for node in pending.write_set:
                 self._outbox.setdefault(node, []).append(pending)
+        if idle:
+            self._eager.update(self._outbox)
+            self._flush()
         return first, future
+
+    def _end_turn(self) -> None:
+        self._flush_due = False
+        self._flush()
+        self._eager.clear()
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, {}
         limit = self._client.adds_in_flight_per_node
         for node, group in outbox.items():
-            if self._out.get(node, 0) >= limit:
+            if self._out.get(node, 0) >= limit + (node in self._eager):
                 self._held.setdefault(node, []).extend(group)
             else:
                 self._send_all(node, group)
@@ -240,19 +261,34 @@ class LedgerHandle:
         self._spawn_send(node, group[start:])
 
     def _spawn_send(self, node: str, group: list[_PendingAdd]) -> None:
+        """The request written now when the transport can (``start_add``), else by the task
+        that awaits its answer."""
         self._out[node] = self._out.get(node, 0) + 1
-        self._client._spawn(self._send(node, group))
+        started = time.monotonic()
+        lac, lac_length = self._lac_below(group)
+        sent = self._client.transport.start_add(
+            node,
+            self.id,
+            [(p.entry_id, p.payload) for p in group],
+            lac=lac,
+            lac_length=lac_length,
+            replication=self._replication,
+        )
+        self._client._spawn(self._send(node, group, started, sent))
 
-    async def _send(self, node: str, group: list[_PendingAdd]) -> None:
+    async def _send(
+        self, node: str, group: list[_PendingAdd], started: float, sent: StartedAdd | None
+    ) -> None:
         try:
-            await self._send_now(node, group)
+            await self._send_now(node, group, started, sent)
         finally:
             self._answered(node)
 
-    async def _send_now(self, node: str, group: list[_PendingAdd]) -> None:
-        started = time.monotonic()
+    async def _send_now(
+        self, node: str, group: list[_PendingAdd], started: float, sent: StartedAdd | None
+    ) -> None:
         try:
-            await self._add_on(node, group, started)
+            await self._add_on(node, group, started, sent)
         except Exception as error:  # any failure is the node's: the add must not hang
             if isinstance(error, ReplicaError) and error.fenced:
                 self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
@@ -274,31 +310,40 @@ class LedgerHandle:
                 pending.acks.add(node)
         self._complete()
 
-    async def _add_on(self, node: str, group: list[_PendingAdd], started: float) -> None:
-        """One replica add; a node that pushes back (its write cache full, too many requests)
-        is asked again after a pause, until the add's time is up."""
-        deadline = started + self._client.add_timeout_s
-        # The LAC piggybacked is below the request's first entry, as BookKeeper's is: an add
-        # held behind this node's previous request (or retried) may go out after the other
-        # replicas acknowledged its entries, and a node refuses a LAC past the entries it
-        # holds (invalid_lac). Readers and recovery then see a LAC that trails the writer's.
+    def _lac_below(self, group: list[_PendingAdd]) -> tuple[int, int]:
+        """The LAC (and its length) an add of ``group`` carries: below the request's first
+        entry, as BookKeeper's is. An add held behind this node's previous request (or
+        retried) may go out after the other replicas acknowledged its entries, and a node
+        refuses a LAC past the entries it holds (invalid_lac). Readers and recovery then see
+        a LAC that trails the writer's."""
         lac, lac_length = self.lac, self._lac_length
         if lac >= group[0].entry_id:
             lac, lac_length = group[0].entry_id - 1, group[0].offset
+        return lac, lac_length
+
+    async def _add_on(
+        self, node: str, group: list[_PendingAdd], started: float, sent: StartedAdd | None
+    ) -> None:
+        """One replica add (``sent``: already written); a node that pushes back (its write
+        cache full, too many requests) is asked again after a pause, until the add's time is
+        up."""
+        deadline = started + self._client.add_timeout_s
         while True:
-            try:
-                await within(
+            answer: Awaitable[None]
+            if sent is None:
+                lac, lac_length = self._lac_below(group)
+                answer = self._client.transport.add(
                     node,
-                    self._client.transport.add(
-                        node,
-                        self.id,
-                        [(p.entry_id, p.payload) for p in group],
-                        lac=lac,
-                        lac_length=lac_length,
-                        replication=self._replication,
-                    ),
-                    max(deadline - time.monotonic(), 0.001),
+                    self.id,
+                    [(p.entry_id, p.payload) for p in group],
+                    lac=lac,
+                    lac_length=lac_length,
+                    replication=self._replication,
                 )
+            else:
+                answer, sent = sent(), None
+            try:
+                await within(node, answer, max(deadline - time.monotonic(), 0.001))
                 return
             except ReplicaError as error:
                 pause = BACKPRESSURE_PAUSE_S

@@ -3,7 +3,9 @@ replica add to this very node goes straight to its storage, as the replica route
 it, instead of an HTTP request to itself (a request out, the same request in, two answers:
 half the cost of an append on an owner in its ledger's ensemble); so does a range read of its
 own replica (the client reads its home node first: a stream's catch-up on its owner reads
-local files, as one node does). Everything else goes over ``remote``.
+local files, as one node does). Everything else goes over ``remote``. A single fresh entry
+(a stream's lone append) is queued for the journal in the writer's own step (``start_add``),
+as the fast lane queues a remote node's: the local copy is one of the Qa an append waits for.
 
 The storage's answer is the route's: ``add_replica`` returns once the entries are durable,
 and a refusal is the ReplicaError of the same code the route's JSON error would carry. The
@@ -13,14 +15,22 @@ it would on the other end of a request."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 
-from node.client.bookies import LacAnswer, MissingAnswer, RangeAnswer, Replication, Transport
+from node.client.bookies import (
+    LacAnswer,
+    MissingAnswer,
+    RangeAnswer,
+    Replication,
+    StartedAdd,
+    Transport,
+)
 from node.client.errors import ReplicaError
 from node.client.stripes import Stripe
 from node.metrics import Metrics
-from node.storage.adds import ReplicaAdd
+from node.storage.adds import PendingAdd, ReplicaAdd
 from node.storage.errors import LedgerFenced, StorageError
 from node.storage.ledgers import LedgerStorage
 
@@ -46,6 +56,69 @@ class LocalReplica:
         self._storage = storage
         self._metrics = metrics
         self._reply_bytes = reply_bytes  # a range answer's payload bytes, as the route's
+
+    def start_add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+    ) -> StartedAdd | None:
+        if node_id != self._node_id:
+            return self._remote.start_add(
+                node_id, ledger_id, entries, lac=lac, lac_length=lac_length, replication=replication
+            )
+        if len(entries) != 1:
+            return None
+        (entry_id, payload), started = entries[0], time.perf_counter()
+        outcome: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        try:
+            # The replica route's own first step (node.http.fastlane): the entry is queued for
+            # the journal before this returns, as a remote node's is once its request lands.
+            pending = self._storage.begin_replica_add(
+                ledger_id, entry_id, payload, ReplicaAdd(replication, lac, lac_length)
+            )
+        except StorageError as error:
+            self._refused(outcome, error)
+            return functools.partial(asyncio.shield, outcome)
+        if pending is None:
+            return None  # not a plain fresh entry of a ledger held here: ``add`` does it
+        pending.future.add_done_callback(
+            functools.partial(self._finished, pending, started, outcome)
+        )
+        return functools.partial(asyncio.shield, outcome)
+
+    def _finished(
+        self,
+        pending: PendingAdd,
+        started: float,
+        outcome: asyncio.Future[None],
+        _done: object,
+    ) -> None:
+        try:
+            self._storage.finish_replica_add(pending)
+        except StorageError as error:
+            self._refused(outcome, error)
+            return
+        except asyncio.CancelledError:
+            outcome.cancel()
+            return
+        except Exception as error:  # the writer's await gets it
+            outcome.set_exception(error)
+            outcome.exception()
+            return
+        self._metrics.add_latency_batch.observe(time.perf_counter() - started)
+        outcome.set_result(None)
+
+    def _refused(self, outcome: asyncio.Future[None], error: StorageError) -> None:
+        """``outcome`` fails as ``add`` would have: the route's ReplicaError of the code."""
+        if isinstance(error, LedgerFenced):
+            self._metrics.replica_adds_refused_fenced.inc()
+        outcome.set_exception(ReplicaError(self._node_id, error.code, 0, error.message))
+        outcome.exception()  # its writer may have stopped waiting: no warning then
 
     async def add(
         self,

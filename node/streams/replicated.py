@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from typing import Any, NoReturn
 
 from node.client import Client
 from node.client.errors import (
@@ -245,25 +246,33 @@ class ReplicatedBackend:
             raise NotOwner(f"ledger {ledger_id} is not written by this node: retry")
         return writer
 
-    async def add_entry(
+    def add_entry(
         self, ledger_id: int, entry_id: int | None, payload: bytes, write_token: str | None = None
-    ) -> int:
-        return (await self.add_entries(ledger_id, [payload]))[0]
+    ) -> Coroutine[Any, Any, int]:
+        return _first(self.add_entries(ledger_id, [payload]))
 
-    async def add_entries(
+    def add_entries(
         self, ledger_id: int, payloads: list[bytes], write_token: str | None = None
-    ) -> list[int]:
-        writer = self._writer(ledger_id)
-        first = writer.next_entry_id  # the ids are assigned as the add starts, below
+    ) -> Coroutine[Any, Any, list[int]]:
+        """The entries sent before this returns (an idle writer writes its requests in the
+        caller's step: an append's replicas hear of it without waiting for the loop); the
+        coroutine awaits their acknowledgement, or raises what refused them."""
         try:
-            if len(payloads) == 1:
-                return [await writer.add(payloads[0])]
-            first, last = await writer.add_batch(payloads)
+            first, last = self._writer(ledger_id).submit(payloads)
+        except AddFailed as error:  # nothing was sent
+            return _raise(LedgerClosed(f"ledger {ledger_id}: {error}"))
+        except StorageError as error:
+            return _raise(error)
+        return self._acknowledged(ledger_id, first, len(payloads), last)
+
+    async def _acknowledged(
+        self, ledger_id: int, first: int, count: int, last: asyncio.Future[int]
+    ) -> list[int]:
+        try:
+            end = await last
         except AddOutcomeUnknown as error:
-            return await self._settle_unknown(ledger_id, first, len(payloads), error)
-        except AddFailed as error:
-            raise LedgerClosed(f"ledger {ledger_id}: {error}") from None  # nothing was sent
-        return list(range(first, last + 1))
+            return await self._settle_unknown(ledger_id, first, count, error)
+        return list(range(first, end + 1))
 
     async def _settle_unknown(
         self, ledger_id: int, first: int, count: int, error: AddOutcomeUnknown
@@ -386,3 +395,11 @@ class ReplicatedBackend:
                 yield entry
         except ClientError as error:  # ReadFailed, or the store: the entry may well exist
             raise StorageIoError(f"ledger {ledger_id}: {error}") from None
+
+
+async def _first(ids: Coroutine[Any, Any, list[int]]) -> int:
+    return (await ids)[0]
+
+
+async def _raise(error: BaseException) -> NoReturn:
+    raise error

@@ -223,6 +223,18 @@ class FakeTransport:
             raise answer
         return answer
 
+    def start_add(
+        self,
+        node_id: str,
+        ledger_id: int,
+        entries: Sequence[tuple[int, bytes]],
+        *,
+        lac: int,
+        lac_length: int,
+        replication: Replication,
+    ) -> None:
+        return None  # every add travels the Network, with its delays and drops
+
     async def add(
         self,
         node_id: str,

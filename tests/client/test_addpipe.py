@@ -23,6 +23,7 @@ from node.client.protocol import ENTRY_CONFLICT, INVALID_LAC, WRONG_NODE
 from node.client.registry import Registry
 from node.localcluster import LocalCluster
 from tests.client.realnodes import running_cluster
+from tests.harness.cluster import until
 from tests.harness.ports import free_port
 
 LEDGER = 2**62 + 11
@@ -253,3 +254,39 @@ async def test_a_node_that_moved_gets_its_adds_at_its_new_address(node: LocalClu
         await bookie.close()
         await old.close()
         await new.close()
+
+
+async def test_start_add_writes_on_an_idle_connection_before_it_returns(
+    node: LocalCluster,
+) -> None:
+    """``start_add`` sends only where it needs no wait: no connection yet, or the only one
+    busy -> None (``add`` then opens or waits); an idle one -> the request written before it
+    returns, its outcome (refusals included) that of ``add``."""
+
+    def start(bookie: BookieClient, entry_id: int, payload: bytes, lac: int = -1) -> object:
+        return bookie.start_add(
+            "n0", LEDGER, [(entry_id, payload)], lac=lac, lac_length=0, replication=ONE
+        )
+
+    async with relayed(node, hold_until=2) as (relay, through, direct):
+        assert start(through, 0, b"zero") is None  # no connection open yet
+        first = asyncio.ensure_future(add(through, 0, b"zero"))
+        await until_requests(relay, 1)
+        assert start(through, 1, b"one") is None  # its connection waits for an answer
+        await add(through, 1, b"one")  # the second request lets the relay pass both answers
+        await first
+        sent = start(through, 2, b"two")
+        assert callable(sent)
+        await until_requests(relay, 3)  # sent though nothing awaited an add
+        await within("n0", sent(), ANSWER_WAIT_S)
+        refused = start(through, 2, b"not two")
+        assert callable(refused)
+        with pytest.raises(ReplicaError) as caught:
+            await within("n0", refused(), ANSWER_WAIT_S)
+        assert caught.value.code == ENTRY_CONFLICT
+        assert relay.connections == 1
+        assert await direct.read_entry("n0", LEDGER, 2, fence=False) == b"two"
+
+
+async def until_requests(relay: Relay, count: int) -> None:
+    await until(lambda: len(relay.requests) >= count, f"{count} requests at the relay")

@@ -87,18 +87,27 @@ async def test_batch_sends_one_request_per_node() -> None:
 
 
 async def test_single_adds_of_one_turn_share_a_request_per_node() -> None:
-    """Adds made in the same turn of the event loop go out together (one request per node),
-    are acknowledged in order, and the next turn's adds carry the LAC the first ones made."""
+    """An idle writer's first add goes at once; the rest of the adds made in the same turn of
+    the event loop go out together at its end (one request per node, also to the nodes the
+    first went to), are acknowledged in order, and the next turn's adds carry the LAC the
+    first ones made."""
     store, net = await cluster(3)
     async with client(store, net) as c:
         ledger = await c.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+        ensemble = ledger.metadata.last_segment.ensemble
         ids = await asyncio.gather(*(ledger.add(b"%d" % i) for i in range(30)))
         assert ids == list(range(30))
-        adds = [s for s in net.log if s.kind == "add"]
-        assert sorted(len(s.detail["ids"]) for s in adds) == [20, 20, 20]  # type: ignore[arg-type]
+        requests = {
+            node: [s.detail["ids"] for s in net.log if s.kind == "add" and s.node == node]
+            for node in ensemble
+        }
+        first = ledger.metadata.write_set(0)
+        for node, sent in requests.items():
+            stripe = [i for i in range(30) if node in ledger.metadata.write_set(i)]
+            assert sent == ([[0], stripe[1:]] if node in first else [stripe]), (node, sent)
         assert await ledger.add(b"next") == 30
-        latest = [s for s in net.log if s.kind == "add"][3:]
-        assert len(latest) == 2 and all(s.detail["lac"] == 29 for s in latest)
+        latest = [s for s in net.log if s.kind == "add"][5:]
+        assert len(latest) == 2 and all(s.detail["lac"] == 29 for s in latest), latest
 
 
 async def test_adds_made_while_a_request_to_a_node_is_out_go_together() -> None:
