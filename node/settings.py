@@ -229,7 +229,8 @@ class Settings(BaseSettings):
     stream_forward_connect_timeout_s: float = Field(5.0, gt=0)  # connecting to a stream's owner
 
     # --- journal (BookKeeper) ------------------------------------------------------------
-    # group commit: max age of a group; eager (below): the writer's longest wait after a write
+    # group commit: max age of a group; eager (below): the longest wait for more records
+    # to join the ones that came after a small write
     journal_max_group_wait_ms: float = Field(2.0, ge=0)
     journal_buffered_writes_threshold: int = Field(512 * KiB, gt=0)  # group commit: max bytes
     journal_flush_when_queue_empty: bool = True  # write whenever the writer is idle (no group wait)

@@ -257,19 +257,23 @@ class _NodePool:
 
 
 class Sent:
-    """A request written on a connection; ``answer`` awaits the node's answer to it."""
+    """A request written on a connection: ``future`` is the node's answer to it; whoever
+    gives up on it calls ``stop_waiting`` (``answer`` does both)."""
 
-    __slots__ = ("_conn", "_future")
+    __slots__ = ("_conn", "future")
 
     def __init__(self, conn: _Connection, head: bytes, body: bytes) -> None:
         self._conn = conn
-        self._future = conn.send(head, body)
+        self.future = conn.send(head, body)
+
+    def stop_waiting(self) -> None:
+        self._conn.stopped_waiting()
 
     async def answer(self) -> Answer:
         try:
-            return await self._future
+            return await self.future
         except asyncio.CancelledError:
-            self._conn.stopped_waiting()
+            self.stop_waiting()
             raise
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -103,9 +103,9 @@ class RangeAnswer:
     next_entry_id: int | None
 
 
-# A replica add already written to its node (Transport.start_add): awaiting its call's
-# result is awaiting ``add``'s.
-StartedAdd = Callable[[], Awaitable[None]]
+# A replica add already written to its node (Transport.start_add): its outcome, None once
+# the node stored it, else ``add``'s ReplicaError; cancelling it stops waiting for it.
+StartedAdd = asyncio.Future[None]
 
 
 class Transport(Protocol):
@@ -120,9 +120,10 @@ class Transport(Protocol):
         replication: Replication,
     ) -> StartedAdd | None:
         """``add``'s request written before this returns, when it can go without waiting (the
-        node's address known, a connection to it idle): its outcome to await. None when it
+        node's address known, a connection to it idle): its outcome, settled as soon as the
+        answer is in (a callback on it runs before any task awaiting it). None when it
         cannot (the caller then awaits ``add``, which waits for what is missing). Never
-        raises: a failure shows when the outcome is awaited, or in ``add``."""
+        raises: a failure is the outcome's, or ``add``'s."""
 
     async def add(
         self,
@@ -155,6 +156,30 @@ class Transport(Protocol):
         """Which of the stripe's ids in [first, last] the node lacks, from its index."""
 
     async def close(self) -> None: ...
+
+
+def _settle_added(
+    node_id: str, outcome: StartedAdd, answer: asyncio.Future[addpipe.Answer]
+) -> None:
+    if outcome.done():  # its waiter gave up (cancelled it)
+        return
+    if answer.cancelled():
+        outcome.cancel()
+        return
+    error = answer.exception()
+    if error is None:
+        status, raw = answer.result()
+        if status < 300:
+            outcome.set_result(None)
+            return
+        error = _refusal(node_id, status, raw)
+    outcome.set_exception(error)
+    outcome.exception()  # retrieved: its writer may have stopped waiting meanwhile
+
+
+def _stop_if_cancelled(sent: addpipe.Sent, outcome: StartedAdd) -> None:
+    if outcome.cancelled():
+        sent.stop_waiting()
 
 
 def _add_request(
@@ -308,7 +333,12 @@ class BookieClient:
         host, port, fixed = target
         head, body = _add_request(fixed, ledger_id, entries, lac, lac_length, replication, False)
         sent = self._pipes.send_now(node_id, host, port, head, body)
-        return None if sent is None else functools.partial(self._added, node_id, sent)
+        if sent is None:
+            return None
+        outcome: StartedAdd = asyncio.get_running_loop().create_future()
+        sent.future.add_done_callback(functools.partial(_settle_added, node_id, outcome))
+        outcome.add_done_callback(functools.partial(_stop_if_cancelled, sent))
+        return outcome
 
     async def add(
         self,
@@ -345,12 +375,6 @@ class BookieClient:
         await self._request(
             "POST", node_id, f"/api/v1/ledgers/{ledger_id}/entries", headers=headers, data=body
         )
-
-    @staticmethod
-    async def _added(node_id: str, sent: addpipe.Sent) -> None:
-        status, raw = await sent.answer()
-        if status >= 300:
-            raise _refusal(node_id, status, raw)
 
     async def read_lac(
         self, node_id: str, ledger_id: int, *, fence: bool, replication: Replication

@@ -25,7 +25,7 @@ class Session(Protocol):
     registry: Registry
     transport: Transport
     rng: random.Random
-    home_node: str | None  # this process's own node, asked first (reads of a local replica)
+    home_node: str | None  # this process's own node, asked first (a local replica's reads, adds)
     add_timeout_s: float
     read_timeout_s: float
     speculative_read_s: float

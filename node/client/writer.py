@@ -21,6 +21,7 @@ each of them raises AddOutcomeUnknown, never a plain failure."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -227,7 +228,11 @@ class LedgerHandle:
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, {}
         limit = self._client.adds_in_flight_per_node
-        for node, group in outbox.items():
+        # The home node last: its journal write is the shortest way to a copy, and its
+        # thread, once woken, holds the GIL and a core while the requests to the other
+        # nodes, the longer ways, would wait (they went out 0.3 ms later when it came first).
+        home = self._client.home_node
+        for node, group in sorted(outbox.items(), key=lambda item: item[0] == home):
             if self._out.get(node, 0) >= limit + (node in self._eager):
                 self._held.setdefault(node, []).extend(group)
             else:
@@ -274,6 +279,8 @@ class LedgerHandle:
             lac_length=lac_length,
             replication=self._replication,
         )
+        if sent is not None:
+            sent.add_done_callback(functools.partial(self._stored, node, group))
         self._client._spawn(self._send(node, group, started, sent))
 
     async def _send(
@@ -305,6 +312,13 @@ class LedgerHandle:
             return
         finally:
             REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
+        self._stored(node, group)
+
+    def _stored(self, node: str, group: list[_PendingAdd], sent: StartedAdd | None = None) -> None:
+        """``node`` holds ``group``: acknowledged here, by its answer's own callback when the
+        add was started (the first answer in, and the writer's task wakes only after)."""
+        if sent is not None and (sent.cancelled() or sent.exception() is not None):
+            return  # the task that awaits it deals with it
         for pending in group:
             if not pending.done and node in pending.write_set:
                 pending.acks.add(node)
@@ -341,7 +355,7 @@ class LedgerHandle:
                     replication=self._replication,
                 )
             else:
-                answer, sent = sent(), None
+                answer, sent = sent, None  # cancelled by a timeout: the transport stops waiting
             try:
                 await within(node, answer, max(deadline - time.monotonic(), 0.001))
                 return

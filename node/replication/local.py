@@ -83,13 +83,13 @@ class LocalReplica:
             )
         except StorageError as error:
             self._refused(outcome, error)
-            return functools.partial(asyncio.shield, outcome)
+            return outcome
         if pending is None:
             return None  # not a plain fresh entry of a ledger held here: ``add`` does it
         pending.future.add_done_callback(
             functools.partial(self._finished, pending, started, outcome)
         )
-        return functools.partial(asyncio.shield, outcome)
+        return outcome
 
     def _finished(
         self,
@@ -98,6 +98,8 @@ class LocalReplica:
         outcome: asyncio.Future[None],
         _done: object,
     ) -> None:
+        # Finished even when the writer stopped waiting (cancelled ``outcome``): a refused
+        # add gives back what it took, as the route's does.
         try:
             self._storage.finish_replica_add(pending)
         except StorageError as error:
@@ -107,18 +109,21 @@ class LocalReplica:
             outcome.cancel()
             return
         except Exception as error:  # the writer's await gets it
-            outcome.set_exception(error)
-            outcome.exception()
+            if not outcome.done():
+                outcome.set_exception(error)
+                outcome.exception()
             return
         self._metrics.add_latency_batch.observe(time.perf_counter() - started)
-        outcome.set_result(None)
+        if not outcome.done():
+            outcome.set_result(None)
 
     def _refused(self, outcome: asyncio.Future[None], error: StorageError) -> None:
         """``outcome`` fails as ``add`` would have: the route's ReplicaError of the code."""
         if isinstance(error, LedgerFenced):
             self._metrics.replica_adds_refused_fenced.inc()
-        outcome.set_exception(ReplicaError(self._node_id, error.code, 0, error.message))
-        outcome.exception()  # its writer may have stopped waiting: no warning then
+        if not outcome.done():
+            outcome.set_exception(ReplicaError(self._node_id, error.code, 0, error.message))
+            outcome.exception()  # its writer may have stopped waiting: no warning then
 
     async def add(
         self,

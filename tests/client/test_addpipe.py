@@ -261,7 +261,8 @@ async def test_start_add_writes_on_an_idle_connection_before_it_returns(
 ) -> None:
     """``start_add`` sends only where it needs no wait: no connection yet, or the only one
     busy -> None (``add`` then opens or waits); an idle one -> the request written before it
-    returns, its outcome (refusals included) that of ``add``."""
+    returns, its outcome (refusals included) that of ``add``. A caller that gives up on one
+    (cancels it) leaves no answer behind for the next add."""
 
     def start(bookie: BookieClient, entry_id: int, payload: bytes, lac: int = -1) -> object:
         return bookie.start_add(
@@ -276,16 +277,22 @@ async def test_start_add_writes_on_an_idle_connection_before_it_returns(
         await add(through, 1, b"one")  # the second request lets the relay pass both answers
         await first
         sent = start(through, 2, b"two")
-        assert callable(sent)
+        assert isinstance(sent, asyncio.Future)
         await until_requests(relay, 3)  # sent though nothing awaited an add
-        await within("n0", sent(), ANSWER_WAIT_S)
+        await within("n0", sent, ANSWER_WAIT_S)
         refused = start(through, 2, b"not two")
-        assert callable(refused)
+        assert isinstance(refused, asyncio.Future)
         with pytest.raises(ReplicaError) as caught:
-            await within("n0", refused(), ANSWER_WAIT_S)
+            await within("n0", refused, ANSWER_WAIT_S)
         assert caught.value.code == ENTRY_CONFLICT
         assert relay.connections == 1
         assert await direct.read_entry("n0", LEDGER, 2, fence=False) == b"two"
+        late = start(through, 3, b"three")
+        assert isinstance(late, asyncio.Future)
+        late.cancel()  # before its answer could come back: its connection takes no more
+        refused = await asyncio.gather(add(through, 3, b"other"), return_exceptions=True)
+        assert [code_of(o) for o in refused] == [ENTRY_CONFLICT]
+        assert relay.connections == 2
 
 
 async def until_requests(relay: Relay, count: int) -> None:

@@ -367,6 +367,34 @@ def test_the_writer_starts_the_next_write_while_the_loop_is_busy() -> None:
         assert recover_all(s) == [WalRecord(1, 0, b"first"), WalRecord(1, 1, b"second")]
 
 
+def test_a_lone_record_after_an_idle_gap_finds_the_writer_thread_waiting() -> None:
+    """Default settings, a record 20 ms after the last write (a tailing stream's pace, ten
+    times journal_max_group_wait_ms): the writer thread still waits for it and writes it
+    while the loop is busy. Handing back to the loop after 2 ms made each such record wait
+    for a turn of the loop and the executor's hand-off."""
+
+    async def run(s: Settings) -> None:
+        j = new_journal(s)
+        await j.start()
+        try:
+            await append(j, (1, 0, b"lone"))  # the first write starts the thread: the loop's
+            for entry_id in range(1, 4):
+                await asyncio.sleep(0.02)
+                lone = append(j, (1, entry_id, b"lone"))
+                deadline = time.monotonic() + 10
+                while j.groups_written <= entry_id and time.monotonic() < deadline:
+                    pass  # keeps the loop busy on purpose: none of its callbacks runs meanwhile
+                assert j.groups_written == entry_id + 1, "the record waited for the loop"
+                await lone
+        finally:
+            await j.close()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        s = journal_settings(Path(tmp))
+        asyncio.run(run(s))
+        assert recover_all(s) == [WalRecord(1, n, b"lone") for n in range(4)]
+
+
 def test_a_cancelled_writer_fails_what_is_pending_and_keeps_what_is_acknowledged() -> None:
     """The writer's task cancelled (a loop torn down without close()) while its thread,
     having acknowledged a write, waits for the next records: the acknowledged append keeps
