@@ -23,6 +23,7 @@ from node.client.model import LedgerState, decode, encode, ledger_key
 from node.localcluster import LocalCluster
 from tests.client.realnodes import running_cluster
 from tests.client.rereplication import mark_lost, rereplicate_at
+from tests.harness.cluster import until
 
 NODES = 4
 # A shrunken recovery timeout, besides the default: the recovery must not scale with it.
@@ -113,14 +114,19 @@ async def test_a_swap_in_an_older_segment_during_recovery_survives_its_close(
     the writer's ledger is recovered, the autorecovery worker copies segment 0's fragment of
     the lost node and swaps in the copy (at the recovery's "close" phase): the closed metadata
     keeps the swap, the marker is gone, every entry reads back."""
-    payloads = [b"entry-%02d" % i for i in range(20)]
+    payloads = [b"entry-%02d" % i for i in range(30)]
     async with Client(four_nodes.metadata_url) as writer:
         ledger = await writer.create_ledger(ensemble=3, write_quorum=3, ack_quorum=2)
         assert await ledger.add_batch(payloads[:10]) == (0, 9)
         lost = ledger.metadata.segments[0].ensemble[2]
         await asyncio.to_thread(four_nodes.kill, lost)
-        assert await ledger.add_batch(payloads[10:]) == (10, 19)
-    assert [s.first_entry_id for s in ledger.metadata.segments] == [0, 10]
+        assert await ledger.add_batch(payloads[10:20]) == (10, 19)
+        # The two live copies may acknowledge the batch before the lost node's failure is
+        # in (Qa = 2): the change then starts its segment after the batch, at 20.
+        await until(lambda: len(ledger.metadata.segments) == 2, "the ensemble change")
+        assert await ledger.add_batch(payloads[20:]) == (20, 29)
+    split = ledger.metadata.segments[1].first_entry_id
+    assert split in (10, 20), ledger.metadata.segments
     assert lost not in ledger.metadata.segments[1].ensemble
     async with Client(four_nodes.metadata_url) as recoverer:
         await mark_lost(recoverer, ledger.id, lost, int(time.time() * 1000))
@@ -133,12 +139,12 @@ async def test_a_swap_in_an_older_segment_during_recovery_survives_its_close(
         assert [(r.outcome, r.fragments) for r in swaps] == [(DONE, 1)]
         stored = await recoverer.ledger_metadata(ledger.id)
         for metadata in (closed, stored):
-            assert (metadata["state"], metadata["lastEntryId"]) == ("CLOSED", 19)
+            assert (metadata["state"], metadata["lastEntryId"]) == ("CLOSED", 29)
             first = metadata["segments"][0]["ensemble"]
             assert lost not in first, metadata["segments"]
             assert first[:2] == list(ledger.metadata.segments[0].ensemble[:2])
             assert metadata["segments"][1] == {
-                "firstEntryId": 10,
+                "firstEntryId": split,
                 "ensemble": list(ledger.metadata.segments[1].ensemble),
             }
         assert await recoverer.store.get(markers.marker_key(ledger.id)) is None
