@@ -9,6 +9,7 @@ must leave no process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -176,7 +177,8 @@ class LocalAirflow:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         for pid, _ in left(self.seen):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended since the table was read
+                os.kill(pid, signal.SIGKILL)
 
 
 def left(seen: set[tuple[int, str]]) -> set[tuple[int, str]]:
