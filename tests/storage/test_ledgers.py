@@ -349,15 +349,17 @@ async def test_full_cache_during_a_slow_flush_throttles_then_refuses(tmp_path: P
 
 
 async def test_long_poll_lac(storage: LedgerStorage) -> None:
+    """A poll returns once the LAC passes ``after`` (not at its own timeout: the outer wait
+    is shorter), or the current LAC when its timeout comes first."""
     meta, _ = await storage.create_ledger()
     lid = meta.ledger_id
     assert await storage.wait_lac(lid, -1, 0.05) == -1  # timeout: the current LAC
-    waiter = asyncio.create_task(storage.wait_lac(lid, 1, 5))
+    waiter = asyncio.create_task(storage.wait_lac(lid, 0, 60))
     await storage.add_entry(lid, None, b"0")
     await asyncio.sleep(0.01)
-    assert not waiter.done()
+    assert not waiter.done()  # the LAC is 0: not past it
     await storage.add_entry(lid, None, b"1")
-    assert await asyncio.wait_for(waiter, 5) == 1
+    assert await asyncio.wait_for(waiter, 30) == 1
 
 
 async def test_long_polls_that_time_out_or_are_cancelled_are_forgotten(
