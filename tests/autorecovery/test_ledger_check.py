@@ -19,7 +19,7 @@ from node.client import Client
 from node.client.model import LedgerMetadata, LedgerState, Segment, encode, ledger_key
 from node.localcluster import LocalCluster
 from tests.autorecovery.test_autorecovery import metadata, payloads
-from tests.harness.cluster import MakeCluster
+from tests.harness.cluster import MakeCluster, held_by
 
 SHAPE = (3, 3, 2)
 BEFORE = 40  # entries every replica has: added before the pause
@@ -65,6 +65,7 @@ async def short_replica(cluster: LocalCluster, client: Client) -> tuple[int, str
     for start in range(0, BEFORE, BATCH):
         await ledger.add_batch(data[start : start + BATCH])
     slow = (await metadata(client, ledger.id)).segments[0].ensemble[1]
+    await held_by(cluster, ledger.id, BEFORE - 1, [slow])  # acknowledged by the other two
     await asyncio.to_thread(cluster.stop, slow)
     for start in range(BEFORE, ENTRIES, BATCH):
         await ledger.add_batch(data[start : start + BATCH])  # complete at Qa = 2

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from node.client import Client
@@ -62,6 +63,7 @@ async def mesh(cluster: LocalCluster) -> AsyncIterator[ProxyMesh]:
 
 
 POLL_S = 0.02  # between two looks at a condition a test waits for
+HELD_TIMEOUT_S = 15.0  # for a replica's copy of an acknowledged entry to land
 
 
 async def until(condition: Callable[[], bool], what: str, timeout_s: float = 15.0) -> None:
@@ -79,6 +81,27 @@ def answered(proxy: Proxy) -> Callable[[], bool]:
     answer to the request just sent reached the proxy, whether or not the proxy passed it on)."""
     before = proxy.counters.received[Direction.DOWN]
     return lambda: proxy.counters.received[Direction.DOWN] > before
+
+
+async def held_by(
+    cluster: LocalCluster, ledger_id: int, entry_id: int, nodes: Sequence[str]
+) -> None:
+    """Waits until every one of ``nodes`` serves ``entry_id``. An add is acknowledged at Qa
+    copies, from the first answers' own callbacks: the last copy may still be on its way
+    when the writer's call returns, and a test that then stops or kills that node, meaning
+    to fault it *after* the add, must wait for its copy first."""
+    async with aiohttp.ClientSession() as http:
+        for node in nodes:
+            url = f"{cluster.url(node)}/api/v1/ledgers/{ledger_id}/entries/{entry_id}"
+            deadline = asyncio.get_running_loop().time() + HELD_TIMEOUT_S
+            while not await _serves(http, url):
+                assert asyncio.get_running_loop().time() < deadline, f"{node} lacks {entry_id}"
+                await asyncio.sleep(POLL_S)
+
+
+async def _serves(http: aiohttp.ClientSession, url: str) -> bool:
+    async with http.get(url) as reply:
+        return reply.status == 200
 
 
 async def last_ensemble(client: Client, ledger_id: int) -> list[str]:

@@ -24,7 +24,7 @@ from node.jepsen.history import History
 from node.jepsen.proxy import DROP, HOLD, Direction, Proxy
 from node.jepsen.workload import Writer
 from node.localcluster import LocalCluster
-from tests.harness.cluster import MakeCluster, last_ensemble
+from tests.harness.cluster import MakeCluster, held_by, last_ensemble
 
 SEEDS = [1, 2, 3]
 WAYS = ["etcd killed", "answer lost"]
@@ -101,7 +101,11 @@ async def test_etcd_lost_during_an_ensemble_change(
 ) -> None:
     cluster = await asyncio.to_thread(make_cluster, 4)
     async with writing(cluster, seed) as (proxy, client, writer):
-        victim = writer.rng.choice(await last_ensemble(client, writer.ledger.id))
+        ensemble = await last_ensemble(client, writer.ledger.id)
+        victim = writer.rng.choice(ensemble)
+        # Its copy of the last add may still be on its way (acknowledged at Qa = 2): killed
+        # before it lands, that add's failure would start the change before the proxy waits.
+        await held_by(cluster, writer.ledger.id, writer.last_ok, ensemble)
         await asyncio.to_thread(cluster.kill, victim)
         await lose_a_change(way, cluster, proxy, writer.rng, lambda: writer.spawn(4))
         await writer.wait_pending()
