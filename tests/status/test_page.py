@@ -241,7 +241,7 @@ def _updated_after(page: Page, after_ms: float) -> None:
 
 
 def _until_agreed(
-    page: Page,
+    watched: Watched,
     node: NodeProcess,
     summary: dict[str, Any],
     differences: Callable[[dict[str, Any]], list[tuple[str, Any, Any]]],
@@ -251,10 +251,16 @@ def _until_agreed(
     figures move with no request (a timed checkpoint writes the WAL and may start an entry
     log, retention drops a ledger on its own timer): on a difference the page is compared
     again against an answer read before its next refresh, until both agree (AssertionError
-    naming the differences past AT_REST_TIMEOUT_S)."""
+    naming the differences past AT_REST_TIMEOUT_S, with the time of the page's last answer
+    and the errors it logged)."""
+    page = watched.page
     deadline = time.monotonic() + AT_REST_TIMEOUT_S
     while differ := differences(summary):
-        assert time.monotonic() < deadline, differ
+        if time.monotonic() >= deadline:
+            updated = page.locator("#updated").get_attribute("datetime")
+            raise AssertionError(
+                f"{differ}; page updated at {updated}, errors {watched.console_errors}"
+            )
         asked_ms = time.time() * 1000
         summary = node.get_json(route)
         _updated_after(page, asked_ms)
@@ -337,7 +343,7 @@ def test_its_numbers_equal_the_json_apis(
             differ.append(("counters.adds as text", text, adds))
         return differ
 
-    summary = _until_agreed(page, node, summary, differences)
+    summary = _until_agreed(watched, node, summary, differences)
     # Without a metadata store the header names the node by its WAL node id.
     assert _field(page, "#node-id") == str(summary["nodeId"])
     assert summary["replication"]["enabled"] is False
@@ -352,7 +358,7 @@ def test_its_numbers_equal_the_json_apis(
                 differ.append((f"log {log['logId']} on the map", found, 1))
         return differ
 
-    _until_agreed(page, node, logs, logs_differ, "/api/v1/status/entrylogs")
+    _until_agreed(watched, node, logs, logs_differ, "/api/v1/status/entrylogs")
 
     def backlogs_differ(summary: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         cursors = {c["name"]: c for c in summary["streams"][0]["cursors"]}
@@ -364,7 +370,7 @@ def test_its_numbers_equal_the_json_apis(
                 differ.append((name, shown, cursor["backlogEntries"]))
         return differ
 
-    _until_agreed(page, node, summary, backlogs_differ)
+    _until_agreed(watched, node, summary, backlogs_differ)
     latest = history["samples"][-1]
     assert _field(page, '#charts [data-field="addsPerSecond"]') == latest["addsPerSecond"] == 0
     page.context.close()

@@ -193,19 +193,32 @@
       const source = data[node.dataset.src];
       if (source) show(node, lookup(source, node.dataset.field));
     }
-    renderName(s);
-    renderState(s);
-    renderDisks(s);
-    renderWal(s.wal, s.nowMs);
-    $("#history-note").textContent = "Kept in the node's memory since it started " +
-      `(${time(s.startedMs)}): a restart starts these graphs empty.`;
-    renderCharts(data.history);
-    renderLogs(data.entrylogs);
-    renderGc(s.gc);
-    renderStreams(s.streams, s.streamTotals);
-    renderLifecycle(s);
-    renderAudit(s.audit);
-    renderReplication(s.replication);
+    // Each section on its own: one that throws (logged) must not leave the sections after
+    // it showing the previous answer under a fresh "updated" time.
+    const sections = [
+      () => renderName(s),
+      () => renderState(s),
+      () => renderDisks(s),
+      () => renderWal(s.wal, s.nowMs),
+      () => {
+        $("#history-note").textContent = "Kept in the node's memory since it started " +
+          `(${time(s.startedMs)}): a restart starts these graphs empty.`;
+        renderCharts(data.history);
+      },
+      () => renderLogs(data.entrylogs),
+      () => renderGc(s.gc),
+      () => renderStreams(s.streams, s.streamTotals),
+      () => renderLifecycle(s),
+      () => renderAudit(s.audit),
+      () => renderReplication(s.replication),
+    ];
+    for (const section of sections) {
+      try {
+        section();
+      } catch (error) {
+        console.error("a section of the status page failed to render", error);
+      }
+    }
     $("#token-hint").dataset.required = String(s.adminTokenRequired);
   }
 
