@@ -29,7 +29,7 @@ from node.client.sync import SyncClient
 from node.localcluster import LocalCluster
 from tests.airflow.conftest import Airflow
 from tests.autorecovery.test_ledger_check import BEFORE, short_replica
-from tests.harness.cluster import MakeCluster, make_cluster
+from tests.harness.cluster import MakeCluster, held_by, make_cluster
 
 __all__ = ["make_cluster"]  # the fixture: etcd and node processes under the test's tmp_path
 
@@ -177,6 +177,13 @@ def test_a_lost_node_is_rereplicated_by_the_dag(
     held = [i for i, m in ledgers(cluster).items() if LOST in m.segments[0].ensemble]
     assert held, "no ledger has the node to lose: the test would prove nothing"
     urls = [cluster.url(node_id) for node_id in cluster.node_ids]  # the lost one's too
+    # The stream's last append was acknowledged at Qa = 2: its third copy lands first, or a
+    # failure of it to the wiped node would change the open ledger's ensemble before the
+    # audit does anything (a new segment without LOST, the ledger left open).
+    open_ledger = max(in_stream)  # the stream's last ledger: open when the node is lost
+    last = max(in_stream[open_ledger])
+    write_set = ledgers(cluster)[open_ledger].write_set(last)
+    asyncio.run(held_by(cluster, open_ledger, last, write_set))
 
     cluster.wipe(LOST)
     time.sleep(3)  # its registration's lease runs out
@@ -188,7 +195,6 @@ def test_a_lost_node_is_rereplicated_by_the_dag(
     assert {o["outcome"] for o in outcomes} == {"done"}, outcomes
     assert LOST not in {o["node"] for o in outcomes}  # left out: it does not answer
     counted = {o["ledgerId"]: o["entries"] for o in outcomes}
-    open_ledger = max(in_stream)  # the stream's last ledger: open when the node was lost
     for ledger_id in held:
         if ledger_id == open_ledger:
             # Its recovery re-adds the entries past the LAC the replicas knew, on an ensemble
