@@ -451,4 +451,9 @@ async def within(node_id: str, call: Awaitable[T], timeout_s: float) -> T:
         async with asyncio.timeout(timeout_s):  # no extra task, unlike wait_for
             return await call
     except TimeoutError:
-        raise ReplicaError(node_id, TIMEOUT, 0, f"no answer in {timeout_s} s") from None
+        raise timed_out(node_id, timeout_s) from None
+
+
+def timed_out(node_id: str, timeout_s: float) -> ReplicaError:
+    """The error of a request to ``node_id`` that had no answer in ``timeout_s``."""
+    return ReplicaError(node_id, TIMEOUT, 0, f"no answer in {timeout_s} s")

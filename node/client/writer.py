@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING
 
-from node.client.bookies import StartedAdd, within
+from node.client.bookies import StartedAdd, timed_out, within
 from node.client.errors import (
     AddFailed,
     AddOutcomeUnknown,
@@ -266,8 +266,9 @@ class LedgerHandle:
         self._spawn_send(node, group[start:])
 
     def _spawn_send(self, node: str, group: list[_PendingAdd]) -> None:
-        """The request written now when the transport can (``start_add``), else by the task
-        that awaits its answer."""
+        """The request written now when the transport can (``start_add``: its answer is
+        dealt with by callbacks, with no task unless it fails), else by a task that awaits
+        ``add``."""
         self._out[node] = self._out.get(node, 0) + 1
         started = time.monotonic()
         lac, lac_length = self._lac_below(group)
@@ -279,9 +280,34 @@ class LedgerHandle:
             lac_length=lac_length,
             replication=self._replication,
         )
-        if sent is not None:
-            sent.add_done_callback(functools.partial(self._stored, node, group))
-        self._client._spawn(self._send(node, group, started, sent))
+        if sent is None:
+            self._client._spawn(self._send(node, group, started, None))
+            return
+        # Cancelling the outcome makes the transport stop waiting (as ``within`` does).
+        timer = asyncio.get_running_loop().call_later(self._client.add_timeout_s, sent.cancel)
+        sent.add_done_callback(functools.partial(self._started_over, node, group, started, timer))
+
+    def _started_over(
+        self,
+        node: str,
+        group: list[_PendingAdd],
+        started: float,
+        timer: asyncio.TimerHandle,
+        sent: StartedAdd,
+    ) -> None:
+        """A started add's outcome, on its own callback: a copy acknowledged before any
+        task wakes (a task per copy woke ahead of the acknowledgement, and cost its own CPU);
+        a refusal goes to a task, which asks again after a node's push-back."""
+        timer.cancel()
+        if not sent.cancelled() and sent.exception() is not None:
+            self._client._spawn(self._send(node, group, started, sent))
+            return
+        REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
+        if sent.cancelled():
+            self._send_failed(node, group, timed_out(node, self._client.add_timeout_s))
+        else:
+            self._stored(node, group)
+        self._answered(node)
 
     async def _send(
         self, node: str, group: list[_PendingAdd], started: float, sent: StartedAdd | None
@@ -296,29 +322,30 @@ class LedgerHandle:
     ) -> None:
         try:
             await self._add_on(node, group, started, sent)
-        except Exception as error:  # any failure is the node's: the add must not hang
-            if isinstance(error, ReplicaError) and error.fenced:
-                self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
-                return
-            if isinstance(error, ReplicaError) and error.code in REFUSED_CODES:
-                message = f"node {node} refused the add ({error.code}): pass its admin token"
-                self._give_up(UNAUTHORIZED, ClientError(message))
-                return
-            if not isinstance(error, ReplicaError):
-                log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
-            if any(p.done for p in group):
-                UNDER_REPLICATED_ADDS.inc()
-            self._node_failed(node)
+        except Exception as error:
+            self._send_failed(node, group, error)
             return
         finally:
             REPLICA_ADD_SECONDS.labels(node).observe(time.monotonic() - started)
         self._stored(node, group)
 
-    def _stored(self, node: str, group: list[_PendingAdd], sent: StartedAdd | None = None) -> None:
-        """``node`` holds ``group``: acknowledged here, by its answer's own callback when the
-        add was started (the first answer in, and the writer's task wakes only after)."""
-        if sent is not None and (sent.cancelled() or sent.exception() is not None):
-            return  # the task that awaits it deals with it
+    def _send_failed(self, node: str, group: list[_PendingAdd], error: Exception) -> None:
+        """Any failure is the node's: the add must not hang."""
+        if isinstance(error, ReplicaError) and error.fenced:
+            self._give_up(FENCED, LedgerFencedError(f"ledger {self.id}: fenced by {node}"))
+            return
+        if isinstance(error, ReplicaError) and error.code in REFUSED_CODES:
+            message = f"node {node} refused the add ({error.code}): pass its admin token"
+            self._give_up(UNAUTHORIZED, ClientError(message))
+            return
+        if not isinstance(error, ReplicaError):
+            log.error("ledger %d: replica add to %s failed", self.id, node, exc_info=error)
+        if any(p.done for p in group):
+            UNDER_REPLICATED_ADDS.inc()
+        self._node_failed(node)
+
+    def _stored(self, node: str, group: list[_PendingAdd]) -> None:
+        """``node`` holds ``group``."""
         for pending in group:
             if not pending.done and node in pending.write_set:
                 pending.acks.add(node)
@@ -355,7 +382,7 @@ class LedgerHandle:
                     replication=self._replication,
                 )
             else:
-                answer, sent = sent, None  # cancelled by a timeout: the transport stops waiting
+                answer, sent = sent, None  # failed already: a push-back is asked again
             try:
                 await within(node, answer, max(deadline - time.monotonic(), 0.001))
                 return
