@@ -6,11 +6,12 @@ drops messages. The simulation runs the real writer and recovery over them."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from node.client.bookies import LacAnswer, RangeAnswer, Replication
+from node.client.bookies import LacAnswer, RangeAnswer, Replication, StartedAdd
 from node.client.errors import ReplicaError
 from node.client.metadata.memory import MemoryStore
 from node.client.model import NodeInfo, node_key
@@ -193,11 +194,14 @@ class Network:
 
 
 class FakeTransport:
-    """A client's Transport over the Network."""
+    """A client's Transport over the Network. ``started_adds``: ``start_add`` starts each
+    add (the writer then deals with its outcome by callbacks, as over HTTP), else it declines
+    and the writer's task awaits ``add``; either way the add travels the Network."""
 
-    def __init__(self, network: Network, name: str) -> None:
+    def __init__(self, network: Network, name: str, started_adds: bool = False) -> None:
         self.network = network
         self.name = name
+        self.started_adds = started_adds
 
     async def _call(
         self,
@@ -232,8 +236,18 @@ class FakeTransport:
         lac: int,
         lac_length: int,
         replication: Replication,
-    ) -> None:
-        return None  # every add travels the Network, with its delays and drops
+    ) -> StartedAdd | None:
+        if not self.started_adds:
+            return None
+        outcome: StartedAdd = asyncio.get_running_loop().create_future()
+        call = asyncio.ensure_future(
+            self.add(
+                node_id, ledger_id, entries, lac=lac, lac_length=lac_length, replication=replication
+            )
+        )
+        call.add_done_callback(functools.partial(_settle_started, outcome))
+        outcome.add_done_callback(lambda _: call.cancel())  # a cancelled outcome: stop waiting
+        return outcome
 
     async def add(
         self,
@@ -301,3 +315,14 @@ async def register(store: MemoryStore, node_ids: Sequence[str], zones: Sequence[
         zone = zones[index] if zones else ""
         info = NodeInfo(node_id, f"http://fake/{node_id}", zone)
         await store.put(node_key(node_id), info.encode(), lease=lease)
+
+
+def _settle_started(outcome: StartedAdd, call: asyncio.Future[None]) -> None:
+    if outcome.done():
+        return
+    if call.cancelled():
+        outcome.cancel()
+    elif (error := call.exception()) is not None:
+        outcome.set_exception(error)
+    else:
+        outcome.set_result(None)

@@ -53,7 +53,8 @@ class Sim:
         kwargs.setdefault("recovery_read_window", 1 + seed % 4)
         made = Client(
             self.store,
-            transport=FakeTransport(self.net, name),
+            # Half the seeds start their adds (callbacks), half await them (a task per add).
+            transport=FakeTransport(self.net, name, started_adds=seed % 2 == 1),
             rng=random.Random(seed),
             **kwargs,  # type: ignore[arg-type]
         )

@@ -30,8 +30,19 @@ async def cluster(count: int = 4, seed: int = 0, max_delay: int = 0) -> tuple[Me
     return store, Network([FakeNode(n) for n in NODES[:count]], seed=seed, max_delay=max_delay)
 
 
+STARTED_ADDS = [False]  # whether the clients made by ``client`` start their adds
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["awaited adds", "started adds"])
+def started_adds(request: pytest.FixtureRequest) -> None:
+    """Every test runs with the writer awaiting each add in a task, and with the transport
+    starting them (the writer then deals with the outcome by callbacks, as over HTTP)."""
+    STARTED_ADDS[0] = request.param
+
+
 def client(store: MemoryStore, net: Network, name: str = "w", **kwargs: object) -> Client:
-    return Client(store, transport=FakeTransport(net, name), rng=random.Random(1), **kwargs)  # type: ignore[arg-type]
+    transport = FakeTransport(net, name, started_adds=STARTED_ADDS[0])
+    return Client(store, transport=transport, rng=random.Random(1), **kwargs)  # type: ignore[arg-type]
 
 
 async def test_lifecycle_stripes_and_reads_back() -> None:
@@ -185,6 +196,20 @@ async def test_failure_after_the_ack_quorum_still_changes_the_ensemble() -> None
         closed = await ledger.close()
         assert [s.first_entry_id for s in closed.segments] == [0, 1]
         assert victim not in closed.segments[1].ensemble
+
+
+async def test_a_node_silent_past_the_add_timeout_is_replaced() -> None:
+    """Its answer never comes (held): after ``add_timeout_s`` the copy counts as failed and
+    the node is replaced, the add acknowledged by the replacement (Qa = Qw = 3)."""
+    store, net = await cluster(4)
+    async with client(store, net, add_timeout_s=0.2) as c:
+        ledger = await c.create_ledger(ensemble=3, write_quorum=3, ack_quorum=3)
+        silent = ledger.metadata.segments[0].ensemble[2]
+        net.hold(lambda c, n, kind, d: n == silent and kind == "add")
+        assert await asyncio.wait_for(ledger.add(b"a"), 5) == 0
+        ensemble = ledger.metadata.last_segment.ensemble
+        assert silent not in ensemble
+        assert all(0 in net.nodes[n].ledgers[ledger.id].entries for n in ensemble)
 
 
 async def test_no_replacement_makes_pending_adds_unknown() -> None:
