@@ -38,8 +38,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -56,6 +54,7 @@ from node.http.middleware import (
     token_refusal,
     valid_client_request_id,
 )
+from node.http.rawreply import PHRASES, SERVER_HEADER, http_date
 from node.http.state import BUDGET, METRICS, SETTINGS
 from node.storage.adds import PendingAdd
 from node.storage.errors import StorageError
@@ -79,14 +78,12 @@ _REFUSED_HEADERS = (b"transfer-encoding", b"expect", b"upgrade")
 MAX_HEAD = 8 * 1024  # a longer head goes to aiohttp, which has the limits and the 431
 READ_AHEAD = 256 * 1024  # pipelined bytes buffered while answering; then reading pauses
 SWEEP_INTERVAL_S = 1.0  # how often the timeouts are checked
-SERVER_HEADER = b"storage-node"
 _WRITE_TOKEN = ledgers.WRITE_TOKEN_HEADER.lower().encode()
 _REPLICATED = protocol.REPLICATED_HEADER.lower().encode()
 _EXPECT_NODE = protocol.EXPECT_NODE_HEADER.lower().encode()
 _PRODUCER = PRODUCER_HEADER.lower().encode()
 _SEQUENCE = SEQUENCE_HEADER.lower().encode()
 _DUPLICATE = b"%s: true\r\n" % DUPLICATE_HEADER.encode()
-_PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 _JSON_CONTENT_TYPE = JSON_CONTENT_TYPE.encode()
 
 
@@ -213,15 +210,6 @@ class Lanes:
         self.aiohttp_handler = aiohttp_handler
         self.open: set[FastLane] = set()
         self._sweep: asyncio.TimerHandle | None = None
-        self._date = b""
-        self._date_second = -1
-
-    def date(self) -> bytes:
-        now = int(time.time())
-        if now != self._date_second:
-            self._date_second = now
-            self._date = formatdate(now, usegmt=True).encode()
-        return self._date
 
     def made(self, lane: FastLane, transport: asyncio.Transport) -> None:
         self.open.add(lane)
@@ -496,10 +484,10 @@ class FastLane(asyncio.Protocol):
                 b"Date: %s\r\nServer: %s\r\nX-Request-Id: %s\r\n%s%s\r\n%s"
                 % (
                     status,
-                    _PHRASES[status],
+                    PHRASES[status],
                     _JSON_CONTENT_TYPE,
                     len(reply),
-                    lanes.date(),
+                    http_date(),
                     SERVER_HEADER,
                     rid.encode(),
                     lanes.node_id_header,

@@ -72,6 +72,7 @@ from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
 from node.http.forwardpipe import Pipe, PipeBroken, ReadPipes, request_head
 from node.http.middleware import REQUEST_ID_HEADER
+from node.http.rawreply import write_whole
 from node.http.replies import UNBLOCKED_REPLY
 from node.http.state import METRICS, SETTINGS
 from node.metrics import Metrics
@@ -516,6 +517,9 @@ class Forwarder:
         if raise_moved and answer.status == 503 and _code(body) == NOT_OWNER:
             raise OwnerMoved(base_url)
         headers = response_headers(answer.headers)
+        written = write_whole(request, answer.status, headers.items(), body)
+        if written is not None:
+            return written
         rid = logs.request_id.get()
         if rid:  # the middleware names only replies not yet prepared; the owner echoed it
             headers[REQUEST_ID_HEADER] = rid

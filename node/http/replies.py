@@ -28,6 +28,7 @@ from types import TracebackType
 from aiohttp import web
 
 from node.http.errors import ApiError
+from node.http.rawreply import write_whole
 from node.http.state import READ_BUDGET, SETTINGS
 from node.settings import MiB
 
@@ -109,7 +110,13 @@ async def send(
     if reply.size <= UNBLOCKED_REPLY and transport and not transport.get_write_buffer_size():
         # It cannot wait on the client: the transport takes it below its high-water mark.
         # So no timer, and one write (single entry reads: either costs a fifth of their CPU).
-        small = web.Response(body=b"".join(pieces), headers=headers, content_type=content_type)
+        body = b"".join(pieces)
+        written = write_whole(
+            request, 200, [("Content-Type", content_type), *headers.items()], body
+        )
+        if written is not None:
+            return written
+        small = web.Response(body=body, headers=headers, content_type=content_type)
         await small.prepare(request)
         await small.write_eof()
         return small
