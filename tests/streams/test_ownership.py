@@ -143,9 +143,10 @@ async def test_a_cut_off_owner_gives_up_before_another_takes_over(
     taken = await _acquire_within(b.ownership, "s1", TTL_S + SLACK_S)
     taken_at = time.monotonic()
     assert taken_at - cut_at >= TTL_S - TTL_S / 3 - POLL_S  # not before A's lease could end
+    # By A's clock at the latest when the lease ends (the in-memory twin ends it at that very
+    # instant: B's poll may run first by a hair, before A's timer has; etcd ends it later).
+    await asyncio.wait_for(a.any_lost.wait(), SLACK_S)
     assert [names for _, names in a.lost] == [["s1", "s2"]]
-    # by A's clock at the latest when the lease ends (the in-memory twin ends it at that very
-    # instant, so B's poll may run first by a hair; etcd ends it later)
     assert a.lost[0][0] <= taken_at + POLL_S
     assert a.ownership.owned == {}
     with pytest.raises(NotOwner):
