@@ -7,11 +7,12 @@ consumer's entry pays it on every long poll answered, and again on the node that
 owner's answer. Here the head is built from what the reply needs and the bytes go out at
 once; the handler returns a ``Written``, which aiohttp takes as a response already sent.
 
-Only where aiohttp would have sent the same bytes: an HTTP/1.1 request (keep-alive by
-default, as aiohttp's reply to it), without an Origin header (the cross-origin headers come
-from aiohttp's prepare hook: such a request takes aiohttp's way), to a transport with nothing
-waiting to go (the write cannot be held up by the client). What the prepare hooks and the
-request-id middleware add to every reply is added here too: X-Node-Id and X-Request-Id.
+Only where aiohttp would have sent the same bytes: an HTTP/1.1 GET (keep-alive by default,
+as aiohttp's reply to it; a HEAD, which GET routes take too, gets no body), without an Origin
+header (the cross-origin headers come from aiohttp's prepare hook: such a request takes
+aiohttp's way), to a transport with nothing waiting to go (the write cannot be held up by
+the client). What the prepare hooks and the request-id middleware add to every reply is
+added here too: X-Node-Id and X-Request-Id.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def write_whole(
     caller then replies through aiohttp)."""
     transport = request.transport
     if (
-        request.version != HttpVersion11
+        request.method != "GET"  # a HEAD's reply has no body: aiohttp's leaves it out
+        or request.version != HttpVersion11
         or "Origin" in request.headers
         or transport is None
         or transport.is_closing()

@@ -1,7 +1,7 @@
 """Small read replies written straight to the transport (node/http/rawreply.py): the same
 status, body and headers as aiohttp's reply to the same request would carry, keep-alive as
-the request asked, and aiohttp's own reply where its hooks add headers (Origin) or the
-request is HTTP/1.0. On a real node over loopback, raw connections."""
+the request asked, and aiohttp's own reply where its hooks add headers (Origin), the
+request is HTTP/1.0 or a HEAD. On a real node over loopback, raw connections."""
 
 from __future__ import annotations
 
@@ -69,6 +69,22 @@ async def test_a_request_that_asks_to_close_gets_its_reply_then_the_close(client
         assert (status, headers["connection"]) == (200, "close")
         assert [p for _, p in wire.decode_stream_frames(body)] == [b"one"]
         assert await conn.closed_by_server()
+    finally:
+        conn.writer.close()
+
+
+async def test_a_head_request_gets_the_head_alone(client: Any) -> None:
+    """GET routes take HEAD too: aiohttp's reply, with no body, and the connection serves on."""
+    read = await _stream_of_two(client)
+    conn = await _connect(client)
+    try:
+        await conn.send(_get(read).replace(b"GET ", b"HEAD ", 1))
+        head = await asyncio.wait_for(conn.reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 200 ") and SERVER_HEADER not in head
+        await conn.send(_get(read))  # a body left behind would be read as this answer's head
+        status, headers, body = await conn.answer()
+        assert (status, headers["server"]) == (200, SERVER_HEADER.decode())
+        assert [p for _, p in wire.decode_stream_frames(body)] == [b"one"]
     finally:
         conn.writer.close()
 
