@@ -527,7 +527,7 @@ class StreamManager:
         for _attempt in range(APPEND_ATTEMPTS):
             info = await self._ledger_for_append(stream, count, size)
             if info.envelope != envelope:  # the policy changed while the append waited
-                self._settle_unsent(info, count, size)
+                self._release(info, count, size)
                 if producer is not None:
                     raise DeduplicationOff(f"stream {name}: deduplication was just turned off")
                 envelope = info.envelope
@@ -861,10 +861,6 @@ class StreamManager:
         then ``then`` learns it (the producer table). Acknowledged ``payloads`` go to the
         cache and the stream's waiting readers wake here, not once the append's own task
         has resumed: a tailing consumer's entry is on its way a turn of the loop sooner."""
-        flight = self._in_flight[info.ledger_id]
-        flight.appends -= 1
-        flight.entries -= count
-        flight.size_bytes -= size
         if not add.cancelled() and add.exception() is None:
             ids = add.result()
             info.entries = max(info.entries, ids[-1] + 1)
@@ -873,9 +869,7 @@ class StreamManager:
             self.appended[name] = (entries + len(ids), total + size)
             self.cache.put(info.ledger_id, ids[0], payloads)
             self._wake(name)
-        if not flight.appends:
-            del self._in_flight[info.ledger_id]
-            flight.settled.set()
+        self._release(info, count, size)
         if then is not None:
             then(add)
 
@@ -907,14 +901,20 @@ class StreamManager:
             try:
                 await self._seal(stream, old)
             except BaseException:
-                self._settle_unsent(info, count, size)
+                self._release(info, count, size)
                 raise
             return info
 
-    def _settle_unsent(self, info: LedgerInfo, count: int, size: int) -> None:
-        never: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        never.cancel()
-        self._settle(info, count, size, None, "", [], never)  # cancelled: no name needed
+    def _release(self, info: LedgerInfo, count: int, size: int) -> None:
+        """The reservation of an append ends (sent or not: what landed is counted by
+        ``_settle``)."""
+        flight = self._in_flight[info.ledger_id]
+        flight.appends -= 1
+        flight.entries -= count
+        flight.size_bytes -= size
+        if not flight.appends:
+            del self._in_flight[info.ledger_id]
+            flight.settled.set()
 
     def _has_room(self, stream: Stream, info: LedgerInfo, count: int, size: int) -> bool:
         """Whether the ledger takes an append of ``count`` entries and ``size`` bytes, with
