@@ -1,8 +1,8 @@
 """The HTTP/1.1 framing shared by the nodes' own keep-alive connections: replica adds
-(addpipe.py) and forwarded reads (node/http/forwardpipe.py). Both write their requests
-themselves and read the answers without a client library's per-request objects; what they
-agree on lives here: a node's address, how long an idle connection is kept, and an answer's
-head (RFC 9112: status line, Content-Length, Transfer-Encoding, Connection)."""
+(addpipe.py) and forwarded reads and appends (node/http/forwardpipe.py). Both write their
+requests themselves and read the answers without a client library's per-request objects;
+what they agree on lives here: a node's address, how long an idle connection is kept, and an
+answer's head (RFC 9112: status line, Content-Length, Transfer-Encoding, Connection)."""
 
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ middlewares' metrics and log line come after it); a larger one streams chunk by 
 arrives (a read can hold ``max_read_reply_bytes`` of frames: nothing large is held whole).
 The owner's own errors (404, 409, a 503 of its own) pass through as it gave them.
 
-The client: reads (GETs without a body, long polls among them) go over keep-alive
-connections of their own (forwardpipe.py: a tailing consumer's entries cross this hop, and
-aiohttp's client objects cost each more event-loop time than the hop's sends); every other
-request goes through aiohttp's pooled client.
+The client: reads (GETs without a body, long polls among them) and appends go over keep-alive
+connections of their own (forwardpipe.py: a tailing consumer's entries and a producer's
+appends cross this hop, and aiohttp's client objects cost each more event-loop time than the
+hop's sends); every other request goes through aiohttp's pooled client.
 
 When the owner does not answer: no connection (refused, unreachable, the connect timeout)
 or, for any request but an append, a connection that broke or stayed silent before the
@@ -70,7 +70,7 @@ from node.client.http1 import AnswerHead, address
 from node.client.protocol import EXPECT_NODE_HEADER
 from node.http.connections import cancelled_on_hangup
 from node.http.errors import ApiError
-from node.http.forwardpipe import Pipe, PipeBroken, ReadPipes, request_head
+from node.http.forwardpipe import Pipe, PipeBroken, Pipes, request_head
 from node.http.middleware import REQUEST_ID_HEADER
 from node.http.rawreply import write_whole
 from node.http.replies import UNBLOCKED_REPLY
@@ -369,7 +369,7 @@ class Forwarder:
         self._settings = settings
         self._node_id = settings.id
         self._session: aiohttp.ClientSession | None = None
-        self._pipes = ReadPipes()
+        self._pipes = Pipes()
         counter = metrics.stream_forwarded_requests
         # Every outcome's series from the start (0), on the nodes that forward: rate()
         # sees the first failure.
@@ -461,9 +461,13 @@ class Forwarder:
         body = await request.read()
         data = body if body or request.method in _BODY_METHODS else None
         headers = request_headers(request.headers.items(), self._node_id)
-        where = address(base_url) if request.method == "GET" and not body else None
+        piped = append or (request.method == "GET" and not body)
+        where = address(base_url) if piped else None
         if where is not None:
-            return await self._read(request, base_url, where, headers, raise_moved, owner_lost)
+            piped_body = body if append else None
+            return await self._piped(
+                request, base_url, where, headers, piped_body, raise_moved, owner_lost
+            )
         session = self._open()
         # A long poll forwarded ends with its client (as on the owner): the owner's
         # connection closes and its long poll ends too. Appends run to their end.
@@ -530,24 +534,28 @@ class Forwarder:
         await reply.write_eof()
         return reply
 
-    async def _read(
+    async def _piped(
         self,
         request: web.Request,
         base_url: str,
         where: tuple[str, int, bytes],
         headers: CIMultiDict[str],
+        body: bytes | None,
         raise_moved: bool,
         owner_lost: Callable[[], Awaitable[None]] | None,
     ) -> web.StreamResponse:
-        """``forward`` for a GET without a body, over a read pipe (forwardpipe.py)."""
+        """``forward`` over a pipe (forwardpipe.py): a GET without a body, or an append
+        (``body``; its lost answer is 503 append_outcome_unknown, as over aiohttp's client)."""
         host, port, host_header = where
         target = request.raw_path
+        append = body is not None
         settings = self._settings
         pipe: Pipe | None = None
+        # As on the owner, a long poll ends with its client: the pipe closes, and the owner's
+        # long poll ends too. An append runs to its end.
+        hangup = contextlib.nullcontext() if append else cancelled_on_hangup(request)
         try:
-            # As on the owner, a long poll ends with its client: the pipe closes, and the
-            # owner's long poll ends too.
-            with cancelled_on_hangup(request):
+            with hangup:
                 try:
                     async with asyncio.timeout(settings.stream_forward_connect_timeout_s):
                         pipe = await self._pipes.connection(host, port)
@@ -558,19 +566,20 @@ class Forwarder:
                         self._count("unreachable")
                         raise OwnerMoved(base_url) from None
                     raise _NotConnected(error) from None
-                pipe.send(request_head(target, host_header.decode(), headers.items()))
+                head = request_head(target, host_header.decode(), headers.items(), body)
+                pipe.send(head, body or b"")
                 async with asyncio.timeout(
                     settings.stream_forward_timeout_s + _wait_s(target, settings)
                 ):
-                    head = await (
+                    answer_head = await (
                         pipe.head() if owner_lost is None else _unless(pipe.head(), owner_lost())
                     )
-            answer = _PipeAnswer(pipe, head, settings.stream_forward_timeout_s)
-            return await self._answer(request, answer, base_url, False, raise_moved)
+            answer = _PipeAnswer(pipe, answer_head, settings.stream_forward_timeout_s)
+            return await self._answer(request, answer, base_url, append, raise_moved)
         except _NotConnected as error:
-            raise self._failure(error, base_url, False, connected=False) from None
+            raise self._failure(error, base_url, append, connected=False) from None
         except (PipeBroken, TimeoutError, _OwnerLost) as error:
-            raise self._failure(error, base_url, False) from None
+            raise self._failure(error, base_url, append) from None
         finally:
             if pipe is not None and pipe.out:  # the answer was not read whole: never reused
                 pipe.abort("its answer was left unread")

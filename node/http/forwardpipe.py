@@ -1,12 +1,13 @@
-"""Forwarded reads (GETs without a body) over keep-alive HTTP/1.1 connections of their own,
-written and read without a client library's per-request machinery: a tailing consumer on a
-node that does not own its stream waits on a long poll the node forwards, and aiohttp's
-client objects (request, response, payload, connection) cost each entry's way back more
-event-loop time than the hop's socket sends (as for replica adds: node/client/addpipe.py).
+"""Forwarded reads (GETs without a body) and appends over keep-alive HTTP/1.1 connections of
+their own, written and read without a client library's per-request machinery: a tailing
+consumer on a node that does not own its stream waits on a long poll the node forwards, and a
+producer's appends sent to any node cross the same hop; aiohttp's client objects (request,
+response, payload, connection) cost each more event-loop time than the hop's socket sends (as
+for replica adds: node/client/addpipe.py).
 
 One request at a time on a connection (a long poll holds it; nothing is pipelined behind
-one). The answer must carry a Content-Length (every stream route's does); its head comes
-first (``head()``), then its body chunk by chunk (``chunk()``), reading paused while more
+one). The answer must carry a Content-Length or chunks (every stream route's does); its head
+comes first (``head()``), then its body chunk by chunk (``chunk()``), reading paused while more
 than ``BUFFERED_MAX`` bytes wait for the client. A connection goes back to the idle pool
 only after a whole answer that did not say ``Connection: close``; one that broke, or whose
 caller stopped (a hang-up, a timeout), is closed, so that no stale bytes meet the next
@@ -38,9 +39,15 @@ class PipeBroken(Exception):
     not HTTP/1.1), before the whole answer came."""
 
 
-def request_head(target: str, host: str, headers: Iterable[tuple[str, str]]) -> bytes:
-    """A GET's head: ``target`` (path and query string, encoded) with ``headers``."""
-    lines = [f"GET {target} HTTP/1.1", f"Host: {host}"]
+def request_head(
+    target: str, host: str, headers: Iterable[tuple[str, str]], body: bytes | None = None
+) -> bytes:
+    """A request's head: a GET's, or with ``body`` a POST's (its Content-Length), of
+    ``target`` (path and query string, encoded) with ``headers``."""
+    method = "GET" if body is None else "POST"
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+    if body is not None:
+        lines.append(f"Content-Length: {len(body)}")
     lines += [f"{name}: {value}" for name, value in headers]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
 
@@ -48,7 +55,7 @@ def request_head(target: str, host: str, headers: Iterable[tuple[str, str]]) -> 
 class Pipe(asyncio.Protocol):
     """One keep-alive connection to a node, one request at a time."""
 
-    def __init__(self, pool: ReadPipes, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Pipes, key: tuple[str, int]) -> None:
         self._pool = pool
         self._key = key
         self._loop = asyncio.get_running_loop()
@@ -73,7 +80,10 @@ class Pipe(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.transport = None
-        self._break(f"connection lost: {exc!r}" if exc else "it closed the connection")
+        answered = self._head is None or self._head.done()
+        closed = "it closed the connection" + ("" if answered else " without answering")
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        self._break(f"the connection failed ({reason})" if exc else closed)
         self._pool.lost(self)
 
     def eof_received(self) -> bool:
@@ -175,10 +185,13 @@ class Pipe(asyncio.Protocol):
         """Whether a request is out whose answer was not read whole."""
         return self._head is not None
 
-    def send(self, head: bytes) -> None:
+    def send(self, head: bytes, body: bytes = b"") -> None:
         assert self.transport is not None and self._head is None
         self._head = self._loop.create_future()
-        self.transport.write(head)
+        if body:
+            self.transport.writelines((head, body))  # one send, the body not copied
+        else:
+            self.transport.write(head)
 
     async def head(self) -> AnswerHead:
         """The answer's head, once in."""
@@ -254,8 +267,8 @@ class Pipe(asyncio.Protocol):
             self._waiter.set_result(None)
 
 
-class ReadPipes:
-    """The idle read connections of one node to every other node, LIFO (the warmest)."""
+class Pipes:
+    """The idle pipes of one node to every other node, LIFO (the warmest)."""
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[Pipe]] = {}

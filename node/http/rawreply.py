@@ -7,12 +7,15 @@ consumer's entry pays it on every long poll answered, and again on the node that
 owner's answer. Here the head is built from what the reply needs and the bytes go out at
 once; the handler returns a ``Written``, which aiohttp takes as a response already sent.
 
-Only where aiohttp would have sent the same bytes: an HTTP/1.1 GET (keep-alive by default,
-as aiohttp's reply to it; a HEAD, which GET routes take too, gets no body), without an Origin
-header (the cross-origin headers come from aiohttp's prepare hook: such a request takes
-aiohttp's way), to a transport with nothing waiting to go (the write cannot be held up by
-the client). What the prepare hooks and the request-id middleware add to every reply is
-added here too: X-Node-Id and X-Request-Id.
+Only where aiohttp would have sent the same bytes: an HTTP/1.1 request whose body was read
+whole (a GET's, or a forwarded append's: aiohttp discards an unread body before the next
+request, and a reply sent ahead of that would be answered out of turn), not a HEAD (GET
+routes take it too; its reply has no body), without an Origin header (the cross-origin
+headers come from aiohttp's prepare hook: such a request takes aiohttp's way), for a status
+that has a body (not 1xx, 204 or 304), to a transport with nothing waiting to go (the write
+cannot be held up by the client). Keep-alive by default, as aiohttp's reply. What the
+prepare hooks and the request-id middleware add to every reply is added here too: X-Node-Id
+and X-Request-Id.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ PHRASES = {status.value: status.phrase.encode() for status in HTTPStatus}
 _OWN = frozenset(
     name.lower() for name in ("Content-Length", "Date", "Server", NODE_ID_HEADER, REQUEST_ID_HEADER)
 )
+
+_NO_BODY = frozenset({204, 304})  # statuses whose replies carry no body (nor its length)
 
 _date = b""
 _date_second = -1
@@ -94,7 +99,10 @@ def write_whole(
     caller then replies through aiohttp)."""
     transport = request.transport
     if (
-        request.method != "GET"  # a HEAD's reply has no body: aiohttp's leaves it out
+        request.method == "HEAD"  # its reply has no body: aiohttp's leaves it out
+        or request.can_read_body  # some of its body unread
+        or status < 200
+        or status in _NO_BODY
         or request.version != HttpVersion11
         or "Origin" in request.headers
         or transport is None

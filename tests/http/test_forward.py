@@ -25,6 +25,7 @@ from node.http import forward
 from node.http.app import NodeRunner, build_app
 from node.http.errors import ApiError
 from node.http.forward import FORWARDED_BY, FORWARDER, Forwarder
+from node.http.rawreply import SERVER_HEADER
 from node.http.state import METRICS
 from node.settings import Settings
 from node.wire import decode_stream_frames
@@ -262,6 +263,7 @@ async def test_the_owner_gets_the_request_as_the_client_sent_it(setup: Setup) ->
     assert response.status == 207, await response.text()  # the owner's status, as it was
     assert response.headers["X-Owner"] == "yes"  # and its headers
     assert response.headers["X-Request-Id"] == "client-rid-1"
+    assert response.headers["Server"] == SERVER_HEADER.decode()  # written whole, at once
     echo = await response.json()
     assert echo["method"] == "POST"
     # Path and query string as the node got them (the client's yarl normalized "%3A"),

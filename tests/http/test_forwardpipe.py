@@ -1,4 +1,4 @@
-"""The read pipes of forwarded GETs (node/http/forwardpipe.py) against a raw HTTP server on
+"""The pipes of forwarded GETs and appends (node/http/forwardpipe.py) against a raw HTTP server on
 loopback that writes the answers byte for byte as each test gives them: framing split at
 every byte, chunked bodies, keep-alive reuse, and answers that must never be trusted (bytes
 past the answer, no length, a connection closed mid-body)."""
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from node.client.http1 import AnswerHead
-from node.http.forwardpipe import PipeBroken, ReadPipes, request_head
+from node.http.forwardpipe import PipeBroken, Pipes, request_head
 
 CLOSE = b""  # in a server's answers: close the connection there (after the answer before)
 HEAD = request_head("/api/v1/streams/s/entries?waitMs=10", "owner:1", [("X-A", "b")])
@@ -57,9 +57,9 @@ _servers: list[asyncio.Server] = []
 
 
 @pytest.fixture
-async def pipes() -> AsyncIterator[ReadPipes]:
+async def pipes() -> AsyncIterator[Pipes]:
     """The pool; the tests' servers closed after it."""
-    pool = ReadPipes()
+    pool = Pipes()
     yield pool
     pool.close()
     while _servers:
@@ -75,14 +75,14 @@ async def _serve(answers: list[bytes], piece: int = 1 << 20) -> RawServer:
     return raw
 
 
-async def _get(pipes: ReadPipes, raw: RawServer) -> tuple[AnswerHead, bytes]:
+async def _get(pipes: Pipes, raw: RawServer) -> tuple[AnswerHead, bytes]:
     pipe = await pipes.connection("127.0.0.1", raw.port)
     pipe.send(HEAD)
     head = await asyncio.wait_for(pipe.head(), 5)
     return head, await asyncio.wait_for(pipe.body(), 5)
 
 
-async def test_answers_split_at_every_byte_and_the_connection_reused(pipes: ReadPipes) -> None:
+async def test_answers_split_at_every_byte_and_the_connection_reused(pipes: Pipes) -> None:
     sized = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-Next-Position: 1:2\r\n\r\nhello"
     chunked = (
         b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -101,7 +101,7 @@ async def test_answers_split_at_every_byte_and_the_connection_reused(pipes: Read
     assert raw.requests[0] == HEAD
 
 
-async def test_a_closing_answer_s_connection_is_not_reused(pipes: ReadPipes) -> None:
+async def test_a_closing_answer_s_connection_is_not_reused(pipes: Pipes) -> None:
     closing = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
     raw = await _serve([closing])
     assert (await _get(pipes, raw))[1] == b"ok"
@@ -121,7 +121,7 @@ async def test_a_closing_answer_s_connection_is_not_reused(pipes: ReadPipes) -> 
     ],
 )
 async def test_an_answer_that_cannot_be_trusted_fails_and_is_never_reused(
-    pipes: ReadPipes, answer: bytes, why: str
+    pipes: Pipes, answer: bytes, why: str
 ) -> None:
     raw = await _serve([answer, CLOSE])  # closed after it: a cut answer ends there
     with pytest.raises(PipeBroken, match=why):
@@ -129,3 +129,36 @@ async def test_an_answer_that_cannot_be_trusted_fails_and_is_never_reused(
     raw.answers[:] = [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]
     assert (await _get(pipes, raw))[1] == b"ok"  # on a new connection
     assert raw.connections == 2
+
+
+async def test_an_append_s_body_follows_its_head_on_a_reused_connection(pipes: Pipes) -> None:
+    bodies: list[bytes] = []
+    connections = 0
+
+    async def echo_length(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                assert head.startswith(b"POST /api/v1/streams/s/entries HTTP/1.1\r\n"), head
+                length = int(head.partition(b"Content-Length: ")[2].partition(b"\r\n")[0])
+                bodies.append(await reader.readexactly(length))
+                said = str(length).encode()
+                writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: %d\r\n\r\n" % len(said))
+                writer.write(said)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(echo_length, "127.0.0.1", 0)
+    _servers.append(server)
+    port = server.sockets[0].getsockname()[1]
+    sent = [b"x", bytes(range(256)) * 4096, b""]  # 1 MiB goes out whole after its head
+    for body in sent:
+        pipe = await pipes.connection("127.0.0.1", port)
+        pipe.send(request_head("/api/v1/streams/s/entries", "owner:1", [], body), body)
+        head = await asyncio.wait_for(pipe.head(), 5)
+        assert (head.status, await pipe.body()) == (201, str(len(body)).encode())
+    assert bodies == sent
+    assert connections == 1

@@ -1,18 +1,23 @@
-"""Small read replies written straight to the transport (node/http/rawreply.py): the same
-status, body and headers as aiohttp's reply to the same request would carry, keep-alive as
-the request asked, and aiohttp's own reply where its hooks add headers (Origin), the
-request is HTTP/1.0 or a HEAD. On a real node over loopback, raw connections."""
+"""Small replies written straight to the transport (node/http/rawreply.py): the same status,
+body and headers as aiohttp's reply to the same request would carry, keep-alive as the
+request asked, and aiohttp's own reply where its hooks add headers (Origin), the request is
+HTTP/1.0 or a HEAD, its body is not all read, or the status has no body. On a real node (and
+a bare app for the rules' edges) over loopback, raw connections."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
 from node import wire
 from node.client.protocol import NODE_ID_HEADER
 from node.http.middleware import REQUEST_ID_HEADER
-from node.http.rawreply import SERVER_HEADER
+from node.http.rawreply import SERVER_HEADER, write_whole
 from node.http.state import SETTINGS
+from node.settings import Settings
 from tests.harness.rawhttp import Conn
 
 STREAM = "raw"
@@ -102,3 +107,47 @@ async def test_cross_origin_and_http_1_0_requests_get_aiohttp_s_reply(client: An
             assert [p for _, p in wire.decode_stream_frames(body)] == [b"one"]
         finally:
             conn.writer.close()
+
+
+async def test_a_post_is_written_raw_only_once_its_body_is_read(settings: Settings) -> None:
+    """A reply sent while some of the request's body is unread would be answered before
+    aiohttp has skipped that body; a 204 carries no length. A bare aiohttp app: the node's
+    own middleware reads every body before its handler."""
+
+    async def reply(request: web.Request) -> web.StreamResponse:
+        if request.query.get("read") == "1":
+            await request.read()
+        status = int(request.query.get("status", "201"))
+        body = b"" if status == 204 else b"done"
+        written = write_whole(request, status, [("Content-Type", "text/plain")], body)
+        return written or web.Response(status=status, body=body or None)
+
+    app = web.Application()
+    app[SETTINGS] = settings
+    app.router.add_post("/", reply)
+    server = TestServer(app)
+    await server.start_server()
+    conn = await _connect(server)
+    body = b"x" * 100_000  # more than one read of the socket
+
+    def post(query: str) -> bytes:
+        head = f"POST /?{query} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(body)}"
+        return head.encode() + b"\r\n\r\n" + body
+
+    try:
+        for query, status, raw in (
+            ("read=1", 201, True),
+            ("read=0", 201, False),
+            ("read=1&status=204", 204, False),
+            ("read=1", 201, True),
+        ):
+            await conn.send(post(query))
+            got, headers, answer = await conn.answer()
+            assert got == status, query
+            assert (headers.get("server") == SERVER_HEADER.decode()) is raw, (query, headers)
+            assert answer == (b"" if status == 204 else b"done")
+            if status == 204:
+                assert "content-length" not in headers
+    finally:
+        conn.writer.close()
+        await server.close()
