@@ -14,12 +14,17 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     VENV=/opt/storage-node
 WORKDIR /src
-COPY pyproject.toml README.md requirements.lock ./
+# The locked dependencies first, in a layer of their own (the lock holds the runtime's and
+# nothing else): a change to the node's code rebuilds only the layers below, not ~30 s of pip.
+COPY requirements.lock ./
+RUN python -m venv "$VENV" \
+ && "$VENV/bin/python" -m pip install --requirement requirements.lock
+COPY pyproject.toml README.md ./
 COPY node ./node
 # The wheel alone (--no-deps), then the node from it with every dependency at the version of
-# requirements.lock: no dev extras, nothing unpinned.
+# requirements.lock: no dev extras, nothing unpinned (one the lock lacks would be installed,
+# and the image test finds it).
 RUN python -m pip wheel --no-deps --wheel-dir dist . \
- && python -m venv "$VENV" \
  && "$VENV/bin/python" -m pip install --constraint requirements.lock dist/storage_node-*.whl
 
 # --- runtime: the interpreter and the virtual environment, nothing else --------------------

@@ -32,6 +32,10 @@ DOCKERFILE = REPO / "Dockerfile"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 TAG = f"{PROJECT['name']}:{PROJECT['version']}"
 INPUTS_LABEL = "storage-node.inputs"
+# The Dockerfile's build stage, tagged: its layers (the locked dependencies) stay as the next
+# build's cache, where the prune after a build would remove them untagged.
+BUILD_STAGE = "build"
+BUILD_STAGE_TAG = f"{PROJECT['name']}-build-stage:{PROJECT['version']}"
 BASE_LABEL = "org.opencontainers.image.base.name"
 # Made with debootstrap when the official base cannot be pulled; Debian 12's Python is 3.11.
 LOCAL_BASE = "localhost/storage-node-base:python3.11-bookworm"
@@ -220,21 +224,31 @@ def build(tool: str | None = None) -> str:
     if label(tool, TAG, INPUTS_LABEL) == digest:
         print(f"{TAG} is up to date (inputs {digest[:12]})")
         return TAG
-    argv = [tool, "build", "--network", "host", "--file", str(DOCKERFILE), "--tag", TAG]
+    options = ["--network", "host", "--file", str(DOCKERFILE)]
     if _is_podman(tool):
         # The OCI format has no HEALTHCHECK; Debian's default crun refuses hybrid cgroups.
-        argv += ["--format", "docker"]
+        options += ["--format", "docker"]
         if shutil.which("runc"):
-            argv += ["--runtime", "runc"]
-    argv += ["--build-arg", f"PYTHON_IMAGE={base_name}"]
-    argv += ["--label", f"{INPUTS_LABEL}={digest}", "--label", f"{BASE_LABEL}={base_name}"]
+            options += ["--runtime", "runc"]
+    options += ["--build-arg", f"PYTHON_IMAGE={base_name}"]
+    labels = ["--label", f"{INPUTS_LABEL}={digest}", "--label", f"{BASE_LABEL}={base_name}"]
+    old_stage = image_id(tool, BUILD_STAGE_TAG)
     started = time.monotonic()
-    done = _run([*argv, str(REPO)], BUILD_TIMEOUT_S)
-    if done.returncode != 0:
-        raise ImageError(f"{' '.join(argv)} failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}")
+    for argv in (
+        [tool, "build", *options, "--target", BUILD_STAGE, "--tag", BUILD_STAGE_TAG],
+        [tool, "build", *options, *labels, "--tag", TAG],  # the build stage from the cache
+    ):
+        done = _run([*argv, str(REPO)], BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise ImageError(
+                f"{' '.join(argv)} failed:\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+            )
     print(f"built {TAG} on {base_name} in {time.monotonic() - started:.0f} s")
-    # The build stage and the image this one replaced, untagged now: ~470 MB each.
+    # The image this one replaced and the build stage before this one's, untagged now (its
+    # layers that this one's reuses stay).
     _run([tool, "image", "prune", "--force", "--filter", f"label={INPUTS_LABEL}"], QUERY_TIMEOUT_S)
+    if old_stage is not None and old_stage != image_id(tool, BUILD_STAGE_TAG):
+        _run([tool, "image", "rm", old_stage], QUERY_TIMEOUT_S)
     return TAG
 
 
