@@ -459,7 +459,6 @@ class Forwarder:
         url = base_url.rstrip("/") + target
         append = is_append(request.method, target)
         body = await request.read()
-        data = body if body or request.method in _BODY_METHODS else None
         headers = request_headers(request.headers.items(), self._node_id)
         piped = append or (request.method == "GET" and not body)
         where = address(base_url) if piped else None
@@ -469,6 +468,7 @@ class Forwarder:
                 request, base_url, where, headers, piped_body, raise_moved, owner_lost
             )
         session = self._open()
+        data = body if body or request.method in _BODY_METHODS else None
         # A long poll forwarded ends with its client (as on the owner): the owner's
         # connection closes and its long poll ends too. Appends run to their end.
         hangup = (
